@@ -1,0 +1,168 @@
+//! The command line (DESIGN.md §6): parse, load config, run; exit codes.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, ConfigError, Settings, parse_listen};
+use crate::gateway::{self, Gateway};
+use crate::telemetry::{self, LogFormat};
+
+/// Exit code for bad configuration or usage (EX_USAGE).
+pub const EXIT_USAGE: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "exec-gateway",
+    version,
+    about = "Multi-tenant exec-server gateway"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the exec-server protocol over websocket (and HTTP health/metrics).
+    Serve(ServeArgs),
+    /// Serve one session over stdin/stdout (newline-delimited JSON).
+    Stdio(CommonArgs),
+    /// Measure the gateway against direct baselines and print the figures.
+    Bench(crate::bench::BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    /// TOML configuration file; without it the embedded default is used.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Confine fs paths and process cwds under this directory.
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// `ws://IP:PORT` (port 0 picks a free port) or `stdio`.
+    #[arg(long)]
+    pub listen: Option<String>,
+}
+
+fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, ConfigError> {
+    let mut config = match &common.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(root) = &common.root {
+        let root = std::path::absolute(root)
+            .map_err(|e| ConfigError(format!("--root {}: {e}", root.display())))?;
+        config.exec.root = Some(root);
+    }
+    if let Some(listen) = listen {
+        config.server.listen = Some(listen.to_owned());
+    }
+    config.validate()
+}
+
+fn usage_error(e: &ConfigError) -> ExitCode {
+    eprintln!("exec-gateway: {e}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Run the parsed command.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => {
+            telemetry::init(args.common.log_format);
+            if args
+                .listen
+                .as_deref()
+                .is_some_and(|l| l == "stdio" || l == "stdio://")
+            {
+                return run_stdio(&args.common);
+            }
+            if let Some(l) = &args.listen
+                && let Err(e) = parse_listen(l)
+            {
+                return usage_error(&e);
+            }
+            let settings = match settings(&args.common, args.listen.as_deref()) {
+                Ok(s) => s,
+                Err(e) => return usage_error(&e),
+            };
+            block_on(serve(settings))
+        }
+        Command::Stdio(common) => {
+            telemetry::init(common.log_format);
+            run_stdio(&common)
+        }
+        Command::Bench(args) => {
+            telemetry::init(LogFormat::Text);
+            block_on(crate::bench::run(args))
+        }
+    }
+}
+
+fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("exec-gateway: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> ExitCode {
+    let listener = match tokio::net::TcpListener::bind(settings.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("exec-gateway: cannot listen on {}: {e}", settings.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("exec-gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gw = match Gateway::new(settings) {
+        Ok(g) => g,
+        Err(e) => return usage_error(&e),
+    };
+    // The first stdout line is the bound URL (harnesses read it).
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "ws://{addr}");
+    let _ = stdout.flush();
+    tracing::info!(%addr, root = ?gw.settings.root, "listening");
+    gateway::run_ws(gw, listener, gateway::shutdown_signal()).await;
+    ExitCode::SUCCESS
+}
+
+fn run_stdio(common: &CommonArgs) -> ExitCode {
+    let settings = match settings(common, None) {
+        Ok(s) => s,
+        Err(e) => return usage_error(&e),
+    };
+    let gw = match Gateway::new(settings) {
+        Ok(g) => g,
+        Err(e) => return usage_error(&e),
+    };
+    block_on(async move {
+        gateway::run_stdio(gw, gateway::shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}

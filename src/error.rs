@@ -1,0 +1,181 @@
+//! `GatewayError` and the one table that maps it to wire codes.
+//!
+//! Handlers return typed errors; only this file knows JSON-RPC codes (and,
+//! later, gRPC status codes). Messages that the reference defines are kept
+//! byte for byte (PROTOCOL.md §6).
+
+use std::io;
+
+use serde_json::json;
+
+use crate::protocol::jsonrpc::ErrorObject;
+
+/// JSON-RPC codes. The -320xx server range codes marked *ours* are §G.4's.
+pub mod code {
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL: i64 = -32603;
+    pub const NOT_FOUND: i64 = -32004;
+    /// Ours: load shedding, the reference client's overload code.
+    pub const OVERLOADED: i64 = -32001;
+    /// Ours: authentication failed (stdio `initialize`).
+    pub const UNAUTHENTICATED: i64 = -32002;
+    /// Ours: scope or policy forbids the call.
+    pub const FORBIDDEN: i64 = -32003;
+    /// Ours: the request passed its deadline.
+    pub const DEADLINE_EXCEEDED: i64 = -32005;
+    /// Ours: a tenant quota is exhausted.
+    pub const QUOTA_EXCEEDED: i64 = -32006;
+}
+
+/// Wire-independent classification of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    MethodNotFound,
+    InvalidParams,
+    NotFound,
+    Internal,
+    Overloaded,
+    Unauthenticated,
+    Forbidden,
+    DeadlineExceeded,
+    QuotaExceeded,
+    Draining,
+}
+
+/// Every error a call can end in.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    /// -32600 with the given message (pre-init errors, duplicate ids, ...).
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("exec-server stub does not implement `{0}` yet")]
+    MethodNotFound(String),
+    #[error("{0}")]
+    InvalidParams(String),
+    /// -32004: a path that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// -32603 with a message safe to show (OS error text).
+    #[error("{0}")]
+    Internal(String),
+    #[error("Server overloaded; retry later.")]
+    Overloaded,
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("request deadline exceeded")]
+    DeadlineExceeded,
+    #[error("quota exceeded: {quota} (limit {limit})")]
+    QuotaExceeded {
+        quota: &'static str,
+        limit: u64,
+        retry_after_ms: Option<u64>,
+    },
+    #[error("server is shutting down")]
+    Draining,
+}
+
+impl GatewayError {
+    /// Exhaustive classification: no `_ =>` arm, so a new variant is a compile error here.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            GatewayError::InvalidRequest(_) => ErrorKind::InvalidRequest,
+            GatewayError::MethodNotFound(_) => ErrorKind::MethodNotFound,
+            GatewayError::InvalidParams(_) => ErrorKind::InvalidParams,
+            GatewayError::NotFound(_) => ErrorKind::NotFound,
+            GatewayError::Internal(_) => ErrorKind::Internal,
+            GatewayError::Overloaded => ErrorKind::Overloaded,
+            GatewayError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            GatewayError::Forbidden(_) => ErrorKind::Forbidden,
+            GatewayError::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+            GatewayError::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
+            GatewayError::Draining => ErrorKind::Draining,
+        }
+    }
+
+    /// The JSON-RPC error object for this error: the one table.
+    pub fn to_jsonrpc(&self) -> ErrorObject {
+        let code = match self.kind() {
+            ErrorKind::InvalidRequest => code::INVALID_REQUEST,
+            ErrorKind::MethodNotFound => code::METHOD_NOT_FOUND,
+            ErrorKind::InvalidParams => code::INVALID_PARAMS,
+            ErrorKind::NotFound => code::NOT_FOUND,
+            ErrorKind::Internal => code::INTERNAL,
+            ErrorKind::Overloaded => code::OVERLOADED,
+            ErrorKind::Unauthenticated => code::UNAUTHENTICATED,
+            ErrorKind::Forbidden => code::FORBIDDEN,
+            ErrorKind::DeadlineExceeded => code::DEADLINE_EXCEEDED,
+            ErrorKind::QuotaExceeded => code::QUOTA_EXCEEDED,
+            // The reference client knows draining as an invalid request with a reason.
+            ErrorKind::Draining => code::INVALID_REQUEST,
+        };
+        let data = match self {
+            GatewayError::QuotaExceeded {
+                quota,
+                limit,
+                retry_after_ms,
+            } => Some(match retry_after_ms {
+                Some(ms) => json!({"quota": quota, "limit": limit, "retryAfterMs": ms}),
+                None => json!({"quota": quota, "limit": limit}),
+            }),
+            GatewayError::Draining => Some(json!({"reason": "serverShuttingDown"})),
+            _ => None,
+        };
+        ErrorObject {
+            code,
+            message: self.to_string(),
+            data,
+        }
+    }
+
+    /// The reference's `map_fs_error`: NotFound → -32004, InvalidInput and
+    /// PermissionDenied → -32600, anything else → -32603; message is the
+    /// io::Error's Display text.
+    pub fn from_fs_io(e: &io::Error) -> Self {
+        let text = e.to_string();
+        match e.kind() {
+            io::ErrorKind::NotFound => GatewayError::NotFound(text),
+            io::ErrorKind::InvalidInput | io::ErrorKind::PermissionDenied => {
+                GatewayError::InvalidRequest(text)
+            }
+            _ => GatewayError::Internal(text),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fs_errors_map_like_the_reference() {
+        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(e.to_jsonrpc().code, -32004);
+        assert_eq!(e.to_string(), "No such file or directory (os error 2)");
+        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!(e.to_jsonrpc().code, -32600);
+        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::ENOTEMPTY));
+        assert_eq!(e.to_jsonrpc().code, -32603);
+        assert_eq!(e.to_string(), "Directory not empty (os error 39)");
+    }
+
+    #[test]
+    fn quota_carries_data() {
+        let e = GatewayError::QuotaExceeded {
+            quota: "processes",
+            limit: 4,
+            retry_after_ms: None,
+        };
+        let o = e.to_jsonrpc();
+        assert_eq!(o.code, -32006);
+        assert_eq!(o.data, Some(json!({"quota":"processes","limit":4})));
+        assert_eq!(
+            GatewayError::Overloaded.to_jsonrpc().message,
+            "Server overloaded; retry later."
+        );
+    }
+}

@@ -1,0 +1,741 @@
+//! The per-session process table and each process's lifecycle task.
+//!
+//! Owns: the `processId → Process` map of one session, the output pumps
+//! (one task per process that reads stdout, stderr and the exit in `select!`,
+//! so seqs are assigned *and* emitted in order), stdin, signals and
+//! retention. Must not: know about transports; hold a lock across `.await`.
+//!
+//! A process's lifetime is not tied to a connection: it notifies through the
+//! session's [`Attachment`], and its log serves `process/read` from any
+//! connection that holds the session.
+
+pub mod env;
+pub mod output;
+pub mod signal;
+pub mod spawn;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use portable_pty::{MasterPty, PtySize};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GatewayError;
+use crate::outbound::Attachment;
+use crate::protocol::process::{
+    ExecParams, ExecResponse, ListResponse, ProcessInfo, ProcessOutputChunk, ProcessState,
+    ReadParams, ReadResponse, ResizeParams, SignalParams, StreamName, TerminateResponse,
+    WriteParams, WriteResponse, WriteStatus,
+};
+use crate::protocol::{ByteChunk, base64_into, methods};
+use output::{OutputLog, RETAINED_OUTPUT_BYTES_PER_PROCESS};
+use spawn::SpawnSpec;
+
+/// Bytes asked of each pipe/PTY read; also the largest output chunk.
+pub const OUTPUT_READ_CHUNK_BYTES: usize = 64 * 1024;
+/// How long a closed process stays readable (`EXITED_PROCESS_RETENTION`).
+pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
+/// PTY output chunks buffered between the blocking reader and the pump.
+const PTY_CHANNEL_CHUNKS: usize = 4;
+/// `writeId`s remembered per process for de-duplication (as June upstream).
+const WRITE_IDS_PER_PROCESS: usize = 4096;
+/// Longest `waitMs` honoured; longer waits are clamped.
+pub const MAX_READ_WAIT: Duration = Duration::from_secs(3600);
+
+/// Settings shared by every process table of a tenant.
+#[derive(Debug, Clone)]
+pub struct ExecSettings {
+    pub retained_output_bytes: usize,
+    pub exited_retention: Duration,
+    /// Base environment for `envPolicy` (the tenant's, never the gateway's).
+    pub base_env: HashMap<String, String>,
+    /// Running-process slots; a permit lives as long as its process.
+    pub process_slots: Arc<Semaphore>,
+    pub max_processes: usize,
+}
+
+impl ExecSettings {
+    pub fn new(max_processes: usize, base_env: HashMap<String, String>) -> Self {
+        Self {
+            retained_output_bytes: RETAINED_OUTPUT_BYTES_PER_PROCESS,
+            exited_retention: EXITED_PROCESS_RETENTION,
+            base_env,
+            process_slots: Arc::new(Semaphore::new(max_processes)),
+            max_processes,
+        }
+    }
+}
+
+/// Which API started a process; it reports in the same family (§G.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Process,
+    V0,
+}
+
+enum Entry {
+    Starting,
+    Running(Arc<Process>),
+}
+
+/// The processes of one session.
+pub struct ProcessTable {
+    entries: Mutex<HashMap<String, Entry>>,
+    attachment: Arc<Attachment>,
+    settings: Arc<ExecSettings>,
+}
+
+enum Stdin {
+    None,
+    Pipe(tokio::sync::Mutex<Option<tokio::process::ChildStdin>>),
+    Pty(Arc<Mutex<Option<Box<dyn std::io::Write + Send>>>>),
+}
+
+struct WriteIds {
+    order: VecDeque<String>,
+    seen: HashSet<String>,
+}
+
+impl WriteIds {
+    /// True if `id` is new (and remembers it).
+    fn insert(&mut self, id: &str) -> bool {
+        if self.seen.contains(id) {
+            return false;
+        }
+        if self.order.len() >= WRITE_IDS_PER_PROCESS
+            && let Some(old) = self.order.pop_front()
+        {
+            self.seen.remove(&old);
+        }
+        self.order.push_back(id.to_owned());
+        self.seen.insert(id.to_owned());
+        true
+    }
+}
+
+/// One running (or recently closed) process.
+pub struct Process {
+    id: String,
+    /// `id` as a JSON string literal, precomputed for the notification hot path.
+    id_json: String,
+    family: Family,
+    tty: bool,
+    pgid: i32,
+    log: Mutex<OutputLog>,
+    /// Woken on every log change (long-poll readers).
+    changed: Notify,
+    stdin: Stdin,
+    master: Option<Mutex<Box<dyn MasterPty + Send>>>,
+    write_ids: Mutex<WriteIds>,
+}
+
+impl Process {
+    fn state(&self) -> ProcessState {
+        let log = self.log.lock();
+        if log.closed() {
+            ProcessState::Closed
+        } else if log.exited() {
+            ProcessState::Exited
+        } else {
+            ProcessState::Running
+        }
+    }
+
+    fn encode_output(&self, seq: u64, stream: StreamName, data: &[u8]) -> String {
+        let mut s = String::with_capacity(96 + self.id_json.len() + data.len() / 3 * 4 + 4);
+        match self.family {
+            Family::Process => {
+                s.push_str(r#"{"method":"process/output","params":{"processId":"#);
+                s.push_str(&self.id_json);
+                let _ = write!(
+                    s,
+                    r#","seq":{seq},"stream":"{}","chunk":""#,
+                    stream.as_str()
+                );
+            }
+            Family::V0 => {
+                // v0 knows only stdout/stderr; PTY output is stdout (seeds/000).
+                let stream = match stream {
+                    StreamName::Stderr => "stderr",
+                    StreamName::Stdout | StreamName::Pty => "stdout",
+                };
+                s.push_str(r#"{"method":"command/exec/outputDelta","params":{"processId":"#);
+                s.push_str(&self.id_json);
+                let _ = write!(s, r#","stream":"{stream}","chunk":""#);
+            }
+        }
+        base64_into(data, &mut s);
+        s.push_str("\"}}");
+        s
+    }
+
+    async fn emit_output(&self, attachment: &Attachment, stream: StreamName, data: Bytes) {
+        let seq = self.log.lock().push(stream, data.clone());
+        self.changed.notify_waiters();
+        attachment
+            .notify(self.encode_output(seq, stream, &data))
+            .await;
+    }
+
+    async fn emit_exit(&self, attachment: &Attachment, code: i32) {
+        let seq = self.log.lock().exit(code);
+        self.changed.notify_waiters();
+        if self.family == Family::Process {
+            let msg = format!(
+                r#"{{"method":"{}","params":{{"processId":{},"seq":{seq},"exitCode":{code}}}}}"#,
+                methods::PROCESS_EXITED,
+                self.id_json
+            );
+            attachment.notify(msg).await;
+        }
+    }
+
+    async fn emit_closed(&self, attachment: &Attachment) {
+        let (seq, code) = {
+            let mut log = self.log.lock();
+            (log.close(), log.exit_code().unwrap_or(-1))
+        };
+        self.changed.notify_waiters();
+        let msg = match self.family {
+            Family::Process => format!(
+                r#"{{"method":"{}","params":{{"processId":{},"seq":{seq}}}}}"#,
+                methods::PROCESS_CLOSED,
+                self.id_json
+            ),
+            // v0 has no close: `exited` comes once all output has been sent.
+            Family::V0 => format!(
+                r#"{{"method":"{}","params":{{"processId":{},"exitCode":{code}}}}}"#,
+                methods::COMMAND_EXEC_EXITED,
+                self.id_json
+            ),
+        };
+        attachment.notify(msg).await;
+    }
+}
+
+fn invalid(msg: String) -> GatewayError {
+    GatewayError::InvalidRequest(msg)
+}
+
+impl ProcessTable {
+    pub fn new(attachment: Arc<Attachment>, settings: Arc<ExecSettings>) -> Arc<Self> {
+        Arc::new(Self {
+            entries: Mutex::new(HashMap::new()),
+            attachment,
+            settings,
+        })
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Process>, GatewayError> {
+        match self.entries.lock().get(id) {
+            Some(Entry::Running(p)) => Ok(p.clone()),
+            Some(Entry::Starting) => Err(invalid(format!("process id {id} is starting"))),
+            None => Err(invalid(format!("unknown process id {id}"))),
+        }
+    }
+
+    /// `process/start` (and `command/exec` with `Family::V0`).
+    pub fn start(
+        self: &Arc<Self>,
+        params: ExecParams,
+        family: Family,
+        retained_cap: Option<usize>,
+    ) -> Result<ExecResponse, GatewayError> {
+        if params.argv.is_empty() {
+            return Err(GatewayError::InvalidParams(
+                "argv must not be empty".to_owned(),
+            ));
+        }
+        let id = params.process_id.clone();
+        {
+            let mut entries = self.entries.lock();
+            if entries.contains_key(&id) {
+                return Err(invalid(format!("process {id} already exists")));
+            }
+            entries.insert(id.clone(), Entry::Starting);
+        }
+        let result = self.spawn_entry(params, family, retained_cap);
+        let mut entries = self.entries.lock();
+        match result {
+            Ok(process) => {
+                entries.insert(id.clone(), Entry::Running(process));
+                Ok(ExecResponse { process_id: id })
+            }
+            Err(e) => {
+                entries.remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    fn spawn_entry(
+        self: &Arc<Self>,
+        params: ExecParams,
+        family: Family,
+        retained_cap: Option<usize>,
+    ) -> Result<Arc<Process>, GatewayError> {
+        let permit = self
+            .settings
+            .process_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| GatewayError::QuotaExceeded {
+                quota: "processes",
+                limit: self.settings.max_processes as u64,
+                retry_after_ms: None,
+            })?;
+        let spec = SpawnSpec {
+            env: env::child_env(
+                &params.env,
+                params.env_policy.as_ref(),
+                &self.settings.base_env,
+            ),
+            argv: params.argv,
+            cwd: params.cwd,
+            arg0: params.arg0,
+            pipe_stdin: params.pipe_stdin && !params.tty,
+            fallback_path: self.settings.base_env.get("PATH").cloned(),
+        };
+        let cap = retained_cap
+            .unwrap_or(usize::MAX)
+            .min(self.settings.retained_output_bytes);
+        let id_json = serde_json::to_string(&params.process_id)
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let table = Arc::downgrade(self);
+        let retention = self.settings.exited_retention;
+        if params.tty {
+            let child = spawn::spawn_pty(&spec).map_err(GatewayError::Internal)?;
+            let writer = Arc::new(Mutex::new(Some(child.writer)));
+            let process = Arc::new(Process {
+                id: params.process_id,
+                id_json,
+                family,
+                tty: true,
+                pgid: child.pid,
+                log: Mutex::new(OutputLog::new(cap)),
+                changed: Notify::new(),
+                stdin: Stdin::Pty(writer),
+                master: Some(Mutex::new(child.master)),
+                write_ids: Mutex::new(WriteIds {
+                    order: VecDeque::new(),
+                    seen: HashSet::new(),
+                }),
+            });
+            let pump = PtyPump {
+                process: process.clone(),
+                attachment: self.attachment.clone(),
+                child: child.child,
+                reader: child.reader,
+            };
+            crate::task::spawn("process-pty", pump.run(permit, table, retention));
+            Ok(process)
+        } else {
+            let child =
+                spawn::spawn_pipe(&spec).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let stdin = match child.stdin {
+                Some(s) => Stdin::Pipe(tokio::sync::Mutex::new(Some(s))),
+                None => Stdin::None,
+            };
+            let process = Arc::new(Process {
+                id: params.process_id,
+                id_json,
+                family,
+                tty: false,
+                pgid: child.pid,
+                log: Mutex::new(OutputLog::new(cap)),
+                changed: Notify::new(),
+                stdin,
+                master: None,
+                write_ids: Mutex::new(WriteIds {
+                    order: VecDeque::new(),
+                    seen: HashSet::new(),
+                }),
+            });
+            let pump = PipePump {
+                process: process.clone(),
+                attachment: self.attachment.clone(),
+                child: child.child,
+                stdout: child.stdout,
+                stderr: child.stderr,
+            };
+            crate::task::spawn("process-pipe", pump.run(permit, table, retention));
+            Ok(process)
+        }
+    }
+
+    /// `process/read`: select, and long-poll until ready, the deadline, or
+    /// eviction of the calling connection.
+    pub async fn read(
+        &self,
+        params: ReadParams,
+        evicted: &CancellationToken,
+    ) -> Result<ReadResponse, GatewayError> {
+        let process = self.get(&params.process_id)?;
+        let after_seq = params.after_seq.unwrap_or(0);
+        let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = process.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let sel = process.log.lock().select(after_seq, params.max_bytes);
+            if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
+                return Ok(ReadResponse {
+                    chunks: sel
+                        .chunks
+                        .into_iter()
+                        .map(|c| ProcessOutputChunk {
+                            seq: c.seq,
+                            stream: c.stream,
+                            chunk: ByteChunk(c.data.to_vec()),
+                        })
+                        .collect(),
+                    next_seq: sel.next_seq,
+                    exited: sel.exited,
+                    exit_code: sel.exit_code,
+                    closed: sel.closed,
+                    failure: None,
+                });
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                () = evicted.cancelled() => {
+                    return Err(invalid(
+                        "session has been resumed by another connection".to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// `process/write`; unknown ids are a status, not an error (§4.3).
+    pub async fn write(&self, params: WriteParams) -> Result<WriteResponse, GatewayError> {
+        let status = |status| Ok(WriteResponse { status });
+        let process = match self.entries.lock().get(&params.process_id) {
+            Some(Entry::Running(p)) => p.clone(),
+            Some(Entry::Starting) => return status(WriteStatus::Starting),
+            None => return status(WriteStatus::UnknownProcess),
+        };
+        if matches!(process.stdin, Stdin::None) {
+            return status(WriteStatus::StdinClosed);
+        }
+        if let Some(write_id) = &params.write_id
+            && !process.write_ids.lock().insert(write_id)
+        {
+            return status(WriteStatus::Accepted);
+        }
+        write_stdin(&process, params.chunk.0).await?;
+        status(WriteStatus::Accepted)
+    }
+
+    /// `process/terminate`: SIGKILL to the process group.
+    pub fn terminate(&self, id: &str) -> TerminateResponse {
+        let process = match self.entries.lock().get(id) {
+            Some(Entry::Running(p)) => p.clone(),
+            _ => return TerminateResponse { running: false },
+        };
+        if process.log.lock().exited() {
+            return TerminateResponse { running: false };
+        }
+        signal::kill_group(process.pgid);
+        TerminateResponse { running: true }
+    }
+
+    /// `process/signal` (extension): to the process group.
+    pub fn signal(&self, params: &SignalParams) -> Result<(), GatewayError> {
+        let process = self.get(&params.process_id)?;
+        if process.log.lock().closed() {
+            return Err(invalid(format!(
+                "process {} has already closed",
+                params.process_id
+            )));
+        }
+        signal::signal_group(process.pgid, signal::to_signal(params.signal))
+            .map_err(|e| GatewayError::Internal(e.to_string()))
+    }
+
+    /// `process/resize` (extension), PTY processes only.
+    pub fn resize(&self, params: &ResizeParams) -> Result<(), GatewayError> {
+        let process = self.get(&params.process_id)?;
+        let master = process
+            .master
+            .as_ref()
+            .ok_or_else(|| invalid(format!("process {} is not a pty", params.process_id)))?;
+        if params.rows == 0 || params.cols == 0 {
+            return Err(GatewayError::InvalidParams(
+                "rows and cols must be positive".to_owned(),
+            ));
+        }
+        master
+            .lock()
+            .resize(PtySize {
+                rows: params.rows,
+                cols: params.cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .map_err(|e| GatewayError::Internal(e.to_string()))
+    }
+
+    /// `process/closeStdin` (extension): EOF on a pipe; ^D on a PTY.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), GatewayError> {
+        let process = self.get(id)?;
+        match &process.stdin {
+            Stdin::None => Ok(()),
+            Stdin::Pipe(pipe) => {
+                if let Some(mut s) = pipe.lock().await.take() {
+                    let _ = s.shutdown().await;
+                }
+                Ok(())
+            }
+            Stdin::Pty(_) => write_stdin(&process, vec![0x04]).await,
+        }
+    }
+
+    /// `process/list` (extension).
+    pub fn list(&self) -> ListResponse {
+        let entries = self.entries.lock();
+        let mut processes: Vec<ProcessInfo> = entries
+            .iter()
+            .map(|(id, e)| match e {
+                Entry::Starting => ProcessInfo {
+                    process_id: id.clone(),
+                    state: ProcessState::Starting,
+                    tty: false,
+                    exit_code: None,
+                    next_seq: 1,
+                    first_retained_seq: None,
+                },
+                Entry::Running(p) => {
+                    let state = p.state();
+                    let log = p.log.lock();
+                    ProcessInfo {
+                        process_id: id.clone(),
+                        state,
+                        tty: p.tty,
+                        exit_code: log.exit_code(),
+                        next_seq: log.next_seq(),
+                        first_retained_seq: log.first_retained_seq(),
+                    }
+                }
+            })
+            .collect();
+        processes.sort_by(|a, b| a.process_id.cmp(&b.process_id));
+        ListResponse { processes }
+    }
+
+    /// v0 `command/exec/write`: PTY processes only; errors instead of statuses.
+    pub async fn write_v0(&self, id: &str, data: Vec<u8>) -> Result<(), GatewayError> {
+        let process = self.get(id)?;
+        if matches!(process.stdin, Stdin::None) {
+            return Err(invalid(format!("stdin of process {id} is closed")));
+        }
+        write_stdin(&process, data).await
+    }
+
+    /// SIGKILL every live process group (session end, shutdown).
+    pub fn kill_all(&self) {
+        let live: Vec<i32> = self
+            .entries
+            .lock()
+            .values()
+            .filter_map(|e| match e {
+                Entry::Running(p) if !p.log.lock().closed() => Some(p.pgid),
+                _ => None,
+            })
+            .collect();
+        for pgid in live {
+            signal::kill_group(pgid);
+        }
+    }
+
+    /// Processes that have not closed yet.
+    pub fn live_count(&self) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|e| match e {
+                Entry::Running(p) => !p.log.lock().closed(),
+                Entry::Starting => true,
+            })
+            .count()
+    }
+
+    fn evict(&self, process: &Arc<Process>) {
+        let mut entries = self.entries.lock();
+        if let Some(Entry::Running(p)) = entries.get(&process.id)
+            && Arc::ptr_eq(p, process)
+        {
+            entries.remove(&process.id);
+        }
+    }
+}
+
+async fn write_stdin(process: &Process, data: Vec<u8>) -> Result<(), GatewayError> {
+    let failed = || GatewayError::Internal("failed to write to process stdin".to_owned());
+    match &process.stdin {
+        Stdin::None => Err(failed()),
+        Stdin::Pipe(pipe) => {
+            let mut guard = pipe.lock().await;
+            let stdin = guard.as_mut().ok_or_else(failed)?;
+            stdin.write_all(&data).await.map_err(|_| failed())?;
+            stdin.flush().await.map_err(|_| failed())
+        }
+        Stdin::Pty(writer) => {
+            let writer = writer.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut guard = writer.lock();
+                let w = guard.as_mut().ok_or(())?;
+                w.write_all(&data).map_err(|_| ())?;
+                w.flush().map_err(|_| ())
+            })
+            .await
+            .map_err(|_| failed())?
+            .map_err(|()| failed())
+        }
+    }
+}
+
+/// After close: keep the entry readable for the retention period, then evict.
+async fn retain_then_evict(process: Arc<Process>, table: Weak<ProcessTable>, retention: Duration) {
+    tokio::time::sleep(retention).await;
+    if let Some(table) = table.upgrade() {
+        table.evict(&process);
+    }
+}
+
+struct PipePump {
+    process: Arc<Process>,
+    attachment: Arc<Attachment>,
+    child: tokio::process::Child,
+    stdout: tokio::process::ChildStdout,
+    stderr: tokio::process::ChildStderr,
+}
+
+impl PipePump {
+    async fn run(
+        mut self,
+        permit: OwnedSemaphorePermit,
+        table: Weak<ProcessTable>,
+        retention: Duration,
+    ) {
+        let (mut out_open, mut err_open, mut exited) = (true, true, false);
+        let mut out_buf = BytesMut::new();
+        let mut err_buf = BytesMut::new();
+        while out_open || err_open || !exited {
+            if out_buf.capacity() < OUTPUT_READ_CHUNK_BYTES {
+                out_buf.reserve(OUTPUT_READ_CHUNK_BYTES);
+            }
+            if err_buf.capacity() < OUTPUT_READ_CHUNK_BYTES {
+                err_buf.reserve(OUTPUT_READ_CHUNK_BYTES);
+            }
+            // Each arm is cancel-safe: read_buf and wait lose nothing if
+            // another arm wins.
+            tokio::select! {
+                r = self.stdout.read_buf(&mut out_buf), if out_open => match r {
+                    Ok(n) if n > 0 => {
+                        let data = out_buf.split().freeze();
+                        self.process.emit_output(&self.attachment, StreamName::Stdout, data).await;
+                    }
+                    _ => out_open = false,
+                },
+                r = self.stderr.read_buf(&mut err_buf), if err_open => match r {
+                    Ok(n) if n > 0 => {
+                        let data = err_buf.split().freeze();
+                        self.process.emit_output(&self.attachment, StreamName::Stderr, data).await;
+                    }
+                    _ => err_open = false,
+                },
+                status = self.child.wait(), if !exited => {
+                    exited = true;
+                    // Killed by a signal (terminate included) reports -1, as the reference.
+                    let code = status.ok().and_then(|s| s.code()).unwrap_or(-1);
+                    self.process.emit_exit(&self.attachment, code).await;
+                }
+            }
+        }
+        // Stdin lives as long as the process entry; drop it now so a writer
+        // sees the pipe closed.
+        if let Stdin::Pipe(pipe) = &self.process.stdin {
+            pipe.lock().await.take();
+        }
+        self.process.emit_closed(&self.attachment).await;
+        drop(permit);
+        retain_then_evict(self.process, table, retention).await;
+    }
+}
+
+struct PtyPump {
+    process: Arc<Process>,
+    attachment: Arc<Attachment>,
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    reader: Box<dyn std::io::Read + Send>,
+}
+
+impl PtyPump {
+    async fn run(
+        self,
+        permit: OwnedSemaphorePermit,
+        table: Weak<ProcessTable>,
+        retention: Duration,
+    ) {
+        let PtyPump {
+            process,
+            attachment,
+            mut child,
+            mut reader,
+        } = self;
+        // portable-pty's reader and wait are blocking: each gets a blocking
+        // thread, the reader feeding a small bounded channel (back-pressure
+        // reaches the child through the PTY buffer).
+        let (tx, mut rx) = mpsc::channel::<Bytes>(PTY_CHANNEL_CHUNKS);
+        tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; OUTPUT_READ_CHUNK_BYTES];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let (exit_tx, mut exit_rx) = oneshot::channel::<i32>();
+        tokio::task::spawn_blocking(move || {
+            // portable-pty reports death by signal as 1 (the reference's value).
+            let code = child
+                .wait()
+                .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX))
+                .unwrap_or(-1);
+            let _ = exit_tx.send(code);
+        });
+        let (mut open, mut exited) = (true, false);
+        while open || !exited {
+            tokio::select! {
+                chunk = rx.recv(), if open => match chunk {
+                    Some(data) => process.emit_output(&attachment, StreamName::Pty, data).await,
+                    None => open = false,
+                },
+                code = &mut exit_rx, if !exited => {
+                    exited = true;
+                    process.emit_exit(&attachment, code.unwrap_or(-1)).await;
+                }
+            }
+        }
+        if let Stdin::Pty(writer) = &process.stdin {
+            writer.lock().take();
+        }
+        process.emit_closed(&attachment).await;
+        drop(permit);
+        retain_then_evict(process, table, retention).await;
+    }
+}

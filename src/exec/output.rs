@@ -1,0 +1,218 @@
+//! The per-process output log: seq numbering, bounded retention and the
+//! `process/read` selection algorithm (PROTOCOL.md §4.2, §5.3, §5.4).
+//!
+//! Invariants: seqs start at 1 and every output chunk, the exit and the close
+//! take exactly one each, in that order of assignment; `closed` implies
+//! `exited`; retained bytes never exceed the cap except for the newest chunk.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::protocol::process::StreamName;
+
+/// Retained output per process (the reference's `RETAINED_OUTPUT_BYTES_PER_PROCESS`).
+pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct RetainedChunk {
+    pub seq: u64,
+    pub stream: StreamName,
+    pub data: Bytes,
+}
+
+/// What a read selected, before waiting is decided.
+#[derive(Debug, Clone)]
+pub struct ReadSelection {
+    pub chunks: Vec<RetainedChunk>,
+    pub next_seq: u64,
+    pub exited: bool,
+    pub exit_code: Option<i32>,
+    pub closed: bool,
+}
+
+impl ReadSelection {
+    /// The reference's "return now" rule: data, closed, or an exit the caller
+    /// has not seen yet.
+    pub fn is_ready(&self, after_seq: u64) -> bool {
+        !self.chunks.is_empty()
+            || self.closed
+            || (self.exited && after_seq < self.next_seq.saturating_sub(1))
+    }
+}
+
+#[derive(Debug)]
+pub struct OutputLog {
+    chunks: VecDeque<RetainedChunk>,
+    retained_bytes: usize,
+    cap_bytes: usize,
+    next_seq: u64,
+    exit_code: Option<i32>,
+    closed: bool,
+}
+
+impl OutputLog {
+    pub fn new(cap_bytes: usize) -> Self {
+        Self {
+            chunks: VecDeque::new(),
+            retained_bytes: 0,
+            cap_bytes,
+            next_seq: 1,
+            exit_code: None,
+            closed: false,
+        }
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Append a chunk; evicts whole chunks, oldest first, past the cap.
+    pub fn push(&mut self, stream: StreamName, data: Bytes) -> u64 {
+        let seq = self.take_seq();
+        self.retained_bytes += data.len();
+        self.chunks.push_back(RetainedChunk { seq, stream, data });
+        while self.retained_bytes > self.cap_bytes && self.chunks.len() > 1 {
+            if let Some(old) = self.chunks.pop_front() {
+                self.retained_bytes -= old.data.len();
+            }
+        }
+        seq
+    }
+
+    pub fn exit(&mut self, code: i32) -> u64 {
+        self.exit_code = Some(code);
+        self.take_seq()
+    }
+
+    pub fn close(&mut self) -> u64 {
+        self.closed = true;
+        self.take_seq()
+    }
+
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit_code
+    }
+
+    pub fn exited(&self) -> bool {
+        self.exit_code.is_some()
+    }
+
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn retained_bytes(&self) -> usize {
+        self.retained_bytes
+    }
+
+    pub fn first_retained_seq(&self) -> Option<u64> {
+        self.chunks.front().map(|c| c.seq)
+    }
+
+    /// Select chunks with `seq > after_seq` under the `max_bytes` budget: the
+    /// first chunk always goes in; stop before a chunk that would pass the
+    /// budget, or once the budget is reached.
+    pub fn select(&self, after_seq: u64, max_bytes: Option<usize>) -> ReadSelection {
+        let budget = max_bytes.unwrap_or(usize::MAX);
+        let start = self.chunks.partition_point(|c| c.seq <= after_seq);
+        let mut chunks = Vec::new();
+        let mut total = 0usize;
+        for c in self.chunks.iter().skip(start) {
+            if !chunks.is_empty() && (total >= budget || total + c.data.len() > budget) {
+                break;
+            }
+            total += c.data.len();
+            chunks.push(c.clone());
+        }
+        let next_seq = chunks.last().map_or(self.next_seq, |c| c.seq + 1);
+        ReadSelection {
+            chunks,
+            next_seq,
+            exited: self.exited(),
+            exit_code: self.exit_code,
+            closed: self.closed,
+        }
+    }
+
+    /// Chunks with `seq > after_seq`, for replaying to a stream subscriber.
+    pub fn since(&self, after_seq: u64) -> Vec<RetainedChunk> {
+        let start = self.chunks.partition_point(|c| c.seq <= after_seq);
+        self.chunks.iter().skip(start).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    #[test]
+    fn seqs_count_output_exit_and_close() {
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS);
+        assert_eq!(log.push(StreamName::Stdout, chunk(3)), 1);
+        assert_eq!(log.exit(0), 2);
+        assert_eq!(log.close(), 3);
+        // After `echo hi` closed, afterSeq:1 gives nextSeq 4 (reference).
+        let s = log.select(1, None);
+        assert!(s.chunks.is_empty());
+        assert_eq!(s.next_seq, 4);
+        // A read past the end is not clamped.
+        assert_eq!(log.select(99, None).next_seq, 4);
+    }
+
+    #[test]
+    fn first_chunk_always_included_and_budget_respected() {
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS);
+        for _ in 0..4 {
+            log.push(StreamName::Stdout, chunk(4096));
+        }
+        let s = log.select(0, Some(1));
+        assert_eq!(s.chunks.len(), 1);
+        assert_eq!(s.next_seq, 2);
+        let s = log.select(0, Some(8192));
+        assert_eq!(s.chunks.len(), 2);
+        let s = log.select(0, Some(8191));
+        assert_eq!(s.chunks.len(), 1);
+        let s = log.select(2, None);
+        assert_eq!(
+            s.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+    }
+
+    #[test]
+    fn retention_evicts_whole_chunks_oldest_first() {
+        let mut log = OutputLog::new(1024 * 1024);
+        for _ in 0..733 {
+            log.push(StreamName::Stdout, chunk(4096));
+        }
+        // 256 chunks of 4 KiB are 1 MiB: the oldest kept is seq 478.
+        assert_eq!(log.first_retained_seq(), Some(478));
+        assert_eq!(log.retained_bytes(), 1024 * 1024);
+        let s = log.select(0, None);
+        assert_eq!(s.chunks[0].seq, 478);
+    }
+
+    #[test]
+    fn readiness_rule() {
+        let mut log = OutputLog::new(1024);
+        log.push(StreamName::Stdout, chunk(1));
+        log.exit(0);
+        // exited and caller has not seen the exit (seq 2) yet.
+        assert!(log.select(1, None).is_ready(1));
+        // caller has seen everything up to the exit: wait for close.
+        assert!(!log.select(2, None).is_ready(2));
+        log.close();
+        assert!(log.select(3, None).is_ready(3));
+    }
+}

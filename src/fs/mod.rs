@@ -1,0 +1,570 @@
+//! Filesystem handlers (PROTOCOL.md §4.6) over a root that is either the
+//! whole host (`/`, reference-compatible) or a tenant directory confined with
+//! cap-std (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, ISOLATION.md §3).
+//!
+//! Invariants: every path is absolute and lexically normalised first; in a
+//! confined root, nothing outside it is ever opened (`..`, absolute paths
+//! outside, symlinks pointing out and symlinks swapped mid-call all fail),
+//! files are opened `O_NONBLOCK` and checked to be regular (a planted FIFO
+//! cannot hang a thread). All blocking work runs on the blocking pool.
+
+use std::io::{self, Read as _, Write as _};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use cap_std::fs::{Dir, OpenOptions as CapOpenOptions, OpenOptionsExt as _};
+
+use crate::error::GatewayError;
+use crate::protocol::fs::{
+    CopyParams, CreateDirectoryParams, DirectoryEntry, MetadataResponse, PathParams,
+    ReadDirectoryResponse, ReadFileResponse, RemoveParams, WriteFileParams,
+};
+
+/// Largest file `fs/readFile` returns (the reference's limit).
+pub const MAX_READ_FILE_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Where fs paths resolve.
+pub enum FsRoot {
+    /// The whole host: paths are used as given (the reference's behaviour).
+    Host,
+    /// Paths must lie inside `path`; all access goes through `dir`.
+    Confined { path: PathBuf, dir: Dir },
+}
+
+impl std::fmt::Debug for FsRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsRoot::Host => f.write_str("FsRoot::Host"),
+            FsRoot::Confined { path, .. } => write!(f, "FsRoot::Confined({})", path.display()),
+        }
+    }
+}
+
+impl FsRoot {
+    /// Open a confined root at `path` (which must exist and be a directory).
+    pub fn confined(path: &Path) -> io::Result<FsRoot> {
+        let dir = Dir::open_ambient_dir(path, cap_std::ambient_authority())?;
+        Ok(FsRoot::Confined {
+            path: path.to_path_buf(),
+            dir,
+        })
+    }
+
+    /// The root's path (`/` for the host).
+    pub fn path(&self) -> &Path {
+        match self {
+            FsRoot::Host => Path::new("/"),
+            FsRoot::Confined { path, .. } => path,
+        }
+    }
+
+    /// Check a working directory for a process: absolute, inside the root,
+    /// and (when confined) an existing directory reached without escaping.
+    pub fn check_cwd(&self, cwd: &str) -> Result<(), GatewayError> {
+        match self {
+            FsRoot::Host => Ok(()),
+            FsRoot::Confined { .. } => {
+                let target = self.resolve(cwd)?;
+                let meta = target
+                    .metadata()
+                    .map_err(|e| GatewayError::from_fs_io(&e))?;
+                if meta.is_dir() {
+                    Ok(())
+                } else {
+                    Err(GatewayError::from_fs_io(&io::Error::from_raw_os_error(
+                        libc::ENOTDIR,
+                    )))
+                }
+            }
+        }
+    }
+
+    fn resolve(&self, raw: &str) -> Result<Target<'_>, GatewayError> {
+        let path = Path::new(raw);
+        if !path.is_absolute() {
+            return Err(GatewayError::InvalidParams(
+                "AbsolutePathBuf deserialized without a base path".to_owned(),
+            ));
+        }
+        let norm = normalize(path);
+        match self {
+            FsRoot::Host => Ok(Target::Host(norm)),
+            FsRoot::Confined { path: root, dir } => {
+                let rel = norm.strip_prefix(root).map_err(|_| {
+                    GatewayError::InvalidRequest(format!("path `{raw}` is outside the tenant root"))
+                })?;
+                let rel = if rel.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    rel.to_path_buf()
+                };
+                Ok(Target::Confined { dir, rel, norm })
+            }
+        }
+    }
+}
+
+/// Lexical normalisation: `.` dropped, `..` pops (never above `/`).
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// A resolved path: a host path, or a path relative to a confined `Dir`.
+enum Target<'a> {
+    Host(PathBuf),
+    Confined {
+        dir: &'a Dir,
+        rel: PathBuf,
+        /// The normalised absolute path, for messages and containment checks.
+        norm: PathBuf,
+    },
+}
+
+impl Target<'_> {
+    fn abs(&self) -> &Path {
+        match self {
+            Target::Host(p) => p,
+            Target::Confined { norm, .. } => norm,
+        }
+    }
+
+    fn join(&self, name: &std::ffi::OsStr) -> Target<'_> {
+        match self {
+            Target::Host(p) => Target::Host(p.join(name)),
+            Target::Confined { dir, rel, norm } => Target::Confined {
+                dir,
+                rel: rel.join(name),
+                norm: norm.join(name),
+            },
+        }
+    }
+
+    fn metadata(&self) -> io::Result<Meta> {
+        match self {
+            Target::Host(p) => std::fs::metadata(p).map(Meta::Std),
+            Target::Confined { dir, rel, .. } => dir.metadata(rel).map(Meta::Cap),
+        }
+    }
+
+    fn symlink_metadata(&self) -> io::Result<Meta> {
+        match self {
+            Target::Host(p) => std::fs::symlink_metadata(p).map(Meta::Std),
+            Target::Confined { dir, rel, .. } => dir.symlink_metadata(rel).map(Meta::Cap),
+        }
+    }
+
+    /// Open for reading: non-blocking (FIFOs cannot hang us), regular files only.
+    fn open_read(&self) -> io::Result<std::fs::File> {
+        let file = match self {
+            Target::Host(p) => {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)?
+            }
+            Target::Confined { dir, rel, .. } => {
+                let mut o = CapOpenOptions::new();
+                o.read(true).custom_flags(libc::O_NONBLOCK);
+                dir.open_with(rel, &o)?.into_std()
+            }
+        };
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    fn open_write(&self) -> io::Result<std::fs::File> {
+        let file = match self {
+            Target::Host(p) => {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)?
+            }
+            Target::Confined { dir, rel, .. } => {
+                let mut o = CapOpenOptions::new();
+                o.write(true)
+                    .create(true)
+                    .truncate(true)
+                    .custom_flags(libc::O_NONBLOCK);
+                dir.open_with(rel, &o)?.into_std()
+            }
+        };
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    fn create_dir(&self, recursive: bool) -> io::Result<()> {
+        match (self, recursive) {
+            (Target::Host(p), true) => std::fs::create_dir_all(p),
+            (Target::Host(p), false) => std::fs::create_dir(p),
+            (Target::Confined { dir, rel, .. }, true) => dir.create_dir_all(rel),
+            (Target::Confined { dir, rel, .. }, false) => dir.create_dir(rel),
+        }
+    }
+
+    /// Entry names of a directory.
+    fn list(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        match self {
+            Target::Host(p) => std::fs::read_dir(p)?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect(),
+            Target::Confined { dir, rel, .. } => dir
+                .read_dir(rel)?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect(),
+        }
+    }
+
+    fn remove_file(&self) -> io::Result<()> {
+        match self {
+            Target::Host(p) => std::fs::remove_file(p),
+            Target::Confined { dir, rel, .. } => dir.remove_file(rel),
+        }
+    }
+
+    fn remove_dir(&self, recursive: bool) -> io::Result<()> {
+        match (self, recursive) {
+            (Target::Host(p), true) => std::fs::remove_dir_all(p),
+            (Target::Host(p), false) => std::fs::remove_dir(p),
+            (Target::Confined { dir, rel, .. }, true) => dir.remove_dir_all(rel),
+            (Target::Confined { dir, rel, .. }, false) => dir.remove_dir(rel),
+        }
+    }
+
+    fn read_link(&self) -> io::Result<PathBuf> {
+        match self {
+            Target::Host(p) => std::fs::read_link(p),
+            // The link's text, not resolved: it is copied verbatim.
+            Target::Confined { dir, rel, .. } => dir.read_link_contents(rel),
+        }
+    }
+
+    fn symlink(&self, original: &Path) -> io::Result<()> {
+        match self {
+            Target::Host(p) => std::os::unix::fs::symlink(original, p),
+            Target::Confined { dir, rel, .. } => dir.symlink_contents(original, rel),
+        }
+    }
+}
+
+enum Meta {
+    Std(std::fs::Metadata),
+    Cap(cap_std::fs::Metadata),
+}
+
+impl Meta {
+    fn is_dir(&self) -> bool {
+        match self {
+            Meta::Std(m) => m.is_dir(),
+            Meta::Cap(m) => m.is_dir(),
+        }
+    }
+    fn is_file(&self) -> bool {
+        match self {
+            Meta::Std(m) => m.is_file(),
+            Meta::Cap(m) => m.is_file(),
+        }
+    }
+    fn is_symlink(&self) -> bool {
+        match self {
+            Meta::Std(m) => m.file_type().is_symlink(),
+            Meta::Cap(m) => m.file_type().is_symlink(),
+        }
+    }
+    fn created(&self) -> Option<SystemTime> {
+        match self {
+            Meta::Std(m) => m.created().ok(),
+            Meta::Cap(m) => m.created().ok().map(cap_std::time::SystemTime::into_std),
+        }
+    }
+    fn modified(&self) -> Option<SystemTime> {
+        match self {
+            Meta::Std(m) => m.modified().ok(),
+            Meta::Cap(m) => m.modified().ok().map(cap_std::time::SystemTime::into_std),
+        }
+    }
+}
+
+fn millis(t: Option<SystemTime>) -> i64 {
+    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
+fn io_err(e: io::Error) -> GatewayError {
+    GatewayError::from_fs_io(&e)
+}
+
+/// Run blocking fs work on the blocking pool.
+async fn blocking<T, F>(root: &Arc<FsRoot>, f: F) -> Result<T, GatewayError>
+where
+    T: Send + 'static,
+    F: FnOnce(&FsRoot) -> Result<T, GatewayError> + Send + 'static,
+{
+    let root = root.clone();
+    tokio::task::spawn_blocking(move || f(&root))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
+}
+
+/// `fs/readFile`.
+pub async fn read_file(
+    root: &Arc<FsRoot>,
+    p: PathParams,
+) -> Result<ReadFileResponse, GatewayError> {
+    blocking(root, move |root| {
+        let target = root.resolve(&p.path)?;
+        let mut file = target.open_read().map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        if len > MAX_READ_FILE_BYTES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
+            )));
+        }
+        let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        std::io::Read::by_ref(&mut file)
+            .take(MAX_READ_FILE_BYTES + 1)
+            .read_to_end(&mut data)
+            .map_err(io_err)?;
+        if data.len() as u64 > MAX_READ_FILE_BYTES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
+            )));
+        }
+        Ok(ReadFileResponse {
+            data_base64: base64::engine::general_purpose::STANDARD.encode(&data),
+        })
+    })
+    .await
+}
+
+/// `fs/writeFile`.
+pub async fn write_file(
+    root: &Arc<FsRoot>,
+    p: WriteFileParams,
+) -> Result<crate::protocol::Empty, GatewayError> {
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(p.data_base64.as_bytes())
+        .map_err(|e| {
+            GatewayError::InvalidRequest(format!(
+                "fs/writeFile requires valid base64 dataBase64: {e}"
+            ))
+        })?;
+    blocking(root, move |root| {
+        let target = root.resolve(&p.path)?;
+        let mut file = target.open_write().map_err(io_err)?;
+        file.write_all(&data).map_err(io_err)?;
+        Ok(crate::protocol::Empty {})
+    })
+    .await
+}
+
+/// `fs/createDirectory`.
+pub async fn create_directory(
+    root: &Arc<FsRoot>,
+    p: CreateDirectoryParams,
+) -> Result<crate::protocol::Empty, GatewayError> {
+    blocking(root, move |root| {
+        root.resolve(&p.path)?
+            .create_dir(p.recursive)
+            .map_err(io_err)?;
+        Ok(crate::protocol::Empty {})
+    })
+    .await
+}
+
+/// `fs/getMetadata`: `is*` follow symlinks except `isSymlink`.
+pub async fn get_metadata(
+    root: &Arc<FsRoot>,
+    p: PathParams,
+) -> Result<MetadataResponse, GatewayError> {
+    blocking(root, move |root| {
+        let target = root.resolve(&p.path)?;
+        let meta = target.metadata().map_err(io_err)?;
+        let is_symlink = target
+            .symlink_metadata()
+            .map(|m| m.is_symlink())
+            .unwrap_or(false);
+        Ok(MetadataResponse {
+            is_directory: meta.is_dir(),
+            is_file: meta.is_file(),
+            is_symlink,
+            created_at_ms: millis(meta.created()),
+            modified_at_ms: millis(meta.modified()),
+        })
+    })
+    .await
+}
+
+/// `fs/readDirectory`: readdir order; entries whose stat fails are skipped.
+pub async fn read_directory(
+    root: &Arc<FsRoot>,
+    p: PathParams,
+) -> Result<ReadDirectoryResponse, GatewayError> {
+    blocking(root, move |root| {
+        let target = root.resolve(&p.path)?;
+        let names = target.list().map_err(io_err)?;
+        let entries = names
+            .into_iter()
+            .filter_map(|name| {
+                let meta = target.join(&name).metadata().ok()?;
+                Some(DirectoryEntry {
+                    file_name: name.to_string_lossy().into_owned(),
+                    is_directory: meta.is_dir(),
+                    is_file: meta.is_file(),
+                })
+            })
+            .collect();
+        Ok(ReadDirectoryResponse { entries })
+    })
+    .await
+}
+
+/// `fs/remove`: a symlink itself is removed, never its target.
+pub async fn remove(
+    root: &Arc<FsRoot>,
+    p: RemoveParams,
+) -> Result<crate::protocol::Empty, GatewayError> {
+    blocking(root, move |root| {
+        let target = root.resolve(&p.path)?;
+        if matches!(target, Target::Confined { ref rel, .. } if rel == Path::new(".")) {
+            return Err(GatewayError::InvalidRequest(
+                "refusing to remove the tenant root".to_owned(),
+            ));
+        }
+        let result = match target.symlink_metadata() {
+            Ok(m) if m.is_dir() => target.remove_dir(p.recursive),
+            Ok(_) => target.remove_file(),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => Ok(crate::protocol::Empty {}),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && p.force => {
+                Ok(crate::protocol::Empty {})
+            }
+            Err(e) => Err(io_err(e)),
+        }
+    })
+    .await
+}
+
+/// `fs/copy` with the reference's rules.
+pub async fn copy(
+    root: &Arc<FsRoot>,
+    p: CopyParams,
+) -> Result<crate::protocol::Empty, GatewayError> {
+    blocking(root, move |root| {
+        let src = root.resolve(&p.source_path)?;
+        let dst = root.resolve(&p.destination_path)?;
+        let meta = src.symlink_metadata().map_err(io_err)?;
+        if meta.is_dir() {
+            if !p.recursive {
+                return Err(GatewayError::InvalidRequest(
+                    "fs/copy requires recursive: true when sourcePath is a directory".to_owned(),
+                ));
+            }
+            if dst.abs().starts_with(src.abs()) {
+                return Err(GatewayError::InvalidRequest(
+                    "fs/copy cannot copy a directory to itself or one of its descendants"
+                        .to_owned(),
+                ));
+            }
+            copy_dir(&src, &dst).map_err(io_err)?;
+        } else if meta.is_symlink() {
+            let link = src.read_link().map_err(io_err)?;
+            dst.symlink(&link).map_err(io_err)?;
+        } else if meta.is_file() {
+            copy_file(&src, &dst).map_err(io_err)?;
+        } else {
+            return Err(GatewayError::InvalidRequest(
+                "fs/copy only supports regular files, directories, and symlinks".to_owned(),
+            ));
+        }
+        Ok(crate::protocol::Empty {})
+    })
+    .await
+}
+
+fn copy_file(src: &Target<'_>, dst: &Target<'_>) -> io::Result<()> {
+    let mut from = src.open_read()?;
+    let mut to = dst.open_write()?;
+    io::copy(&mut from, &mut to)?;
+    Ok(())
+}
+
+fn copy_dir(src: &Target<'_>, dst: &Target<'_>) -> io::Result<()> {
+    match dst.create_dir(false) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for name in src.list()? {
+        let (s, d) = (src.join(&name), dst.join(&name));
+        let meta = s.symlink_metadata()?;
+        if meta.is_dir() {
+            copy_dir(&s, &d)?;
+        } else if meta.is_symlink() {
+            d.symlink(&s.read_link()?)?;
+        } else if meta.is_file() {
+            copy_file(&s, &d)?;
+        }
+        // Special files (FIFOs, sockets, devices) are skipped, as the reference.
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_is_lexical() {
+        assert_eq!(
+            normalize(Path::new("/a/b/../c/./d")),
+            PathBuf::from("/a/c/d")
+        );
+        assert_eq!(normalize(Path::new("/../..")), PathBuf::from("/"));
+    }
+
+    #[test]
+    fn confined_root_rejects_outside_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = FsRoot::confined(tmp.path()).unwrap();
+        let outside = format!("{}/../etc/passwd", tmp.path().display());
+        let e = root.resolve(&outside).err().unwrap();
+        assert_eq!(e.to_jsonrpc().code, -32600);
+        let e = root.resolve("relative").err().unwrap();
+        assert_eq!(e.to_jsonrpc().code, -32602);
+        assert!(root.resolve(&tmp.path().display().to_string()).is_ok());
+    }
+}

@@ -1,0 +1,280 @@
+//! The JSON-RPC envelope as the reference speaks it (PROTOCOL.md §2.4).
+//!
+//! Decoding mirrors the reference's untagged enum (Request → Notification →
+//! Response → Error) without materialising a `serde_json::Value`: params stay a
+//! borrowed `RawValue` until the method is known, so a multi-megabyte
+//! `fs/writeFile` is parsed once. Output never carries `"jsonrpc"`; input may.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Request id: an i64 or a string, echoed verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestId {
+    Integer(i64),
+    String(String),
+}
+
+impl RequestId {
+    /// The id the reference uses for errors that belong to no request.
+    pub const UNKNOWN: RequestId = RequestId::Integer(-1);
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestId::Integer(n) => write!(f, "{n}"),
+            RequestId::String(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// One decoded inbound message.
+#[derive(Debug)]
+pub enum Inbound<'a> {
+    Request {
+        id: RequestId,
+        method: String,
+        params: Option<&'a RawValue>,
+    },
+    Notification {
+        method: String,
+    },
+    /// A response or error sent by the client: ignored and logged (§G.2).
+    ClientResponse,
+}
+
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+/// Why a frame could not be decoded; the text follows serde's wording.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MalformedMessage(pub String);
+
+const NO_VARIANT: &str = "data did not match any variant of untagged enum JSONRPCMessage";
+
+/// Decode one frame or line into an [`Inbound`].
+pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
+    // serde derives accept arrays for structs (positional fields); the
+    // reference's untagged enum does not, so a batch is malformed.
+    if !text.trim_start().starts_with('{') {
+        return match serde_json::from_str::<&RawValue>(text) {
+            Err(e) => Err(MalformedMessage(e.to_string())),
+            Ok(_) => Err(MalformedMessage(NO_VARIANT.to_owned())),
+        };
+    }
+    let raw: RawMessage<'_> =
+        serde_json::from_str(text).map_err(|e| MalformedMessage(e.to_string()))?;
+    let id = raw.id.and_then(parse_id);
+    match (raw.method, id) {
+        (Some(method), Some(id)) => Ok(Inbound::Request {
+            id,
+            method,
+            params: raw.params,
+        }),
+        // An id that is null, fractional or of another type does not match
+        // Request; the reference then decodes the frame as a notification.
+        (Some(method), None) => Ok(Inbound::Notification { method }),
+        (None, _) if raw.id.is_some() && (raw.result.is_some() || raw.error.is_some()) => {
+            Ok(Inbound::ClientResponse)
+        }
+        (None, _) => Err(MalformedMessage(NO_VARIANT.to_owned())),
+    }
+}
+
+fn parse_id(raw: &RawValue) -> Option<RequestId> {
+    serde_json::from_str::<RequestId>(raw.get()).ok()
+}
+
+/// Decode `params` the way the reference's `decode_params` does: missing is
+/// `null`, `{}` falls back to `null` for unit-like params, arrays decode
+/// positionally, unknown fields are ignored. The error text has no position.
+pub fn decode_params<T: serde::de::DeserializeOwned>(
+    params: Option<&RawValue>,
+) -> Result<T, String> {
+    let text = params.map_or("null", RawValue::get);
+    match serde_json::from_str::<T>(text) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            if text.trim() == "{}"
+                && let Ok(v) = serde_json::from_str::<T>("null")
+            {
+                return Ok(v);
+            }
+            Err(strip_position(&e))
+        }
+    }
+}
+
+/// serde_json appends " at line L column C" when decoding from text; the
+/// reference decodes from a `Value` and has no position, so drop it.
+pub fn strip_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if e.line() == 0 {
+        return text;
+    }
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&suffix)
+        .map(str::to_owned)
+        .unwrap_or(text)
+}
+
+/// Error object of a JSON-RPC error response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorObject {
+    pub code: i64,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub data: Option<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct ResponseOut<'a, T: Serialize> {
+    id: &'a RequestId,
+    result: &'a T,
+}
+
+#[derive(Serialize)]
+struct ErrorOut<'a> {
+    error: &'a ErrorObject,
+    id: &'a RequestId,
+}
+
+#[derive(Serialize)]
+struct NotificationOut<'a, T: Serialize> {
+    method: &'a str,
+    params: &'a T,
+}
+
+/// Serialise a response. Serialising our own types cannot fail; if it ever
+/// did, the client gets an internal error rather than silence.
+pub fn encode_response<T: Serialize>(id: &RequestId, result: &T) -> String {
+    serde_json::to_string(&ResponseOut { id, result }).unwrap_or_else(|e| {
+        encode_error(
+            id,
+            &ErrorObject {
+                code: -32603,
+                message: format!("failed to encode response: {e}"),
+                data: None,
+            },
+        )
+    })
+}
+
+/// Serialise an error response.
+pub fn encode_error(id: &RequestId, error: &ErrorObject) -> String {
+    serde_json::to_string(&ErrorOut { error, id }).unwrap_or_else(|_| {
+        format!(
+            r#"{{"error":{{"code":{},"message":"unencodable error"}},"id":-1}}"#,
+            error.code
+        )
+    })
+}
+
+/// Serialise a notification.
+pub fn encode_notification<T: Serialize>(method: &str, params: &T) -> String {
+    serde_json::to_string(&NotificationOut { method, params }).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(text: &str) -> (RequestId, String, Option<String>) {
+        match decode(text).unwrap() {
+            Inbound::Request { id, method, params } => {
+                (id, method, params.map(|p| p.get().to_owned()))
+            }
+            other => panic!("not a request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_are_integers_or_strings() {
+        assert_eq!(request(r#"{"id":7,"method":"m"}"#).0, RequestId::Integer(7));
+        assert_eq!(
+            request(r#"{"id":"a","method":"m","jsonrpc":"2.0"}"#).0,
+            RequestId::String("a".into())
+        );
+        assert_eq!(
+            request(r#"{"id":9223372036854775807,"method":"m"}"#).0,
+            RequestId::Integer(i64::MAX)
+        );
+        assert_eq!(
+            request(r#"{"id":-5,"method":"m"}"#).0,
+            RequestId::Integer(-5)
+        );
+    }
+
+    #[test]
+    fn null_or_fractional_ids_make_notifications() {
+        for text in [r#"{"id":null,"method":"m"}"#, r#"{"id":1.5,"method":"m"}"#] {
+            assert!(matches!(
+                decode(text).unwrap(),
+                Inbound::Notification { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn batches_and_garbage_are_malformed() {
+        let e = decode(r#"[{"id":1,"method":"m"}]"#).unwrap_err();
+        assert_eq!(e.0, NO_VARIANT);
+        assert!(decode("{not json").is_err());
+        assert!(decode(r#"{"foo":1}"#).is_err());
+        assert!(matches!(
+            decode(r#"{"id":1,"result":{}}"#).unwrap(),
+            Inbound::ClientResponse
+        ));
+    }
+
+    #[test]
+    fn params_decode_like_the_reference() {
+        #[derive(Deserialize, Debug, PartialEq)]
+        #[serde(rename_all = "camelCase")]
+        struct P {
+            process_id: String,
+        }
+        let raw: Box<RawValue> = serde_json::from_str(r#"["a"]"#).unwrap();
+        let p: P = decode_params(Some(&raw)).unwrap();
+        assert_eq!(p.process_id, "a");
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"x":1}"#).unwrap();
+        let e = decode_params::<P>(Some(&raw)).unwrap_err();
+        assert_eq!(e, "missing field `processId`");
+        let e = decode_params::<P>(None).unwrap_err();
+        assert_eq!(e, "invalid type: null, expected struct P");
+        let unit: () =
+            decode_params(Some(&serde_json::from_str::<Box<RawValue>>("{}").unwrap())).unwrap();
+        assert_eq!(unit, ());
+    }
+
+    #[test]
+    fn output_has_no_jsonrpc_field() {
+        let s = encode_response(&RequestId::Integer(1), &serde_json::json!({}));
+        assert_eq!(s, r#"{"id":1,"result":{}}"#);
+        let s = encode_error(
+            &RequestId::UNKNOWN,
+            &ErrorObject {
+                code: -32600,
+                message: "x".into(),
+                data: None,
+            },
+        );
+        assert_eq!(s, r#"{"error":{"code":-32600,"message":"x"},"id":-1}"#);
+    }
+}

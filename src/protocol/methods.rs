@@ -1,0 +1,36 @@
+//! Method and notification names, one const each.
+
+pub const INITIALIZE: &str = "initialize";
+pub const INITIALIZED: &str = "initialized";
+
+pub const PROCESS_START: &str = "process/start";
+pub const PROCESS_READ: &str = "process/read";
+pub const PROCESS_WRITE: &str = "process/write";
+pub const PROCESS_TERMINATE: &str = "process/terminate";
+/// Extensions (PROTOCOL.md §G.3).
+pub const PROCESS_SIGNAL: &str = "process/signal";
+pub const PROCESS_RESIZE: &str = "process/resize";
+pub const PROCESS_CLOSE_STDIN: &str = "process/closeStdin";
+pub const PROCESS_LIST: &str = "process/list";
+
+/// Notifications, server → client.
+pub const PROCESS_OUTPUT: &str = "process/output";
+pub const PROCESS_EXITED: &str = "process/exited";
+pub const PROCESS_CLOSED: &str = "process/closed";
+
+pub const FS_READ_FILE: &str = "fs/readFile";
+pub const FS_WRITE_FILE: &str = "fs/writeFile";
+pub const FS_CREATE_DIRECTORY: &str = "fs/createDirectory";
+pub const FS_GET_METADATA: &str = "fs/getMetadata";
+pub const FS_READ_DIRECTORY: &str = "fs/readDirectory";
+pub const FS_REMOVE: &str = "fs/remove";
+pub const FS_COPY: &str = "fs/copy";
+
+pub const HTTP_REQUEST: &str = "http/request";
+
+/// The v0 API of seeds/000 (PROTOCOL.md §G.2).
+pub const COMMAND_EXEC: &str = "command/exec";
+pub const COMMAND_EXEC_WRITE: &str = "command/exec/write";
+pub const COMMAND_EXEC_TERMINATE: &str = "command/exec/terminate";
+pub const COMMAND_EXEC_OUTPUT_DELTA: &str = "command/exec/outputDelta";
+pub const COMMAND_EXEC_EXITED: &str = "command/exec/exited";

@@ -1,0 +1,59 @@
+//! Wire types of the exec-server protocol: plain data, no behaviour.
+//!
+//! The contract is `PROTOCOL.md` (the May-2026 surface of
+//! `@openai/codex@0.130.0`, plus the additive extensions of §G.3). Decisions
+//! recorded here: we accept `"jsonrpc"` on input and never emit it; unknown
+//! param fields are ignored (newer clients add fields); every struct is
+//! camelCase. `serde_json::Value` does not leave this module and `transport`.
+
+pub mod fs;
+pub mod jsonrpc;
+pub mod methods;
+pub mod process;
+pub mod v0;
+
+use base64::Engine as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Raw bytes carried as standard base64 with padding on the wire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ByteChunk(pub Vec<u8>);
+
+impl Serialize for ByteChunk {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteChunk {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map(ByteChunk)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Base64 (standard alphabet, padded) of `bytes`, appended to `out`.
+pub fn base64_into(bytes: &[u8], out: &mut String) {
+    base64::engine::general_purpose::STANDARD.encode_string(bytes, out);
+}
+
+/// An empty result object, `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Empty {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_chunk_is_padded_standard_base64() {
+        let s = serde_json::to_string(&ByteChunk(b"hi\n".to_vec())).unwrap();
+        assert_eq!(s, r#""aGkK""#);
+        let c: ByteChunk = serde_json::from_str(r#""aGVsbG8K""#).unwrap();
+        assert_eq!(c.0, b"hello\n");
+        assert!(serde_json::from_str::<ByteChunk>(r#""***""#).is_err());
+    }
+}

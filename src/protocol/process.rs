@@ -1,0 +1,293 @@
+//! `initialize` and `process/*` params, results and notifications (§3, §4.1–§4.5, §G.3).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ByteChunk;
+
+/// Params of `initialize`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeParams {
+    pub client_name: String,
+    #[serde(default)]
+    pub resume_session_id: Option<String>,
+}
+
+/// Result of `initialize`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeResponse {
+    pub session_id: String,
+}
+
+/// Params of `process/start`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecParams {
+    /// Client-chosen handle, unique per session. Not an OS pid.
+    pub process_id: String,
+    pub argv: Vec<String>,
+    /// Working directory; a plain path, not checked for being absolute.
+    pub cwd: String,
+    /// The exact child environment (replaced, not merged) unless `envPolicy` is set.
+    pub env: HashMap<String, String>,
+    pub tty: bool,
+    /// Keep a writable stdin pipe (`tty:false` only).
+    #[serde(default)]
+    pub pipe_stdin: bool,
+    /// Pipe mode: the child's argv[0]. TTY mode: replaces the executable (reference quirk).
+    #[serde(default)]
+    pub arg0: Option<String>,
+    #[serde(default)]
+    pub env_policy: Option<EnvPolicy>,
+}
+
+/// Codex shell-environment policy (§5.2). Every field is required when present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvPolicy {
+    pub inherit: EnvInherit,
+    pub ignore_default_excludes: bool,
+    pub exclude: Vec<String>,
+    pub set: HashMap<String, String>,
+    pub include_only: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EnvInherit {
+    All,
+    Core,
+    None,
+}
+
+/// Result of `process/start`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    pub process_id: String,
+}
+
+/// Params of `process/read`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadParams {
+    pub process_id: String,
+    #[serde(default)]
+    pub after_seq: Option<u64>,
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// Output stream of a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+    Pty,
+}
+
+impl StreamName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+            StreamName::Pty => "pty",
+        }
+    }
+}
+
+/// One retained chunk in a `process/read` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessOutputChunk {
+    pub seq: u64,
+    pub stream: StreamName,
+    pub chunk: ByteChunk,
+}
+
+/// Result of `process/read`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadResponse {
+    pub chunks: Vec<ProcessOutputChunk>,
+    pub next_seq: u64,
+    pub exited: bool,
+    pub exit_code: Option<i32>,
+    pub closed: bool,
+    /// Always null from a server (the reference client fills it in).
+    pub failure: Option<String>,
+}
+
+/// Params of `process/write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteParams {
+    pub process_id: String,
+    pub chunk: ByteChunk,
+    /// Extension: a repeated id is acknowledged and not written twice.
+    #[serde(default)]
+    pub write_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WriteStatus {
+    Accepted,
+    UnknownProcess,
+    StdinClosed,
+    Starting,
+}
+
+/// Result of `process/write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteResponse {
+    pub status: WriteStatus,
+}
+
+/// Params of `process/terminate` and `process/closeStdin`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessIdParams {
+    pub process_id: String,
+}
+
+/// Result of `process/terminate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminateResponse {
+    pub running: bool,
+}
+
+/// Signal names of `process/signal` (extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SignalName {
+    Interrupt,
+    Terminate,
+    Kill,
+    Hangup,
+    Quit,
+    User1,
+    User2,
+}
+
+/// Params of `process/signal` (extension).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalParams {
+    pub process_id: String,
+    pub signal: SignalName,
+}
+
+/// Params of `process/resize` (extension).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizeParams {
+    pub process_id: String,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Lifecycle state in `process/list`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProcessState {
+    Starting,
+    Running,
+    Exited,
+    Closed,
+}
+
+/// One entry of `process/list` (extension).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessInfo {
+    pub process_id: String,
+    pub state: ProcessState,
+    pub tty: bool,
+    pub exit_code: Option<i32>,
+    /// The seq the next event will take.
+    pub next_seq: u64,
+    /// Oldest seq still retained for `process/read`, if any output is retained.
+    pub first_retained_seq: Option<u64>,
+}
+
+/// Result of `process/list` (extension).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListResponse {
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// `process/output` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputNotification {
+    pub process_id: String,
+    pub seq: u64,
+    pub stream: StreamName,
+    pub chunk: ByteChunk,
+}
+
+/// `process/exited` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitedNotification {
+    pub process_id: String,
+    pub seq: u64,
+    pub exit_code: i32,
+}
+
+/// `process/closed` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClosedNotification {
+    pub process_id: String,
+    pub seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_params_defaults() {
+        let p: ExecParams = serde_json::from_str(
+            r#"{"processId":"p","argv":["true"],"cwd":"/","env":{},"tty":false}"#,
+        )
+        .unwrap();
+        assert!(!p.pipe_stdin);
+        assert_eq!(p.arg0, None);
+        assert_eq!(p.env_policy, None);
+    }
+
+    #[test]
+    fn env_policy_requires_every_field() {
+        let e = serde_json::from_str::<EnvPolicy>(r#"{"inherit":"core"}"#).unwrap_err();
+        assert!(e.to_string().contains("missing field"));
+    }
+
+    #[test]
+    fn read_response_shape() {
+        let r = ReadResponse {
+            chunks: vec![ProcessOutputChunk {
+                seq: 1,
+                stream: StreamName::Stdout,
+                chunk: ByteChunk(b"hi\n".to_vec()),
+            }],
+            next_seq: 2,
+            exited: true,
+            exit_code: Some(0),
+            closed: true,
+            failure: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"chunks":[{"seq":1,"stream":"stdout","chunk":"aGkK"}],"nextSeq":2,"exited":true,"exitCode":0,"closed":true,"failure":null}"#
+        );
+    }
+}

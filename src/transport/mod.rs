@@ -1,0 +1,222 @@
+//! Transport-agnostic connection handling: frames in, frames out.
+//!
+//! `serve_connection` owns one connection's protocol state (initialize once,
+//! `initialized`, the session it holds) and runs requests **concurrently**,
+//! bounded by a per-connection semaphore, so a long-poll never blocks a later
+//! request (§G.2). Responses may leave out of order; clients match by id.
+//! Nothing here knows whether frames came from a websocket or stdin.
+
+pub mod http;
+pub mod stdio;
+pub mod ws;
+
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt as _};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::outbound::{AttachToken, Outbound};
+use crate::protocol::jsonrpc::{self, Inbound, RequestId};
+use crate::protocol::methods;
+use crate::protocol::process::{InitializeParams, InitializeResponse};
+use crate::rpc::{Call, MethodFamily, Reply, RequestContext, RpcRequest};
+use crate::session::Session;
+
+/// One inbound frame (a websocket message or a stdio line).
+#[derive(Debug)]
+pub enum InFrame {
+    Text(String),
+    /// The frame exceeded the size limit; the transport says how.
+    TooLarge(String),
+}
+
+/// How the connection ends for its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnClose {
+    /// Websocket: detach; the session survives for the detach TTL.
+    Detach,
+    /// Stdio: the session ends with the stream and its processes are killed.
+    Kill,
+}
+
+/// Per-connection facts the loop needs.
+#[derive(Debug, Clone)]
+pub struct ConnMeta {
+    /// Prefix of the malformed-frame message (the reference's wording).
+    pub parse_error_prefix: String,
+    pub on_close: OnClose,
+}
+
+struct Held {
+    session: Arc<Session>,
+    token: AttachToken,
+    initialized: bool,
+}
+
+/// Run one connection until its inbound stream ends, it is evicted, or the
+/// gateway stops.
+pub async fn serve_connection<S>(mut inbound: S, out: Outbound, gw: Arc<Gateway>, meta: ConnMeta)
+where
+    S: Stream<Item = InFrame> + Unpin,
+{
+    let in_flight = Arc::new(Semaphore::new(gw.settings.max_in_flight_per_connection));
+    let cancel = CancellationToken::new();
+    let mut held: Option<Held> = None;
+    loop {
+        let evicted = held.as_ref().map(|h| h.token.evicted.clone());
+        let frame = tokio::select! {
+            f = inbound.next() => f,
+            () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
+                out.close(4000, "session has been resumed by another connection").await;
+                break;
+            }
+            () = gw.stopped.cancelled() => {
+                out.close(1001, "server shutting down").await;
+                break;
+            }
+        };
+        let Some(frame) = frame else { break };
+        let text = match frame {
+            InFrame::Text(t) => t,
+            InFrame::TooLarge(reason) => {
+                let e =
+                    GatewayError::InvalidRequest(format!("{}: {reason}", meta.parse_error_prefix));
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+                continue;
+            }
+        };
+        match jsonrpc::decode(&text) {
+            Err(e) => {
+                let e = GatewayError::InvalidRequest(format!("{}: {e}", meta.parse_error_prefix));
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+            }
+            Ok(Inbound::ClientResponse) => {
+                tracing::debug!("ignoring a response sent by the client");
+            }
+            Ok(Inbound::Notification { method }) => {
+                if method == methods::INITIALIZED
+                    && let Some(h) = held.as_mut()
+                {
+                    h.initialized = true;
+                    continue;
+                }
+                // The seeds' documented behaviour (not the reference binary's
+                // silent close): answer on id -1 and keep the connection.
+                let message = if method == methods::INITIALIZED {
+                    "client must call initialize before sending initialized".to_owned()
+                } else {
+                    format!("unexpected notification `{method}`")
+                };
+                let e = GatewayError::InvalidRequest(message);
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+            }
+            Ok(Inbound::Request { id, method, params }) => {
+                let Some(family) = MethodFamily::of(&method) else {
+                    let e = GatewayError::MethodNotFound(method);
+                    out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                    continue;
+                };
+                if family == MethodFamily::Initialize {
+                    let result = initialize(&gw, &mut held, params, &out);
+                    let text = match result {
+                        Ok(r) => jsonrpc::encode_response(&id, &r),
+                        Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+                    };
+                    out.send(text).await;
+                    continue;
+                }
+                let ctx = match &held {
+                    None => Err(GatewayError::InvalidRequest(format!(
+                        "client must call initialize before using {} methods",
+                        family.label()
+                    ))),
+                    Some(h) if !h.initialized => Err(GatewayError::InvalidRequest(format!(
+                        "client must send initialized before using {} methods",
+                        family.label()
+                    ))),
+                    Some(_) if gw.draining() => Err(GatewayError::Draining),
+                    Some(h) => Ok(RequestContext {
+                        session: h.session.clone(),
+                        evicted: h.token.evicted.clone(),
+                    }),
+                };
+                let call =
+                    ctx.and_then(|ctx| Call::decode(&method, params).map(|call| (call, ctx)));
+                let (call, ctx) = match call {
+                    Ok(v) => v,
+                    Err(e) => {
+                        out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                        continue;
+                    }
+                };
+                // Waiting here stops reading this connection: its own
+                // back-pressure, invisible to other connections.
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let svc = gw.stack.clone();
+                let out = out.clone();
+                let cancel = cancel.clone();
+                crate::task::spawn("rpc", async move {
+                    let req = RpcRequest { call, ctx };
+                    tokio::select! {
+                        result = svc.oneshot(req) => {
+                            let text = match result {
+                                Ok(reply) => jsonrpc::encode_response(&id, &reply),
+                                Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+                            };
+                            out.send(text).await;
+                        }
+                        () = cancel.cancelled() => {}
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+    cancel.cancel();
+    if let Some(h) = held {
+        match meta.on_close {
+            OnClose::Detach => gw.sessions.detach(&h.session, &h.token),
+            OnClose::Kill => gw.sessions.remove(&h.session),
+        }
+    }
+}
+
+fn initialize(
+    gw: &Arc<Gateway>,
+    held: &mut Option<Held>,
+    params: Option<&serde_json::value::RawValue>,
+    out: &Outbound,
+) -> Result<Reply, GatewayError> {
+    if held.is_some() {
+        return Err(GatewayError::InvalidRequest(
+            "initialize may only be sent once per connection".to_owned(),
+        ));
+    }
+    if gw.draining() {
+        return Err(GatewayError::Draining);
+    }
+    let params: InitializeParams =
+        jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams)?;
+    // A failed initialize leaves the connection uninitialised: retry allowed.
+    let (session, token) = gw
+        .sessions
+        .initialize(params.resume_session_id.as_deref(), out.clone())?;
+    let reply = Reply::Initialize(InitializeResponse {
+        session_id: session.id.clone(),
+    });
+    *held = Some(Held {
+        session,
+        token,
+        initialized: false,
+    });
+    Ok(reply)
+}

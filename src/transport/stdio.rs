@@ -1,0 +1,63 @@
+//! The stdio door: newline-delimited JSON on stdin/stdout, one session.
+//! Blank lines are skipped; an over-long line is answered with -32600 and
+//! discarded up to its newline; EOF ends the session and kills its processes.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+use crate::gateway::Gateway;
+use crate::outbound::{OutFrame, Outbound};
+use crate::transport::{ConnMeta, InFrame, OnClose, serve_connection};
+
+/// Serve one session over a reader/writer pair (stdin/stdout in production,
+/// a duplex pipe in tests).
+pub async fn serve<R, W>(reader: R, mut writer: W, gw: Arc<Gateway>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let max = gw.settings.max_message_bytes;
+    let lines = FramedRead::new(reader, LinesCodec::new_with_max_length(max));
+    let inbound = lines
+        .filter_map(move |line| async move {
+            match line {
+                Ok(l) if l.trim().is_empty() => None,
+                Ok(l) => Some(InFrame::Text(l)),
+                Err(LinesCodecError::MaxLineLengthExceeded) => Some(InFrame::TooLarge(format!(
+                    "line exceeds the {max}-byte message limit"
+                ))),
+                Err(LinesCodecError::Io(e)) => {
+                    tracing::debug!(error = %e, "stdin read failed");
+                    None
+                }
+            }
+        })
+        .boxed();
+    let (out, mut rx) = Outbound::channel();
+    let writer_task = crate::task::spawn("stdio-writer", async move {
+        while let Some(frame) = rx.recv().await {
+            let OutFrame::Text(t) = frame else { break };
+            if writer.write_all(t.as_bytes()).await.is_err()
+                || writer.write_all(b"\n").await.is_err()
+            {
+                break;
+            }
+            // Flush when the queue is momentarily empty: one flush per burst.
+            if rx.is_empty() && writer.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = writer.flush().await;
+    });
+    let meta = ConnMeta {
+        parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".to_owned(),
+        on_close: OnClose::Kill,
+    };
+    serve_connection(inbound, out.clone(), gw, meta).await;
+    out.close(1000, "").await;
+    drop(out);
+    let _ = writer_task.await;
+}

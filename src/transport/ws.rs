@@ -1,0 +1,316 @@
+//! The websocket door: hyper serves HTTP/1 on the listener (with a header
+//! read timeout and a connection cap), answers `/healthz`, `/readyz` and
+//! `/metrics`, and upgrades any other path to a websocket carrying one
+//! JSON-RPC message per frame.
+//!
+//! The handshake is ours (not tungstenite's) so that a `Sec-WebSocket-Extensions`
+//! offer such as permessage-deflate is *declined* per RFC 7692 (no extension
+//! in the answer) instead of killing the connection as the reference does.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt as _, StreamExt as _};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::Gateway;
+use crate::outbound::{OutFrame, Outbound};
+use crate::transport::{ConnMeta, InFrame, OnClose, serve_connection};
+
+/// How long a client may take to send its request head (slowloris defence).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest HTTP request head accepted.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Outbound frames written before one flush.
+const WRITE_BATCH: usize = 32;
+
+/// Accept connections until `gw.stopped` fires.
+pub async fn serve(listener: TcpListener, gw: Arc<Gateway>) {
+    let slots = Arc::new(Semaphore::new(gw.settings.max_connections));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = gw.stopped.cancelled() => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(v) => v,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection limit reached; refusing");
+            drop(tcp);
+            continue;
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "set_nodelay failed");
+        }
+        let gw = gw.clone();
+        crate::task::spawn("http-conn", async move {
+            let permit = Arc::new(permit);
+            let svc = hyper::service::service_fn(move |req| {
+                handle(req, gw.clone(), peer, permit.clone())
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES.max(8192))
+                .serve_connection(TokioIo::new(tcp), svc)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "http connection ended");
+            }
+        });
+    }
+}
+
+fn response(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+fn header_has_token(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {
+    req.headers().get_all(name).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            .unwrap_or(false)
+    })
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    permit: Arc<OwnedSemaphorePermit>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
+        && header_has_token(&req, header::UPGRADE, "websocket");
+    if !is_upgrade {
+        return Ok(crate::transport::http::route(&req, &gw));
+    }
+    if req.method() != hyper::Method::GET {
+        return Ok(response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "websocket upgrade needs GET\n",
+        ));
+    }
+    if req
+        .headers()
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(HeaderValue::as_bytes)
+        != Some(b"13")
+    {
+        let mut r = response(
+            StatusCode::UPGRADE_REQUIRED,
+            "unsupported websocket version\n",
+        );
+        r.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
+        return Ok(r);
+    }
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY) else {
+        return Ok(response(
+            StatusCode::BAD_REQUEST,
+            "missing Sec-WebSocket-Key\n",
+        ));
+    };
+    if gw.draining() {
+        return Ok(response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server shutting down\n",
+        ));
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(gw.settings.max_message_bytes))
+        .max_frame_size(Some(gw.settings.max_message_bytes))
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
+    let mut req = req;
+    let upgrade = hyper::upgrade::on(&mut req);
+    crate::task::spawn("ws-conn", async move {
+        match upgrade.await {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
+                run(ws, gw, peer).await;
+            }
+            Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
+        }
+        drop(permit);
+    });
+    let mut r = response(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+    let h = r.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    Ok(r)
+}
+
+/// Bytes read from the socket per read call. Small keeps idle sessions cheap;
+/// large messages are assembled across reads.
+const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
+/// Bytes of frames gathered before tungstenite writes to the socket.
+const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
+/// Frames queued in tungstenite beyond which a write fails (never unbounded).
+const WS_MAX_WRITE_BUFFER_BYTES: usize = 8 * 1024 * 1024;
+
+async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut stream) = ws.split();
+    let (out, mut rx) = Outbound::channel();
+    let done = CancellationToken::new();
+    let slow_client_timeout = gw.settings.slow_client_timeout;
+
+    // Writer: batches whatever is queued, flushes once, and gives up on a
+    // client that stalls a write past the slow-client timeout.
+    let writer_done = done.clone();
+    let writer = crate::task::spawn("ws-writer", async move {
+        let mut batch = Vec::with_capacity(WRITE_BATCH);
+        loop {
+            let first = tokio::select! {
+                f = rx.recv() => f,
+                () = writer_done.cancelled() => None,
+            };
+            let Some(first) = first else { break };
+            batch.push(first);
+            while batch.len() < WRITE_BATCH {
+                match rx.try_recv() {
+                    Ok(f) => batch.push(f),
+                    Err(_) => break,
+                }
+            }
+            let write = async {
+                let mut close = None;
+                for frame in batch.drain(..) {
+                    match frame {
+                        OutFrame::Text(t) => sink.feed(Message::text(t)).await?,
+                        OutFrame::Close { code, reason } => {
+                            close = Some(CloseFrame {
+                                code: CloseCode::from(code),
+                                reason: reason.into(),
+                            });
+                            break;
+                        }
+                    }
+                }
+                sink.flush().await?;
+                Ok::<_, WsError>(close)
+            };
+            match tokio::time::timeout(slow_client_timeout, write).await {
+                Ok(Ok(None)) => {}
+                Ok(Ok(Some(close))) => {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        sink.send(Message::Close(Some(close))),
+                    )
+                    .await;
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "websocket write failed");
+                    break;
+                }
+                Err(_) => {
+                    tracing::info!(%peer, "closing a client that stopped reading");
+                    break;
+                }
+            }
+        }
+        writer_done.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+    });
+
+    // Reader: frames → InFrame; ping/pong are answered by tungstenite.
+    let (in_tx, in_rx) = mpsc::channel::<InFrame>(1);
+    let reader_done = done.clone();
+    let too_large = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader_too_large = too_large.clone();
+    let reader = crate::task::spawn("ws-reader", async move {
+        loop {
+            let msg = tokio::select! {
+                m = stream.next() => m,
+                () = reader_done.cancelled() => break,
+            };
+            let frame = match msg {
+                None | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(Message::Text(t))) => InFrame::Text(t.as_str().to_owned()),
+                Some(Ok(Message::Binary(b))) => match String::from_utf8(b.to_vec()) {
+                    Ok(t) => InFrame::Text(t),
+                    // Not JSON: let the decoder produce the malformed answer.
+                    Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned()),
+                },
+                Some(Ok(_)) => continue,
+                Some(Err(WsError::Capacity(e))) => {
+                    reader_too_large.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = in_tx.send(InFrame::TooLarge(e.to_string())).await;
+                    break;
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "websocket read failed");
+                    break;
+                }
+            };
+            if in_tx.send(frame).await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let meta = ConnMeta {
+        parse_error_prefix: format!(
+            "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
+        ),
+        on_close: OnClose::Detach,
+    };
+    let inbound = tokio_stream_from(in_rx);
+    serve_connection(inbound, out.clone(), gw, meta).await;
+    // A too-large frame ended the read side: say so with 1009 before closing.
+    if too_large.load(std::sync::atomic::Ordering::Relaxed) {
+        out.close(1009, "message too big").await;
+    } else {
+        out.close(1000, "").await;
+    }
+    drop(out);
+    // Give queued responses a moment to drain, then stop both halves.
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    done.cancel();
+    let _ = reader.await;
+}
+
+fn tokio_stream_from(
+    rx: mpsc::Receiver<InFrame>,
+) -> impl futures_util::Stream<Item = InFrame> + Unpin {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
+        .boxed()
+}

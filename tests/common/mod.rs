@@ -1,0 +1,340 @@
+//! Test harness: runs the real `exec-gateway` binary on `127.0.0.1:0` and
+//! talks to it with a real websocket client. Every await has a timeout whose
+//! message says what was awaited.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Upper bound for any single event in a test.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+pub fn unb64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .expect("valid base64")
+}
+
+/// A running gateway process.
+pub struct Gateway {
+    pub child: Child,
+    pub url: String,
+    pub addr: String,
+    _config_dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Start with extra TOML appended to a minimal config.
+    pub fn start(extra_toml: &str) -> Gateway {
+        Self::start_with_args(extra_toml, &[])
+    }
+
+    pub fn start_with_args(extra_toml: &str, args: &[&str]) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("gateway.toml");
+        std::fs::write(&config, extra_toml).expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+            .arg("serve")
+            .arg("--listen")
+            .arg("ws://127.0.0.1:0")
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn gateway");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(EVENT_TIMEOUT)
+            .expect("gateway printed its URL");
+        let url = line.trim().to_owned();
+        assert!(url.starts_with("ws://127.0.0.1:"), "first line: {url:?}");
+        let addr = url.trim_start_matches("ws://").to_owned();
+        Gateway {
+            child,
+            url,
+            addr,
+            _config_dir: dir,
+        }
+    }
+
+    pub async fn connect(&self) -> Client {
+        Client::connect(&self.url).await
+    }
+
+    /// A connected, initialized client.
+    pub async fn session(&self) -> (Client, String) {
+        let mut c = self.connect().await;
+        let sid = c.initialize().await;
+        (c, sid)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.id() as i32;
+        // SAFETY-free: use the kill command to avoid unsafe in tests.
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Wait for exit, up to the timeout.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "gateway did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Plain HTTP GET on the gateway port; returns (status, body).
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::time::timeout(EVENT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .expect("connect timeout")
+            .expect("connect");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut buf = Vec::new();
+        tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf))
+            .await
+            .expect("http response timeout")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status: u16 = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        (status, body)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A websocket JSON-RPC client that keeps notifications and responses apart.
+pub struct Client {
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    next_id: i64,
+    /// Messages read while looking for something else.
+    pending: VecDeque<Value>,
+}
+
+impl Client {
+    pub async fn connect(url: &str) -> Client {
+        let (ws, _) = tokio::time::timeout(EVENT_TIMEOUT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("websocket connect timeout")
+            .expect("websocket connect");
+        Client {
+            ws,
+            next_id: 1,
+            pending: VecDeque::new(),
+        }
+    }
+
+    pub async fn send_raw(&mut self, text: &str) {
+        tokio::time::timeout(EVENT_TIMEOUT, self.ws.send(Message::text(text.to_owned())))
+            .await
+            .expect("send timeout")
+            .expect("send");
+    }
+
+    pub async fn send(&mut self, v: &Value) {
+        self.send_raw(&v.to_string()).await;
+    }
+
+    /// Next message from the socket (not from `pending`); None on close.
+    pub async fn recv_raw(&mut self) -> Option<Value> {
+        loop {
+            let msg = tokio::time::timeout(EVENT_TIMEOUT, self.ws.next())
+                .await
+                .expect("timed out waiting for a message")?;
+            match msg {
+                Ok(Message::Text(t)) => {
+                    return Some(serde_json::from_str(t.as_str()).expect("server sent JSON"));
+                }
+                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    /// The next message matching `pred`, keeping the others for later.
+    pub async fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(i) = self.pending.iter().position(&pred) {
+            return self.pending.remove(i).expect("index valid");
+        }
+        loop {
+            let v = self
+                .recv_raw()
+                .await
+                .unwrap_or_else(|| panic!("connection closed while waiting for {what}"));
+            if pred(&v) {
+                return v;
+            }
+            self.pending.push_back(v);
+        }
+    }
+
+    /// Send a request and return its id.
+    pub async fn request_id(&mut self, method: &str, params: Value) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&json!({"id": id, "method": method, "params": params}))
+            .await;
+        id
+    }
+
+    /// The whole response object (result or error) for `id`.
+    pub async fn response(&mut self, id: i64) -> Value {
+        self.wait_for(&format!("response {id}"), |v| {
+            v.get("id") == Some(&json!(id))
+                && (v.get("result").is_some() || v.get("error").is_some())
+        })
+        .await
+    }
+
+    /// Call and return the full response object.
+    pub async fn call_raw(&mut self, method: &str, params: Value) -> Value {
+        let id = self.request_id(method, params).await;
+        self.response(id).await
+    }
+
+    /// Call and expect a result.
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let r = self.call_raw(method, params).await;
+        match r.get("result") {
+            Some(v) => v.clone(),
+            None => panic!("{method} failed: {r}"),
+        }
+    }
+
+    /// Call and expect an error; returns (code, message).
+    pub async fn call_err(&mut self, method: &str, params: Value) -> (i64, String) {
+        let r = self.call_raw(method, params).await;
+        let e = r
+            .get("error")
+            .unwrap_or_else(|| panic!("{method} unexpectedly succeeded: {r}"));
+        (
+            e["code"].as_i64().expect("code"),
+            e["message"].as_str().expect("message").to_owned(),
+        )
+    }
+
+    pub async fn initialize(&mut self) -> String {
+        let r = self.call("initialize", json!({"clientName": "test"})).await;
+        self.send(&json!({"method": "initialized"})).await;
+        r["sessionId"].as_str().expect("sessionId").to_owned()
+    }
+
+    /// Start a pipe process with PATH set.
+    pub async fn start(&mut self, id: &str, argv: &[&str]) -> Value {
+        self.call(
+            "process/start",
+            json!({"processId": id, "argv": argv, "cwd": "/tmp",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await
+    }
+
+    /// Collect notifications of process `id` until `process/closed`; returns
+    /// (stdout+pty bytes, stderr bytes, exit code, seqs in arrival order).
+    pub async fn collect(&mut self, id: &str) -> Collected {
+        let mut c = Collected::default();
+        loop {
+            let v = self
+                .wait_for(&format!("events of {id}"), |v| {
+                    v["params"]["processId"] == json!(id)
+                        && v["method"]
+                            .as_str()
+                            .is_some_and(|m| m.starts_with("process/"))
+                })
+                .await;
+            let p = &v["params"];
+            c.seqs.push(p["seq"].as_u64().expect("seq"));
+            match v["method"].as_str().expect("method") {
+                "process/output" => {
+                    let data = unb64(p["chunk"].as_str().expect("chunk"));
+                    if p["stream"] == "stderr" {
+                        c.stderr.extend(data);
+                    } else {
+                        c.stdout.extend(data);
+                    }
+                }
+                "process/exited" => c.exit_code = p["exitCode"].as_i64(),
+                "process/closed" => return c,
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub exit_code: Option<i64>,
+    pub seqs: Vec<u64>,
+}
+
+/// True if a process with this pid exists (and is not a zombie).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Poll `cond` until true or the timeout.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).expect("create");
+    f.write_all(text.as_bytes()).expect("write");
+    p
+}

@@ -1,0 +1,300 @@
+//! The envelope, handshake, error codes and connection behaviour over a real
+//! websocket (PROTOCOL.md §2, §3, §6, §G.1–§G.3).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{EVENT_TIMEOUT, Gateway};
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test]
+async fn ids_are_echoed_verbatim_and_no_jsonrpc_field_is_sent() {
+    let gw = Gateway::start("");
+    let mut c = gw.connect().await;
+    for id in [json!("abc"), json!(-7), json!(i64::MAX)] {
+        c.send(&json!({"jsonrpc":"2.0","id": id, "method":"nope"}))
+            .await;
+        let r = c.recv_raw().await.expect("response");
+        assert_eq!(r["id"], id);
+        assert!(r.get("jsonrpc").is_none(), "{r}");
+        assert_eq!(r["error"]["code"], -32601);
+        assert_eq!(
+            r["error"]["message"],
+            "exec-server stub does not implement `nope` yet"
+        );
+    }
+}
+
+#[tokio::test]
+async fn pre_init_errors_use_the_reference_messages() {
+    let gw = Gateway::start("");
+    let mut c = gw.connect().await;
+    let (code, msg) = c.call_err("process/start", json!({})).await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32600,
+            "client must call initialize before using exec methods"
+        )
+    );
+    let (_, msg) = c
+        .call_err("fs/readFile", json!({"path":"/etc/hostname"}))
+        .await;
+    assert_eq!(
+        msg,
+        "client must call initialize before using filesystem methods"
+    );
+    let (_, msg) = c.call_err("http/request", json!({})).await;
+    assert_eq!(msg, "client must call initialize before using http methods");
+    let r = c.call("initialize", json!({"clientName":"t"})).await;
+    assert!(
+        r["sessionId"].as_str().is_some_and(|s| s.len() == 36),
+        "{r}"
+    );
+    let (code, msg) = c.call_err("process/list", json!({})).await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32600,
+            "client must send initialized before using exec methods"
+        )
+    );
+    let (code, msg) = c.call_err("initialize", json!({"clientName":"t"})).await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32600, "initialize may only be sent once per connection")
+    );
+    c.send(&json!({"method":"initialized","params":[1,2]}))
+        .await;
+    let r = c.call("process/list", json!(null)).await;
+    assert_eq!(r, json!({"processes": []}));
+}
+
+#[tokio::test]
+async fn bad_params_give_32602_with_serde_text() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let (code, msg) = c
+        .call_err(
+            "process/start",
+            json!({"processId":"p","argv":["true"],"env":{},"tty":false}),
+        )
+        .await;
+    assert_eq!((code, msg.as_str()), (-32602, "missing field `cwd`"));
+    let (code, msg) = c.call_err("initialize", json!(null)).await;
+    assert_eq!(code, -32600, "{msg}"); // already initialized wins
+    let (code, msg) = c
+        .call_err(
+            "process/start",
+            json!({"processId":"p","argv":[],"cwd":"/","env":{},"tty":false}),
+        )
+        .await;
+    assert_eq!((code, msg.as_str()), (-32602, "argv must not be empty"));
+    // Positional params decode as the reference does.
+    let r = c.call("process/terminate", json!(["nope"])).await;
+    assert_eq!(r, json!({"running": false}));
+    let mut c2 = gw.connect().await;
+    let (code, msg) = c2.call_err("initialize", json!(null)).await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32602,
+            "invalid type: null, expected struct InitializeParams"
+        )
+    );
+}
+
+#[tokio::test]
+async fn malformed_frames_keep_the_connection_open() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let local = c.ws.get_ref();
+    let peer = match local {
+        tokio_tungstenite::MaybeTlsStream::Plain(s) => s.local_addr().expect("addr"),
+        _ => unreachable!(),
+    };
+    for bad in [
+        "{not json",
+        "[]",
+        r#"[{"id":1,"method":"process/list"}]"#,
+        "42",
+    ] {
+        c.send_raw(bad).await;
+        let r = c.recv_raw().await.expect("error reply");
+        assert_eq!(r["id"], -1, "{bad}: {r}");
+        assert_eq!(r["error"]["code"], -32600);
+        let msg = r["error"]["message"].as_str().expect("message");
+        let prefix = format!(
+            "failed to parse websocket JSON-RPC message from exec-server websocket {peer}: "
+        );
+        assert!(msg.starts_with(&prefix), "{msg}");
+    }
+    // Binary frames carry JSON too.
+    c.ws.send(Message::binary(
+        br#"{"id":9,"method":"process/list"}"#.to_vec(),
+    ))
+    .await
+    .expect("send binary");
+    let r = c.response(9).await;
+    assert_eq!(r["result"], json!({"processes": []}));
+}
+
+#[tokio::test]
+async fn unknown_notifications_are_answered_on_id_minus_one() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    for msg in [
+        json!({"method":"bogus"}),
+        json!({"id":null,"method":"process/list"}),
+        json!({"id":1.5,"method":"x"}),
+    ] {
+        c.send(&msg).await;
+        let r = c.recv_raw().await.expect("error reply");
+        assert_eq!(r["id"], -1);
+        assert_eq!(r["error"]["code"], -32600);
+    }
+    // A response object from the client is ignored, and the connection lives.
+    c.send(&json!({"id": 5, "result": {}})).await;
+    assert_eq!(
+        c.call("process/list", json!({})).await,
+        json!({"processes": []})
+    );
+}
+
+#[tokio::test]
+async fn a_long_poll_does_not_block_later_requests() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    c.start("sleeper", &["sleep", "30"]).await;
+    let read_id = c
+        .request_id(
+            "process/read",
+            json!({"processId":"sleeper","waitMs":10_000}),
+        )
+        .await;
+    let list_id = c.request_id("process/list", json!({})).await;
+    // The list answer must arrive first, while the read is still waiting.
+    let first = c.recv_raw().await.expect("a response");
+    assert_eq!(first["id"], list_id, "{first}");
+    assert_eq!(first["result"]["processes"][0]["state"], "running");
+    c.call("process/terminate", json!({"processId":"sleeper"}))
+        .await;
+    let r = c.response(read_id).await;
+    assert_eq!(r["result"]["exited"], true, "{r}");
+}
+
+#[tokio::test]
+async fn oversized_message_is_refused_and_the_session_survives() {
+    let gw = Gateway::start("[server]\nmax_message_bytes = 65536\n");
+    let (mut c, sid) = gw.session().await;
+    c.start("keep", &["sleep", "30"]).await;
+    let big = "x".repeat(100_000);
+    c.send(
+        &json!({"id": 99, "method":"fs/writeFile","params":{"path":"/tmp/x","dataBase64": big}}),
+    )
+    .await;
+    // An error on id -1, then a 1009 close.
+    let r = c.recv_raw().await.expect("error before close");
+    assert_eq!(r["id"], -1);
+    assert_eq!(r["error"]["code"], -32600);
+    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
+        loop {
+            match c.ws.next().await {
+                Some(Ok(Message::Close(f))) => return f.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("close timeout");
+    assert_eq!(closed, Some(1009));
+    // Nothing was lost: the session resumes with its process.
+    let mut c2 = gw.connect().await;
+    let r = c2
+        .call(
+            "initialize",
+            json!({"clientName":"t","resumeSessionId": sid}),
+        )
+        .await;
+    assert_eq!(r["sessionId"], sid);
+    c2.send(&json!({"method":"initialized"})).await;
+    let list = c2.call("process/list", json!({})).await;
+    assert_eq!(list["processes"][0]["processId"], "keep");
+    assert_eq!(list["processes"][0]["state"], "running");
+}
+
+#[tokio::test]
+async fn permessage_deflate_offer_is_declined_not_dropped() {
+    let gw = Gateway::start("");
+    let mut s = tokio::net::TcpStream::connect(&gw.addr)
+        .await
+        .expect("connect");
+    let req = "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+               Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+               Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(EVENT_TIMEOUT, s.read(&mut buf))
+        .await
+        .expect("handshake timeout")
+        .expect("read");
+    let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    assert!(!head.contains("sec-websocket-extensions"), "{head}");
+}
+
+#[tokio::test]
+async fn health_and_readiness_endpoints() {
+    let gw = Gateway::start("");
+    assert_eq!(gw.http_get("/healthz").await, (200, "ok\n".to_owned()));
+    assert_eq!(gw.http_get("/readyz").await.0, 200);
+    let (status, body) = gw.http_get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("exec_gateway_sessions 0"), "{body}");
+    assert_eq!(gw.http_get("/nope").await.0, 404);
+}
+
+#[tokio::test]
+async fn http_request_is_disabled_with_a_clear_error() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let (code, msg) = c
+        .call_err(
+            "http/request",
+            json!({"method":"GET","url":"http://127.0.0.1/","requestId":"r"}),
+        )
+        .await;
+    assert_eq!(code, -32003);
+    assert!(msg.contains("disabled"), "{msg}");
+}
+
+#[tokio::test]
+async fn a_slow_header_is_cut_off_and_others_are_served() {
+    let gw = Gateway::start("");
+    // A client that sends half a request head and stalls does not block others.
+    let mut stalled = tokio::net::TcpStream::connect(&gw.addr)
+        .await
+        .expect("connect");
+    stalled
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost")
+        .await
+        .expect("write");
+    assert_eq!(gw.http_get("/healthz").await.0, 200);
+    let (mut c, _) = gw.session().await;
+    assert_eq!(
+        c.call("process/list", json!({})).await,
+        json!({"processes": []})
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
