@@ -63,8 +63,7 @@ fn recover(e: BoxError) -> GatewayError {
 
 // === Trace ===
 
-/// One span per call, the outcome logged once at debug (user errors) or
-/// warn (ours), never with params.
+/// One span per call; the outcome logged once, never with params.
 #[derive(Debug, Clone, Copy)]
 pub struct TraceLayer;
 
@@ -103,11 +102,11 @@ where
         Box::pin(
             async move {
                 let result = inner.call(req).await;
+                // Handler errors are mostly the caller's (a missing binary, a
+                // bad path): debug. Our own failures are logged where they
+                // arise, with their source chain (see `recover`).
                 if let Err(e) = &result {
-                    match e {
-                        GatewayError::Internal(_) => tracing::warn!(error = %e, "call failed"),
-                        _ => tracing::debug!(error = %e, "call refused"),
-                    }
+                    tracing::debug!(error = %e, "call failed");
                 }
                 result
             }

@@ -1,0 +1,259 @@
+//! fs/* over a real websocket against a real directory tree (PROTOCOL.md §4.6):
+//! params, defaults, results and the error mapping.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Gateway, b64, unb64};
+use serde_json::json;
+
+#[tokio::test]
+async fn read_write_metadata_and_directories() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().display().to_string();
+    let file = format!("{dir}/a/b/f.bin");
+    // Missing parent → -32004.
+    let (code, msg) = c
+        .call_err(
+            "fs/writeFile",
+            json!({"path": file, "dataBase64": b64(b"x")}),
+        )
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32004, "No such file or directory (os error 2)")
+    );
+    // recursive defaults to true.
+    assert_eq!(
+        c.call("fs/createDirectory", json!({"path": format!("{dir}/a/b")}))
+            .await,
+        json!({})
+    );
+    let (code, _) = c
+        .call_err(
+            "fs/createDirectory",
+            json!({"path": format!("{dir}/x/y"), "recursive": false}),
+        )
+        .await;
+    assert_eq!(code, -32004);
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    c.call(
+        "fs/writeFile",
+        json!({"path": file, "dataBase64": b64(&data)}),
+    )
+    .await;
+    let r = c.call("fs/readFile", json!({"path": file})).await;
+    assert_eq!(unb64(r["dataBase64"].as_str().unwrap()), data);
+    // `..` is resolved lexically.
+    let r = c
+        .call(
+            "fs/readFile",
+            json!({"path": format!("{dir}/a/b/../b/f.bin")}),
+        )
+        .await;
+    assert_eq!(unb64(r["dataBase64"].as_str().unwrap()).len(), data.len());
+    let (code, msg) = c
+        .call_err("fs/writeFile", json!({"path": file, "dataBase64": "***"}))
+        .await;
+    assert_eq!(code, -32600);
+    assert!(
+        msg.starts_with("fs/writeFile requires valid base64 dataBase64: "),
+        "{msg}"
+    );
+    let (code, msg) = c
+        .call_err("fs/readFile", json!({"path": "relative/path"}))
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32602, "AbsolutePathBuf deserialized without a base path")
+    );
+    let m = c.call("fs/getMetadata", json!({"path": file})).await;
+    assert_eq!(m["isFile"], true);
+    assert_eq!(m["isDirectory"], false);
+    assert_eq!(m["isSymlink"], false);
+    assert!(m["modifiedAtMs"].as_i64().unwrap() > 1_600_000_000_000);
+    std::os::unix::fs::symlink(&file, format!("{dir}/link")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", format!("{dir}/dangling")).unwrap();
+    let m = c
+        .call("fs/getMetadata", json!({"path": format!("{dir}/link")}))
+        .await;
+    assert_eq!(
+        (m["isFile"].as_bool(), m["isSymlink"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let r = c.call("fs/readDirectory", json!({"path": dir})).await;
+    let mut names: Vec<(String, bool, bool)> = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["fileName"].as_str().unwrap().to_owned(),
+                e["isDirectory"].as_bool().unwrap(),
+                e["isFile"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    names.sort();
+    // The dangling symlink is skipped.
+    assert_eq!(
+        names,
+        vec![("a".into(), true, false), ("link".into(), false, true)]
+    );
+    let (code, msg) = c
+        .call_err("fs/getMetadata", json!({"path": format!("{dir}/nope")}))
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32004, "No such file or directory (os error 2)")
+    );
+}
+
+#[tokio::test]
+async fn remove_and_copy_follow_the_reference_rules() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().display().to_string();
+    std::fs::create_dir_all(format!("{dir}/src/sub")).unwrap();
+    std::fs::write(format!("{dir}/src/sub/f"), b"data").unwrap();
+    std::os::unix::fs::symlink("sub/f", format!("{dir}/src/rel-link")).unwrap();
+    nix_mkfifo(&format!("{dir}/src/fifo"));
+    let (code, msg) = c
+        .call_err("fs/copy", json!({"sourcePath": format!("{dir}/src"), "destinationPath": format!("{dir}/dst"), "recursive": false}))
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32600,
+            "fs/copy requires recursive: true when sourcePath is a directory"
+        )
+    );
+    let (code, msg) = c
+        .call_err("fs/copy", json!({"sourcePath": format!("{dir}/src"), "destinationPath": format!("{dir}/src/sub/inner"), "recursive": true}))
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32600,
+            "fs/copy cannot copy a directory to itself or one of its descendants"
+        )
+    );
+    let (code, _) = c
+        .call_err(
+            "fs/copy",
+            json!({"sourcePath": format!("{dir}/src"), "destinationPath": format!("{dir}/dst")}),
+        )
+        .await;
+    assert_eq!(code, -32602, "recursive is required");
+    c.call("fs/copy", json!({"sourcePath": format!("{dir}/src"), "destinationPath": format!("{dir}/dst"), "recursive": true}))
+        .await;
+    assert_eq!(std::fs::read(format!("{dir}/dst/sub/f")).unwrap(), b"data");
+    assert_eq!(
+        std::fs::read_link(format!("{dir}/dst/rel-link"))
+            .unwrap()
+            .to_str(),
+        Some("sub/f")
+    );
+    assert!(
+        !std::path::Path::new(&format!("{dir}/dst/fifo")).exists(),
+        "special files skipped"
+    );
+    let (code, msg) = c
+        .call_err("fs/copy", json!({"sourcePath": format!("{dir}/src/fifo"), "destinationPath": format!("{dir}/f2"), "recursive": false}))
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            -32600,
+            "fs/copy only supports regular files, directories, and symlinks"
+        )
+    );
+    // Reading a FIFO fails at once instead of hanging.
+    let (code, _) = c
+        .call_err("fs/readFile", json!({"path": format!("{dir}/src/fifo")}))
+        .await;
+    assert_eq!(code, -32600);
+    // remove: non-empty dir without recursive, missing path with/without force.
+    let (code, msg) = c
+        .call_err(
+            "fs/remove",
+            json!({"path": format!("{dir}/dst"), "recursive": false}),
+        )
+        .await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32603, "Directory not empty (os error 39)")
+    );
+    assert_eq!(
+        c.call("fs/remove", json!({"path": format!("{dir}/missing")}))
+            .await,
+        json!({})
+    );
+    let (code, _) = c
+        .call_err(
+            "fs/remove",
+            json!({"path": format!("{dir}/missing"), "force": false}),
+        )
+        .await;
+    assert_eq!(code, -32004);
+    // Removing a symlink removes the link, not its target.
+    c.call("fs/remove", json!({"path": format!("{dir}/dst/rel-link")}))
+        .await;
+    assert!(std::path::Path::new(&format!("{dir}/dst/sub/f")).exists());
+    c.call("fs/remove", json!({"path": format!("{dir}/dst")}))
+        .await;
+    assert!(!std::path::Path::new(&format!("{dir}/dst")).exists());
+}
+
+fn nix_mkfifo(path: &str) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn confined_root_refuses_escapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(tmp.path().join("secret"), b"s3cret").unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("secret"), root.join("abs-out")).unwrap();
+    std::os::unix::fs::symlink("../secret", root.join("rel-out")).unwrap();
+    std::os::unix::fs::symlink("/proc/self/root/etc/passwd", root.join("proc-out")).unwrap();
+    std::fs::write(root.join("ok"), b"fine").unwrap();
+    let gw = Gateway::start_with_args("", &["--root", root.to_str().unwrap()]);
+    let (mut c, _) = gw.session().await;
+    let r = root.display().to_string();
+    let ok = c
+        .call("fs/readFile", json!({"path": format!("{r}/ok")}))
+        .await;
+    assert_eq!(unb64(ok["dataBase64"].as_str().unwrap()), b"fine");
+    for path in [
+        format!("{r}/../secret"),
+        format!("{r}/abs-out"),
+        format!("{r}/rel-out"),
+        format!("{r}/proc-out"),
+        "/etc/passwd".to_owned(),
+    ] {
+        let resp = c.call_raw("fs/readFile", json!({"path": path})).await;
+        assert!(resp.get("error").is_some(), "escape via {path}: {resp}");
+    }
+    let (code, _) = c
+        .call_err(
+            "process/start",
+            json!({"processId":"p","argv":["true"],"cwd":"/tmp","env":{},"tty":false}),
+        )
+        .await;
+    assert_eq!(code, -32600, "cwd outside the root");
+    c.call(
+        "process/start",
+        json!({"processId":"p","argv":["true"],"cwd": r,"env":{},"tty":false}),
+    )
+    .await;
+}

@@ -1,0 +1,49 @@
+//! SIGTERM/SIGINT: readiness goes false, new work is refused, process trees
+//! are killed, and the gateway exits 0, all within bounded time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Gateway, eventually, pid_alive, unb64};
+use serde_json::json;
+
+async fn pid_of(c: &mut common::Client, id: &str) -> i32 {
+    let v = c
+        .wait_for("pid", |v| {
+            v["method"] == "process/output" && v["params"]["processId"] == id
+        })
+        .await;
+    String::from_utf8(unb64(v["params"]["chunk"].as_str().unwrap()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sigterm_drains_kills_trees_and_exits_zero() {
+    let mut gw = Gateway::start("[server]\nshutdown_grace = \"1s\"\n");
+    let (mut c, _) = gw.session().await;
+    c.start("p", &["sh", "-c", "sleep 300 & echo $!; wait"])
+        .await;
+    let grandchild = pid_of(&mut c, "p").await;
+    assert!(pid_alive(grandchild));
+    gw.signal(15);
+    // During the grace period: not ready, and new calls are refused.
+    let (status, _) = gw.http_get("/readyz").await;
+    assert_eq!(status, 503);
+    let r = c.call_raw("process/list", json!({})).await;
+    assert_eq!(r["error"]["data"]["reason"], "serverShuttingDown", "{r}");
+    let status = gw.wait_exit();
+    assert!(status.success(), "{status:?}");
+    eventually("grandchild killed", || !pid_alive(grandchild)).await;
+}
+
+#[tokio::test]
+async fn sigint_with_idle_sessions_exits_promptly() {
+    let mut gw = Gateway::start("");
+    let (_c, _) = gw.session().await;
+    gw.signal(2);
+    assert!(gw.wait_exit().success());
+}

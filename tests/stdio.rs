@@ -1,0 +1,227 @@
+//! The stdio door, and the example sessions of seeds/000 (v0 `command/exec`)
+//! and seeds/001 (`process/*`) replayed as transcripts: each request is sent
+//! as written in the seed, and each expected reply is compared field by field
+//! (session ids and PTY line endings excepted, which the seeds cannot fix).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+
+use common::{EVENT_TIMEOUT, pid_alive};
+use serde_json::{Value, json};
+
+struct Stdio1 {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    pending: Vec<Value>,
+}
+
+impl Stdio1 {
+    fn start() -> Stdio1 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+            .arg("stdio")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).expect("stdout carries only JSON lines");
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Stdio1 {
+            child,
+            stdin,
+            lines: rx,
+            pending: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(i) = self.pending.iter().position(&pred) {
+            return self.pending.remove(i);
+        }
+        loop {
+            let v = self
+                .lines
+                .recv_timeout(EVENT_TIMEOUT)
+                .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+            if pred(&v) {
+                return v;
+            }
+            self.pending.push(v);
+        }
+    }
+
+    fn response(&mut self, id: Value) -> Value {
+        self.wait_for(&format!("response {id}"), |v| {
+            v.get("id") == Some(&id) && v.get("method").is_none()
+        })
+    }
+}
+
+impl Drop for Stdio1 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Collect PTY/stdout bytes of `id` from notifications named `method`
+/// until `want` appears in them.
+fn output_until(s: &mut Stdio1, method: &str, id: &str, want: &str) -> String {
+    let mut text = String::new();
+    while !text.contains(want) {
+        let v = s.wait_for(want, |v| {
+            v["method"] == method && v["params"]["processId"] == id
+        });
+        text.push_str(&String::from_utf8_lossy(&common::unb64(
+            v["params"]["chunk"].as_str().unwrap(),
+        )));
+    }
+    text
+}
+
+#[test]
+fn seed_000_v0_transcript() {
+    let mut s = Stdio1::start();
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"example-client"}}"#);
+    let r = s.response(json!(1));
+    assert!(r["result"]["sessionId"].is_string(), "{r}");
+    s.send(r#"{"method":"initialized","params":{}}"#);
+    s.send(r#"{"id":2,"method":"command/exec","params":{"processId":"proc-1","argv":["bash","-lc","printf 'ready\\n'; while IFS= read -r line; do printf 'echo:%s\\n' \"$line\"; done"],"cwd":"/tmp","env":{"PATH":"/usr/bin:/bin"},"tty":true,"outputBytesCap":4096,"arg0":null}}"#);
+    let r = s.response(json!(2));
+    assert_eq!(
+        r["result"],
+        json!({"processId":"proc-1","running":true,"exitCode":null,"stdout":null,"stderr":null})
+    );
+    let first = s.wait_for("outputDelta", |v| v["method"] == "command/exec/outputDelta");
+    assert_eq!(first["params"]["stream"], "stdout");
+    assert!(first["params"].get("seq").is_none(), "v0 has no seq");
+    s.pending.insert(0, first);
+    let text = output_until(&mut s, "command/exec/outputDelta", "proc-1", "ready");
+    assert!(text.contains("ready"), "{text}");
+    s.send(r#"{"id":3,"method":"command/exec/write","params":{"processId":"proc-1","chunk":"aGVsbG8K"}}"#);
+    assert_eq!(s.response(json!(3))["result"], json!({"accepted":true}));
+    let text = output_until(&mut s, "command/exec/outputDelta", "proc-1", "echo:hello");
+    assert!(text.contains("echo:hello"), "{text}");
+    s.send(r#"{"id":4,"method":"command/exec/terminate","params":{"processId":"proc-1"}}"#);
+    assert_eq!(s.response(json!(4))["result"], json!({"running":true}));
+    let exited = s.wait_for("exited", |v| v["method"] == "command/exec/exited");
+    assert_eq!(exited["params"]["processId"], "proc-1");
+    assert!(exited["params"]["exitCode"].is_i64());
+    // v0 processes never report in the process/* family.
+    assert!(
+        s.pending
+            .iter()
+            .all(|v| !v["method"].as_str().unwrap_or("").starts_with("process/"))
+    );
+    // Unknown notification: an error on id -1 (the seed's documented rule).
+    s.send(r#"{"method":"bogus"}"#);
+    let e = s.response(json!(-1));
+    assert_eq!(e["error"]["code"], -32600);
+}
+
+#[test]
+fn seed_001_process_transcript() {
+    let mut s = Stdio1::start();
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"example-client"}}"#);
+    assert!(s.response(json!(1))["result"]["sessionId"].is_string());
+    s.send(r#"{"method":"initialized","params":{}}"#);
+    s.send(r#"{"id":2,"method":"process/start","params":{"processId":"proc-1","argv":["bash","-lc","printf 'ready\\n'; while IFS= read -r line; do printf 'echo:%s\\n' \"$line\"; done"],"cwd":"/tmp","env":{"PATH":"/usr/bin:/bin"},"tty":true,"pipeStdin":false,"arg0":null}}"#);
+    assert_eq!(
+        s.response(json!(2))["result"],
+        json!({"processId":"proc-1"})
+    );
+    let first = s.wait_for("output", |v| v["method"] == "process/output");
+    assert_eq!(first["params"]["seq"], 1);
+    assert_eq!(first["params"]["stream"], "pty");
+    s.pending.insert(0, first);
+    output_until(&mut s, "process/output", "proc-1", "ready");
+    s.send(
+        r#"{"id":3,"method":"process/write","params":{"processId":"proc-1","chunk":"aGVsbG8K"}}"#,
+    );
+    assert_eq!(s.response(json!(3))["result"], json!({"status":"accepted"}));
+    output_until(&mut s, "process/output", "proc-1", "echo:hello");
+    s.send(r#"{"id":4,"method":"process/terminate","params":{"processId":"proc-1"}}"#);
+    assert_eq!(s.response(json!(4))["result"], json!({"running":true}));
+    let exited = s.wait_for("exited", |v| v["method"] == "process/exited");
+    let closed = s.wait_for("closed", |v| v["method"] == "process/closed");
+    assert_eq!(exited["params"]["processId"], "proc-1");
+    assert_eq!(
+        exited["params"]["exitCode"], 1,
+        "a killed pty child reports 1"
+    );
+    assert_eq!(
+        closed["params"]["seq"].as_u64().unwrap(),
+        exited["params"]["seq"].as_u64().unwrap() + 1,
+        "closed is last"
+    );
+}
+
+#[test]
+fn stdio_errors_and_eof_kills_the_session() {
+    let mut s = Stdio1::start();
+    s.send("");
+    s.send("not json");
+    let e = s.response(json!(-1));
+    assert_eq!(e["error"]["code"], -32600);
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("failed to parse JSON-RPC message from exec-server stdio: "),
+        "{msg}"
+    );
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"t"}}"#);
+    s.response(json!(1));
+    s.send(r#"{"method":"initialized"}"#);
+    s.send(r#"{"id":2,"method":"process/start","params":{"processId":"p","argv":["sh","-c","echo $$; exec sleep 300"],"cwd":"/tmp","env":{},"tty":false}}"#);
+    s.response(json!(2));
+    let v = s.wait_for("pid", |v| v["method"] == "process/output");
+    let pid: i32 = String::from_utf8(common::unb64(v["params"]["chunk"].as_str().unwrap()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid_alive(pid));
+    drop(s.stdin.take());
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stdio gateway did not exit on EOF"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    while pid_alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process survived stdio EOF"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
