@@ -1,10 +1,638 @@
-//! `exec-gateway bench`: placeholder, filled in below.
+//! `exec-gateway bench`: starts the gateway as a separate process and
+//! measures each figure of DESIGN.md §9 next to its baseline, in the same
+//! run, printing the ratio. With `--reference PATH` the same client also
+//! measures `codex exec-server` (the reference) side by side.
+//!
+//! Not a test: it asserts nothing and passes on any machine; it prints.
 
-use std::process::ExitCode;
+use std::path::PathBuf;
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Also measure the reference: path to the `codex` binary
+    /// (run as `codex exec-server --listen ws://127.0.0.1:0`).
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// Iterations for latency figures.
+    #[arg(long, default_value_t = 1000)]
+    pub iterations: usize,
+    /// Idle sessions for the memory figure.
+    #[arg(long, default_value_t = 10_000)]
+    pub sessions: usize,
+    /// Bytes of output for the throughput figure.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub output_bytes: u64,
+    /// Seconds per spawns-per-second run.
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+}
 
-pub async fn run(_args: BenchArgs) -> ExitCode {
-    ExitCode::SUCCESS
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type BenchResult<T> = Result<T, String>;
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// A server under test, started as a child process.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    async fn start(
+        name: &'static str,
+        program: &std::path::Path,
+        args: &[&str],
+    ) -> BenchResult<Server> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            BufReader::new(stdout).read_line(&mut line),
+        )
+        .await
+        .map_err(|_| format!("{name} printed no URL"))?
+        .map_err(err)?;
+        Ok(Server {
+            child,
+            url: line.trim().to_owned(),
+        })
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let Some(pid) = self.child.id() else { return 0 };
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+}
+
+struct Conn {
+    ws: Ws,
+    next_id: i64,
+}
+
+impl Conn {
+    async fn open(url: &str) -> BenchResult<Conn> {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.map_err(err)?;
+        if let MaybeTlsStream::Plain(s) = ws.get_ref() {
+            let _ = s.set_nodelay(true);
+        }
+        let mut c = Conn { ws, next_id: 1 };
+        c.call("initialize", json!({"clientName": "bench"})).await?;
+        c.ws.send(Message::text(r#"{"method":"initialized"}"#))
+            .await
+            .map_err(err)?;
+        Ok(c)
+    }
+
+    async fn send(&mut self, method: &str, params: Value) -> BenchResult<i64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let text = json!({"id": id, "method": method, "params": params}).to_string();
+        self.ws.send(Message::text(text)).await.map_err(err)?;
+        Ok(id)
+    }
+
+    async fn next_text(&mut self) -> BenchResult<String> {
+        loop {
+            match self.ws.next().await {
+                Some(Ok(Message::Text(t))) => return Ok(t.as_str().to_owned()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(err(e)),
+                None => return Err("connection closed".to_owned()),
+            }
+        }
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> BenchResult<Value> {
+        let id = self.send(method, params).await?;
+        loop {
+            let v: Value = serde_json::from_str(&self.next_text().await?).map_err(err)?;
+            if v.get("id") == Some(&json!(id)) {
+                return match v.get("result") {
+                    Some(r) => Ok(r.clone()),
+                    None => Err(format!("{method} failed: {v}")),
+                };
+            }
+        }
+    }
+
+    /// Start `argv` and wait for its `process/closed`; returns output bytes.
+    async fn run_to_close(&mut self, pid: &str, argv: &[&str]) -> BenchResult<u64> {
+        let id = self
+            .send(
+                "process/start",
+                json!({"processId": pid, "argv": argv, "cwd": "/tmp",
+                       "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+            )
+            .await?;
+        #[derive(Deserialize)]
+        struct Msg<'a> {
+            #[serde(default)]
+            id: Option<i64>,
+            #[serde(default, borrow)]
+            method: Option<&'a str>,
+            #[serde(default, borrow)]
+            params: Option<Params<'a>>,
+            #[serde(default)]
+            error: Option<Value>,
+        }
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            #[serde(default, borrow, rename = "processId")]
+            process_id: Option<&'a str>,
+            #[serde(default, borrow)]
+            chunk: Option<&'a str>,
+        }
+        let mut bytes = 0u64;
+        let mut buf = Vec::new();
+        loop {
+            let text = self.next_text().await?;
+            let m: Msg<'_> = serde_json::from_str(&text).map_err(err)?;
+            if m.id == Some(id)
+                && let Some(e) = m.error
+            {
+                return Err(format!("start failed: {e}"));
+            }
+            let Some(p) = m.params else { continue };
+            if p.process_id != Some(pid) {
+                continue;
+            }
+            match m.method {
+                Some("process/output") => {
+                    if let Some(chunk) = p.chunk {
+                        buf.clear();
+                        base64_simd::STANDARD
+                            .decode_append(chunk, &mut buf)
+                            .map_err(err)?;
+                        bytes += buf.len() as u64;
+                    }
+                }
+                Some("process/closed") => return Ok(bytes),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+async fn spawn_latency(url: &str, n: usize) -> BenchResult<(Duration, Duration)> {
+    let mut c = Conn::open(url).await?;
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        c.run_to_close(&format!("t{i}"), &["true"]).await?;
+        if i >= 20 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99)))
+}
+
+async fn direct_spawn_latency(n: usize) -> BenchResult<(Duration, Duration)> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        Command::new("true").status().await.map_err(err)?;
+        if i >= 20 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99)))
+}
+
+async fn spawns_per_second(url: &str, conns: usize, secs: u64) -> BenchResult<f64> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let url = url.to_owned();
+        tasks.push(crate::task::spawn("bench-spawner", async move {
+            let mut conn = Conn::open(&url).await?;
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                conn.run_to_close(&format!("c{c}-{n}"), &["true"]).await?;
+                n += 1;
+            }
+            Ok::<u64, String>(n)
+        }));
+    }
+    let start = Instant::now();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(err)??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn direct_spawns_per_second(conns: usize, secs: u64) -> BenchResult<f64> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        tasks.push(crate::task::spawn("bench-direct-spawner", async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                Command::new("true").status().await.map_err(err)?;
+                n += 1;
+            }
+            Ok::<u64, String>(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(err)??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn throughput(url: &str, bytes: u64) -> BenchResult<f64> {
+    let mut c = Conn::open(url).await?;
+    let count = bytes.to_string();
+    let t = Instant::now();
+    let got = c
+        .run_to_close("big", &["head", "-c", &count, "/dev/zero"])
+        .await?;
+    let secs = t.elapsed().as_secs_f64();
+    if got != bytes {
+        return Err(format!("received {got} of {bytes} bytes"));
+    }
+    Ok(bytes as f64 / secs / 1e6)
+}
+
+async fn direct_throughput(bytes: u64) -> BenchResult<f64> {
+    let t = Instant::now();
+    let mut child = Command::new("head")
+        .args(["-c", &bytes.to_string(), "/dev/zero"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(err)?;
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    // As strong as we can make it: the same pipe size and read size the gateway uses.
+    crate::exec::spawn::grow_pipe(&out);
+    let mut buf = vec![0u8; crate::exec::OUTPUT_READ_CHUNK_BYTES];
+    let mut got = 0u64;
+    loop {
+        let n = out.read(&mut buf).await.map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    child.wait().await.map_err(err)?;
+    if got != bytes {
+        return Err(format!("read {got} of {bytes}"));
+    }
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e6)
+}
+
+async fn idle_session_rss(server: &Server, n: usize) -> BenchResult<f64> {
+    // Warm up allocator and runtime with a few sessions first.
+    let warm: Vec<Conn> =
+        futures_util::future::try_join_all((0..16).map(|_| Conn::open(&server.url))).await?;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = server.rss_kib();
+    let mut conns = Vec::with_capacity(n);
+    let batch = 200;
+    let mut opened = 0;
+    while opened < n {
+        let k = batch.min(n - opened);
+        let more =
+            futures_util::future::try_join_all((0..k).map(|_| Conn::open(&server.url))).await?;
+        conns.extend(more);
+        opened += k;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = server.rss_kib();
+    drop(conns);
+    Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
+async fn read_file_p50(url: &str, path: &str, n: usize) -> BenchResult<Duration> {
+    let mut c = Conn::open(url).await?;
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 10 {
+        let t = Instant::now();
+        let id = c.send("fs/readFile", json!({"path": path})).await?;
+        let text = c.next_text().await?;
+        #[derive(Deserialize)]
+        struct Resp<'a> {
+            id: i64,
+            #[serde(borrow)]
+            result: ReadFile<'a>,
+        }
+        #[derive(Deserialize)]
+        struct ReadFile<'a> {
+            #[serde(borrow, rename = "dataBase64")]
+            data_base64: &'a str,
+        }
+        let r: Resp<'_> = serde_json::from_str(&text).map_err(err)?;
+        if r.id != id || r.result.data_base64.len() < 1024 * 1024 {
+            return Err("unexpected readFile response".to_owned());
+        }
+        if i >= 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok(percentile(&lat, 0.5))
+}
+
+fn direct_read_file_p50(path: &str, n: usize) -> BenchResult<Duration> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 10 {
+        let t = Instant::now();
+        let data = std::fs::read(path).map_err(err)?;
+        // The same SIMD codec the gateway uses: the baseline is the best we know.
+        let s = base64_simd::STANDARD.encode_to_string(&data);
+        std::hint::black_box(s);
+        if i >= 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok(percentile(&lat, 0.5))
+}
+
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let want = hard.min(1 << 20);
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, want, want);
+    }
+}
+
+struct Row {
+    figure: &'static str,
+    ours: String,
+    baseline: String,
+    ratio: String,
+    target: &'static str,
+    met: Option<bool>,
+    reference: String,
+}
+
+fn print_rows(rows: &[Row], with_ref: bool) {
+    println!(
+        "{:<44} {:>16} {:>22} {:>8} {:<28} {:>4}{}",
+        "figure",
+        "exec-gateway",
+        "baseline",
+        "ratio",
+        "target",
+        "met",
+        if with_ref {
+            "   reference (codex 0.130.0)"
+        } else {
+            ""
+        }
+    );
+    for r in rows {
+        let met = match r.met {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "-",
+        };
+        println!(
+            "{:<44} {:>16} {:>22} {:>8} {:<28} {:>4}{}",
+            r.figure,
+            r.ours,
+            r.baseline,
+            r.ratio,
+            r.target,
+            met,
+            if with_ref {
+                format!("   {}", r.reference)
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// Entry point of `exec-gateway bench`.
+pub async fn run(args: BenchArgs) -> ExitCode {
+    match bench(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(args: BenchArgs) -> BenchResult<()> {
+    raise_fd_limit();
+    let exe = std::env::current_exe().map_err(err)?;
+    let dir = tempfile_dir()?;
+    let config = dir.join("bench.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nmax_connections = {0}\nmax_sessions = {0}\n[exec]\nmax_processes = 4096\n",
+            args.sessions + 1024
+        ),
+    )
+    .map_err(err)?;
+    let file = dir.join("1mib.bin");
+    let data: Vec<u8> = (0..1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &data).map_err(err)?;
+    let file = file.display().to_string();
+    let config_s = config.display().to_string();
+
+    let gw = Server::start(
+        "exec-gateway",
+        &exe,
+        &[
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--config",
+            &config_s,
+        ],
+    )
+    .await?;
+    let reference = match &args.reference {
+        Some(p) => Some(
+            Server::start(
+                "codex exec-server",
+                p,
+                &["exec-server", "--listen", "ws://127.0.0.1:0"],
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let host = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    println!(
+        "exec-gateway bench: {} cores, {host}, iterations {}, sessions {}, output {} bytes",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        args.iterations,
+        args.sessions,
+        args.output_bytes
+    );
+    let n = args.iterations;
+    let ref_n = (n / 5).max(20);
+    let mut rows = Vec::new();
+
+    // 1. `true` start → closed.
+    let (d50, d99) = direct_spawn_latency(n).await?;
+    let (g50, g99) = spawn_latency(&gw.url, n).await?;
+    let r = match &reference {
+        Some(r) => {
+            let (a, b) = spawn_latency(&r.url, ref_n).await?;
+            format!("p50 {} p99 {}", ms(a), ms(b))
+        }
+        None => String::new(),
+    };
+    let ratio50 = g50.as_secs_f64() / d50.as_secs_f64();
+    rows.push(Row {
+        figure: "`true` start→closed over ws, p50",
+        ours: ms(g50),
+        baseline: format!("{} direct", ms(d50)),
+        ratio: format!("{ratio50:.2}x"),
+        target: "≤ 1.5 ms and ≤ 1.5x direct",
+        met: Some(g50 <= Duration::from_micros(1500) && ratio50 <= 1.5),
+        reference: r,
+    });
+    rows.push(Row {
+        figure: "`true` start→closed over ws, p99",
+        ours: ms(g99),
+        baseline: format!("{} direct", ms(d99)),
+        ratio: format!("{:.2}x", g99.as_secs_f64() / d99.as_secs_f64()),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+
+    // 2. spawns per second over 8 connections.
+    let direct = direct_spawns_per_second(8, args.seconds).await?;
+    let ours = spawns_per_second(&gw.url, 8, args.seconds).await?;
+    let r = match &reference {
+        Some(r) => format!("{:.0}/s", spawns_per_second(&r.url, 8, args.seconds).await?),
+        None => String::new(),
+    };
+    rows.push(Row {
+        figure: "spawns/s, 8 connections",
+        ours: format!("{ours:.0}/s"),
+        baseline: format!("{direct:.0}/s direct"),
+        ratio: format!("{:.0}%", ours / direct * 100.0),
+        target: "≥ 50% of direct",
+        met: Some(ours / direct >= 0.5),
+        reference: r,
+    });
+
+    // 3. output throughput.
+    let direct = direct_throughput(args.output_bytes).await?;
+    let ours = throughput(&gw.url, args.output_bytes).await?;
+    let r = match &reference {
+        Some(r) => format!("{:.0} MB/s", throughput(&r.url, args.output_bytes).await?),
+        None => String::new(),
+    };
+    rows.push(Row {
+        figure: "output over ws (head -c N /dev/zero)",
+        ours: format!("{ours:.0} MB/s"),
+        baseline: format!("{direct:.0} MB/s pipe"),
+        ratio: format!("{:.0}%", ours / direct * 100.0),
+        target: "≥ 40% of the direct pipe",
+        met: Some(ours / direct >= 0.4),
+        reference: r,
+    });
+
+    // 4. fs/readFile 1 MiB.
+    let direct = direct_read_file_p50(&file, n.min(500))?;
+    let ours = read_file_p50(&gw.url, &file, n.min(500)).await?;
+    let r = match &reference {
+        Some(r) => ms(read_file_p50(&r.url, &file, ref_n).await?),
+        None => String::new(),
+    };
+    let ratio = ours.as_secs_f64() / direct.as_secs_f64();
+    rows.push(Row {
+        figure: "fs/readFile 1 MiB, p50",
+        ours: ms(ours),
+        baseline: format!("{} read+b64", ms(direct)),
+        ratio: format!("{ratio:.2}x"),
+        target: "≤ 3x direct",
+        met: Some(ratio <= 3.0),
+        reference: r,
+    });
+
+    // 5. memory per idle session.
+    let ours = idle_session_rss(&gw, args.sessions).await?;
+    let r = match &reference {
+        Some(r) => format!("{:.1} KiB", idle_session_rss(r, args.sessions).await?),
+        None => String::new(),
+    };
+    rows.push(Row {
+        figure: "gateway RSS per idle session",
+        ours: format!("{ours:.1} KiB"),
+        baseline: format!("{} sessions", args.sessions),
+        ratio: String::new(),
+        target: "≤ 32 KiB",
+        met: Some(ours <= 32.0),
+        reference: r,
+    });
+
+    print_rows(&rows, reference.is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(gw);
+    drop(reference);
+    Ok(())
+}
+
+fn tempfile_dir() -> BenchResult<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("exec-gateway-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(err)?;
+    Ok(dir)
 }

@@ -32,6 +32,9 @@ pub enum Command {
     Stdio(CommonArgs),
     /// Measure the gateway against direct baselines and print the figures.
     Bench(crate::bench::BenchArgs),
+    /// Internal: the sidecar that kills process groups if the gateway dies.
+    #[command(hide = true)]
+    Reaper,
 }
 
 #[derive(Debug, clap::Args)]
@@ -104,6 +107,7 @@ pub fn run(cli: Cli) -> ExitCode {
             telemetry::init(common.log_format);
             run_stdio(&common)
         }
+        Command::Reaper => crate::exec::reaper::run(),
         Command::Bench(args) => {
             telemetry::init(LogFormat::Text);
             block_on(crate::bench::run(args))
@@ -139,7 +143,7 @@ async fn serve(settings: Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let gw = match Gateway::new(settings) {
+    let gw = match Gateway::new(settings, start_reaper()) {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
@@ -157,7 +161,7 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage_error(&e),
     };
-    let gw = match Gateway::new(settings) {
+    let gw = match Gateway::new(settings, start_reaper()) {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
@@ -165,4 +169,14 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
         gateway::run_stdio(gw, gateway::shutdown_signal()).await;
         ExitCode::SUCCESS
     })
+}
+
+fn start_reaper() -> Option<std::sync::Arc<crate::exec::reaper::Reaper>> {
+    match crate::exec::reaper::Reaper::start() {
+        Ok(r) => Some(std::sync::Arc::new(r)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the reaper sidecar; processes will outlive a crashed gateway");
+            None
+        }
+    }
 }

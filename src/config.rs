@@ -61,6 +61,8 @@ pub struct ExecConfig {
     pub max_processes: Option<usize>,
     /// Base environment for `envPolicy`. Default: PATH, HOME, LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
+    /// How long a closed process stays readable (and its id taken). Default: `30s`.
+    pub exited_retention: Option<String>,
 }
 
 /// Validated settings.
@@ -79,6 +81,7 @@ pub struct Settings {
     pub root: Option<PathBuf>,
     pub max_processes: usize,
     pub base_env: HashMap<String, String>,
+    pub exited_retention: Duration,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
@@ -202,6 +205,11 @@ impl Config {
             )?,
             root,
             max_processes: positive("exec.max_processes", self.exec.max_processes, 1024)?,
+            exited_retention: duration(
+                "exec.exited_retention",
+                self.exec.exited_retention.as_deref(),
+                crate::exec::EXITED_PROCESS_RETENTION,
+            )?,
             base_env: self
                 .exec
                 .base_env

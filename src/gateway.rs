@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
 use crate::exec::ExecSettings;
+use crate::exec::reaper::Reaper;
 use crate::fs::FsRoot;
 use crate::middleware::{self, RpcService, StackSettings};
 use crate::session::SessionRegistry;
@@ -30,19 +31,23 @@ pub struct Gateway {
     /// Cancelled when listeners must stop and connections close.
     pub stopped: CancellationToken,
     draining: AtomicBool,
+    reaper: Option<Arc<Reaper>>,
 }
 
 impl Gateway {
-    pub fn new(settings: Settings) -> Result<Arc<Gateway>, ConfigError> {
+    pub fn new(
+        settings: Settings,
+        reaper: Option<Arc<Reaper>>,
+    ) -> Result<Arc<Gateway>, ConfigError> {
         let fs = match &settings.root {
             None => FsRoot::Host,
             Some(root) => FsRoot::confined(root)
                 .map_err(|e| ConfigError(format!("cannot open root {}: {e}", root.display())))?,
         };
-        let exec = Arc::new(ExecSettings::new(
-            settings.max_processes,
-            settings.base_env.clone(),
-        ));
+        let mut exec = ExecSettings::new(settings.max_processes, settings.base_env.clone());
+        exec.reaper = reaper.clone();
+        exec.exited_retention = settings.exited_retention;
+        let exec = Arc::new(exec);
         let sessions = SessionRegistry::new(
             settings.detach_ttl,
             settings.max_sessions,
@@ -59,6 +64,7 @@ impl Gateway {
             stack,
             stopped: CancellationToken::new(),
             draining: AtomicBool::new(false),
+            reaper,
         }))
     }
 
@@ -94,6 +100,14 @@ impl Gateway {
         }
         self.stopped.cancel();
         self.sessions.kill_all();
+        self.stop_reaper();
+    }
+
+    /// Close the reaper's pipe: it kills whatever is still registered.
+    fn stop_reaper(&self) {
+        if let Some(r) = &self.reaper {
+            r.stop();
+        }
     }
 }
 
@@ -122,6 +136,7 @@ pub async fn run_stdio(gw: Arc<Gateway>, shutdown: impl Future<Output = ()>) {
     gw.draining.store(true, Ordering::Relaxed);
     gw.stopped.cancel();
     gw.sessions.kill_all();
+    gw.stop_reaper();
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -47,3 +47,32 @@ async fn sigint_with_idle_sessions_exits_promptly() {
     gw.signal(2);
     assert!(gw.wait_exit().success());
 }
+
+#[tokio::test]
+async fn sigkill_of_the_gateway_leaves_no_process_group_behind() {
+    let mut gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    c.start("p", &["sh", "-c", "sleep 300 & echo $!; wait"])
+        .await;
+    let grandchild = pid_of(&mut c, "p").await;
+    c.call(
+        "process/start",
+        json!({"processId":"t","argv":["sh","-c","echo $$; exec sleep 300"],
+               "cwd":"/tmp","env":{"PATH":"/usr/bin:/bin"},"tty":true}),
+    )
+    .await;
+    let pty_child = pid_of(&mut c, "t").await;
+    assert!(pid_alive(grandchild) && pty_child > 0);
+    gw.signal(9);
+    let status = gw.wait_exit();
+    assert!(!status.success());
+    // The reaper sidecar saw its pipe close and killed every registered group.
+    eventually("grandchild of a SIGKILLed gateway dies", || {
+        !pid_alive(grandchild)
+    })
+    .await;
+    eventually("pty child of a SIGKILLed gateway dies", || {
+        !pid_alive(pty_child)
+    })
+    .await;
+}

@@ -11,6 +11,7 @@
 
 pub mod env;
 pub mod output;
+pub mod reaper;
 pub mod signal;
 pub mod spawn;
 
@@ -38,7 +39,7 @@ use output::{OutputLog, RETAINED_OUTPUT_BYTES_PER_PROCESS};
 use spawn::SpawnSpec;
 
 /// Bytes asked of each pipe/PTY read; also the largest output chunk.
-pub const OUTPUT_READ_CHUNK_BYTES: usize = 64 * 1024;
+pub const OUTPUT_READ_CHUNK_BYTES: usize = 256 * 1024;
 /// How long a closed process stays readable (`EXITED_PROCESS_RETENTION`).
 pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// PTY output chunks buffered between the blocking reader and the pump.
@@ -58,6 +59,8 @@ pub struct ExecSettings {
     /// Running-process slots; a permit lives as long as its process.
     pub process_slots: Arc<Semaphore>,
     pub max_processes: usize,
+    /// Kills live groups if the gateway dies (None in library use without one).
+    pub reaper: Option<Arc<reaper::Reaper>>,
 }
 
 impl ExecSettings {
@@ -68,6 +71,7 @@ impl ExecSettings {
             base_env,
             process_slots: Arc::new(Semaphore::new(max_processes)),
             max_processes,
+            reaper: None,
         }
     }
 }
@@ -87,6 +91,11 @@ enum Entry {
 /// The processes of one session.
 pub struct ProcessTable {
     entries: Mutex<HashMap<String, Entry>>,
+    /// Closed processes in close order with their eviction time. Retention is
+    /// one constant, so the front is always the next to expire; expired
+    /// entries are swept on every table access (exact for the reference's
+    /// "unknown process id after 30 s" rule) without a timer per process.
+    closed: Mutex<VecDeque<(tokio::time::Instant, Arc<Process>)>>,
     attachment: Arc<Attachment>,
     settings: Arc<ExecSettings>,
 }
@@ -227,12 +236,36 @@ impl ProcessTable {
     pub fn new(attachment: Arc<Attachment>, settings: Arc<ExecSettings>) -> Arc<Self> {
         Arc::new(Self {
             entries: Mutex::new(HashMap::new()),
+            closed: Mutex::new(VecDeque::new()),
             attachment,
             settings,
         })
     }
 
+    /// Evict closed processes whose retention has passed.
+    fn sweep(&self) {
+        let now = tokio::time::Instant::now();
+        let mut expired = Vec::new();
+        {
+            let mut closed = self.closed.lock();
+            while closed.front().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, p)) = closed.pop_front() {
+                    expired.push(p);
+                }
+            }
+        }
+        for p in expired {
+            self.evict(&p);
+        }
+    }
+
+    fn mark_closed(&self, process: &Arc<Process>) {
+        let at = tokio::time::Instant::now() + self.settings.exited_retention;
+        self.closed.lock().push_back((at, process.clone()));
+    }
+
     fn get(&self, id: &str) -> Result<Arc<Process>, GatewayError> {
+        self.sweep();
         match self.entries.lock().get(id) {
             Some(Entry::Running(p)) => Ok(p.clone()),
             Some(Entry::Starting) => Err(invalid(format!("process id {id} is starting"))),
@@ -253,6 +286,7 @@ impl ProcessTable {
             ));
         }
         let id = params.process_id.clone();
+        self.sweep();
         {
             let mut entries = self.entries.lock();
             if entries.contains_key(&id) {
@@ -308,9 +342,9 @@ impl ProcessTable {
         let id_json = serde_json::to_string(&params.process_id)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let table = Arc::downgrade(self);
-        let retention = self.settings.exited_retention;
         if params.tty {
             let child = spawn::spawn_pty(&spec).map_err(GatewayError::Internal)?;
+            let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let writer = Arc::new(Mutex::new(Some(child.writer)));
             let process = Arc::new(Process {
                 id: params.process_id,
@@ -328,12 +362,13 @@ impl ProcessTable {
                 }),
             });
             let pump = PtyPump {
+                guard,
                 process: process.clone(),
                 attachment: self.attachment.clone(),
                 child: child.child,
                 reader: child.reader,
             };
-            crate::task::spawn("process-pty", pump.run(permit, table, retention));
+            crate::task::spawn("process-pty", pump.run(permit, table));
             Ok(process)
         } else {
             let child =
@@ -357,14 +392,16 @@ impl ProcessTable {
                     seen: HashSet::new(),
                 }),
             });
+            let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
+                guard,
                 process: process.clone(),
                 attachment: self.attachment.clone(),
                 child: child.child,
                 stdout: child.stdout,
                 stderr: child.stderr,
             };
-            crate::task::spawn("process-pipe", pump.run(permit, table, retention));
+            crate::task::spawn("process-pipe", pump.run(permit, table));
             Ok(process)
         }
     }
@@ -418,6 +455,7 @@ impl ProcessTable {
     /// `process/write`; unknown ids are a status, not an error (§4.3).
     pub async fn write(&self, params: WriteParams) -> Result<WriteResponse, GatewayError> {
         let status = |status| Ok(WriteResponse { status });
+        self.sweep();
         let process = match self.entries.lock().get(&params.process_id) {
             Some(Entry::Running(p)) => p.clone(),
             Some(Entry::Starting) => return status(WriteStatus::Starting),
@@ -437,6 +475,7 @@ impl ProcessTable {
 
     /// `process/terminate`: SIGKILL to the process group.
     pub fn terminate(&self, id: &str) -> TerminateResponse {
+        self.sweep();
         let process = match self.entries.lock().get(id) {
             Some(Entry::Running(p)) => p.clone(),
             _ => return TerminateResponse { running: false },
@@ -501,6 +540,7 @@ impl ProcessTable {
 
     /// `process/list` (extension).
     pub fn list(&self) -> ListResponse {
+        self.sweep();
         let entries = self.entries.lock();
         let mut processes: Vec<ProcessInfo> = entries
             .iter()
@@ -603,15 +643,31 @@ async fn write_stdin(process: &Process, data: Vec<u8>) -> Result<(), GatewayErro
     }
 }
 
-/// After close: keep the entry readable for the retention period, then evict.
-async fn retain_then_evict(process: Arc<Process>, table: Weak<ProcessTable>, retention: Duration) {
-    tokio::time::sleep(retention).await;
-    if let Some(table) = table.upgrade() {
-        table.evict(&process);
+/// Registers a process group with the reaper for as long as it lives.
+struct GroupGuard {
+    reaper: Option<Arc<reaper::Reaper>>,
+    pgid: i32,
+}
+
+impl GroupGuard {
+    fn new(reaper: Option<Arc<reaper::Reaper>>, pgid: i32) -> Self {
+        if let Some(r) = &reaper {
+            r.register(pgid);
+        }
+        Self { reaper, pgid }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(r) = &self.reaper {
+            r.unregister(self.pgid);
+        }
     }
 }
 
 struct PipePump {
+    guard: GroupGuard,
     process: Arc<Process>,
     attachment: Arc<Attachment>,
     child: tokio::process::Child,
@@ -620,13 +676,9 @@ struct PipePump {
 }
 
 impl PipePump {
-    async fn run(
-        mut self,
-        permit: OwnedSemaphorePermit,
-        table: Weak<ProcessTable>,
-        retention: Duration,
-    ) {
+    async fn run(mut self, permit: OwnedSemaphorePermit, table: Weak<ProcessTable>) {
         let (mut out_open, mut err_open, mut exited) = (true, true, false);
+        let mut grown = false;
         let mut out_buf = BytesMut::new();
         let mut err_buf = BytesMut::new();
         while out_open || err_open || !exited {
@@ -641,6 +693,12 @@ impl PipePump {
             tokio::select! {
                 r = self.stdout.read_buf(&mut out_buf), if out_open => match r {
                     Ok(n) if n > 0 => {
+                        // Bulk output: grow the pipe once so later reads are
+                        // large (short-lived processes never pay for this).
+                        if !grown && n >= spawn::GROW_PIPE_AFTER_READ_BYTES {
+                            grown = true;
+                            spawn::grow_pipe(&self.stdout);
+                        }
                         let data = out_buf.split().freeze();
                         self.process.emit_output(&self.attachment, StreamName::Stdout, data).await;
                     }
@@ -667,12 +725,16 @@ impl PipePump {
             pipe.lock().await.take();
         }
         self.process.emit_closed(&self.attachment).await;
+        drop(self.guard);
         drop(permit);
-        retain_then_evict(self.process, table, retention).await;
+        if let Some(table) = table.upgrade() {
+            table.mark_closed(&self.process);
+        }
     }
 }
 
 struct PtyPump {
+    guard: GroupGuard,
     process: Arc<Process>,
     attachment: Arc<Attachment>,
     child: Box<dyn portable_pty::Child + Send + Sync>,
@@ -680,13 +742,9 @@ struct PtyPump {
 }
 
 impl PtyPump {
-    async fn run(
-        self,
-        permit: OwnedSemaphorePermit,
-        table: Weak<ProcessTable>,
-        retention: Duration,
-    ) {
+    async fn run(self, permit: OwnedSemaphorePermit, table: Weak<ProcessTable>) {
         let PtyPump {
+            guard,
             process,
             attachment,
             mut child,
@@ -735,7 +793,10 @@ impl PtyPump {
             writer.lock().take();
         }
         process.emit_closed(&attachment).await;
+        drop(guard);
         drop(permit);
-        retain_then_evict(process, table, retention).await;
+        if let Some(table) = table.upgrade() {
+            table.mark_closed(&process);
+        }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Invariants: seqs start at 1 and every output chunk, the exit and the close
 //! take exactly one each, in that order of assignment; `closed` implies
-//! `exited`; retained bytes never exceed the cap except for the newest chunk.
+//! `exited`; the retained chunks cover at least the newest `cap` bytes and
+//! hold less than `cap` plus one chunk.
 
 use std::collections::VecDeque;
 
@@ -74,10 +75,15 @@ impl OutputLog {
         let seq = self.take_seq();
         self.retained_bytes += data.len();
         self.chunks.push_back(RetainedChunk { seq, stream, data });
-        while self.retained_bytes > self.cap_bytes && self.chunks.len() > 1 {
-            if let Some(old) = self.chunks.pop_front() {
-                self.retained_bytes -= old.data.len();
+        // Drop the oldest chunk only while the rest still covers the cap, so
+        // at least the newest `cap` bytes stay readable (at most cap + one
+        // chunk are held).
+        while let Some(front) = self.chunks.front() {
+            if self.retained_bytes - front.data.len() < self.cap_bytes {
+                break;
             }
+            self.retained_bytes -= front.data.len();
+            self.chunks.pop_front();
         }
         seq
     }

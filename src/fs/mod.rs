@@ -13,7 +13,6 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use base64::Engine as _;
 use cap_std::fs::{Dir, OpenOptions as CapOpenOptions, OpenOptionsExt as _};
 
 use crate::error::GatewayError;
@@ -362,7 +361,7 @@ pub async fn read_file(
             )));
         }
         Ok(ReadFileResponse {
-            data_base64: base64::engine::general_purpose::STANDARD.encode(&data),
+            data_base64: crate::protocol::base64_encode(&data),
         })
     })
     .await
@@ -373,13 +372,11 @@ pub async fn write_file(
     root: &Arc<FsRoot>,
     p: WriteFileParams,
 ) -> Result<crate::protocol::Empty, GatewayError> {
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(p.data_base64.as_bytes())
-        .map_err(|e| {
-            GatewayError::InvalidRequest(format!(
-                "fs/writeFile requires valid base64 dataBase64: {e}"
-            ))
-        })?;
+    let data = crate::protocol::base64_decode(&p.data_base64).map_err(|e| {
+        GatewayError::InvalidRequest(format!(
+            "fs/writeFile requires valid base64 dataBase64: {e}"
+        ))
+    })?;
     blocking(root, move |root| {
         let target = root.resolve(&p.path)?;
         let mut file = target.open_write().map_err(io_err)?;

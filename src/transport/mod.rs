@@ -169,7 +169,7 @@ where
                     tokio::select! {
                         result = svc.oneshot(req) => {
                             let text = match result {
-                                Ok(reply) => jsonrpc::encode_response(&id, &reply),
+                                Ok(reply) => encode_reply(&id, &reply),
                                 Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
                             };
                             out.send(text).await;
@@ -219,4 +219,42 @@ fn initialize(
         initialized: false,
     });
     Ok(reply)
+}
+
+/// Serialise a reply. `fs/readFile` results are written directly: base64
+/// never needs JSON escaping, so serde's per-byte escape scan of a payload of
+/// up to 683 MiB is skipped.
+fn encode_reply(id: &RequestId, reply: &Reply) -> String {
+    match reply {
+        Reply::FsReadFile(r) => {
+            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
+            let mut s = String::with_capacity(r.data_base64.len() + id_json.len() + 40);
+            s.push_str(r#"{"id":"#);
+            s.push_str(&id_json);
+            s.push_str(r#","result":{"dataBase64":""#);
+            s.push_str(&r.data_base64);
+            s.push_str("\"}}");
+            s
+        }
+        other => jsonrpc::encode_response(id, other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::fs::ReadFileResponse;
+
+    #[test]
+    fn read_file_fast_path_matches_serde() {
+        for id in [RequestId::Integer(7), RequestId::String("a\"b".into())] {
+            let reply = Reply::FsReadFile(ReadFileResponse {
+                data_base64: "aGkK".into(),
+            });
+            assert_eq!(
+                encode_reply(&id, &reply),
+                jsonrpc::encode_response(&id, &reply)
+            );
+        }
+    }
 }
