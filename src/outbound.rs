@@ -8,20 +8,25 @@
 //! longer than the configured slow-client timeout; the session then detaches
 //! and its output is kept for `process/read` within the retention cap.
 
+use std::sync::Arc;
+
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-/// Messages queued per connection before producers wait. Chunks are at most
-/// `OUTPUT_READ_CHUNK_BYTES` (64 KiB → ~88 KiB of JSON), so the queue holds
-/// at most ~5.6 MiB per connection.
-pub const OUTBOUND_QUEUE_MESSAGES: usize = 64;
+/// Messages queued per connection before producers wait.
+pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
+/// Bytes queued per connection before producers wait. A single larger
+/// message (an `fs/readFile` result) takes the whole budget: it waits for the
+/// queue to drain, then goes alone.
+pub const OUTBOUND_QUEUE_BYTES: usize = 4 * 1024 * 1024;
 
 /// One frame to write.
 #[derive(Debug)]
 pub enum OutFrame {
-    /// A serialised JSON message.
-    Text(String),
+    /// A serialised JSON message, holding its share of the byte budget until
+    /// the writer has written it.
+    Text(String, Option<OwnedSemaphorePermit>),
     /// Close the connection with a websocket close code and reason.
     Close { code: u16, reason: String },
 }
@@ -30,17 +35,25 @@ pub enum OutFrame {
 #[derive(Debug, Clone)]
 pub struct Outbound {
     tx: mpsc::Sender<OutFrame>,
+    budget: Arc<Semaphore>,
 }
 
 impl Outbound {
     pub fn channel() -> (Outbound, mpsc::Receiver<OutFrame>) {
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE_MESSAGES);
-        (Outbound { tx }, rx)
+        let budget = Arc::new(Semaphore::new(OUTBOUND_QUEUE_BYTES));
+        (Outbound { tx, budget }, rx)
     }
 
-    /// Queue a message, waiting for room. False when the connection is gone.
+    /// Queue a message, waiting for room (bytes and slots). False when the
+    /// connection is gone.
     pub async fn send(&self, text: String) -> bool {
-        self.tx.send(OutFrame::Text(text)).await.is_ok()
+        let want = u32::try_from(text.len().clamp(1, OUTBOUND_QUEUE_BYTES)).unwrap_or(u32::MAX);
+        let permit = tokio::select! {
+            p = self.budget.clone().acquire_many_owned(want) => p.ok(),
+            () = self.tx.closed() => return false,
+        };
+        self.tx.send(OutFrame::Text(text, permit)).await.is_ok()
     }
 
     /// Ask the writer to close the connection.

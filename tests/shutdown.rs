@@ -31,8 +31,14 @@ async fn sigterm_drains_kills_trees_and_exits_zero() {
     assert!(pid_alive(grandchild));
     gw.signal(15);
     // During the grace period: not ready, and new calls are refused.
-    let (status, _) = gw.http_get("/readyz").await;
-    assert_eq!(status, 503);
+    let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
+    while gw.http_get("/readyz").await.0 != 503 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz never turned 503"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let r = c.call_raw("process/list", json!({})).await;
     assert_eq!(r["error"]["data"]["reason"], "serverShuttingDown", "{r}");
     let status = gw.wait_exit();

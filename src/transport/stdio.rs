@@ -39,7 +39,9 @@ where
     let (out, mut rx) = Outbound::channel();
     let writer_task = crate::task::spawn("stdio-writer", async move {
         while let Some(frame) = rx.recv().await {
-            let OutFrame::Text(t) = frame else { break };
+            let OutFrame::Text(t, _permit) = frame else {
+                break;
+            };
             if writer.write_all(t.as_bytes()).await.is_err()
                 || writer.write_all(b"\n").await.is_err()
             {

@@ -214,7 +214,8 @@ where
                 let mut close = None;
                 for frame in batch.drain(..) {
                     match frame {
-                        OutFrame::Text(t) => sink.feed(Message::text(t)).await?,
+                        // The byte-budget permit is released once written.
+                        OutFrame::Text(t, _permit) => sink.feed(Message::text(t)).await?,
                         OutFrame::Close { code, reason } => {
                             close = Some(CloseFrame {
                                 code: CloseCode::from(code),
