@@ -360,8 +360,9 @@ pub async fn read_file(
                 "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
             )));
         }
+        // Encoded later, straight into the response frame.
         Ok(ReadFileResponse {
-            data_base64: crate::protocol::base64_encode(&data),
+            data_base64: crate::protocol::ByteChunk(data),
         })
     })
     .await

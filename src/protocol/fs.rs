@@ -14,10 +14,11 @@ pub struct PathParams {
     pub path: String,
 }
 
+/// Result of `fs/readFile`: raw bytes, base64 on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadFileResponse {
-    pub data_base64: String,
+    pub data_base64: super::ByteChunk,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,6 @@ pub mod methods;
 pub mod process;
 pub mod v0;
 
-use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Raw bytes carried as standard base64 with padding on the wire.
@@ -21,15 +20,14 @@ pub struct ByteChunk(pub Vec<u8>);
 
 impl Serialize for ByteChunk {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+        s.serialize_str(&base64_encode(&self.0))
     }
 }
 
 impl<'de> Deserialize<'de> for ByteChunk {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text.as_bytes())
+        base64_decode(&text)
             .map(ByteChunk)
             .map_err(serde::de::Error::custom)
     }
@@ -63,6 +61,7 @@ pub struct Empty {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
     #[test]
     fn simd_codec_agrees_with_the_reference_codec() {

@@ -228,11 +228,12 @@ fn encode_reply(id: &RequestId, reply: &Reply) -> String {
     match reply {
         Reply::FsReadFile(r) => {
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
-            let mut s = String::with_capacity(r.data_base64.len() + id_json.len() + 40);
+            let data = &r.data_base64.0;
+            let mut s = String::with_capacity(data.len().div_ceil(3) * 4 + id_json.len() + 40);
             s.push_str(r#"{"id":"#);
             s.push_str(&id_json);
             s.push_str(r#","result":{"dataBase64":""#);
-            s.push_str(&r.data_base64);
+            crate::protocol::base64_into(data, &mut s);
             s.push_str("\"}}");
             s
         }
@@ -249,7 +250,7 @@ mod tests {
     fn read_file_fast_path_matches_serde() {
         for id in [RequestId::Integer(7), RequestId::String("a\"b".into())] {
             let reply = Reply::FsReadFile(ReadFileResponse {
-                data_base64: "aGkK".into(),
+                data_base64: crate::protocol::ByteChunk(b"hi\n".to_vec()),
             });
             assert_eq!(
                 encode_reply(&id, &reply),
