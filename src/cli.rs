@@ -28,8 +28,11 @@ pub struct Cli {
 pub enum Command {
     /// Serve the exec-server protocol over websocket (and HTTP health/metrics).
     Serve(ServeArgs),
-    /// Serve one session over stdin/stdout (newline-delimited JSON).
+    /// Serve one session over stdin/stdout (newline-delimited JSON); the
+    /// token comes from EXEC_GATEWAY_TOKEN.
     Stdio(CommonArgs),
+    /// Mint a token with the configuration's first HS* key (printed last on stdout).
+    Token(TokenArgs),
     /// Measure the gateway against direct baselines and print the figures.
     Bench(crate::bench::BenchArgs),
     /// Internal: the sidecar that kills process groups if the gateway dies.
@@ -42,12 +45,30 @@ pub struct CommonArgs {
     /// TOML configuration file; without it the embedded default is used.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Confine fs paths and process cwds under this directory.
+    /// Root of the embedded default's tenant (default: the current directory).
     #[arg(long)]
     pub root: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Tenant the token is for.
+    #[arg(long)]
+    pub tenant: String,
+    /// Scopes (repeatable): exec, fs:read, fs:write. Default: all three.
+    #[arg(long = "scope")]
+    pub scopes: Vec<String>,
+    /// Lifetime, e.g. 1h, 30m.
+    #[arg(long, default_value = "1h")]
+    pub ttl: String,
+    /// `sub` claim.
+    #[arg(long, default_value = "exec-gateway-cli")]
+    pub subject: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -60,15 +81,24 @@ pub struct ServeArgs {
 }
 
 fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, ConfigError> {
-    let mut config = match &common.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
+    let mut config = match (&common.config, &common.root) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError(
+                "--root applies to the embedded default; set tenants.NAME.root in the config"
+                    .to_owned(),
+            ));
+        }
+        (Some(path), None) => Config::load(path)?,
+        (None, root) => {
+            let root = match root {
+                Some(r) => std::path::absolute(r)
+                    .map_err(|e| ConfigError(format!("--root {}: {e}", r.display())))?,
+                None => std::env::current_dir()
+                    .map_err(|e| ConfigError(format!("current directory: {e}")))?,
+            };
+            Config::embedded(&root)?
+        }
     };
-    if let Some(root) = &common.root {
-        let root = std::path::absolute(root)
-            .map_err(|e| ConfigError(format!("--root {}: {e}", root.display())))?;
-        config.exec.root = Some(root);
-    }
     if let Some(listen) = listen {
         config.server.listen = Some(listen.to_owned());
     }
@@ -108,6 +138,7 @@ pub fn run(cli: Cli) -> ExitCode {
             run_stdio(&common)
         }
         Command::Reaper => crate::exec::reaper::run(),
+        Command::Token(args) => token(&args),
         Command::Bench(args) => {
             telemetry::init(LogFormat::Text);
             block_on(crate::bench::run(args))
@@ -151,7 +182,7 @@ async fn serve(settings: Settings) -> ExitCode {
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "ws://{addr}");
     let _ = stdout.flush();
-    tracing::info!(%addr, root = ?gw.settings.root, "listening");
+    tracing::info!(%addr, tenants = gw.settings.tenants.len(), "listening");
     gateway::run_ws(gw, listener, gateway::shutdown_signal()).await;
     ExitCode::SUCCESS
 }
@@ -165,8 +196,10 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
+    // Read, never logged; children never inherit it (their env is built).
+    let token = std::env::var("EXEC_GATEWAY_TOKEN").ok();
     block_on(async move {
-        gateway::run_stdio(gw, gateway::shutdown_signal()).await;
+        gateway::run_stdio(gw, token, gateway::shutdown_signal()).await;
         ExitCode::SUCCESS
     })
 }
@@ -177,6 +210,62 @@ fn start_reaper() -> Option<std::sync::Arc<crate::exec::reaper::Reaper>> {
         Err(e) => {
             tracing::error!(error = %e, "cannot start the reaper sidecar; processes will outlive a crashed gateway");
             None
+        }
+    }
+}
+
+fn token(args: &TokenArgs) -> ExitCode {
+    let settings = match settings(&args.common, None) {
+        Ok(s) => s,
+        Err(e) => return usage_error(&e),
+    };
+    if !settings.tenants.contains_key(&args.tenant) {
+        return usage_error(&ConfigError(format!(
+            "unknown tenant `{}`; configured: {}",
+            args.tenant,
+            settings
+                .tenants
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let ttl = match humantime::parse_duration(&args.ttl) {
+        Ok(t) => t,
+        Err(e) => return usage_error(&ConfigError(format!("--ttl: {e}"))),
+    };
+    let Some((alg, secret)) = crate::auth::Authenticator::signing_secret(&settings.auth) else {
+        return usage_error(&ConfigError(
+            "no HS* key in the configuration to sign with; mint tokens with your identity provider"
+                .to_owned(),
+        ));
+    };
+    let scopes = if args.scopes.is_empty() {
+        vec![
+            "exec".to_owned(),
+            "fs:read".to_owned(),
+            "fs:write".to_owned(),
+        ]
+    } else {
+        args.scopes.clone()
+    };
+    match crate::auth::mint(
+        alg,
+        &secret,
+        &settings.auth,
+        &args.tenant,
+        &scopes,
+        ttl,
+        &args.subject,
+    ) {
+        Ok(t) => {
+            println!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("exec-gateway: cannot mint a token: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Configuration: raw TOML (`Config`, unknown keys rejected) validated into
-//! `Settings` (durations parsed, paths checked). Every field documents its
-//! default; the defaults are the embedded configuration.
+//! `Settings` (durations parsed, key files read, roots checked). Every field
+//! documents its default. Without a file, [`Config::embedded`] serves one
+//! tenant `default` on loopback with an HS256 key kept in the state directory.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,6 +23,11 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub exec: ExecConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Tenants by name. At least one is required.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
 }
 
 /// `[server]`
@@ -30,11 +36,13 @@ pub struct Config {
 pub struct ServerConfig {
     /// Websocket listener, `ws://IP:PORT`. Default: `ws://127.0.0.1:8765`.
     pub listen: Option<String>,
+    /// gRPC listener, `HOST:PORT`. Default: none.
+    pub grpc_listen: Option<String>,
     /// How long a disconnected session waits for a resume. Default: `10s`.
     pub detach_ttl: Option<String>,
     /// Open connections (websocket + HTTP). Default: 16384.
     pub max_connections: Option<usize>,
-    /// Sessions in the registry, attached or detached. Default: 16384.
+    /// Sessions in the registry over all tenants. Default: 16384.
     pub max_sessions: Option<usize>,
     /// Concurrent requests per connection. Default: 64.
     pub max_in_flight_per_connection: Option<usize>,
@@ -50,25 +58,84 @@ pub struct ServerConfig {
     pub shutdown_grace: Option<String>,
 }
 
-/// `[exec]`
+/// `[exec]`: gateway-wide process settings.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecConfig {
-    /// Confine fs paths and process cwds under this directory. Default: none
-    /// (the whole host, as the reference).
-    pub root: Option<PathBuf>,
-    /// Running processes in the gateway. Default: 1024.
+    /// Running processes over all tenants; past it, starts are shed (-32001). Default: 4096.
     pub max_processes: Option<usize>,
-    /// Base environment for `envPolicy`. Default: PATH, HOME, LANG, SHELL, TMPDIR.
-    pub base_env: Option<HashMap<String, String>>,
     /// How long a closed process stays readable (and its id taken). Default: `30s`.
     pub exited_retention: Option<String>,
 }
 
-/// Validated settings.
+/// `[auth]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Claim naming the tenant. Default: `tenant`.
+    pub tenant_claim: Option<String>,
+    /// Claim holding scopes, space-separated or an array. Default: `scope`.
+    pub scopes_claim: Option<String>,
+    /// When set, tokens must carry this `iss`.
+    pub issuer: Option<String>,
+    /// When set, tokens must carry this `aud`.
+    pub audience: Option<String>,
+    /// Clock skew allowed on `exp`/`nbf`, at most `30s`. Default: `5s`.
+    pub leeway: Option<String>,
+    /// Minimum time between JWKS refreshes caused by an unknown `kid`. Default: `30s`.
+    pub jwks_refresh_interval: Option<String>,
+    /// Verification keys; the algorithm always comes from here, never from a token.
+    #[serde(default)]
+    pub keys: Vec<KeyConfig>,
+}
+
+/// `[[auth.keys]]`: exactly one of the four sources.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// HS256/384/512, RS256/384/512, PS256, ES256/384, EdDSA.
+    pub algorithm: String,
+    /// Key id; a token naming a `kid` must match it.
+    pub kid: Option<String>,
+    /// HS*: the secret is the file's bytes, one trailing newline trimmed, ≥ 32 bytes.
+    pub secret_file: Option<PathBuf>,
+    /// RS*/PS*/ES*/EdDSA: a PEM public key.
+    pub public_key_file: Option<PathBuf>,
+    /// A JWK set on disk.
+    pub jwks_file: Option<PathBuf>,
+    /// A JWK set fetched over HTTP(S), cached by `kid`.
+    pub jwks_url: Option<String>,
+}
+
+/// `[tenants.NAME]`
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Directory every fs path and process `cwd` must lie inside. Required;
+    /// `/` means the whole host (no confinement).
+    pub root: Option<PathBuf>,
+    /// Sessions (attached or detached). Default: 64.
+    pub max_sessions: Option<usize>,
+    /// Running processes; a start past it gets -32006. Default: 128.
+    pub max_processes: Option<usize>,
+    /// Sustained request rate; past it, -32001. Default: 200.
+    pub requests_per_second: Option<u32>,
+    /// Requests allowed in a burst. Default: 2 × `requests_per_second`.
+    pub burst: Option<u32>,
+    /// Requests in flight; past it, -32001. Default: 64.
+    pub max_in_flight: Option<usize>,
+    /// Output bytes retained over all the tenant's processes; a start past
+    /// it gets -32006. Default: 256 MiB.
+    pub max_retained_output_bytes: Option<usize>,
+    /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
+    pub base_env: Option<HashMap<String, String>>,
+}
+
+/// Validated gateway-wide settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
+    pub grpc_listen: Option<SocketAddr>,
     pub detach_ttl: Duration,
     pub max_connections: usize,
     pub max_sessions: usize,
@@ -78,13 +145,46 @@ pub struct Settings {
     pub max_message_bytes: usize,
     pub slow_client_timeout: Duration,
     pub shutdown_grace: Duration,
-    pub root: Option<PathBuf>,
     pub max_processes: usize,
-    pub base_env: HashMap<String, String>,
     pub exited_retention: Duration,
+    pub auth: AuthSettings,
+    pub tenants: BTreeMap<String, TenantSettings>,
+}
+
+/// Validated `[auth]`.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    pub tenant_claim: String,
+    pub scopes_claim: String,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Duration,
+    pub jwks_refresh_interval: Duration,
+    pub keys: Vec<KeyConfig>,
+}
+
+/// Validated `[tenants.NAME]`.
+#[derive(Debug, Clone)]
+pub struct TenantSettings {
+    pub name: String,
+    /// `None` = the whole host.
+    pub root: Option<PathBuf>,
+    pub max_sessions: usize,
+    pub max_processes: usize,
+    pub requests_per_second: u32,
+    pub burst: u32,
+    pub max_in_flight: usize,
+    pub max_retained_output_bytes: usize,
+    pub base_env: HashMap<String, String>,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
+/// The name of the embedded configuration's tenant.
+pub const DEFAULT_TENANT: &str = "default";
+/// Largest leeway accepted on `exp`/`nbf`.
+pub const MAX_LEEWAY: Duration = Duration::from_secs(30);
+/// Shortest accepted HS* secret.
+pub const MIN_HMAC_SECRET_BYTES: usize = 32;
 
 /// Parse `ws://IP:PORT` with the reference's error texts.
 pub fn parse_listen(url: &str) -> Result<SocketAddr, ConfigError> {
@@ -131,6 +231,53 @@ fn default_base_env(home: &Path) -> HashMap<String, String> {
     .collect()
 }
 
+/// `$XDG_STATE_HOME/exec-gateway`, else `~/.local/state/exec-gateway`.
+pub fn state_dir() -> Result<PathBuf, ConfigError> {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("exec-gateway"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| ConfigError("neither XDG_STATE_HOME nor HOME is set".to_owned()))?;
+    Ok(PathBuf::from(home).join(".local/state/exec-gateway"))
+}
+
+/// The embedded default's HS256 key: created (32 random bytes, hex, mode
+/// 0600) on first use, then reused.
+pub fn default_key_file() -> Result<PathBuf, ConfigError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let dir = state_dir()?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| ConfigError(format!("cannot create {}: {e}", dir.display())))?;
+    let path = dir.join("hs256.key");
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| ConfigError(format!("no randomness: {e}")))?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(mut f) => {
+            f.write_all(format!("{hex}\n").as_bytes())
+                .map_err(|e| ConfigError(format!("cannot write {}: {e}", path.display())))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(ConfigError(format!(
+                "cannot create {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    Ok(path)
+}
+
 impl Config {
     /// Read and parse a TOML file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -145,31 +292,55 @@ impl Config {
         })
     }
 
+    /// The embedded default: tenant `default` rooted at `root`, HS256 key
+    /// from the state directory, loopback listener.
+    pub fn embedded(root: &Path) -> Result<Config, ConfigError> {
+        let key = default_key_file()?;
+        let mut tenants = BTreeMap::new();
+        tenants.insert(
+            DEFAULT_TENANT.to_owned(),
+            TenantConfig {
+                root: Some(root.to_path_buf()),
+                ..TenantConfig::default()
+            },
+        );
+        Ok(Config {
+            auth: AuthConfig {
+                keys: vec![KeyConfig {
+                    algorithm: "HS256".to_owned(),
+                    secret_file: Some(key),
+                    ..KeyConfig::default()
+                }],
+                ..AuthConfig::default()
+            },
+            tenants,
+            ..Config::default()
+        })
+    }
+
     /// Validate into settings.
     pub fn validate(self) -> Result<Settings, ConfigError> {
         let s = self.server;
         let listen = parse_listen(s.listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
-        let root = match self.exec.root {
+        let grpc_listen = match &s.grpc_listen {
             None => None,
-            Some(r) => {
-                if !r.is_absolute() {
-                    return Err(ConfigError(format!(
-                        "exec.root must be absolute: {}",
-                        r.display()
-                    )));
-                }
-                if !r.is_dir() {
-                    return Err(ConfigError(format!(
-                        "exec.root is not a directory: {}",
-                        r.display()
-                    )));
-                }
-                Some(crate::fs::normalize(&r))
-            }
+            Some(a) => Some(a.parse().map_err(|_| {
+                ConfigError(format!("server.grpc_listen: expected HOST:PORT, got `{a}`"))
+            })?),
         };
-        let home = root.clone().unwrap_or_else(|| PathBuf::from("/tmp"));
+        let auth = validate_auth(self.auth)?;
+        if self.tenants.is_empty() {
+            return Err(ConfigError(
+                "no tenants configured: add at least one [tenants.NAME] with a root".to_owned(),
+            ));
+        }
+        let mut tenants = BTreeMap::new();
+        for (name, t) in self.tenants {
+            tenants.insert(name.clone(), validate_tenant(&name, t)?);
+        }
         Ok(Settings {
             listen,
+            grpc_listen,
             detach_ttl: duration(
                 "server.detach_ttl",
                 s.detach_ttl.as_deref(),
@@ -203,24 +374,141 @@ impl Config {
                 s.shutdown_grace.as_deref(),
                 Duration::from_secs(5),
             )?,
-            root,
-            max_processes: positive("exec.max_processes", self.exec.max_processes, 1024)?,
+            max_processes: positive("exec.max_processes", self.exec.max_processes, 4096)?,
             exited_retention: duration(
                 "exec.exited_retention",
                 self.exec.exited_retention.as_deref(),
                 crate::exec::EXITED_PROCESS_RETENTION,
             )?,
-            base_env: self
-                .exec
-                .base_env
-                .unwrap_or_else(|| default_base_env(&home)),
+            auth,
+            tenants,
         })
     }
+}
+
+fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
+    let leeway = duration("auth.leeway", a.leeway.as_deref(), Duration::from_secs(5))?;
+    if leeway > MAX_LEEWAY {
+        return Err(ConfigError(format!(
+            "auth.leeway must be at most {}s",
+            MAX_LEEWAY.as_secs()
+        )));
+    }
+    if a.keys.is_empty() {
+        return Err(ConfigError(
+            "auth.keys is empty: configure at least one [[auth.keys]] (the gateway never runs unauthenticated)".to_owned(),
+        ));
+    }
+    for (i, k) in a.keys.iter().enumerate() {
+        let sources = [
+            k.secret_file.is_some(),
+            k.public_key_file.is_some(),
+            k.jwks_file.is_some(),
+            k.jwks_url.is_some(),
+        ]
+        .iter()
+        .filter(|x| **x)
+        .count();
+        if sources != 1 {
+            return Err(ConfigError(format!(
+                "auth.keys[{i}]: give exactly one of secret_file, public_key_file, jwks_file, jwks_url"
+            )));
+        }
+        crate::auth::parse_algorithm(&k.algorithm)
+            .map_err(|e| ConfigError(format!("auth.keys[{i}]: {e}")))?;
+        let hmac = k.algorithm.starts_with("HS");
+        if hmac != k.secret_file.is_some() {
+            return Err(ConfigError(format!(
+                "auth.keys[{i}]: {} {}",
+                k.algorithm,
+                if hmac {
+                    "needs secret_file"
+                } else {
+                    "needs a public key, not secret_file"
+                }
+            )));
+        }
+    }
+    Ok(AuthSettings {
+        tenant_claim: a.tenant_claim.unwrap_or_else(|| "tenant".to_owned()),
+        scopes_claim: a.scopes_claim.unwrap_or_else(|| "scope".to_owned()),
+        issuer: a.issuer,
+        audience: a.audience,
+        leeway,
+        jwks_refresh_interval: duration(
+            "auth.jwks_refresh_interval",
+            a.jwks_refresh_interval.as_deref(),
+            Duration::from_secs(30),
+        )?,
+        keys: a.keys,
+    })
+}
+
+fn validate_tenant(name: &str, t: TenantConfig) -> Result<TenantSettings, ConfigError> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err(ConfigError(format!(
+            "tenant name `{name}`: use letters, digits, '-', '_' or '.'"
+        )));
+    }
+    let root = t
+        .root
+        .ok_or_else(|| ConfigError(format!("tenants.{name}.root is required")))?;
+    if !root.is_absolute() {
+        return Err(ConfigError(format!(
+            "tenants.{name}.root must be absolute: {}",
+            root.display()
+        )));
+    }
+    if !root.is_dir() {
+        return Err(ConfigError(format!(
+            "tenants.{name}.root is not a directory: {}",
+            root.display()
+        )));
+    }
+    let root = crate::fs::normalize(&root);
+    let rps = t.requests_per_second.unwrap_or(200);
+    if rps == 0 {
+        return Err(ConfigError(format!(
+            "tenants.{name}.requests_per_second must be at least 1"
+        )));
+    }
+    let p = |field: &str, v: Option<usize>, d: usize| {
+        positive(&format!("tenants.{name}.{field}"), v, d)
+    };
+    Ok(TenantSettings {
+        name: name.to_owned(),
+        base_env: t.base_env.unwrap_or_else(|| default_base_env(&root)),
+        root: (root != Path::new("/")).then_some(root),
+        max_sessions: p("max_sessions", t.max_sessions, 64)?,
+        max_processes: p("max_processes", t.max_processes, 128)?,
+        requests_per_second: rps,
+        burst: t.burst.unwrap_or(rps.saturating_mul(2)).max(1),
+        max_in_flight: p("max_in_flight", t.max_in_flight, 64)?,
+        max_retained_output_bytes: p(
+            "max_retained_output_bytes",
+            t.max_retained_output_bytes,
+            256 * 1024 * 1024,
+        )?,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn minimal(extra: &str) -> String {
+        let dir = std::env::temp_dir();
+        let key = dir.join("exec-gateway-config-test.key");
+        std::fs::write(&key, "k".repeat(40)).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n[tenants.a]\nroot = \"/tmp\"\n{extra}",
+            key.display()
+        )
+    }
 
     #[test]
     fn listen_urls() {
@@ -242,17 +530,40 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(toml::from_str::<Config>("[server]\nlisen = \"x\"").is_err());
-        let c: Config = toml::from_str("[server]\ndetach_ttl = \"soon\"").unwrap();
+        let c: Config = toml::from_str(&minimal("[server]\ndetach_ttl = \"soon\"")).unwrap();
         assert!(c.validate().unwrap_err().0.contains("server.detach_ttl"));
-        let c: Config = toml::from_str("[server]\nmax_in_flight = 0").unwrap();
+        let c: Config = toml::from_str(&minimal("[server]\nmax_in_flight = 0")).unwrap();
         assert!(c.validate().is_err());
+        let c: Config = toml::from_str(&minimal("[auth]\nleeway = \"60s\"")).unwrap();
+        assert!(c.validate().unwrap_err().0.contains("leeway"));
+    }
+
+    #[test]
+    fn auth_and_tenants_are_required() {
+        let c: Config = toml::from_str("[tenants.a]\nroot = \"/tmp\"").unwrap();
+        assert!(c.validate().unwrap_err().0.contains("auth.keys"));
+        let key = std::env::temp_dir().join("exec-gateway-config-test2.key");
+        std::fs::write(&key, "k".repeat(40)).unwrap();
+        let c: Config = toml::from_str(&format!(
+            "[[auth.keys]]\nalgorithm = \"RS256\"\nsecret_file = \"{}\"\n[tenants.a]\nroot = \"/tmp\"",
+            key.display()
+        ))
+        .unwrap();
+        assert!(c.validate().unwrap_err().0.contains("public key"));
+        let c: Config = toml::from_str(&minimal("[tenants.b]\nmax_sessions = 1")).unwrap();
+        assert!(c.validate().unwrap_err().0.contains("tenants.b.root"));
     }
 
     #[test]
     fn defaults() {
-        let s = Config::default().validate().unwrap();
+        let s: Config = toml::from_str(&minimal("")).unwrap();
+        let s = s.validate().unwrap();
         assert_eq!(s.detach_ttl, Duration::from_secs(10));
         assert_eq!(s.listen.to_string(), "127.0.0.1:8765");
-        assert!(s.base_env.contains_key("PATH"));
+        let t = &s.tenants["a"];
+        assert_eq!(t.root.as_deref(), Some(Path::new("/tmp")));
+        assert_eq!(t.burst, 400);
+        assert_eq!(t.base_env["HOME"], "/tmp");
+        assert_eq!(s.auth.tenant_claim, "tenant");
     }
 }

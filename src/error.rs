@@ -63,6 +63,12 @@ pub enum GatewayError {
     Internal(String),
     #[error("Server overloaded; retry later.")]
     Overloaded,
+    /// -32001 from a rate limit, with when to retry.
+    #[error("Server overloaded; retry later.")]
+    RateLimited { retry_after_ms: u64 },
+    /// -32003 "forbidden": the token lacks the scope this method needs.
+    #[error("forbidden")]
+    MissingScope(&'static str),
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
@@ -88,7 +94,8 @@ impl GatewayError {
             GatewayError::InvalidParams(_) => ErrorKind::InvalidParams,
             GatewayError::NotFound(_) => ErrorKind::NotFound,
             GatewayError::Internal(_) => ErrorKind::Internal,
-            GatewayError::Overloaded => ErrorKind::Overloaded,
+            GatewayError::Overloaded | GatewayError::RateLimited { .. } => ErrorKind::Overloaded,
+            GatewayError::MissingScope(_) => ErrorKind::Forbidden,
             GatewayError::Unauthenticated(_) => ErrorKind::Unauthenticated,
             GatewayError::Forbidden(_) => ErrorKind::Forbidden,
             GatewayError::DeadlineExceeded => ErrorKind::DeadlineExceeded,
@@ -98,6 +105,23 @@ impl GatewayError {
     }
 
     /// The JSON-RPC error object for this error: the one table.
+    /// A short label for metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self.kind() {
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::MethodNotFound => "method_not_found",
+            ErrorKind::InvalidParams => "invalid_params",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::DeadlineExceeded => "deadline_exceeded",
+            ErrorKind::QuotaExceeded => "quota_exceeded",
+            ErrorKind::Draining => "draining",
+        }
+    }
+
     pub fn to_jsonrpc(&self) -> ErrorObject {
         let code = match self.kind() {
             ErrorKind::InvalidRequest => code::INVALID_REQUEST,
@@ -123,6 +147,10 @@ impl GatewayError {
                 None => json!({"quota": quota, "limit": limit}),
             }),
             GatewayError::Draining => Some(json!({"reason": "serverShuttingDown"})),
+            GatewayError::RateLimited { retry_after_ms } => {
+                Some(json!({"reason": "rateLimited", "retryAfterMs": retry_after_ms}))
+            }
+            GatewayError::MissingScope(scope) => Some(json!({"requiredScope": scope})),
             _ => None,
         };
         ErrorObject {

@@ -16,16 +16,20 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Authenticator;
 use crate::config::{ConfigError, Settings};
-use crate::exec::ExecSettings;
 use crate::exec::reaper::Reaper;
-use crate::fs::FsRoot;
+use crate::metrics::Metrics;
 use crate::middleware::{self, RpcService, StackSettings};
 use crate::session::SessionRegistry;
+use crate::tenant::Tenants;
 
 /// Shared state of one gateway process.
 pub struct Gateway {
     pub settings: Arc<Settings>,
+    pub auth: Authenticator,
+    pub tenants: Tenants,
+    pub metrics: Arc<Metrics>,
     pub sessions: Arc<SessionRegistry>,
     pub stack: RpcService,
     /// Cancelled when listeners must stop and connections close.
@@ -39,27 +43,24 @@ impl Gateway {
         settings: Settings,
         reaper: Option<Arc<Reaper>>,
     ) -> Result<Arc<Gateway>, ConfigError> {
-        let fs = match &settings.root {
-            None => FsRoot::Host,
-            Some(root) => FsRoot::confined(root)
-                .map_err(|e| ConfigError(format!("cannot open root {}: {e}", root.display())))?,
-        };
-        let mut exec = ExecSettings::new(settings.max_processes, settings.base_env.clone());
-        exec.reaper = reaper.clone();
-        exec.exited_retention = settings.exited_retention;
-        let exec = Arc::new(exec);
-        let sessions = SessionRegistry::new(
-            settings.detach_ttl,
-            settings.max_sessions,
-            exec,
-            Arc::new(fs),
+        let metrics = Arc::new(Metrics::new());
+        let global_slots = Arc::new(tokio::sync::Semaphore::new(settings.max_processes));
+        let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots)?;
+        let auth = Authenticator::new(&settings.auth, tenants.names().cloned().collect())
+            .map_err(ConfigError)?;
+        let sessions = SessionRegistry::new(settings.detach_ttl, settings.max_sessions);
+        let stack = middleware::stack(
+            &StackSettings {
+                max_in_flight: settings.max_in_flight,
+                request_timeout: settings.request_timeout,
+            },
+            metrics.clone(),
         );
-        let stack = middleware::stack(&StackSettings {
-            max_in_flight: settings.max_in_flight,
-            request_timeout: settings.request_timeout,
-        });
         Ok(Arc::new(Gateway {
             settings: Arc::new(settings),
+            auth,
+            tenants,
+            metrics,
             sessions,
             stack,
             stopped: CancellationToken::new(),
@@ -74,25 +75,13 @@ impl Gateway {
 
     /// Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
-        format!(
-            "# HELP exec_gateway_sessions Sessions in the registry.\n\
-             # TYPE exec_gateway_sessions gauge\n\
-             exec_gateway_sessions {}\n\
-             # HELP exec_gateway_processes_running Processes not yet closed.\n\
-             # TYPE exec_gateway_processes_running gauge\n\
-             exec_gateway_processes_running {}\n\
-             # HELP exec_gateway_draining 1 while shutting down.\n\
-             # TYPE exec_gateway_draining gauge\n\
-             exec_gateway_draining {}\n",
-            self.sessions.len(),
-            self.sessions.live_processes(),
-            u8::from(self.draining()),
-        )
+        self.metrics.encode()
     }
 
     /// Steps 1–4 of the shutdown order.
     pub async fn shut_down(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        self.metrics.draining.set(1);
         let grace = self.settings.shutdown_grace;
         let deadline = tokio::time::Instant::now() + grace;
         while self.sessions.live_processes() > 0 && tokio::time::Instant::now() < deadline {
@@ -125,10 +114,27 @@ pub async fn run_ws(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futu
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-/// Serve one stdio session, then kill what it left.
-pub async fn run_stdio(gw: Arc<Gateway>, shutdown: impl Future<Output = ()>) {
-    let session =
-        crate::transport::stdio::serve(tokio::io::stdin(), tokio::io::stdout(), gw.clone());
+/// Serve one stdio session, then kill what it left. The token comes from
+/// `EXEC_GATEWAY_TOKEN`; a missing or bad one fails `initialize` with -32002.
+pub async fn run_stdio(
+    gw: Arc<Gateway>,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let principal = match token {
+        None => Err(crate::auth::AuthError::Missing),
+        Some(t) => gw.auth.verify(&t).await,
+    };
+    if let Err(e) = &principal {
+        gw.metrics.auth_failure(e.reason());
+        tracing::warn!(reason = e.reason(), "stdio token refused");
+    }
+    let session = crate::transport::stdio::serve(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        gw.clone(),
+        principal.map(Arc::new),
+    );
     tokio::select! {
         () = session => {}
         () = shutdown => {}

@@ -3,21 +3,24 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
 use crate::dispatch::Dispatch;
 use crate::error::GatewayError;
+use crate::metrics::{Metrics, QuotaLabels, RequestLabels, ShedLabels};
 use crate::rpc::{Call, Reply, RpcRequest};
 
 /// The service type every transport calls.
 pub type RpcService = BoxCloneSyncService<RpcRequest, Reply, GatewayError>;
 
-/// Limits the stack enforces.
+/// Limits the stack enforces gateway-wide (per-tenant ones live on the tenant).
 #[derive(Debug, Clone)]
 pub struct StackSettings {
     /// Calls in flight in this gateway before new ones are shed (-32001).
@@ -27,25 +30,40 @@ pub struct StackSettings {
 }
 
 /// Build the stack.
-pub fn stack(settings: &StackSettings) -> RpcService {
+pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
     let svc = ServiceBuilder::new()
-        // Outermost: the span covers everything below, including shedding,
-        // so a shed or timed-out call is still traced with its method.
+        // Outermost: one span per call covering everything below, so a call
+        // refused by any layer is still traced with its method and tenant.
         .layer(TraceLayer)
+        // Counts every outcome (ok, or the error kind), refusals included,
+        // labelled by the (configured, hence bounded) tenant name.
+        .layer(MetricsLayer {
+            metrics: metrics.clone(),
+        })
         // Recover sits above every layer that fails with a BoxError and
-        // turns them into typed GatewayErrors; nothing below it needs to know
-        // wire codes, nothing above it sees a BoxError.
+        // turns them into typed GatewayErrors; nothing above it sees a BoxError.
         .map_err(recover)
-        // Shed instead of queueing: when the in-flight limit below is full,
-        // answer -32001 at once so a client retries elsewhere (no unbounded queue).
+        // Gateway-wide protection first: shed at once (-32001) rather than
+        // queue when the gateway's in-flight limit is full.
         .load_shed()
-        // Bound the gateway's in-flight calls (fs work and long-polls included).
         .concurrency_limit(settings.max_in_flight)
-        // Innermost: the deadline applies to the handler's own work only, so
-        // time spent shedding is never charged against it.
+        // Authorize by scope before spending anything of the tenant's:
+        // a forbidden call must not eat its rate budget.
+        .layer(AdmitLayer::new(authorize))
+        // Per-tenant rate (governor, keyed by the tenant through its own
+        // limiter): one tenant's flood cannot take another's budget.
+        .layer(AdmitLayer::new(rate_limit(metrics.clone())))
+        // Per-tenant in-flight bound with shedding: the permit is held for
+        // the call, so a tenant's slow calls only fill its own slots.
+        .layer(AdmitLayer::new(tenant_concurrency(metrics.clone())))
+        // Quota refusals are counted where they are decided (handlers), here.
+        .layer(QuotaCountLayer { metrics })
+        // The deadline applies to the handler's own work only, so time spent
+        // above is never charged against it.
         .layer(DeadlineLayer {
             timeout: settings.request_timeout,
         })
+        // Innermost: the tenant's handlers (the session carries the tenant).
         .service(Dispatch);
     BoxCloneSyncService::new(svc)
 }
@@ -58,6 +76,258 @@ fn recover(e: BoxError) -> GatewayError {
             tracing::error!(error = %e, "unexpected error in the stack");
             GatewayError::Internal("internal error".to_owned())
         }
+    }
+}
+
+type Guard = Option<OwnedSemaphorePermit>;
+
+fn authorize(req: &RpcRequest) -> Result<Guard, GatewayError> {
+    match req.call.required_scope() {
+        Some(scope) if !scope.granted(&req.ctx.principal.scopes) => {
+            Err(GatewayError::MissingScope(scope.name()))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn rate_limit(
+    metrics: Arc<Metrics>,
+) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
+    move |req| {
+        let tenant = &req.ctx.session.tenant;
+        match tenant.limiter.check() {
+            Ok(()) => Ok(None),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                    &governor::clock::DefaultClock::default(),
+                ));
+                metrics
+                    .shed
+                    .get_or_create(&ShedLabels {
+                        tenant: tenant.name.to_string(),
+                        reason: "rate".to_owned(),
+                    })
+                    .inc();
+                Err(GatewayError::RateLimited {
+                    retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
+                })
+            }
+        }
+    }
+}
+
+fn tenant_concurrency(
+    metrics: Arc<Metrics>,
+) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
+    move |req| {
+        let tenant = &req.ctx.session.tenant;
+        match tenant.in_flight.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => {
+                metrics
+                    .shed
+                    .get_or_create(&ShedLabels {
+                        tenant: tenant.name.to_string(),
+                        reason: "tenant_concurrency".to_owned(),
+                    })
+                    .inc();
+                Err(GatewayError::Overloaded)
+            }
+        }
+    }
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<Reply, GatewayError>> + Send>>;
+
+// === Admit ===
+
+/// Runs a check before the inner service; on success holds the returned
+/// guard (if any) until the call completes.
+#[derive(Clone)]
+pub struct AdmitLayer<F> {
+    check: F,
+}
+
+impl<F> AdmitLayer<F> {
+    pub fn new(check: F) -> Self {
+        Self { check }
+    }
+}
+
+impl<S, F: Clone> Layer<S> for AdmitLayer<F> {
+    type Service = Admit<S, F>;
+    fn layer(&self, inner: S) -> Admit<S, F> {
+        Admit {
+            inner,
+            check: self.check.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Admit<S, F> {
+    inner: S,
+    check: F,
+}
+
+impl<S, F> Service<RpcRequest> for Admit<S, F>
+where
+    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    F: Fn(&RpcRequest) -> Result<Guard, GatewayError>,
+{
+    type Response = Reply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: RpcRequest) -> Self::Future {
+        match (self.check)(&req) {
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+            Ok(guard) => {
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(async move {
+                    let result = inner.call(req).await;
+                    drop(guard);
+                    result
+                })
+            }
+        }
+    }
+}
+
+// === Metrics ===
+
+#[derive(Clone)]
+pub struct MetricsLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Layer<S> for MetricsLayer {
+    type Service = MetricsSvc<S>;
+    fn layer(&self, inner: S) -> MetricsSvc<S> {
+        MetricsSvc {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct MetricsSvc<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Service<RpcRequest> for MetricsSvc<S>
+where
+    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: RpcRequest) -> Self::Future {
+        let method = req.call.method();
+        let tenant = req.ctx.session.tenant.name.clone();
+        let metrics = self.metrics.clone();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let result = inner.call(req).await;
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(e) => e.outcome(),
+            };
+            metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    tenant: tenant.to_string(),
+                    method: method.to_owned(),
+                    outcome: outcome.to_owned(),
+                })
+                .inc();
+            result
+        })
+    }
+}
+
+// === QuotaCount ===
+
+/// Counts -32006 refusals by tenant and quota name.
+#[derive(Clone)]
+pub struct QuotaCountLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Layer<S> for QuotaCountLayer {
+    type Service = QuotaCount<S>;
+    fn layer(&self, inner: S) -> QuotaCount<S> {
+        QuotaCount {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct QuotaCount<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Service<RpcRequest> for QuotaCount<S>
+where
+    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: RpcRequest) -> Self::Future {
+        let tenant = req.ctx.session.tenant.name.clone();
+        let metrics = self.metrics.clone();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let result = inner.call(req).await;
+            match &result {
+                Err(GatewayError::QuotaExceeded { quota, .. }) => {
+                    metrics
+                        .quota_refused
+                        .get_or_create(&QuotaLabels {
+                            tenant: tenant.to_string(),
+                            quota: (*quota).to_owned(),
+                        })
+                        .inc();
+                }
+                Err(GatewayError::Overloaded) => {
+                    metrics
+                        .shed
+                        .get_or_create(&ShedLabels {
+                            tenant: tenant.to_string(),
+                            reason: "gateway_processes".to_owned(),
+                        })
+                        .inc();
+                }
+                _ => {}
+            }
+            result
+        })
     }
 }
 
@@ -86,7 +356,7 @@ where
 {
     type Response = Reply;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<Reply, GatewayError>> + Send>>;
+    type Future = BoxFut;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -94,8 +364,12 @@ where
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let method = req.call.method();
-        let span =
-            tracing::debug_span!("rpc", rpc.method = method, session.id = %req.ctx.session.id);
+        let span = tracing::debug_span!(
+            "rpc",
+            rpc.method = method,
+            tenant = %req.ctx.session.tenant.name,
+            session.id = %req.ctx.session.id
+        );
         // Clone-and-swap: the ready service handles this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -146,7 +420,7 @@ where
 {
     type Response = Reply;
     type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<Reply, GatewayError>> + Send>>;
+    type Future = BoxFut;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

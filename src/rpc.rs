@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Principal, Scopes};
 use crate::error::GatewayError;
 use crate::protocol::Empty;
 use crate::protocol::fs::{
@@ -163,10 +164,67 @@ impl Call {
     }
 }
 
+/// The scope a call needs (PROTOCOL.md §G.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Exec,
+    FsRead,
+    FsWrite,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Exec => "exec",
+            Scope::FsRead => "fs:read",
+            Scope::FsWrite => "fs:write",
+        }
+    }
+
+    pub fn granted(self, scopes: &Scopes) -> bool {
+        match self {
+            Scope::Exec => scopes.exec,
+            Scope::FsRead => scopes.fs_read,
+            Scope::FsWrite => scopes.fs_write,
+        }
+    }
+}
+
+impl Call {
+    /// The scope this call requires; `None` for session management.
+    pub fn required_scope(&self) -> Option<Scope> {
+        match self {
+            Call::Initialize(_) => None,
+            Call::ProcessStart(_)
+            | Call::ProcessRead(_)
+            | Call::ProcessWrite(_)
+            | Call::ProcessTerminate(_)
+            | Call::ProcessSignal(_)
+            | Call::ProcessResize(_)
+            | Call::ProcessCloseStdin(_)
+            | Call::ProcessList
+            | Call::CommandExec(_)
+            | Call::CommandExecWrite(_)
+            | Call::CommandExecTerminate(_)
+            // Executor-side HTTP runs on the executor like a process would.
+            | Call::HttpRequest => Some(Scope::Exec),
+            Call::FsReadFile(_) | Call::FsGetMetadata(_) | Call::FsReadDirectory(_) => {
+                Some(Scope::FsRead)
+            }
+            Call::FsWriteFile(_)
+            | Call::FsCreateDirectory(_)
+            | Call::FsRemove(_)
+            | Call::FsCopy(_) => Some(Scope::FsWrite),
+        }
+    }
+}
+
 /// Everything a handler needs besides the call.
 #[derive(Clone)]
 pub struct RequestContext {
-    /// The session the calling connection holds.
+    /// Who is calling (from the JWT).
+    pub principal: Arc<Principal>,
+    /// The session the calling connection holds (it belongs to the principal's tenant).
     pub session: Arc<Session>,
     /// Cancelled when another connection takes the session over.
     pub evicted: CancellationToken,

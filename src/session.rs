@@ -13,13 +13,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::error::GatewayError;
-use crate::exec::{ExecSettings, ProcessTable};
+use crate::exec::ProcessTable;
 use crate::fs::FsRoot;
 use crate::outbound::{AttachToken, Attachment, Outbound};
+use crate::tenant::Tenant;
 
-/// One session.
+/// One session, owned by one tenant.
 pub struct Session {
     pub id: String,
+    pub tenant: Arc<Tenant>,
     pub processes: Arc<ProcessTable>,
     pub attachment: Arc<Attachment>,
     pub fs: Arc<FsRoot>,
@@ -32,24 +34,15 @@ pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     detach_ttl: Duration,
     max_sessions: usize,
-    exec: Arc<ExecSettings>,
-    fs: Arc<FsRoot>,
     next_generation: AtomicU64,
 }
 
 impl SessionRegistry {
-    pub fn new(
-        detach_ttl: Duration,
-        max_sessions: usize,
-        exec: Arc<ExecSettings>,
-        fs: Arc<FsRoot>,
-    ) -> Arc<Self> {
+    pub fn new(detach_ttl: Duration, max_sessions: usize) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detach_ttl,
             max_sessions,
-            exec,
-            fs,
             next_generation: AtomicU64::new(1),
         })
     }
@@ -62,18 +55,22 @@ impl SessionRegistry {
         self.len() == 0
     }
 
-    /// `initialize`: create a session, or resume a detached one.
+    /// `initialize`: create a session for `tenant`, or resume one of its
+    /// detached sessions. Another tenant's session id fails exactly like an
+    /// unknown one, so ids cannot be probed across tenants.
     pub fn initialize(
         &self,
+        tenant: &Arc<Tenant>,
         resume: Option<&str>,
         outbound: Outbound,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = resume {
-            let session =
-                self.sessions.lock().get(id).cloned().ok_or_else(|| {
-                    GatewayError::InvalidRequest(format!("unknown session id {id}"))
-                })?;
+            let unknown = || GatewayError::InvalidRequest(format!("unknown session id {id}"));
+            let session = self.sessions.lock().get(id).cloned().ok_or_else(unknown)?;
+            if !Arc::ptr_eq(&session.tenant, tenant) {
+                return Err(unknown());
+            }
             if session.attachment.is_attached() {
                 return Err(GatewayError::InvalidRequest(format!(
                     "session {id} is already attached to another connection"
@@ -85,18 +82,24 @@ impl SessionRegistry {
         }
         let mut sessions = self.sessions.lock();
         if sessions.len() >= self.max_sessions {
+            // The gateway as a whole is full: load, not this tenant's quota.
+            return Err(GatewayError::Overloaded);
+        }
+        if !tenant.try_add_session() {
             return Err(GatewayError::QuotaExceeded {
                 quota: "sessions",
-                limit: self.max_sessions as u64,
+                limit: tenant.settings.max_sessions as u64,
                 retry_after_ms: None,
             });
         }
+        tenant.metrics.sessions.inc();
         let attachment = Arc::new(Attachment::default());
         let session = Arc::new(Session {
             id: uuid::Uuid::new_v4().to_string(),
-            processes: ProcessTable::new(attachment.clone(), self.exec.clone()),
+            tenant: tenant.clone(),
+            processes: ProcessTable::new(attachment.clone(), tenant.exec.clone()),
             attachment,
-            fs: self.fs.clone(),
+            fs: tenant.fs.clone(),
             epoch: AtomicU64::new(0),
         });
         let token = session.attachment.attach(generation, outbound);
@@ -137,6 +140,8 @@ impl SessionRegistry {
         };
         if removed.is_some() {
             session.attachment.evict_all();
+            session.tenant.remove_session();
+            session.tenant.metrics.sessions.dec();
         }
         session.processes.kill_all();
     }
@@ -146,6 +151,8 @@ impl SessionRegistry {
         let all: Vec<Arc<Session>> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         for s in all {
             s.attachment.evict_all();
+            s.tenant.remove_session();
+            s.tenant.metrics.sessions.dec();
             s.processes.kill_all();
         }
     }

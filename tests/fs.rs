@@ -227,7 +227,14 @@ async fn confined_root_refuses_escapes() {
     std::os::unix::fs::symlink("../secret", root.join("rel-out")).unwrap();
     std::os::unix::fs::symlink("/proc/self/root/etc/passwd", root.join("proc-out")).unwrap();
     std::fs::write(root.join("ok"), b"fine").unwrap();
-    let gw = Gateway::start_with_args("", &["--root", root.to_str().unwrap()]);
+    let root_s = root.display().to_string();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"{root_s}\"\n",
+            dir.display()
+        )
+    });
     let (mut c, _) = gw.session().await;
     let r = root.display().to_string();
     let ok = c

@@ -19,12 +19,38 @@ struct Stdio1 {
     stdin: Option<ChildStdin>,
     lines: Receiver<Value>,
     pending: Vec<Value>,
+    _dir: tempfile::TempDir,
 }
 
 impl Stdio1 {
     fn start() -> Stdio1 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
-            .arg("stdio")
+        let dir = tempfile::tempdir().unwrap();
+        let secret = common::random_secret();
+        std::fs::write(dir.path().join("k"), &secret).unwrap();
+        let config = dir.path().join("c.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        Self::start_with(
+            &config,
+            Some(&common::mint(&secret, "t1", common::ALL_SCOPES)),
+            dir,
+        )
+    }
+
+    fn start_with(config: &std::path::Path, token: Option<&str>, dir: tempfile::TempDir) -> Stdio1 {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-gateway"));
+        cmd.arg("stdio").arg("--config").arg(config);
+        match token {
+            Some(t) => cmd.env("EXEC_GATEWAY_TOKEN", t),
+            None => cmd.env_remove("EXEC_GATEWAY_TOKEN"),
+        };
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -47,6 +73,7 @@ impl Stdio1 {
             stdin,
             lines: rx,
             pending: Vec::new(),
+            _dir: dir,
         }
     }
 
@@ -223,5 +250,31 @@ fn stdio_errors_and_eof_kills_the_session() {
             "process survived stdio EOF"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn stdio_without_a_valid_token_fails_initialize_with_32002() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = common::random_secret();
+    std::fs::write(dir.path().join("k"), &secret).unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let forged = common::mint(&common::random_secret(), "t1", common::ALL_SCOPES);
+    for token in [None, Some(forged.as_str())] {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Stdio1::start_with(&config, token, d);
+        s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"t"}}"#);
+        let r = s.response(json!(1));
+        assert_eq!(r["error"]["code"], -32002, "{r}");
+        s.send(r#"{"id":2,"method":"process/list"}"#);
+        assert_eq!(s.response(json!(2))["error"]["code"], -32600);
     }
 }

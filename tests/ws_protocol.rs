@@ -236,9 +236,13 @@ async fn permessage_deflate_offer_is_declined_not_dropped() {
     let mut s = tokio::net::TcpStream::connect(&gw.addr)
         .await
         .expect("connect");
-    let req = "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-               Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
-               Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {}\r\n\
+         Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n",
+        gw.token("t1")
+    );
     s.write_all(req.as_bytes()).await.expect("write");
     let mut buf = vec![0u8; 1024];
     let n = tokio::time::timeout(EVENT_TIMEOUT, s.read(&mut buf))
@@ -261,7 +265,23 @@ async fn health_and_readiness_endpoints() {
     assert_eq!(gw.http_get("/readyz").await.0, 200);
     let (status, body) = gw.http_get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(body.contains("exec_gateway_sessions 0"), "{body}");
+    assert!(
+        body.contains("exec_gateway_sessions{tenant=\"t1\"} 0"),
+        "{body}"
+    );
+    let (mut c, _) = gw.session().await;
+    c.call("process/list", json!({})).await;
+    let (_, body) = gw.http_get("/metrics").await;
+    assert!(
+        body.contains("exec_gateway_sessions{tenant=\"t1\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "exec_gateway_requests_total{tenant=\"t1\",method=\"process/list\",outcome=\"ok\"} 1"
+        ),
+        "{body}"
+    );
     assert_eq!(gw.http_get("/nope").await.0, 404);
 }
 

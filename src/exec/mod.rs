@@ -17,6 +17,7 @@ pub mod spawn;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
+use crate::metrics::TenantMetrics;
 use crate::outbound::Attachment;
 use crate::protocol::process::{
     ExecParams, ExecResponse, ListResponse, ProcessInfo, ProcessOutputChunk, ProcessState,
@@ -61,6 +63,13 @@ pub struct ExecSettings {
     pub max_processes: usize,
     /// Kills live groups if the gateway dies (None in library use without one).
     pub reaper: Option<Arc<reaper::Reaper>>,
+    /// Gateway-wide running-process slots and their number (past it: -32001).
+    pub global_slots: Option<(Arc<Semaphore>, usize)>,
+    /// Output bytes retained over all the tenant's processes.
+    pub retained: Arc<AtomicUsize>,
+    /// Past this, new processes are refused with -32006.
+    pub max_retained_bytes: usize,
+    pub metrics: TenantMetrics,
 }
 
 impl ExecSettings {
@@ -72,6 +81,10 @@ impl ExecSettings {
             process_slots: Arc::new(Semaphore::new(max_processes)),
             max_processes,
             reaper: None,
+            global_slots: None,
+            retained: Arc::default(),
+            max_retained_bytes: usize::MAX,
+            metrics: TenantMetrics::detached("default"),
         }
     }
 }
@@ -142,6 +155,20 @@ pub struct Process {
     stdin: Stdin,
     master: Option<Mutex<Box<dyn MasterPty + Send>>>,
     write_ids: Mutex<WriteIds>,
+    output_bytes: prometheus_client::metrics::counter::Counter,
+}
+
+/// Slots a running process holds; released (and the gauge lowered) at close.
+struct ProcessPermits {
+    _tenant: OwnedSemaphorePermit,
+    _global: Option<OwnedSemaphorePermit>,
+    running: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for ProcessPermits {
+    fn drop(&mut self) {
+        self.running.dec();
+    }
 }
 
 impl Process {
@@ -185,6 +212,7 @@ impl Process {
     }
 
     async fn emit_output(&self, attachment: &Attachment, stream: StreamName, data: Bytes) {
+        self.output_bytes.inc_by(data.len() as u64);
         let seq = self.log.lock().push(stream, data.clone());
         self.changed.notify_waiters();
         attachment
@@ -314,16 +342,40 @@ impl ProcessTable {
         family: Family,
         retained_cap: Option<usize>,
     ) -> Result<Arc<Process>, GatewayError> {
-        let permit = self
-            .settings
+        let settings = &self.settings;
+        if settings.retained.load(Ordering::Relaxed) >= settings.max_retained_bytes {
+            // Retained output drains as closed processes are evicted.
+            return Err(GatewayError::QuotaExceeded {
+                quota: "retained_output_bytes",
+                limit: settings.max_retained_bytes as u64,
+                retry_after_ms: u64::try_from(settings.exited_retention.as_millis()).ok(),
+            });
+        }
+        let permit = settings
             .process_slots
             .clone()
             .try_acquire_owned()
             .map_err(|_| GatewayError::QuotaExceeded {
                 quota: "processes",
-                limit: self.settings.max_processes as u64,
+                limit: settings.max_processes as u64,
                 retry_after_ms: None,
             })?;
+        let global = match &settings.global_slots {
+            None => None,
+            // The gateway as a whole is full: load, not this tenant's quota.
+            Some((slots, _)) => Some(
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| GatewayError::Overloaded)?,
+            ),
+        };
+        let permit = ProcessPermits {
+            _tenant: permit,
+            _global: global,
+            running: settings.metrics.processes.clone(),
+        };
+        permit.running.inc();
         let spec = SpawnSpec {
             env: env::child_env(
                 &params.env,
@@ -343,7 +395,12 @@ impl ProcessTable {
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let table = Arc::downgrade(self);
         if params.tty {
+            let started = std::time::Instant::now();
             let child = spawn::spawn_pty(&spec).map_err(GatewayError::Internal)?;
+            self.settings
+                .metrics
+                .spawn_seconds
+                .observe(started.elapsed().as_secs_f64());
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let writer = Arc::new(Mutex::new(Some(child.writer)));
             let process = Arc::new(Process {
@@ -352,7 +409,7 @@ impl ProcessTable {
                 family,
                 tty: true,
                 pgid: child.pid,
-                log: Mutex::new(OutputLog::new(cap)),
+                log: Mutex::new(OutputLog::new(cap, self.settings.retained.clone())),
                 changed: Notify::new(),
                 stdin: Stdin::Pty(writer),
                 master: Some(Mutex::new(child.master)),
@@ -360,6 +417,7 @@ impl ProcessTable {
                     order: VecDeque::new(),
                     seen: HashSet::new(),
                 }),
+                output_bytes: self.settings.metrics.output_bytes.clone(),
             });
             let pump = PtyPump {
                 guard,
@@ -371,8 +429,13 @@ impl ProcessTable {
             crate::task::spawn("process-pty", pump.run(permit, table));
             Ok(process)
         } else {
+            let started = std::time::Instant::now();
             let child =
                 spawn::spawn_pipe(&spec).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            self.settings
+                .metrics
+                .spawn_seconds
+                .observe(started.elapsed().as_secs_f64());
             let stdin = match child.stdin {
                 Some(s) => Stdin::Pipe(tokio::sync::Mutex::new(Some(s))),
                 None => Stdin::None,
@@ -383,7 +446,7 @@ impl ProcessTable {
                 family,
                 tty: false,
                 pgid: child.pid,
-                log: Mutex::new(OutputLog::new(cap)),
+                log: Mutex::new(OutputLog::new(cap, self.settings.retained.clone())),
                 changed: Notify::new(),
                 stdin,
                 master: None,
@@ -391,6 +454,7 @@ impl ProcessTable {
                     order: VecDeque::new(),
                     seen: HashSet::new(),
                 }),
+                output_bytes: self.settings.metrics.output_bytes.clone(),
             });
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
@@ -676,7 +740,7 @@ struct PipePump {
 }
 
 impl PipePump {
-    async fn run(mut self, permit: OwnedSemaphorePermit, table: Weak<ProcessTable>) {
+    async fn run(mut self, permit: ProcessPermits, table: Weak<ProcessTable>) {
         let (mut out_open, mut err_open, mut exited) = (true, true, false);
         let mut grown = false;
         let mut out_buf = BytesMut::new();
@@ -742,7 +806,7 @@ struct PtyPump {
 }
 
 impl PtyPump {
-    async fn run(self, permit: OwnedSemaphorePermit, table: Weak<ProcessTable>) {
+    async fn run(self, permit: ProcessPermits, table: Weak<ProcessTable>) {
         let PtyPump {
             guard,
             process,

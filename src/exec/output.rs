@@ -7,6 +7,8 @@
 //! hold less than `cap` plus one chunk.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
@@ -50,10 +52,19 @@ pub struct OutputLog {
     next_seq: u64,
     exit_code: Option<i32>,
     closed: bool,
+    /// The tenant's retained-bytes total, charged and credited with ours.
+    tenant_retained: Arc<AtomicUsize>,
+}
+
+impl Drop for OutputLog {
+    fn drop(&mut self) {
+        self.tenant_retained
+            .fetch_sub(self.retained_bytes, Ordering::Relaxed);
+    }
 }
 
 impl OutputLog {
-    pub fn new(cap_bytes: usize) -> Self {
+    pub fn new(cap_bytes: usize, tenant_retained: Arc<AtomicUsize>) -> Self {
         Self {
             chunks: VecDeque::new(),
             retained_bytes: 0,
@@ -61,6 +72,7 @@ impl OutputLog {
             next_seq: 1,
             exit_code: None,
             closed: false,
+            tenant_retained,
         }
     }
 
@@ -74,6 +86,8 @@ impl OutputLog {
     pub fn push(&mut self, stream: StreamName, data: Bytes) -> u64 {
         let seq = self.take_seq();
         self.retained_bytes += data.len();
+        self.tenant_retained
+            .fetch_add(data.len(), Ordering::Relaxed);
         self.chunks.push_back(RetainedChunk { seq, stream, data });
         // Drop the oldest chunk only while the rest still covers the cap, so
         // at least the newest `cap` bytes stay readable (at most cap + one
@@ -83,6 +97,8 @@ impl OutputLog {
                 break;
             }
             self.retained_bytes -= front.data.len();
+            self.tenant_retained
+                .fetch_sub(front.data.len(), Ordering::Relaxed);
             self.chunks.pop_front();
         }
         seq
@@ -164,7 +180,7 @@ mod tests {
 
     #[test]
     fn seqs_count_output_exit_and_close() {
-        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS);
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
         assert_eq!(log.push(StreamName::Stdout, chunk(3)), 1);
         assert_eq!(log.exit(0), 2);
         assert_eq!(log.close(), 3);
@@ -178,7 +194,7 @@ mod tests {
 
     #[test]
     fn first_chunk_always_included_and_budget_respected() {
-        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS);
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
         for _ in 0..4 {
             log.push(StreamName::Stdout, chunk(4096));
         }
@@ -198,7 +214,7 @@ mod tests {
 
     #[test]
     fn retention_evicts_whole_chunks_oldest_first() {
-        let mut log = OutputLog::new(1024 * 1024);
+        let mut log = OutputLog::new(1024 * 1024, Arc::default());
         for _ in 0..733 {
             log.push(StreamName::Stdout, chunk(4096));
         }
@@ -211,7 +227,7 @@ mod tests {
 
     #[test]
     fn readiness_rule() {
-        let mut log = OutputLog::new(1024);
+        let mut log = OutputLog::new(1024, Arc::default());
         log.push(StreamName::Stdout, chunk(1));
         log.exit(0);
         // exited and caller has not seen the exit (seq 2) yet.
@@ -220,5 +236,19 @@ mod tests {
         assert!(!log.select(2, None).is_ready(2));
         log.close();
         assert!(log.select(3, None).is_ready(3));
+    }
+
+    #[test]
+    fn tenant_budget_is_charged_and_credited() {
+        let total = Arc::new(AtomicUsize::new(0));
+        let mut log = OutputLog::new(8, total.clone());
+        log.push(StreamName::Stdout, chunk(5));
+        log.push(StreamName::Stdout, chunk(5));
+        assert_eq!(total.load(Ordering::Relaxed), 10);
+        log.push(StreamName::Stdout, chunk(5));
+        // The oldest chunk is evicted (10 still cover the cap of 8).
+        assert_eq!(total.load(Ordering::Relaxed), 10);
+        drop(log);
+        assert_eq!(total.load(Ordering::Relaxed), 0);
     }
 }

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
+use crate::auth::{AuthError, Principal};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::outbound::{AttachToken, Outbound};
@@ -49,9 +50,13 @@ pub struct ConnMeta {
     /// Prefix of the malformed-frame message (the reference's wording).
     pub parse_error_prefix: String,
     pub on_close: OnClose,
+    /// Who the connection authenticated as; an error fails `initialize`
+    /// with -32002 (stdio; websocket refuses the handshake instead).
+    pub principal: Result<Arc<Principal>, AuthError>,
 }
 
 struct Held {
+    principal: Arc<Principal>,
     session: Arc<Session>,
     token: AttachToken,
     initialized: bool,
@@ -124,7 +129,7 @@ where
                     continue;
                 };
                 if family == MethodFamily::Initialize {
-                    let result = initialize(&gw, &mut held, params, &out);
+                    let result = initialize(&gw, &meta.principal, &mut held, params, &out);
                     let text = match result {
                         Ok(r) => jsonrpc::encode_response(&id, &r),
                         Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
@@ -143,6 +148,7 @@ where
                     ))),
                     Some(_) if gw.draining() => Err(GatewayError::Draining),
                     Some(h) => Ok(RequestContext {
+                        principal: h.principal.clone(),
                         session: h.session.clone(),
                         evicted: h.token.evicted.clone(),
                     }),
@@ -192,6 +198,7 @@ where
 
 fn initialize(
     gw: &Arc<Gateway>,
+    principal: &Result<Arc<Principal>, AuthError>,
     held: &mut Option<Held>,
     params: Option<&serde_json::value::RawValue>,
     out: &Outbound,
@@ -206,14 +213,21 @@ fn initialize(
     }
     let params: InitializeParams =
         jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams)?;
+    let principal = principal
+        .as_ref()
+        .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
+    let tenant = gw.tenants.get(&principal.tenant).ok_or_else(|| {
+        GatewayError::Unauthenticated("unauthenticated: unknown tenant".to_owned())
+    })?;
     // A failed initialize leaves the connection uninitialised: retry allowed.
-    let (session, token) = gw
-        .sessions
-        .initialize(params.resume_session_id.as_deref(), out.clone())?;
+    let (session, token) =
+        gw.sessions
+            .initialize(tenant, params.resume_session_id.as_deref(), out.clone())?;
     let reply = Reply::Initialize(InitializeResponse {
         session_id: session.id.clone(),
     });
     *held = Some(Held {
+        principal: principal.clone(),
         session,
         token,
         initialized: false,

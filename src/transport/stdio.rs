@@ -8,14 +8,19 @@ use futures_util::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
+use crate::auth::{AuthError, Principal};
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
 use crate::transport::{ConnMeta, InFrame, OnClose, serve_connection};
 
 /// Serve one session over a reader/writer pair (stdin/stdout in production,
 /// a duplex pipe in tests).
-pub async fn serve<R, W>(reader: R, mut writer: W, gw: Arc<Gateway>)
-where
+pub async fn serve<R, W>(
+    reader: R,
+    mut writer: W,
+    gw: Arc<Gateway>,
+    principal: Result<Arc<Principal>, AuthError>,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -57,6 +62,7 @@ where
     let meta = ConnMeta {
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".to_owned(),
         on_close: OnClose::Kill,
+        principal,
     };
     serve_connection(inbound, out.clone(), gw, meta).await;
     out.close(1000, "").await;

@@ -141,6 +141,37 @@ async fn handle(
             "server shutting down\n",
         ));
     }
+    // Authenticate before the upgrade; the token is never logged.
+    let token = crate::auth::bearer_token(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+        req.uri().query(),
+    );
+    let principal = match token {
+        None => Err(crate::auth::AuthError::Missing),
+        Some(t) => gw.auth.verify(&t).await,
+    };
+    let principal = match principal {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            gw.metrics.auth_failure(e.reason());
+            tracing::info!(%peer, reason = e.reason(), "websocket handshake refused");
+            let status = if e.http_status() == 403 {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            let mut r = response(status, format!("{e}\n"));
+            if status == StatusCode::UNAUTHORIZED {
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+            }
+            return Ok(r);
+        }
+    };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let config = WebSocketConfig::default()
         .max_message_size(Some(gw.settings.max_message_bytes))
@@ -159,7 +190,7 @@ async fn handle(
                     Some(config),
                 )
                 .await;
-                run(ws, gw, peer).await;
+                run(ws, gw, peer, principal).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
@@ -183,8 +214,12 @@ const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Frames queued in tungstenite beyond which a write fails (never unbounded).
 const WS_MAX_WRITE_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 
-async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr)
-where
+async fn run<S>(
+    ws: WebSocketStream<S>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    principal: Arc<crate::auth::Principal>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sink, mut stream) = ws.split();
@@ -293,6 +328,7 @@ where
             "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
         ),
         on_close: OnClose::Detach,
+        principal: Ok(principal),
     };
     let inbound = tokio_stream_from(in_rx);
     serve_connection(inbound, out.clone(), gw, meta).await;

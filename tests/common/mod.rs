@@ -35,26 +35,69 @@ pub struct Gateway {
     pub child: Child,
     pub url: String,
     pub addr: String,
-    _config_dir: tempfile::TempDir,
+    /// The HS256 secret of the config's key (tokens are minted with it).
+    pub secret: Vec<u8>,
+    pub dir: tempfile::TempDir,
 }
 
+/// A fresh random HS256 secret (hex, 64 bytes).
+pub fn random_secret() -> Vec<u8> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).expect("random");
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+/// Seconds since the epoch.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Mint an HS256 token for `tenant` with `scopes`.
+pub fn mint(secret: &[u8], tenant: &str, scopes: &str) -> String {
+    let claims = json!({"sub": "test", "tenant": tenant, "scope": scopes, "exp": now() + 3600});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret),
+    )
+    .unwrap()
+}
+
+pub const ALL_SCOPES: &str = "exec fs:read fs:write";
+
 impl Gateway {
-    /// Start with extra TOML appended to a minimal config.
+    /// Start with two host-rooted tenants (`t1`, `t2`), an HS256 key, and
+    /// `extra_toml` appended.
     pub fn start(extra_toml: &str) -> Gateway {
-        Self::start_with_args(extra_toml, &[])
+        Self::start_with(|dir| {
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+                 [tenants.t1]\nroot = \"/\"\n[tenants.t2]\nroot = \"/\"\n{extra_toml}",
+                dir.display()
+            )
+        })
     }
 
-    pub fn start_with_args(extra_toml: &str, args: &[&str]) -> Gateway {
+    /// Start with a config written by `config(dir)`; `dir/hs256.key` holds the secret.
+    pub fn start_with(config: impl FnOnce(&Path) -> String) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
+        let secret = random_secret();
+        std::fs::write(dir.path().join("hs256.key"), &secret).expect("write key");
+        let text = config(dir.path());
         let config = dir.path().join("gateway.toml");
-        std::fs::write(&config, extra_toml).expect("write config");
+        std::fs::write(&config, text).expect("write config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
             .arg("serve")
             .arg("--listen")
             .arg("ws://127.0.0.1:0")
             .arg("--config")
             .arg(&config)
-            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -76,12 +119,57 @@ impl Gateway {
             child,
             url,
             addr,
-            _config_dir: dir,
+            secret,
+            dir,
         }
     }
 
+    pub fn token(&self, tenant: &str) -> String {
+        mint(&self.secret, tenant, ALL_SCOPES)
+    }
+
+    /// A client of tenant `t1`.
     pub async fn connect(&self) -> Client {
-        Client::connect(&self.url).await
+        Client::connect(&self.url, &self.token("t1")).await
+    }
+
+    pub async fn connect_as(&self, token: &str) -> Client {
+        Client::connect(&self.url, token).await
+    }
+
+    /// An initialized session of `tenant` with all scopes.
+    pub async fn session_of(&self, tenant: &str) -> (Client, String) {
+        let mut c = self.connect_as(&self.token(tenant)).await;
+        let sid = c.initialize().await;
+        (c, sid)
+    }
+
+    /// The HTTP status and body of a websocket handshake with these headers
+    /// (no upgrade happens on failure).
+    pub async fn handshake(&self, path: &str, authorization: Option<&str>) -> (u16, String) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = TcpStream::connect(&self.addr).await.expect("connect");
+        let auth = authorization
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{auth}\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(EVENT_TIMEOUT, s.read(&mut buf))
+            .await
+            .expect("handshake timeout")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .expect("status");
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        (status, body)
     }
 
     /// A connected, initialized client.
@@ -155,8 +243,14 @@ pub struct Client {
 }
 
 impl Client {
-    pub async fn connect(url: &str) -> Client {
-        let (ws, _) = tokio::time::timeout(EVENT_TIMEOUT, tokio_tungstenite::connect_async(url))
+    pub async fn connect(url: &str, token: &str) -> Client {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let mut req = url.into_client_request().expect("request");
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+        let (ws, _) = tokio::time::timeout(EVENT_TIMEOUT, tokio_tungstenite::connect_async(req))
             .await
             .expect("websocket connect timeout")
             .expect("websocket connect");

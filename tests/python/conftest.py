@@ -1,9 +1,13 @@
-"""Fixtures: run the real gateway binary on 127.0.0.1:0."""
+"""Fixtures: run the real gateway binary on 127.0.0.1:0 with a generated
+HS256 key; tokens are minted here with PyJWT (the cross-language path)."""
 
 import os
 import pathlib
+import secrets
 import subprocess
+import time
 
+import jwt
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -15,18 +19,41 @@ def gateway_binary() -> str:
     )
 
 
+class Gateway:
+    def __init__(self, url: str, secret: bytes):
+        self.url = url
+        self.secret = secret
+
+    def token(self, tenant="t1", scope="exec fs:read fs:write", **extra) -> str:
+        claims = {"sub": "py", "tenant": tenant, "scope": scope,
+                  "exp": int(time.time()) + 3600}
+        claims.update(extra)
+        return jwt.encode(claims, self.secret, algorithm="HS256")
+
+    def headers(self, **kw):
+        return {"Authorization": f"Bearer {self.token(**kw)}"}
+
+
 @pytest.fixture
-def gateway():
-    """Yields the websocket URL of a fresh gateway; kills it afterwards."""
+def gateway(tmp_path):
+    """A fresh gateway with tenants t1 and t2 (host-rooted); killed afterwards."""
+    secret = secrets.token_hex(32).encode()
+    (tmp_path / "hs256.key").write_bytes(secret)
+    (tmp_path / "gateway.toml").write_text(
+        "[[auth.keys]]\nalgorithm = \"HS256\"\n"
+        f"secret_file = \"{tmp_path}/hs256.key\"\n"
+        "[tenants.t1]\nroot = \"/\"\n[tenants.t2]\nroot = \"/\"\n"
+    )
     proc = subprocess.Popen(
-        [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0"],
+        [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0",
+         "--config", str(tmp_path / "gateway.toml")],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("ws://127.0.0.1:"), url
-        yield url
+        yield Gateway(url, secret)
     finally:
         proc.terminate()
         proc.wait(timeout=20)

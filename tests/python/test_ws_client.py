@@ -4,6 +4,9 @@
 import asyncio
 import base64
 import json
+import time
+
+import jwt
 
 import websockets
 
@@ -44,7 +47,7 @@ def run(coro):
 
 def test_process_roundtrip_with_default_compression_offer(gateway):
     async def body():
-        async with websockets.connect(gateway) as ws:  # offers permessage-deflate
+        async with websockets.connect(gateway.url, additional_headers=gateway.headers()) as ws:  # offers permessage-deflate
             c = Client(ws)
             r = await c.call("initialize", {"clientName": "py"})
             assert len(r["result"]["sessionId"]) == 36
@@ -80,7 +83,7 @@ def test_process_roundtrip_with_default_compression_offer(gateway):
 
 def test_files_and_errors(gateway, tmp_path):
     async def body():
-        async with websockets.connect(gateway, compression=None) as ws:
+        async with websockets.connect(gateway.url, compression=None, additional_headers=gateway.headers()) as ws:
             c = Client(ws)
             await c.call("initialize", {"clientName": "py"})
             await ws.send(json.dumps({"method": "initialized"}))
@@ -99,5 +102,48 @@ def test_files_and_errors(gateway, tmp_path):
             assert m["error"]["code"] == -32600
             r = await c.call("process/list", {})
             assert r["result"] == {"processes": []}
+
+    run(body())
+
+
+def test_pyjwt_tokens_refused_and_accepted(gateway):
+    """Tokens minted by PyJWT: forged, expired and wrong-tenant ones are
+    refused at the handshake; a valid one is accepted right after."""
+
+    async def status_of(headers=None, url=None):
+        try:
+            async with websockets.connect(url or gateway.url, additional_headers=headers or {}):
+                return 101
+        except websockets.exceptions.InvalidStatus as e:
+            return e.response.status_code
+
+    async def body():
+        forged = jwt.encode({"tenant": "t1", "scope": "exec", "exp": int(time.time()) + 60},
+                            b"x" * 40, algorithm="HS256")
+        assert await status_of() == 401
+        assert await status_of({"Authorization": f"Bearer {forged}"}) == 401
+        assert await status_of(gateway.headers(exp=int(time.time()) - 120)) == 401
+        assert await status_of(gateway.headers(tenant="nobody")) == 401
+        assert await status_of(gateway.headers(scope="admin")) == 403
+        # The reference client can only be given a URL: access_token works.
+        assert await status_of(url=f"{gateway.url}/?access_token={gateway.token()}") == 101
+        assert await status_of(gateway.headers()) == 101
+
+    run(body())
+
+
+def test_scopes_limit_methods(gateway):
+    async def body():
+        async with websockets.connect(gateway.url, additional_headers=gateway.headers(scope="fs:read")) as ws:
+            c = Client(ws)
+            await c.call("initialize", {"clientName": "py"})
+            await ws.send(json.dumps({"method": "initialized"}))
+            r = await c.call("process/list", {})
+            assert r["error"]["code"] == -32003
+            assert r["error"]["message"] == "forbidden"
+            r = await c.call("fs/getMetadata", {"path": "/tmp"})
+            assert r["result"]["isDirectory"] is True
+            r = await c.call("fs/writeFile", {"path": "/tmp/x", "dataBase64": ""})
+            assert r["error"]["code"] == -32003
 
     run(body())

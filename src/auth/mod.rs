@@ -1,0 +1,539 @@
+//! Authentication: a JWT becomes a [`Principal`] (tenant, scopes, subject).
+//!
+//! Rules (ISOLATION.md §4.3): the algorithm comes from the configured key,
+//! never from the token header (the header only selects among configured
+//! keys of that algorithm); `exp` is required, `iss`/`aud` too when
+//! configured; `nbf` is honoured; leeway ≤ 30 s; the tenant claim must name a
+//! configured tenant. Tokens, signatures and query strings are never logged.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use crate::config::{AuthSettings, KeyConfig, MIN_HMAC_SECRET_BYTES};
+
+/// What a caller may do (PROTOCOL.md §G.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scopes {
+    /// `exec`: process/* and command/exec*.
+    pub exec: bool,
+    /// `fs:read`: readFile, getMetadata, readDirectory.
+    pub fs_read: bool,
+    /// `fs:write`: writeFile, createDirectory, remove, copy.
+    pub fs_write: bool,
+}
+
+impl Scopes {
+    pub const ALL: Scopes = Scopes {
+        exec: true,
+        fs_read: true,
+        fs_write: true,
+    };
+
+    fn add(&mut self, name: &str) {
+        match name {
+            "exec" => self.exec = true,
+            "fs:read" => self.fs_read = true,
+            "fs:write" => self.fs_write = true,
+            _ => {}
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !(self.exec || self.fs_read || self.fs_write)
+    }
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: Arc<str>,
+    pub subject: Option<String>,
+    pub scopes: Scopes,
+}
+
+/// Why a token was refused. `reason()` is a fixed label (metrics, logs).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing bearer token")]
+    Missing,
+    #[error("malformed token")]
+    Malformed,
+    #[error("no configured key matches the token's algorithm")]
+    UnsupportedAlgorithm,
+    #[error("unknown key id")]
+    UnknownKid,
+    #[error("invalid signature")]
+    BadSignature,
+    #[error("token expired")]
+    Expired,
+    #[error("token not yet valid")]
+    NotYetValid,
+    #[error("wrong or missing issuer")]
+    Issuer,
+    #[error("wrong or missing audience")]
+    Audience,
+    #[error("missing required claim `{0}`")]
+    MissingClaim(String),
+    #[error("unknown tenant")]
+    UnknownTenant,
+    #[error("token grants no scope")]
+    NoScope,
+}
+
+impl AuthError {
+    /// Metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing",
+            AuthError::Malformed => "malformed",
+            AuthError::UnsupportedAlgorithm => "algorithm",
+            AuthError::UnknownKid => "unknown_kid",
+            AuthError::BadSignature => "signature",
+            AuthError::Expired => "expired",
+            AuthError::NotYetValid => "not_yet_valid",
+            AuthError::Issuer => "issuer",
+            AuthError::Audience => "audience",
+            AuthError::MissingClaim(_) => "missing_claim",
+            AuthError::UnknownTenant => "unknown_tenant",
+            AuthError::NoScope => "no_scope",
+        }
+    }
+
+    /// HTTP status at the websocket handshake: 403 for a valid token that
+    /// may not do anything here, 401 for everything else.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            AuthError::NoScope => 403,
+            _ => 401,
+        }
+    }
+}
+
+/// Parse a configured algorithm name.
+pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
+    Ok(match name {
+        "HS256" => Algorithm::HS256,
+        "HS384" => Algorithm::HS384,
+        "HS512" => Algorithm::HS512,
+        "RS256" => Algorithm::RS256,
+        "RS384" => Algorithm::RS384,
+        "RS512" => Algorithm::RS512,
+        "PS256" => Algorithm::PS256,
+        "ES256" => Algorithm::ES256,
+        "ES384" => Algorithm::ES384,
+        "EdDSA" => Algorithm::EdDSA,
+        other => return Err(format!("unsupported algorithm `{other}`")),
+    })
+}
+
+#[derive(Clone)]
+struct Key {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+/// A JWKS fetched over HTTP(S): cached, refreshed on an unknown `kid` at
+/// most once per interval.
+struct RemoteJwks {
+    url: String,
+    alg: Algorithm,
+    state: tokio::sync::Mutex<RemoteState>,
+}
+
+struct RemoteState {
+    keys: Vec<Key>,
+    last_fetch: Option<Instant>,
+}
+
+/// Largest JWKS document accepted.
+const MAX_JWKS_BYTES: usize = 1024 * 1024;
+/// Time allowed for one JWKS fetch.
+const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Verifies tokens against the configured keys.
+pub struct Authenticator {
+    keys: Vec<Key>,
+    remote: Vec<RemoteJwks>,
+    settings: AuthSettings,
+    tenants: BTreeSet<String>,
+    refresh_interval: Duration,
+    http: reqwest::Client,
+}
+
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn keys_from_jwks(set: &JwkSet, alg: Algorithm) -> Vec<Key> {
+    set.keys
+        .iter()
+        .filter_map(|jwk| {
+            // A JWK that names another algorithm is not for this entry.
+            if let Some(a) = jwk.common.key_algorithm
+                && format!("{a:?}") != format!("{alg:?}")
+            {
+                return None;
+            }
+            let key = DecodingKey::from_jwk(jwk).ok()?;
+            Some(Key {
+                kid: jwk.common.key_id.clone(),
+                alg,
+                key,
+            })
+        })
+        .collect()
+}
+
+fn load_key(k: &KeyConfig) -> Result<Vec<Key>, String> {
+    let alg = parse_algorithm(&k.algorithm)?;
+    if let Some(p) = &k.secret_file {
+        let mut secret = read_file(p)?;
+        if secret.last() == Some(&b'\n') {
+            secret.pop();
+        }
+        if secret.len() < MIN_HMAC_SECRET_BYTES {
+            return Err(format!(
+                "{}: an HS* secret needs at least {MIN_HMAC_SECRET_BYTES} bytes",
+                p.display()
+            ));
+        }
+        return Ok(vec![Key {
+            kid: k.kid.clone(),
+            alg,
+            key: DecodingKey::from_secret(&secret),
+        }]);
+    }
+    if let Some(p) = &k.public_key_file {
+        let pem = read_file(p)?;
+        let key = match alg {
+            Algorithm::RS256 | Algorithm::RS384 | Algorithm::RS512 | Algorithm::PS256 => {
+                DecodingKey::from_rsa_pem(&pem)
+            }
+            Algorithm::ES256 | Algorithm::ES384 => DecodingKey::from_ec_pem(&pem),
+            Algorithm::EdDSA => DecodingKey::from_ed_pem(&pem),
+            _ => return Err(format!("{}: not a public-key algorithm", k.algorithm)),
+        }
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+        return Ok(vec![Key {
+            kid: k.kid.clone(),
+            alg,
+            key,
+        }]);
+    }
+    if let Some(p) = &k.jwks_file {
+        let set: JwkSet = serde_json::from_slice(&read_file(p)?)
+            .map_err(|e| format!("{}: not a JWK set: {e}", p.display()))?;
+        return Ok(keys_from_jwks(&set, alg));
+    }
+    Ok(Vec::new())
+}
+
+impl Authenticator {
+    /// Load every key. Fails on unreadable or invalid key files; a JWKS URL
+    /// is fetched lazily (an unreachable issuer must not stop the gateway).
+    pub fn new(settings: &AuthSettings, tenants: BTreeSet<String>) -> Result<Self, String> {
+        let mut keys = Vec::new();
+        let mut remote = Vec::new();
+        for k in &settings.keys {
+            keys.extend(load_key(k)?);
+            if let Some(url) = &k.jwks_url {
+                remote.push(RemoteJwks {
+                    url: url.clone(),
+                    alg: parse_algorithm(&k.algorithm)?,
+                    state: tokio::sync::Mutex::new(RemoteState {
+                        keys: Vec::new(),
+                        last_fetch: None,
+                    }),
+                });
+            }
+        }
+        let http = reqwest::Client::builder()
+            .timeout(JWKS_FETCH_TIMEOUT)
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
+        Ok(Self {
+            keys,
+            remote,
+            refresh_interval: settings.jwks_refresh_interval,
+            settings: settings.clone(),
+            tenants,
+            http,
+        })
+    }
+
+    /// The first HS* secret, for `exec-gateway token`.
+    pub fn signing_secret(settings: &AuthSettings) -> Option<(Algorithm, Vec<u8>)> {
+        settings.keys.iter().find_map(|k| {
+            let alg = parse_algorithm(&k.algorithm).ok()?;
+            let path = k.secret_file.as_ref()?;
+            let mut secret = std::fs::read(path).ok()?;
+            if secret.last() == Some(&b'\n') {
+                secret.pop();
+            }
+            Some((alg, secret))
+        })
+    }
+
+    async fn fetch(&self, r: &RemoteJwks) -> Result<Vec<Key>, String> {
+        let mut resp = self
+            .http
+            .get(&r.url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .error_for_status()
+            .map_err(|e| e.to_string())?;
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err("JWKS document too large".to_owned());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        Ok(keys_from_jwks(&set, r.alg))
+    }
+
+    /// Keys of remote sets matching `kid`, refreshing once per interval.
+    async fn remote_keys(&self, kid: Option<&str>, alg: Algorithm) -> Vec<Key> {
+        let mut out = Vec::new();
+        for r in &self.remote {
+            if r.alg != alg {
+                continue;
+            }
+            let mut state = r.state.lock().await;
+            let known = state
+                .keys
+                .iter()
+                .any(|k| kid.is_none() || k.kid.as_deref() == kid);
+            let may_refresh = state
+                .last_fetch
+                .is_none_or(|t| t.elapsed() >= self.refresh_interval);
+            if !known && may_refresh {
+                state.last_fetch = Some(Instant::now());
+                match self.fetch(r).await {
+                    Ok(keys) => state.keys = keys,
+                    // The URL is configuration, not a secret; the error text has no token.
+                    Err(e) => tracing::warn!(url = %r.url, error = %e, "JWKS fetch failed"),
+                }
+            }
+            out.extend(
+                state
+                    .keys
+                    .iter()
+                    .filter(|k| kid.is_none() || k.kid.as_deref() == kid)
+                    .cloned(),
+            );
+        }
+        out
+    }
+
+    /// Verify a bearer token.
+    pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| AuthError::Malformed)?;
+        let kid = header.kid.as_deref();
+        let mut candidates: Vec<Key> = self
+            .keys
+            .iter()
+            .filter(|k| k.alg == header.alg && (kid.is_none() || k.kid.as_deref() == kid))
+            .cloned()
+            .collect();
+        if candidates.is_empty() {
+            candidates = self.remote_keys(kid, header.alg).await;
+        }
+        if candidates.is_empty() {
+            let alg_known = self.keys.iter().any(|k| k.alg == header.alg)
+                || self.remote.iter().any(|r| r.alg == header.alg);
+            return Err(if alg_known && kid.is_some() {
+                AuthError::UnknownKid
+            } else {
+                AuthError::UnsupportedAlgorithm
+            });
+        }
+        let mut last = AuthError::BadSignature;
+        for key in &candidates {
+            match self.decode(token, key) {
+                Ok(claims) => return self.principal(&claims),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn decode(&self, token: &str, key: &Key) -> Result<Map<String, Value>, AuthError> {
+        use jsonwebtoken::errors::ErrorKind as K;
+        let mut v = Validation::new(key.alg);
+        v.leeway = self.settings.leeway.as_secs();
+        v.validate_exp = true;
+        v.validate_nbf = true;
+        let mut required = vec!["exp"];
+        if let Some(iss) = &self.settings.issuer {
+            v.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        match &self.settings.audience {
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                required.push("aud");
+            }
+            None => v.validate_aud = false,
+        }
+        v.set_required_spec_claims(&required);
+        jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &v)
+            .map(|d| d.claims)
+            .map_err(|e| match e.kind() {
+                K::ExpiredSignature => AuthError::Expired,
+                K::ImmatureSignature => AuthError::NotYetValid,
+                K::InvalidIssuer => AuthError::Issuer,
+                K::InvalidAudience => AuthError::Audience,
+                K::MissingRequiredClaim(c) => match c.as_str() {
+                    "iss" => AuthError::Issuer,
+                    "aud" => AuthError::Audience,
+                    other => AuthError::MissingClaim(other.to_owned()),
+                },
+                K::InvalidSignature | K::InvalidAlgorithm => AuthError::BadSignature,
+                _ => AuthError::Malformed,
+            })
+    }
+
+    fn principal(&self, claims: &Map<String, Value>) -> Result<Principal, AuthError> {
+        let tenant = match claims.get(&self.settings.tenant_claim) {
+            Some(Value::String(t)) => t,
+            _ => return Err(AuthError::MissingClaim(self.settings.tenant_claim.clone())),
+        };
+        if !self.tenants.contains(tenant) {
+            return Err(AuthError::UnknownTenant);
+        }
+        let mut scopes = Scopes::default();
+        match claims.get(&self.settings.scopes_claim) {
+            Some(Value::String(s)) => s.split_whitespace().for_each(|s| scopes.add(s)),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .for_each(|s| scopes.add(s)),
+            _ => {}
+        }
+        if scopes.is_empty() {
+            return Err(AuthError::NoScope);
+        }
+        Ok(Principal {
+            tenant: Arc::from(tenant.as_str()),
+            subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
+            scopes,
+        })
+    }
+}
+
+/// Mint an HS* token (for `exec-gateway token` and tests of the embedded default).
+pub fn mint(
+    alg: Algorithm,
+    secret: &[u8],
+    settings: &AuthSettings,
+    tenant: &str,
+    scopes: &[String],
+    ttl: Duration,
+    subject: &str,
+) -> Result<String, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_secs();
+    let mut claims = Map::new();
+    claims.insert("sub".into(), Value::from(subject));
+    claims.insert(settings.tenant_claim.clone(), Value::from(tenant));
+    claims.insert(settings.scopes_claim.clone(), Value::from(scopes.join(" ")));
+    claims.insert("iat".into(), Value::from(now));
+    claims.insert("exp".into(), Value::from(now + ttl.as_secs()));
+    if let Some(iss) = &settings.issuer {
+        claims.insert("iss".into(), Value::from(iss.as_str()));
+    }
+    if let Some(aud) = &settings.audience {
+        claims.insert("aud".into(), Value::from(aud.as_str()));
+    }
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(alg),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The bearer token of an upgrade request: `Authorization: Bearer`, else the
+/// `access_token` query parameter (RFC 6750 §2.3).
+pub fn bearer_token(authorization: Option<&str>, query: Option<&str>) -> Option<String> {
+    if let Some(h) = authorization {
+        let h = h.trim();
+        if h.len() > 7 && h[..7].eq_ignore_ascii_case("bearer ") {
+            return Some(h[7..].trim().to_owned());
+        }
+    }
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == "access_token").then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_from_header_or_query() {
+        assert_eq!(
+            bearer_token(Some("Bearer abc"), None).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            bearer_token(Some("bearer  abc "), None).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            bearer_token(None, Some("x=1&access_token=a.b%2Ec")).as_deref(),
+            Some("a.b.c")
+        );
+        assert_eq!(bearer_token(Some("Basic zzz"), None), None);
+        assert_eq!(bearer_token(None, Some("x=%")), None);
+    }
+}

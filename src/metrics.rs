@@ -1,0 +1,200 @@
+//! Every metric family, in one place; handles are passed in, never global.
+//! Tenant labels carry only configured tenant names (a bounded set);
+//! authentication failures are labelled by reason only.
+
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub tenant: String,
+    pub method: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub tenant: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    pub tenant: String,
+    pub quota: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LayerLabel {
+    pub layer: String,
+}
+
+/// The gateway's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub sessions: Family<TenantLabel, Gauge>,
+    pub processes: Family<TenantLabel, Gauge>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub spawn_seconds: Family<TenantLabel, Histogram>,
+    pub output_bytes: Family<TenantLabel, Counter>,
+    pub auth_failures: Family<ReasonLabel, Counter>,
+    pub shed: Family<ShedLabels, Counter>,
+    pub quota_refused: Family<QuotaLabels, Counter>,
+    pub isolation_layer: Family<LayerLabel, Gauge>,
+    pub draining: Gauge,
+}
+
+fn spawn_histogram() -> Histogram {
+    // 50 µs … ~400 ms.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_05, 2.0, 14,
+    ))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("exec_gateway");
+        let sessions = Family::<TenantLabel, Gauge>::default();
+        let processes = Family::<TenantLabel, Gauge>::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let spawn_seconds = Family::<TenantLabel, Histogram>::new_with_constructor(
+            spawn_histogram as fn() -> Histogram,
+        );
+        let output_bytes = Family::<TenantLabel, Counter>::default();
+        let auth_failures = Family::<ReasonLabel, Counter>::default();
+        let shed = Family::<ShedLabels, Counter>::default();
+        let quota_refused = Family::<QuotaLabels, Counter>::default();
+        let isolation_layer = Family::<LayerLabel, Gauge>::default();
+        let draining = Gauge::default();
+        r.register("sessions", "Sessions in the registry", sessions.clone());
+        r.register(
+            "processes_running",
+            "Processes not yet closed",
+            processes.clone(),
+        );
+        r.register(
+            "requests",
+            "Requests by method and outcome",
+            requests.clone(),
+        );
+        r.register(
+            "spawn_seconds",
+            "Time to spawn a process (fork/exec until the child runs)",
+            spawn_seconds.clone(),
+        );
+        r.register(
+            "output_bytes",
+            "Process output bytes produced",
+            output_bytes.clone(),
+        );
+        r.register(
+            "auth_failures",
+            "Refused authentications by reason",
+            auth_failures.clone(),
+        );
+        r.register(
+            "shed",
+            "Requests shed for load (rate, tenant concurrency, gateway concurrency)",
+            shed.clone(),
+        );
+        r.register(
+            "quota_refused",
+            "Requests refused by a tenant quota",
+            quota_refused.clone(),
+        );
+        r.register(
+            "isolation_layer",
+            "1 if an isolation layer is active, 0 if not",
+            isolation_layer.clone(),
+        );
+        r.register("draining", "1 while shutting down", draining.clone());
+        Self {
+            registry: Mutex::new(r),
+            sessions,
+            processes,
+            requests,
+            spawn_seconds,
+            output_bytes,
+            auth_failures,
+            shed,
+            quota_refused,
+            isolation_layer,
+            draining,
+        }
+    }
+
+    /// Per-tenant handles, created once (no label allocation on hot paths).
+    pub fn tenant(&self, tenant: &str) -> TenantMetrics {
+        let l = TenantLabel {
+            tenant: tenant.to_owned(),
+        };
+        TenantMetrics {
+            name: tenant.to_owned(),
+            sessions: self.sessions.get_or_create(&l).clone(),
+            processes: self.processes.get_or_create(&l).clone(),
+            spawn_seconds: self.spawn_seconds.get_or_create(&l).clone(),
+            output_bytes: self.output_bytes.get_or_create(&l).clone(),
+        }
+    }
+
+    pub fn auth_failure(&self, reason: &str) {
+        self.auth_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
+            tracing::error!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}
+
+/// Metric handles of one tenant.
+#[derive(Clone, Debug)]
+pub struct TenantMetrics {
+    pub name: String,
+    pub sessions: Gauge,
+    pub processes: Gauge,
+    pub spawn_seconds: Histogram,
+    pub output_bytes: Counter,
+}
+
+impl TenantMetrics {
+    /// Detached handles for library use without a registry.
+    pub fn detached(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            sessions: Gauge::default(),
+            processes: Gauge::default(),
+            spawn_seconds: spawn_histogram(),
+            output_bytes: Counter::default(),
+        }
+    }
+}

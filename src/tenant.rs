@@ -1,0 +1,109 @@
+//! Tenants: each has a filesystem root, an exec environment with its own
+//! process slots and retained-output budget, a rate limiter, an in-flight
+//! semaphore and a session count. Tenants are fixed by configuration, so the
+//! set (and every per-tenant map and metric label) is bounded.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use tokio::sync::Semaphore;
+
+use crate::config::{ConfigError, Settings, TenantSettings};
+use crate::exec::ExecSettings;
+use crate::exec::reaper::Reaper;
+use crate::fs::FsRoot;
+use crate::metrics::{Metrics, TenantMetrics};
+
+/// One configured tenant.
+pub struct Tenant {
+    pub name: Arc<str>,
+    pub settings: TenantSettings,
+    pub fs: Arc<FsRoot>,
+    pub exec: Arc<ExecSettings>,
+    pub limiter: DefaultDirectRateLimiter,
+    /// Requests in flight; a permit is held for the duration of a call.
+    pub in_flight: Arc<Semaphore>,
+    /// Sessions currently registered for this tenant.
+    pub sessions: AtomicUsize,
+    pub metrics: TenantMetrics,
+}
+
+impl Tenant {
+    /// Count a new session, or refuse with the sessions quota.
+    pub fn try_add_session(&self) -> bool {
+        let max = self.settings.max_sessions;
+        self.sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub fn remove_session(&self) {
+        let _ = self
+            .sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
+/// All tenants, by name.
+pub struct Tenants {
+    by_name: BTreeMap<String, Arc<Tenant>>,
+}
+
+impl Tenants {
+    pub fn new(
+        settings: &Settings,
+        reaper: Option<Arc<Reaper>>,
+        metrics: &Metrics,
+        global_slots: Arc<Semaphore>,
+    ) -> Result<Tenants, ConfigError> {
+        let mut by_name = BTreeMap::new();
+        for (name, t) in &settings.tenants {
+            let fs = match &t.root {
+                None => FsRoot::Host,
+                Some(root) => FsRoot::confined(root).map_err(|e| {
+                    ConfigError(format!("tenants.{name}.root {}: {e}", root.display()))
+                })?,
+            };
+            let tm = metrics.tenant(name);
+            let mut exec = ExecSettings::new(t.max_processes, t.base_env.clone());
+            exec.reaper = reaper.clone();
+            exec.exited_retention = settings.exited_retention;
+            exec.global_slots = Some((global_slots.clone(), settings.max_processes));
+            exec.max_retained_bytes = t.max_retained_output_bytes;
+            exec.metrics = tm.clone();
+            let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
+            let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
+            by_name.insert(
+                name.clone(),
+                Arc::new(Tenant {
+                    name: Arc::from(name.as_str()),
+                    settings: t.clone(),
+                    fs: Arc::new(fs),
+                    exec: Arc::new(exec),
+                    limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)),
+                    in_flight: Arc::new(Semaphore::new(t.max_in_flight)),
+                    sessions: AtomicUsize::new(0),
+                    metrics: tm,
+                }),
+            );
+        }
+        Ok(Tenants { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.by_name.keys()
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.by_name.values()
+    }
+}
