@@ -13,6 +13,7 @@ pub mod ws;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt as _};
+use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
@@ -70,8 +71,20 @@ where
 {
     let in_flight = Arc::new(Semaphore::new(gw.settings.max_in_flight_per_connection));
     let cancel = CancellationToken::new();
+    let penalty: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
     let mut held: Option<Held> = None;
     loop {
+        // Penalty box: after this connection was shed, stop reading it for a
+        // while. TCP back-pressure then throttles a flooding client for free,
+        // instead of the gateway answering thousands of refusals a second at
+        // the expense of other tenants.
+        let pause = penalty.lock().take();
+        if let Some(until) = pause {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = gw.stopped.cancelled() => {}
+            }
+        }
         let evicted = held.as_ref().map(|h| h.token.evicted.clone());
         let frame = tokio::select! {
             f = inbound.next() => f,
@@ -170,10 +183,16 @@ where
                 let svc = gw.stack.clone();
                 let out = out.clone();
                 let cancel = cancel.clone();
+                let penalty = penalty.clone();
                 crate::task::spawn("rpc", async move {
                     let req = RpcRequest { call, ctx };
                     tokio::select! {
                         result = svc.oneshot(req) => {
+                            if let Err(e) = &result
+                                && let Some(wait) = shed_penalty(e)
+                            {
+                                *penalty.lock() = Some(tokio::time::Instant::now() + wait);
+                            }
                             let text = match result {
                                 Ok(reply) => encode_reply(&id, &reply),
                                 Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
@@ -233,6 +252,22 @@ fn initialize(
         initialized: false,
     });
     Ok(reply)
+}
+
+/// Shortest and longest pause after a connection is shed.
+const SHED_PENALTY_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const SHED_PENALTY_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long to stop reading a connection whose call was shed, if at all.
+fn shed_penalty(e: &GatewayError) -> Option<std::time::Duration> {
+    match e {
+        GatewayError::RateLimited { retry_after_ms } => Some(
+            std::time::Duration::from_millis(*retry_after_ms)
+                .clamp(SHED_PENALTY_MIN, SHED_PENALTY_MAX),
+        ),
+        GatewayError::Overloaded => Some(SHED_PENALTY_MIN),
+        _ => None,
+    }
 }
 
 /// Serialise a reply. `fs/readFile` results are written directly: base64

@@ -1,0 +1,502 @@
+//! The JWT matrix at the websocket handshake: keys are generated here (RSA,
+//! EC P-256, Ed25519 with openssl; HS256 at random), tokens minted with
+//! jsonwebtoken, a JWK set served by a real local HTTP server. Every bad token
+//! is refused with 401/403 before any upgrade, and a valid token is accepted
+//! on the same server right after each refusal.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{Gateway, now};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const ISS: &str = "https://issuer.test";
+const AUD: &str = "exec-gateway";
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Generate a key pair with openssl; returns (private PEM, public PEM path).
+fn keypair(dir: &Path, name: &str, genpkey: &[&str]) -> (Vec<u8>, String) {
+    let key = dir.join(format!("{name}.pem"));
+    let pubkey = dir.join(format!("{name}.pub.pem"));
+    let mut args = vec!["genpkey"];
+    args.extend_from_slice(genpkey);
+    args.extend_from_slice(&["-out", key.to_str().unwrap()]);
+    openssl(&args);
+    openssl(&[
+        "pkey",
+        "-in",
+        key.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        pubkey.to_str().unwrap(),
+    ]);
+    (std::fs::read(&key).unwrap(), pubkey.display().to_string())
+}
+
+fn rsa(dir: &Path, name: &str) -> (Vec<u8>, String) {
+    keypair(
+        dir,
+        name,
+        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+    )
+}
+
+/// An RSA public key as a JWK (n from openssl's modulus, e = 65537).
+fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
+    let out = Command::new("openssl")
+        .args(["rsa", "-pubin", "-in", pub_pem, "-noout", "-modulus"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let hex = text.trim().trim_start_matches("Modulus=");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": n, "e": "AQAB"})
+}
+
+fn claims() -> Value {
+    json!({"sub": "u", "tenant": "t1", "scope": "exec fs:read", "iss": ISS, "aud": AUD,
+           "exp": now() + 600, "iat": now()})
+}
+
+fn sign(alg: Algorithm, kid: Option<&str>, key: &EncodingKey, claims: &Value) -> String {
+    let mut h = Header::new(alg);
+    h.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&h, claims, key).unwrap()
+}
+
+fn with(mut c: Value, k: &str, v: Value) -> Value {
+    c[k] = v;
+    c
+}
+
+fn without(mut c: Value, k: &str) -> Value {
+    c.as_object_mut().unwrap().remove(k);
+    c
+}
+
+/// A tiny HTTP server answering every GET with the current JWKS body.
+async fn jwks_server(body: Arc<Mutex<String>>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let body = body.lock().clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/jwks.json")
+}
+
+#[tokio::test]
+async fn jwt_matrix() {
+    let keys = tempfile::tempdir().unwrap();
+    let k = keys.path();
+    let (rsa_priv, rsa_pub) = rsa(k, "rsa");
+    let (other_priv, _) = rsa(k, "other");
+    let (ec_priv, ec_pub) = keypair(
+        k,
+        "ec",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    );
+    let (ed_priv, ed_pub) = keypair(k, "ed", &["-algorithm", "ed25519"]);
+    let (file_priv, file_pub) = rsa(k, "file");
+    let (j1_priv, j1_pub) = rsa(k, "j1");
+    let (j2_priv, j2_pub) = rsa(k, "j2");
+    std::fs::write(
+        k.join("jwks.json"),
+        json!({"keys": [rsa_jwk(&file_pub, "filekey")]}).to_string(),
+    )
+    .unwrap();
+    let served = Arc::new(Mutex::new(
+        json!({"keys": [rsa_jwk(&j1_pub, "j1")]}).to_string(),
+    ));
+    let jwks_url = jwks_server(served.clone()).await;
+
+    let kd = k.display().to_string();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[auth]\nissuer = \"{ISS}\"\naudience = \"{AUD}\"\njwks_refresh_interval = \"300ms\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nkid = \"hs\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [[auth.keys]]\nalgorithm = \"RS256\"\nkid = \"rsa1\"\npublic_key_file = \"{rsa_pub}\"\n\
+             [[auth.keys]]\nalgorithm = \"PS256\"\nkid = \"ps\"\npublic_key_file = \"{rsa_pub}\"\n\
+             [[auth.keys]]\nalgorithm = \"ES256\"\nkid = \"ec\"\npublic_key_file = \"{ec_pub}\"\n\
+             [[auth.keys]]\nalgorithm = \"EdDSA\"\nkid = \"ed\"\npublic_key_file = \"{ed_pub}\"\n\
+             [[auth.keys]]\nalgorithm = \"RS256\"\njwks_file = \"{kd}/jwks.json\"\n\
+             [[auth.keys]]\nalgorithm = \"RS256\"\njwks_url = \"{jwks_url}\"\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            d = dir.display()
+        )
+    });
+    let hs = EncodingKey::from_secret(&gw.secret);
+    let rsa_key = EncodingKey::from_rsa_pem(&rsa_priv).unwrap();
+    let good = sign(Algorithm::RS256, Some("rsa1"), &rsa_key, &claims());
+    let bearer = |t: &str| format!("Bearer {t}");
+
+    // Accepted: every configured key type.
+    let accepted = [
+        ("HS256", sign(Algorithm::HS256, Some("hs"), &hs, &claims())),
+        (
+            "HS256 without kid",
+            sign(Algorithm::HS256, None, &hs, &claims()),
+        ),
+        ("RS256", good.clone()),
+        (
+            "PS256",
+            sign(Algorithm::PS256, Some("ps"), &rsa_key, &claims()),
+        ),
+        (
+            "ES256",
+            sign(
+                Algorithm::ES256,
+                Some("ec"),
+                &EncodingKey::from_ec_pem(&ec_priv).unwrap(),
+                &claims(),
+            ),
+        ),
+        (
+            "EdDSA",
+            sign(
+                Algorithm::EdDSA,
+                Some("ed"),
+                &EncodingKey::from_ed_pem(&ed_priv).unwrap(),
+                &claims(),
+            ),
+        ),
+        (
+            "JWKS file",
+            sign(
+                Algorithm::RS256,
+                Some("filekey"),
+                &EncodingKey::from_rsa_pem(&file_priv).unwrap(),
+                &claims(),
+            ),
+        ),
+        (
+            "JWKS url",
+            sign(
+                Algorithm::RS256,
+                Some("j1"),
+                &EncodingKey::from_rsa_pem(&j1_priv).unwrap(),
+                &claims(),
+            ),
+        ),
+        (
+            "scope array",
+            sign(
+                Algorithm::RS256,
+                Some("rsa1"),
+                &rsa_key,
+                &with(claims(), "scope", json!(["exec"])),
+            ),
+        ),
+        (
+            "nbf in the past",
+            sign(
+                Algorithm::RS256,
+                Some("rsa1"),
+                &rsa_key,
+                &with(claims(), "nbf", json!(now() - 10)),
+            ),
+        ),
+    ];
+    for (name, token) in &accepted {
+        let (status, body) = gw.handshake("/", Some(&bearer(token))).await;
+        assert_eq!(status, 101, "{name} refused: {body}");
+    }
+
+    // Refused, each followed by a valid token on the same server.
+    let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    let none_token = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims())
+    );
+    let tampered = {
+        let parts: Vec<&str> = good.split('.').collect();
+        let forged = with(claims(), "tenant", json!("t2-but-forged"));
+        format!("{}.{}.{}", parts[0], b64(&forged), parts[2])
+    };
+    let rsa_pub_bytes = std::fs::read(&rsa_pub).unwrap();
+    let rs = |c: Value| Some(bearer(&sign(Algorithm::RS256, Some("rsa1"), &rsa_key, &c)));
+    let other_key = EncodingKey::from_rsa_pem(&other_priv).unwrap();
+    let pub_as_secret = EncodingKey::from_secret(&rsa_pub_bytes);
+    let refused: Vec<(&str, Option<String>, u16)> = vec![
+        ("no token", None, 401),
+        ("garbage", Some(bearer("garbage")), 401),
+        ("three garbage segments", Some(bearer("a.b.c")), 401),
+        ("not bearer", Some(format!("Basic {good}")), 401),
+        (
+            "wrong key",
+            Some(bearer(&sign(
+                Algorithm::RS256,
+                Some("rsa1"),
+                &other_key,
+                &claims(),
+            ))),
+            401,
+        ),
+        ("alg none", Some(bearer(&none_token)), 401),
+        (
+            "HS256 signed with the RSA public key",
+            Some(bearer(&sign(
+                Algorithm::HS256,
+                Some("rsa1"),
+                &pub_as_secret,
+                &claims(),
+            ))),
+            401,
+        ),
+        (
+            "HS256 with the RSA public key, no kid",
+            Some(bearer(&sign(
+                Algorithm::HS256,
+                None,
+                &pub_as_secret,
+                &claims(),
+            ))),
+            401,
+        ),
+        (
+            "expired",
+            rs(with(claims(), "exp", json!(now() - 120))),
+            401,
+        ),
+        ("no exp", rs(without(claims(), "exp")), 401),
+        (
+            "nbf in the future",
+            rs(with(claims(), "nbf", json!(now() + 300))),
+            401,
+        ),
+        (
+            "wrong iss",
+            rs(with(claims(), "iss", json!("https://evil"))),
+            401,
+        ),
+        ("missing iss", rs(without(claims(), "iss")), 401),
+        ("wrong aud", rs(with(claims(), "aud", json!("other"))), 401),
+        ("missing aud", rs(without(claims(), "aud")), 401),
+        ("missing tenant", rs(without(claims(), "tenant")), 401),
+        (
+            "unknown tenant",
+            rs(with(claims(), "tenant", json!("nobody"))),
+            401,
+        ),
+        ("tampered payload", Some(bearer(&tampered)), 401),
+        (
+            "unknown kid",
+            Some(bearer(&sign(
+                Algorithm::RS256,
+                Some("nope"),
+                &rsa_key,
+                &claims(),
+            ))),
+            401,
+        ),
+        (
+            "no usable scope",
+            rs(with(claims(), "scope", json!("admin"))),
+            403,
+        ),
+    ];
+    for (name, auth, want) in &refused {
+        let (status, body) = gw.handshake("/", auth.as_deref()).await;
+        assert_eq!(status, *want, "{name}: {body}");
+        assert!(
+            !body.contains('.') || !body.contains("ey"),
+            "{name}: the reply must not echo a token: {body}"
+        );
+        let (ok, _) = gw.handshake("/", Some(&bearer(&good))).await;
+        assert_eq!(ok, 101, "valid token refused right after {name}");
+    }
+
+    // access_token in the query (clients that can only be given a URL).
+    let (status, _) = gw.handshake(&format!("/?access_token={good}"), None).await;
+    assert_eq!(status, 101);
+
+    // JWKS rotation: j2 is unknown until the issuer publishes it; then it
+    // is fetched (at most once per refresh interval) and accepted.
+    let j2 = sign(
+        Algorithm::RS256,
+        Some("j2"),
+        &EncodingKey::from_rsa_pem(&j2_priv).unwrap(),
+        &claims(),
+    );
+    assert_eq!(gw.handshake("/", Some(&bearer(&j2))).await.0, 401);
+    *served.lock() = json!({"keys": [rsa_jwk(&j2_pub, "j2")]}).to_string();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        gw.handshake("/", Some(&bearer(&j2))).await.0,
+        101,
+        "rotated key accepted"
+    );
+    // The retired key is gone from the refreshed set.
+    let j1 = sign(
+        Algorithm::RS256,
+        Some("j1"),
+        &EncodingKey::from_rsa_pem(&j1_priv).unwrap(),
+        &claims(),
+    );
+    assert_eq!(
+        gw.handshake("/", Some(&bearer(&j1))).await.0,
+        401,
+        "retired key refused"
+    );
+
+    // Every refusal was counted by reason; no token appears in the metrics.
+    let (_, metrics) = gw.http_get("/metrics").await;
+    for reason in [
+        "missing",
+        "malformed",
+        "signature",
+        "expired",
+        "not_yet_valid",
+        "issuer",
+        "audience",
+        "unknown_tenant",
+        "unknown_kid",
+        "no_scope",
+    ] {
+        assert!(
+            metrics.contains(&format!(
+                "exec_gateway_auth_failures_total{{reason=\"{reason}\"}}"
+            )),
+            "{reason}: {metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bad_config_exits_64_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("unknown key", "[server]\nlisen = 1\n".to_owned()),
+        ("no keys", "[tenants.a]\nroot = \"/\"\n".to_owned()),
+        (
+            "short secret",
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/short\"\n[tenants.a]\nroot = \"/\"\n",
+                dir.path().display()
+            ),
+        ),
+        (
+            "leeway too large",
+            format!(
+                "[auth]\nleeway = \"5m\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/short\"\n[tenants.a]\nroot = \"/\"\n",
+                dir.path().display()
+            ),
+        ),
+    ];
+    std::fs::write(dir.path().join("short"), "tooshort").unwrap();
+    for (name, text) in cases {
+        let config = dir.path().join("c.toml");
+        std::fs::write(&config, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+            .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn embedded_default_serves_tenant_default_with_a_minted_token() {
+    let state = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_exec-gateway");
+    let token = Command::new(bin)
+        .args(["token", "--tenant", "default", "--root"])
+        .arg(root.path())
+        .env("XDG_STATE_HOME", state.path())
+        .output()
+        .unwrap();
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let token = String::from_utf8(token.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let key = state.path().join("exec-gateway/hs256.key");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", "ws://127.0.0.1:0", "--root"])
+        .arg(root.path())
+        .env("XDG_STATE_HOME", state.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line.trim().to_owned();
+    let mut c = common::Client::connect(&url, &token).await;
+    c.initialize().await;
+    let r = c
+        .call(
+            "fs/writeFile",
+            json!({"path": format!("{}/hello.txt", root.path().display()), "dataBase64": "aGkK"}),
+        )
+        .await;
+    assert_eq!(r, json!({}));
+    assert_eq!(
+        std::fs::read(root.path().join("hello.txt")).unwrap(),
+        b"hi\n"
+    );
+    let (code, _) = c
+        .call_err("fs/readFile", json!({"path": "/etc/hostname"}))
+        .await;
+    assert_eq!(code, -32600, "the default tenant is confined to its root");
+    let _ = child.kill();
+    let _ = child.wait();
+}
