@@ -49,6 +49,8 @@ fn err(e: impl std::fmt::Display) -> String {
 struct Server {
     child: Child,
     url: String,
+    /// `http://HOST:PORT` when the server printed a `grpc://` second line.
+    grpc: Option<String>,
 }
 
 impl Server {
@@ -61,17 +63,25 @@ impl Server {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        tokio::time::timeout(
-            Duration::from_secs(20),
-            BufReader::new(stdout).read_line(&mut line),
-        )
-        .await
-        .map_err(|_| format!("{} printed no URL", program.display()))?
-        .map_err(err)?;
+        tokio::time::timeout(Duration::from_secs(20), reader.read_line(&mut line))
+            .await
+            .map_err(|_| format!("{} printed no URL", program.display()))?
+            .map_err(err)?;
+        let mut grpc = None;
+        if args.contains(&"--grpc-listen") {
+            let mut second = String::new();
+            tokio::time::timeout(Duration::from_secs(20), reader.read_line(&mut second))
+                .await
+                .map_err(|_| "no gRPC URL printed".to_owned())?
+                .map_err(err)?;
+            grpc = Some(second.trim().replace("grpc://", "http://"));
+        }
         Ok(Server {
             child,
             url: line.trim().to_owned(),
+            grpc,
         })
     }
 
@@ -524,6 +534,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             "serve",
             "--listen",
             "ws://127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
             "--config",
             &config_s,
         ],
@@ -627,6 +639,42 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         reference: r,
     });
 
+    // 3b. the same over gRPC (raw bytes: no base64, no JSON).
+    if let Some(grpc) = &gw.grpc {
+        let mut ours = 0f64;
+        for _ in 0..3 {
+            ours = ours.max(grpc_throughput(grpc, &bench_token, args.output_bytes).await?);
+        }
+        rows.push(Row {
+            figure: "output over gRPC Exec, best of 3",
+            ours: format!("{ours:.0} MB/s"),
+            baseline: format!("{direct:.0} MB/s pipe"),
+            ratio: format!("{:.0}%", ours / direct * 100.0),
+            target: "≥ 60% of the direct pipe",
+            met: Some(ours / direct >= 0.6),
+            reference: String::new(),
+        });
+        let (p50, p99) = grpc_spawn_latency(grpc, &bench_token, n).await?;
+        rows.push(Row {
+            figure: "`true` start→closed over gRPC Exec, p50",
+            ours: ms(p50),
+            baseline: format!("{} direct", ms(d50)),
+            ratio: format!("{:.2}x", p50.as_secs_f64() / d50.as_secs_f64()),
+            target: "(reported)",
+            met: None,
+            reference: String::new(),
+        });
+        rows.push(Row {
+            figure: "`true` start→closed over gRPC Exec, p99",
+            ours: ms(p99),
+            baseline: format!("{} direct", ms(d99)),
+            ratio: format!("{:.2}x", p99.as_secs_f64() / d99.as_secs_f64()),
+            target: "(reported)",
+            met: None,
+            reference: String::new(),
+        });
+    }
+
     // 4. fs/readFile 1 MiB.
     let direct = direct_read_file_p50(&file, n.min(500), false)?;
     let direct_simd = direct_read_file_p50(&file, n.min(500), true)?;
@@ -728,6 +776,127 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     Ok(())
 }
 
+fn grpc_spec(id: String, argv: Vec<String>) -> crate::transport::grpc::pb::ProcessSpec {
+    crate::transport::grpc::pb::ProcessSpec {
+        process_id: id,
+        argv,
+        cwd: "/tmp".into(),
+        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        tty: false,
+        pipe_stdin: false,
+        arg0: None,
+        env_policy: None,
+    }
+}
+
+async fn grpc_exec(
+    client: &mut crate::transport::grpc::pb::process_service_client::ProcessServiceClient<
+        tonic::transport::Channel,
+    >,
+    token: &str,
+    session: &str,
+    spec: crate::transport::grpc::pb::ProcessSpec,
+) -> BenchResult<u64> {
+    use crate::transport::grpc::pb;
+    let mut req = tonic::Request::new(pb::ExecRequest {
+        session_id: session.to_owned(),
+        spec: Some(spec),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().map_err(err)?,
+    );
+    let mut stream = client.exec(req).await.map_err(err)?.into_inner();
+    let mut bytes = 0u64;
+    while let Some(msg) = stream.next().await {
+        let ev = msg.map_err(err)?.event.ok_or("empty event")?;
+        match ev.event {
+            Some(pb::process_event::Event::Output(o)) => bytes += o.data.len() as u64,
+            Some(pb::process_event::Event::Closed(_)) => return Ok(bytes),
+            _ => {}
+        }
+    }
+    Err("stream ended before closed".to_owned())
+}
+
+async fn grpc_session(channel: tonic::transport::Channel, token: &str) -> BenchResult<String> {
+    use crate::transport::grpc::pb;
+    let mut req = tonic::Request::new(pb::CreateSessionRequest {
+        client_name: "bench".into(),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().map_err(err)?,
+    );
+    Ok(
+        pb::session_service_client::SessionServiceClient::new(channel)
+            .create_session(req)
+            .await
+            .map_err(err)?
+            .into_inner()
+            .session_id,
+    )
+}
+
+async fn grpc_throughput(url: &str, token: &str, bytes: u64) -> BenchResult<f64> {
+    use crate::transport::grpc::pb::process_service_client::ProcessServiceClient;
+    // A bulk client sizes its HTTP/2 windows (as any gRPC bulk client should).
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .map_err(err)?
+        .initial_stream_window_size(crate::transport::grpc::HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(crate::transport::grpc::HTTP2_CONNECTION_WINDOW_BYTES)
+        .http2_adaptive_window(true)
+        .max_frame_size(crate::transport::grpc::HTTP2_MAX_FRAME_BYTES)
+        .connect()
+        .await
+        .map_err(err)?;
+    let session = grpc_session(channel.clone(), token).await?;
+    let mut client = ProcessServiceClient::new(channel)
+        .max_decoding_message_size(crate::transport::grpc::MAX_GRPC_MESSAGE_BYTES);
+    let t = Instant::now();
+    let spec = grpc_spec(
+        format!("big-{}", t.elapsed().as_nanos()),
+        vec![
+            "head".into(),
+            "-c".into(),
+            bytes.to_string(),
+            "/dev/zero".into(),
+        ],
+    );
+    let got = grpc_exec(&mut client, token, &session, spec).await?;
+    if got != bytes {
+        return Err(format!("received {got} of {bytes} bytes over gRPC"));
+    }
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e6)
+}
+
+async fn grpc_spawn_latency(url: &str, token: &str, n: usize) -> BenchResult<(Duration, Duration)> {
+    use crate::transport::grpc::pb::process_service_client::ProcessServiceClient;
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .map_err(err)?
+        .connect()
+        .await
+        .map_err(err)?;
+    let session = grpc_session(channel.clone(), token).await?;
+    let mut client = ProcessServiceClient::new(channel);
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        grpc_exec(
+            &mut client,
+            token,
+            &session,
+            grpc_spec(format!("g{i}"), vec!["true".into()]),
+        )
+        .await?;
+        if i >= 20 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99)))
+}
+
 /// One flooding connection: start `true` as fast as possible, counting
 /// served and shed starts, until `stop`.
 async fn flood(
@@ -770,7 +939,8 @@ async fn stack_cost(
                 subject: None,
                 scopes: crate::auth::Scopes::ALL,
             }),
-            session,
+            tenant: tenant.clone(),
+            session: Some(session),
             evicted: token.evicted,
         },
     };

@@ -78,6 +78,9 @@ pub struct ServeArgs {
     /// `ws://IP:PORT` (port 0 picks a free port) or `stdio`.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Also serve gRPC on `HOST:PORT` (its URL is the second stdout line).
+    #[arg(long)]
+    pub grpc_listen: Option<String>,
 }
 
 fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, ConfigError> {
@@ -127,10 +130,20 @@ pub fn run(cli: Cli) -> ExitCode {
             {
                 return usage_error(&e);
             }
-            let settings = match settings(&args.common, args.listen.as_deref()) {
+            let mut settings = match settings(&args.common, args.listen.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return usage_error(&e),
             };
+            if let Some(g) = &args.grpc_listen {
+                match g.parse() {
+                    Ok(a) => settings.grpc_listen = Some(a),
+                    Err(_) => {
+                        return usage_error(&ConfigError(format!(
+                            "--grpc-listen: expected HOST:PORT, got `{g}`"
+                        )));
+                    }
+                }
+            }
             block_on(serve(settings))
         }
         Command::Stdio(common) => {
@@ -160,6 +173,7 @@ fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> ExitCode {
+    let settings_grpc = settings.grpc_listen;
     let listener = match tokio::net::TcpListener::bind(settings.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -178,12 +192,26 @@ async fn serve(settings: Settings) -> ExitCode {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
-    // The first stdout line is the bound URL (harnesses read it).
+    let grpc = match settings_grpc {
+        None => None,
+        Some(a) => match tokio::net::TcpListener::bind(a).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("exec-gateway: cannot listen on {a} (gRPC): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    // The first stdout line is the bound URL (harnesses read it); the gRPC
+    // address, when served, is the second.
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "ws://{addr}");
+    if let Some(g) = grpc.as_ref().and_then(|l| l.local_addr().ok()) {
+        let _ = writeln!(stdout, "grpc://{g}");
+    }
     let _ = stdout.flush();
     tracing::info!(%addr, tenants = gw.settings.tenants.len(), "listening");
-    gateway::run_ws(gw, listener, gateway::shutdown_signal()).await;
+    gateway::run_ws(gw, listener, grpc, gateway::shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 

@@ -34,9 +34,13 @@ impl tower::Service<RpcRequest> for Dispatch {
 
 async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
     let RpcRequest { call, ctx } = req;
-    let session = &ctx.session;
-    let procs = &session.processes;
-    let root = &session.fs;
+    let root = &ctx.tenant.fs;
+    // Process calls need the session's table; file calls only the tenant.
+    let session = || {
+        ctx.session
+            .as_ref()
+            .ok_or_else(|| GatewayError::InvalidRequest("this call needs a session".to_owned()))
+    };
     let empty = || Reply::Empty(Empty {});
     Ok(match call {
         Call::Initialize(_) => {
@@ -47,24 +51,28 @@ async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
         }
         Call::ProcessStart(p) => {
             root.check_cwd(&p.cwd)?;
-            Reply::ProcessStart(procs.start(p, Family::Process, None)?)
+            Reply::ProcessStart(session()?.processes.start(p, Family::Process, None)?)
         }
-        Call::ProcessRead(p) => Reply::ProcessRead(procs.read(p, &ctx.evicted).await?),
-        Call::ProcessWrite(p) => Reply::ProcessWrite(procs.write(p).await?),
-        Call::ProcessTerminate(p) => Reply::ProcessTerminate(procs.terminate(&p.process_id)),
+        Call::ProcessRead(p) => {
+            Reply::ProcessRead(session()?.processes.read(p, &ctx.evicted).await?)
+        }
+        Call::ProcessWrite(p) => Reply::ProcessWrite(session()?.processes.write(p).await?),
+        Call::ProcessTerminate(p) => {
+            Reply::ProcessTerminate(session()?.processes.terminate(&p.process_id))
+        }
         Call::ProcessSignal(p) => {
-            procs.signal(&p)?;
+            session()?.processes.signal(&p)?;
             empty()
         }
         Call::ProcessResize(p) => {
-            procs.resize(&p)?;
+            session()?.processes.resize(&p)?;
             empty()
         }
         Call::ProcessCloseStdin(p) => {
-            procs.close_stdin(&p.process_id).await?;
+            session()?.processes.close_stdin(&p.process_id).await?;
             empty()
         }
-        Call::ProcessList => Reply::ProcessList(procs.list()),
+        Call::ProcessList => Reply::ProcessList(session()?.processes.list()),
         Call::FsReadFile(p) => Reply::FsReadFile(fs::read_file(root, p).await?),
         Call::FsWriteFile(p) => {
             fs::write_file(root, p).await?;
@@ -103,7 +111,9 @@ async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
                 arg0: p.arg0,
                 env_policy: None,
             };
-            procs.start(exec, Family::V0, p.output_bytes_cap)?;
+            session()?
+                .processes
+                .start(exec, Family::V0, p.output_bytes_cap)?;
             Reply::CommandExec(CommandExecResponse {
                 process_id,
                 running: true,
@@ -113,9 +123,17 @@ async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
             })
         }
         Call::CommandExecWrite(p) => {
-            procs.write_v0(&p.process_id, p.chunk.0).await?;
+            session()?
+                .processes
+                .write_v0(&p.process_id, p.chunk.0)
+                .await?;
             Reply::CommandExecWrite(CommandExecWriteResponse { accepted: true })
         }
-        Call::CommandExecTerminate(p) => Reply::ProcessTerminate(procs.terminate(&p.process_id)),
+        Call::ProcessAttach(p) => Reply::Process(session()?.processes.handle(&p.process_id)?),
+        Call::FsOpenRead(p) => Reply::File(fs::open_read(root, p).await?),
+        Call::FsOpenWrite(p) => Reply::File(fs::open_write(root, p).await?),
+        Call::CommandExecTerminate(p) => {
+            Reply::ProcessTerminate(session()?.processes.terminate(&p.process_id))
+        }
     })
 }

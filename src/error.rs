@@ -33,6 +33,10 @@ pub mod code {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     InvalidRequest,
+    /// An unknown process or session id (-32600 like the reference; NOT_FOUND on gRPC).
+    UnknownId,
+    /// A process id already in use (-32600 like the reference; ALREADY_EXISTS on gRPC).
+    AlreadyExists,
     MethodNotFound,
     InvalidParams,
     NotFound,
@@ -48,9 +52,15 @@ pub enum ErrorKind {
 /// Every error a call can end in.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
-    /// -32600 with the given message (pre-init errors, duplicate ids, ...).
+    /// -32600 with the given message (pre-init errors, bad base64, ...).
     #[error("{0}")]
     InvalidRequest(String),
+    /// -32600 "unknown process id X" / "unknown session id X".
+    #[error("{0}")]
+    UnknownId(String),
+    /// -32600 "process X already exists".
+    #[error("{0}")]
+    AlreadyExists(String),
     #[error("exec-server stub does not implement `{0}` yet")]
     MethodNotFound(String),
     #[error("{0}")]
@@ -90,6 +100,8 @@ impl GatewayError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             GatewayError::InvalidRequest(_) => ErrorKind::InvalidRequest,
+            GatewayError::UnknownId(_) => ErrorKind::UnknownId,
+            GatewayError::AlreadyExists(_) => ErrorKind::AlreadyExists,
             GatewayError::MethodNotFound(_) => ErrorKind::MethodNotFound,
             GatewayError::InvalidParams(_) => ErrorKind::InvalidParams,
             GatewayError::NotFound(_) => ErrorKind::NotFound,
@@ -109,6 +121,8 @@ impl GatewayError {
     pub fn outcome(&self) -> &'static str {
         match self.kind() {
             ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::UnknownId => "unknown_id",
+            ErrorKind::AlreadyExists => "already_exists",
             ErrorKind::MethodNotFound => "method_not_found",
             ErrorKind::InvalidParams => "invalid_params",
             ErrorKind::NotFound => "not_found",
@@ -124,7 +138,9 @@ impl GatewayError {
 
     pub fn to_jsonrpc(&self) -> ErrorObject {
         let code = match self.kind() {
-            ErrorKind::InvalidRequest => code::INVALID_REQUEST,
+            ErrorKind::InvalidRequest | ErrorKind::UnknownId | ErrorKind::AlreadyExists => {
+                code::INVALID_REQUEST
+            }
             ErrorKind::MethodNotFound => code::METHOD_NOT_FOUND,
             ErrorKind::InvalidParams => code::INVALID_PARAMS,
             ErrorKind::NotFound => code::NOT_FOUND,
@@ -158,6 +174,32 @@ impl GatewayError {
             message: self.to_string(),
             data,
         }
+    }
+
+    /// The gRPC status for this error: the same table's other column.
+    pub fn to_grpc(&self) -> tonic::Status {
+        use tonic::Code;
+        let code = match self.kind() {
+            ErrorKind::InvalidRequest | ErrorKind::InvalidParams => Code::InvalidArgument,
+            ErrorKind::UnknownId | ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::AlreadyExists => Code::AlreadyExists,
+            ErrorKind::MethodNotFound => Code::Unimplemented,
+            ErrorKind::Internal => Code::Internal,
+            // Transient: retry (elsewhere); the data says when for rate limits.
+            ErrorKind::Overloaded | ErrorKind::Draining => Code::Unavailable,
+            ErrorKind::Unauthenticated => Code::Unauthenticated,
+            ErrorKind::Forbidden => Code::PermissionDenied,
+            ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+            ErrorKind::QuotaExceeded => Code::ResourceExhausted,
+        };
+        let mut status = tonic::Status::new(code, self.to_string());
+        if let Some(data) = self.to_jsonrpc().data
+            && let Ok(v) = tonic::metadata::MetadataValue::try_from(data.to_string())
+        {
+            // Machine-readable details (quota, limit, retryAfterMs) as JSON.
+            status.metadata_mut().insert("x-exec-gateway-error-data", v);
+        }
+        status
     }
 
     /// The reference's `map_fs_error`: NotFound → -32004, InvalidInput and

@@ -34,6 +34,8 @@ pub struct Gateway {
     pub stack: RpcService,
     /// Cancelled when listeners must stop and connections close.
     pub stopped: CancellationToken,
+    /// Cancelled when draining starts (gRPC health flips to NOT_SERVING).
+    drain: CancellationToken,
     draining: AtomicBool,
     reaper: Option<Arc<Reaper>>,
 }
@@ -64,6 +66,7 @@ impl Gateway {
             sessions,
             stack,
             stopped: CancellationToken::new(),
+            drain: CancellationToken::new(),
             draining: AtomicBool::new(false),
             reaper,
         }))
@@ -71,6 +74,11 @@ impl Gateway {
 
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Completes once draining has started.
+    pub async fn draining_started(&self) {
+        self.drain.cancelled().await;
     }
 
     /// Prometheus text exposition.
@@ -81,6 +89,7 @@ impl Gateway {
     /// Steps 1–4 of the shutdown order.
     pub async fn shut_down(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        self.drain.cancel();
         self.metrics.draining.set(1);
         let grace = self.settings.shutdown_grace;
         let deadline = tokio::time::Instant::now() + grace;
@@ -100,16 +109,27 @@ impl Gateway {
     }
 }
 
-/// Serve websocket/HTTP on `listener` until `shutdown` completes, then shut down.
-pub async fn run_ws(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+/// Serve websocket/HTTP on `listener` (and gRPC on `grpc`) until `shutdown`
+/// completes, then shut down.
+pub async fn run_ws(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    grpc: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) {
     let server = crate::task::spawn(
         "ws-accept",
         crate::transport::ws::serve(listener, gw.clone()),
     );
+    let grpc =
+        grpc.map(|l| crate::task::spawn("grpc", crate::transport::grpc::serve(l, gw.clone())));
     shutdown.await;
     tracing::info!("shutting down");
     gw.shut_down().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    if let Some(g) = grpc {
+        let _ = tokio::time::timeout(Duration::from_secs(2), g).await;
+    }
     // Let connection tasks send their close frames.
     tokio::time::sleep(Duration::from_millis(50)).await;
 }

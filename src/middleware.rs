@@ -94,7 +94,7 @@ fn rate_limit(
     metrics: Arc<Metrics>,
 ) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
     move |req| {
-        let tenant = &req.ctx.session.tenant;
+        let tenant = &req.ctx.tenant;
         match tenant.limiter.check() {
             Ok(()) => Ok(None),
             Err(not_until) => {
@@ -120,7 +120,7 @@ fn tenant_concurrency(
     metrics: Arc<Metrics>,
 ) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
     move |req| {
-        let tenant = &req.ctx.session.tenant;
+        let tenant = &req.ctx.tenant;
         match tenant.in_flight.clone().try_acquire_owned() {
             Ok(permit) => Ok(Some(permit)),
             Err(_) => {
@@ -238,7 +238,7 @@ where
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let method = req.call.method();
-        let tenant = req.ctx.session.tenant.name.clone();
+        let tenant = req.ctx.tenant.name.clone();
         let metrics = self.metrics.clone();
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -299,7 +299,7 @@ where
     }
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
-        let tenant = req.ctx.session.tenant.name.clone();
+        let tenant = req.ctx.tenant.name.clone();
         let metrics = self.metrics.clone();
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -367,8 +367,8 @@ where
         let span = tracing::debug_span!(
             "rpc",
             rpc.method = method,
-            tenant = %req.ctx.session.tenant.name,
-            session.id = %req.ctx.session.id
+            tenant = %req.ctx.tenant.name,
+            session.id = req.ctx.session.as_ref().map(|s| s.id.as_str())
         );
         // Clone-and-swap: the ready service handles this call.
         let clone = self.inner.clone();

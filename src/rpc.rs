@@ -28,6 +28,7 @@ use crate::protocol::v0::{
     CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
 };
 use crate::session::Session;
+use crate::tenant::Tenant;
 
 /// Which family a method belongs to; names the pre-init errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +101,12 @@ pub enum Call {
     CommandExec(CommandExecParams),
     CommandExecWrite(CommandExecWriteParams),
     CommandExecTerminate(ProcessIdParams),
+    /// gRPC only: a handle to stream a process's events (Attach, Exec).
+    ProcessAttach(ProcessIdParams),
+    /// gRPC only: open a file to stream it out (ReadFile).
+    FsOpenRead(PathParams),
+    /// gRPC only: create/truncate a file to stream into it (WriteFile).
+    FsOpenWrite(PathParams),
 }
 
 fn p<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Result<T, GatewayError> {
@@ -160,6 +167,9 @@ impl Call {
             Call::CommandExec(_) => m::COMMAND_EXEC,
             Call::CommandExecWrite(_) => m::COMMAND_EXEC_WRITE,
             Call::CommandExecTerminate(_) => m::COMMAND_EXEC_TERMINATE,
+            Call::ProcessAttach(_) => "process/attach",
+            Call::FsOpenRead(_) => "fs/readFile(stream)",
+            Call::FsOpenWrite(_) => "fs/writeFile(stream)",
         }
     }
 }
@@ -206,15 +216,18 @@ impl Call {
             | Call::CommandExec(_)
             | Call::CommandExecWrite(_)
             | Call::CommandExecTerminate(_)
+            | Call::ProcessAttach(_)
             // Executor-side HTTP runs on the executor like a process would.
             | Call::HttpRequest => Some(Scope::Exec),
-            Call::FsReadFile(_) | Call::FsGetMetadata(_) | Call::FsReadDirectory(_) => {
-                Some(Scope::FsRead)
-            }
+            Call::FsReadFile(_)
+            | Call::FsGetMetadata(_)
+            | Call::FsReadDirectory(_)
+            | Call::FsOpenRead(_) => Some(Scope::FsRead),
             Call::FsWriteFile(_)
             | Call::FsCreateDirectory(_)
             | Call::FsRemove(_)
-            | Call::FsCopy(_) => Some(Scope::FsWrite),
+            | Call::FsCopy(_)
+            | Call::FsOpenWrite(_) => Some(Scope::FsWrite),
         }
     }
 }
@@ -224,8 +237,11 @@ impl Call {
 pub struct RequestContext {
     /// Who is calling (from the JWT).
     pub principal: Arc<Principal>,
-    /// The session the calling connection holds (it belongs to the principal's tenant).
-    pub session: Arc<Session>,
+    /// The principal's tenant.
+    pub tenant: Arc<Tenant>,
+    /// The session the call runs in; process calls need one, file calls do
+    /// not (gRPC file calls carry none). It belongs to `tenant`.
+    pub session: Option<Arc<Session>>,
     /// Cancelled when another connection takes the session over.
     pub evicted: CancellationToken,
 }
@@ -253,6 +269,12 @@ pub enum Reply {
     CommandExec(CommandExecResponse),
     CommandExecWrite(CommandExecWriteResponse),
     Empty(Empty),
+    /// gRPC only (never serialised).
+    #[serde(skip_serializing)]
+    Process(crate::exec::ProcessHandle),
+    /// gRPC only (never serialised).
+    #[serde(skip_serializing)]
+    File(crate::fs::FileHandle),
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -27,6 +27,33 @@ pub struct Session {
     pub fs: Arc<FsRoot>,
     /// Bumped on every attach; a TTL timer only fires for the detach it saw.
     epoch: AtomicU64,
+    /// Last use by a call that holds no connection (gRPC) or the detach time.
+    last_active: Mutex<tokio::time::Instant>,
+    /// Open gRPC streams on this session (Attach, Exec): they keep it alive.
+    streams: AtomicUsize,
+}
+
+impl Session {
+    /// Note activity: a detached session lives `detach_ttl` past its last use.
+    pub fn touch(&self) {
+        *self.last_active.lock() = tokio::time::Instant::now();
+    }
+
+    /// Keep the session alive while the returned guard lives.
+    pub fn stream_guard(self: &Arc<Self>) -> StreamGuard {
+        self.streams.fetch_add(1, Ordering::AcqRel);
+        StreamGuard(self.clone())
+    }
+}
+
+/// An open stream on a session; see [`Session::stream_guard`].
+pub struct StreamGuard(Arc<Session>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.streams.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// All sessions of one gateway process.
@@ -66,7 +93,7 @@ impl SessionRegistry {
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = resume {
-            let unknown = || GatewayError::InvalidRequest(format!("unknown session id {id}"));
+            let unknown = || GatewayError::UnknownId(format!("unknown session id {id}"));
             let session = self.sessions.lock().get(id).cloned().ok_or_else(unknown)?;
             if !Arc::ptr_eq(&session.tenant, tenant) {
                 return Err(unknown());
@@ -101,30 +128,71 @@ impl SessionRegistry {
             attachment,
             fs: tenant.fs.clone(),
             epoch: AtomicU64::new(0),
+            last_active: Mutex::new(tokio::time::Instant::now()),
+            streams: AtomicUsize::new(0),
         });
         let token = session.attachment.attach(generation, outbound);
         sessions.insert(session.id.clone(), session.clone());
         Ok((session, token))
     }
 
+    /// A session with no connection (gRPC `CreateSession`, or an `Exec`
+    /// without one): it lives while used, then `detach_ttl` past its last use.
+    pub fn create_detached(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let (out, _rx) = Outbound::channel();
+        let (session, token) = self.initialize(tenant, None, out)?;
+        self.detach(&session, &token);
+        Ok(session)
+    }
+
+    /// Look a session up for `tenant` (another tenant's id is unknown) and touch it.
+    pub fn lookup(&self, tenant: &Arc<Tenant>, id: &str) -> Result<Arc<Session>, GatewayError> {
+        let unknown = || GatewayError::UnknownId(format!("unknown session id {id}"));
+        let session = self.sessions.lock().get(id).cloned().ok_or_else(unknown)?;
+        if !Arc::ptr_eq(&session.tenant, tenant) {
+            return Err(unknown());
+        }
+        session.touch();
+        Ok(session)
+    }
+
     /// The connection holding `token` went away: detach, and kill the
-    /// session's processes if nobody resumes it within the TTL.
+    /// session's processes if nobody resumes or uses it within the TTL.
     pub fn detach(self: &Arc<Self>, session: &Arc<Session>, token: &AttachToken) {
         if !session.attachment.detach(token.generation) {
             return;
         }
+        session.touch();
         let epoch = session.epoch.load(Ordering::Relaxed);
         let registry = Arc::downgrade(self);
         let session = session.clone();
         let ttl = self.detach_ttl;
         crate::task::spawn("session-ttl", async move {
-            tokio::time::sleep(ttl).await;
-            if session.epoch.load(Ordering::Relaxed) != epoch || session.attachment.is_attached() {
+            loop {
+                let deadline = *session.last_active.lock() + ttl;
+                tokio::time::sleep_until(deadline).await;
+                if session.epoch.load(Ordering::Relaxed) != epoch
+                    || session.attachment.is_attached()
+                {
+                    // Resumed: a new detach arms a new timer.
+                    return;
+                }
+                if session.streams.load(Ordering::Acquire) > 0 {
+                    session.touch();
+                    continue;
+                }
+                if *session.last_active.lock() + ttl > tokio::time::Instant::now() {
+                    // Used meanwhile: wait out the new deadline.
+                    continue;
+                }
+                if let Some(registry) = registry.upgrade() {
+                    tracing::debug!(session.id = %session.id, "detached session expired");
+                    registry.remove(&session);
+                }
                 return;
-            }
-            if let Some(registry) = registry.upgrade() {
-                tracing::debug!(session.id = %session.id, "detached session expired");
-                registry.remove(&session);
             }
         });
     }

@@ -76,6 +76,7 @@ impl Tenants {
             exec.global_slots = Some((global_slots.clone(), settings.max_processes));
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
+            exec.subscriber_timeout = settings.slow_client_timeout;
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(

@@ -4,7 +4,12 @@
 //! is refused with 401/403 before any upgrade, and a valid token is accepted
 //! on the same server right after each refusal.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::disallowed_methods)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
 
 mod common;
 

@@ -44,6 +44,8 @@ use spawn::SpawnSpec;
 pub const OUTPUT_READ_CHUNK_BYTES: usize = 256 * 1024;
 /// How long a closed process stays readable (`EXITED_PROCESS_RETENTION`).
 pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
+/// Events buffered per live subscriber before the pump waits.
+const SUBSCRIBER_EVENTS: usize = 16;
 /// PTY output chunks buffered between the blocking reader and the pump.
 const PTY_CHANNEL_CHUNKS: usize = 4;
 /// `writeId`s remembered per process for de-duplication (as June upstream).
@@ -70,6 +72,8 @@ pub struct ExecSettings {
     /// Past this, new processes are refused with -32006.
     pub max_retained_bytes: usize,
     pub metrics: TenantMetrics,
+    /// A live subscriber that takes longer than this to accept an event is dropped.
+    pub subscriber_timeout: Duration,
 }
 
 impl ExecSettings {
@@ -85,6 +89,7 @@ impl ExecSettings {
             retained: Arc::default(),
             max_retained_bytes: usize::MAX,
             metrics: TenantMetrics::detached("default"),
+            subscriber_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -156,6 +161,11 @@ pub struct Process {
     master: Option<Mutex<Box<dyn MasterPty + Send>>>,
     write_ids: Mutex<WriteIds>,
     output_bytes: prometheus_client::metrics::counter::Counter,
+    /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
+    /// each (back-pressure, like a connection's queue); one that stalls past
+    /// `subscriber_timeout` is dropped and its stream told to re-attach.
+    subscribers: Mutex<Vec<mpsc::Sender<output::LogEvent>>>,
+    subscriber_timeout: Duration,
 }
 
 /// Slots a running process holds; released (and the gauge lowered) at close.
@@ -211,6 +221,25 @@ impl Process {
         s
     }
 
+    /// Hand an event to every live subscriber, waiting for room.
+    async fn publish(&self, event: output::LogEvent) {
+        let subs: Vec<_> = self.subscribers.lock().clone();
+        if subs.is_empty() {
+            return;
+        }
+        let mut dead = Vec::new();
+        for (i, tx) in subs.iter().enumerate() {
+            match tokio::time::timeout(self.subscriber_timeout, tx.send(event.clone())).await {
+                Ok(Ok(())) => {}
+                _ => dead.push(i),
+            }
+        }
+        if !dead.is_empty() {
+            let mut current = self.subscribers.lock();
+            current.retain(|tx| !dead.iter().any(|&i| subs[i].same_channel(tx)));
+        }
+    }
+
     async fn emit_output(&self, attachment: &Attachment, stream: StreamName, data: Bytes) {
         self.output_bytes.inc_by(data.len() as u64);
         let seq = self.log.lock().push(stream, data.clone());
@@ -218,11 +247,18 @@ impl Process {
         attachment
             .notify(self.encode_output(seq, stream, &data))
             .await;
+        self.publish(output::LogEvent::Output(output::RetainedChunk {
+            seq,
+            stream,
+            data,
+        }))
+        .await;
     }
 
     async fn emit_exit(&self, attachment: &Attachment, code: i32) {
         let seq = self.log.lock().exit(code);
         self.changed.notify_waiters();
+        self.publish(output::LogEvent::Exited { seq, code }).await;
         if self.family == Family::Process {
             let msg = format!(
                 r#"{{"method":"{}","params":{{"processId":{},"seq":{seq},"exitCode":{code}}}}}"#,
@@ -239,6 +275,9 @@ impl Process {
             (log.close(), log.exit_code().unwrap_or(-1))
         };
         self.changed.notify_waiters();
+        self.publish(output::LogEvent::Closed { seq }).await;
+        // Closed is the last event: end every subscriber's channel.
+        self.subscribers.lock().clear();
         let msg = match self.family {
             Family::Process => format!(
                 r#"{{"method":"{}","params":{{"processId":{},"seq":{seq}}}}}"#,
@@ -253,6 +292,41 @@ impl Process {
             ),
         };
         attachment.notify(msg).await;
+    }
+}
+
+/// A handle on one process for stream subscribers (gRPC Attach/Exec).
+#[derive(Clone)]
+pub struct ProcessHandle(Arc<Process>);
+
+impl std::fmt::Debug for ProcessHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProcessHandle({})", self.0.id)
+    }
+}
+
+impl ProcessHandle {
+    /// Events with `seq > after_seq`, in order (the retained window only).
+    pub fn events_since(&self, after_seq: u64) -> Vec<output::LogEvent> {
+        self.0.log.lock().events_since(after_seq)
+    }
+
+    /// Subscribe to live events: returns the retained events with
+    /// `seq > after_seq` (the replay) and a channel of every later event.
+    /// Registration happens under the log lock, so nothing falls between the
+    /// replay and the channel; an event may appear in both (skip by seq).
+    /// The channel ends after `closed` (or at once if already closed).
+    pub fn subscribe(
+        &self,
+        after_seq: u64,
+    ) -> (Vec<output::LogEvent>, mpsc::Receiver<output::LogEvent>) {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_EVENTS);
+        let log = self.0.log.lock();
+        let replay = log.events_since(after_seq);
+        if !log.closed() {
+            self.0.subscribers.lock().push(tx);
+        }
+        (replay, rx)
     }
 }
 
@@ -297,7 +371,7 @@ impl ProcessTable {
         match self.entries.lock().get(id) {
             Some(Entry::Running(p)) => Ok(p.clone()),
             Some(Entry::Starting) => Err(invalid(format!("process id {id} is starting"))),
-            None => Err(invalid(format!("unknown process id {id}"))),
+            None => Err(GatewayError::UnknownId(format!("unknown process id {id}"))),
         }
     }
 
@@ -318,7 +392,9 @@ impl ProcessTable {
         {
             let mut entries = self.entries.lock();
             if entries.contains_key(&id) {
-                return Err(invalid(format!("process {id} already exists")));
+                return Err(GatewayError::AlreadyExists(format!(
+                    "process {id} already exists"
+                )));
             }
             entries.insert(id.clone(), Entry::Starting);
         }
@@ -418,6 +494,8 @@ impl ProcessTable {
                     seen: HashSet::new(),
                 }),
                 output_bytes: self.settings.metrics.output_bytes.clone(),
+                subscribers: Mutex::new(Vec::new()),
+                subscriber_timeout: self.settings.subscriber_timeout,
             });
             let pump = PtyPump {
                 guard,
@@ -455,6 +533,8 @@ impl ProcessTable {
                     seen: HashSet::new(),
                 }),
                 output_bytes: self.settings.metrics.output_bytes.clone(),
+                subscribers: Mutex::new(Vec::new()),
+                subscriber_timeout: self.settings.subscriber_timeout,
             });
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
@@ -514,6 +594,11 @@ impl ProcessTable {
                 }
             }
         }
+    }
+
+    /// A handle for streaming a process's events.
+    pub fn handle(&self, id: &str) -> Result<ProcessHandle, GatewayError> {
+        self.get(id).map(ProcessHandle)
     }
 
     /// `process/write`; unknown ids are a status, not an error (§4.3).

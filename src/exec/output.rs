@@ -24,6 +24,23 @@ pub struct RetainedChunk {
     pub data: Bytes,
 }
 
+/// One event of a process's log, for stream subscribers.
+#[derive(Debug, Clone)]
+pub enum LogEvent {
+    Output(RetainedChunk),
+    Exited { seq: u64, code: i32 },
+    Closed { seq: u64 },
+}
+
+impl LogEvent {
+    pub fn seq(&self) -> u64 {
+        match self {
+            LogEvent::Output(c) => c.seq,
+            LogEvent::Exited { seq, .. } | LogEvent::Closed { seq } => *seq,
+        }
+    }
+}
+
 /// What a read selected, before waiting is decided.
 #[derive(Debug, Clone)]
 pub struct ReadSelection {
@@ -52,6 +69,8 @@ pub struct OutputLog {
     next_seq: u64,
     exit_code: Option<i32>,
     closed: bool,
+    exit_seq: Option<u64>,
+    close_seq: Option<u64>,
     /// The tenant's retained-bytes total, charged and credited with ours.
     tenant_retained: Arc<AtomicUsize>,
 }
@@ -72,6 +91,8 @@ impl OutputLog {
             next_seq: 1,
             exit_code: None,
             closed: false,
+            exit_seq: None,
+            close_seq: None,
             tenant_retained,
         }
     }
@@ -106,12 +127,16 @@ impl OutputLog {
 
     pub fn exit(&mut self, code: i32) -> u64 {
         self.exit_code = Some(code);
-        self.take_seq()
+        let seq = self.take_seq();
+        self.exit_seq = Some(seq);
+        seq
     }
 
     pub fn close(&mut self) -> u64 {
         self.closed = true;
-        self.take_seq()
+        let seq = self.take_seq();
+        self.close_seq = Some(seq);
+        seq
     }
 
     pub fn exit_code(&self) -> Option<i32> {
@@ -163,10 +188,28 @@ impl OutputLog {
         }
     }
 
-    /// Chunks with `seq > after_seq`, for replaying to a stream subscriber.
-    pub fn since(&self, after_seq: u64) -> Vec<RetainedChunk> {
+    /// Every retained event with `seq > after_seq`, in seq order: output
+    /// chunks, the exit and the close (for stream subscribers).
+    pub fn events_since(&self, after_seq: u64) -> Vec<LogEvent> {
         let start = self.chunks.partition_point(|c| c.seq <= after_seq);
-        self.chunks.iter().skip(start).cloned().collect()
+        let mut events: Vec<LogEvent> = self
+            .chunks
+            .iter()
+            .skip(start)
+            .map(|c| LogEvent::Output(c.clone()))
+            .collect();
+        if let (Some(seq), Some(code)) = (self.exit_seq, self.exit_code)
+            && seq > after_seq
+        {
+            events.push(LogEvent::Exited { seq, code });
+        }
+        if let Some(seq) = self.close_seq
+            && seq > after_seq
+        {
+            events.push(LogEvent::Closed { seq });
+        }
+        events.sort_by_key(LogEvent::seq);
+        events
     }
 }
 
@@ -236,6 +279,25 @@ mod tests {
         assert!(!log.select(2, None).is_ready(2));
         log.close();
         assert!(log.select(3, None).is_ready(3));
+    }
+
+    #[test]
+    fn events_since_interleave_exit_and_close_by_seq() {
+        let mut log = OutputLog::new(1024, Arc::default());
+        log.push(StreamName::Stdout, chunk(1));
+        log.exit(3);
+        log.push(StreamName::Stderr, chunk(1));
+        log.close();
+        let seqs: Vec<u64> = log.events_since(0).iter().map(LogEvent::seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
+        assert!(matches!(
+            log.events_since(0)[1],
+            LogEvent::Exited { code: 3, .. }
+        ));
+        assert!(matches!(
+            log.events_since(3)[..],
+            [LogEvent::Closed { seq: 4 }]
+        ));
     }
 
     #[test]

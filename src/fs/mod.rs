@@ -336,6 +336,28 @@ where
         .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
 }
 
+/// An open file for gRPC streaming (never serialised).
+#[derive(Debug, Clone)]
+pub struct FileHandle(pub Arc<std::fs::File>);
+
+/// Open a regular file for streaming out (gRPC ReadFile), confined as `fs/readFile`.
+pub async fn open_read(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
+    blocking(root, move |root| {
+        let file = root.resolve(&p.path)?.open_read().map_err(io_err)?;
+        Ok(FileHandle(Arc::new(file)))
+    })
+    .await
+}
+
+/// Create or truncate a file for streaming in (gRPC WriteFile), confined as `fs/writeFile`.
+pub async fn open_write(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
+    blocking(root, move |root| {
+        let file = root.resolve(&p.path)?.open_write().map_err(io_err)?;
+        Ok(FileHandle(Arc::new(file)))
+    })
+    .await
+}
+
 /// `fs/readFile`.
 pub async fn read_file(
     root: &Arc<FsRoot>,

@@ -6,6 +6,7 @@
 //! request (§G.2). Responses may leave out of order; clients match by id.
 //! Nothing here knows whether frames came from a websocket or stdin.
 
+pub mod grpc;
 pub mod http;
 pub mod stdio;
 pub mod ws;
@@ -162,7 +163,8 @@ where
                     Some(_) if gw.draining() => Err(GatewayError::Draining),
                     Some(h) => Ok(RequestContext {
                         principal: h.principal.clone(),
-                        session: h.session.clone(),
+                        tenant: h.session.tenant.clone(),
+                        session: Some(h.session.clone()),
                         evicted: h.token.evicted.clone(),
                     }),
                 };

@@ -35,6 +35,8 @@ pub struct Gateway {
     pub child: Child,
     pub url: String,
     pub addr: String,
+    /// `http://127.0.0.1:PORT` of the gRPC listener.
+    pub grpc: String,
     /// The HS256 secret of the config's key (tokens are minted with it).
     pub secret: Vec<u8>,
     pub dir: tempfile::TempDir,
@@ -96,6 +98,8 @@ impl Gateway {
             .arg("serve")
             .arg("--listen")
             .arg("ws://127.0.0.1:0")
+            .arg("--grpc-listen")
+            .arg("127.0.0.1:0")
             .arg("--config")
             .arg(&config)
             .stdout(Stdio::piped())
@@ -105,20 +109,28 @@ impl Gateway {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            let mut r = BufReader::new(stdout);
+            let (mut ws, mut grpc) = (String::new(), String::new());
+            let _ = r.read_line(&mut ws);
+            let _ = r.read_line(&mut grpc);
+            let _ = tx.send((ws, grpc));
         });
-        let line = rx
+        let (line, grpc_line) = rx
             .recv_timeout(EVENT_TIMEOUT)
-            .expect("gateway printed its URL");
+            .expect("gateway printed its URLs");
         let url = line.trim().to_owned();
         assert!(url.starts_with("ws://127.0.0.1:"), "first line: {url:?}");
         let addr = url.trim_start_matches("ws://").to_owned();
+        let grpc = grpc_line.trim().replace("grpc://", "http://");
+        assert!(
+            grpc.starts_with("http://127.0.0.1:"),
+            "second line: {grpc_line:?}"
+        );
         Gateway {
             child,
             url,
             addr,
+            grpc,
             secret,
             dir,
         }

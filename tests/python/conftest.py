@@ -46,6 +46,7 @@ def gateway(tmp_path):
     )
     proc = subprocess.Popen(
         [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0",
+         "--grpc-listen", "127.0.0.1:0",
          "--config", str(tmp_path / "gateway.toml")],
         stdout=subprocess.PIPE,
         text=True,
@@ -53,7 +54,33 @@ def gateway(tmp_path):
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("ws://127.0.0.1:"), url
-        yield Gateway(url, secret)
+        grpc_url = proc.stdout.readline().strip()
+        assert grpc_url.startswith("grpc://127.0.0.1:"), grpc_url
+        gw = Gateway(url, secret)
+        gw.grpc_target = grpc_url.removeprefix("grpc://")
+        yield gw
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory):
+    """Python stubs generated from proto/ now, with grpcio-tools."""
+    import importlib
+    import sys
+
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("stubs")
+    protos = sorted(str(p.relative_to(ROOT / "proto"))
+                    for p in (ROOT / "proto").rglob("*.proto"))
+    rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"--python_out={out}",
+                      f"--grpc_python_out={out}", *protos])
+    assert rc == 0, "protoc failed"
+    sys.path.insert(0, str(out))
+    mods = {}
+    for name in ["session", "process", "file"]:
+        mods[name] = importlib.import_module(f"exec_gateway.v1.{name}_pb2")
+        mods[name + "_grpc"] = importlib.import_module(f"exec_gateway.v1.{name}_pb2_grpc")
+    return mods

@@ -1,0 +1,670 @@
+//! The gRPC door with a real tonic client: every RPC, cross-protocol attach
+//! (JSON-RPC ⇄ gRPC in one session, one seq cursor), streaming of large
+//! files, health and auth failures.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{EVENT_TIMEOUT, Gateway, unb64};
+use exec_gateway::transport::grpc::pb;
+use pb::file_service_client::FileServiceClient;
+use pb::process_service_client::ProcessServiceClient;
+use pb::session_service_client::SessionServiceClient;
+use serde_json::json;
+use tokio_stream::StreamExt as _;
+use tonic::Request;
+use tonic::transport::Channel;
+
+fn authed<T>(msg: T, token: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+async fn channel(gw: &Gateway) -> Channel {
+    tokio::time::timeout(
+        EVENT_TIMEOUT,
+        Channel::from_shared(gw.grpc.clone()).unwrap().connect(),
+    )
+    .await
+    .expect("grpc connect timeout")
+    .expect("grpc connect")
+}
+
+fn spec(id: &str, argv: &[&str]) -> pb::ProcessSpec {
+    pb::ProcessSpec {
+        process_id: id.into(),
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        cwd: "/tmp".into(),
+        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        tty: false,
+        pipe_stdin: false,
+        arg0: None,
+        env_policy: None,
+    }
+}
+
+/// Drain an event stream: (stdout+pty bytes, exit code, seqs).
+async fn drain<S, T>(
+    mut s: S,
+    get: impl Fn(T) -> Option<pb::ProcessEvent>,
+) -> (Vec<u8>, Option<i32>, Vec<u64>)
+where
+    S: tokio_stream::Stream<Item = Result<T, tonic::Status>> + Unpin,
+{
+    use pb::process_event::Event;
+    let (mut out, mut code, mut seqs) = (Vec::new(), None, Vec::new());
+    loop {
+        let item = tokio::time::timeout(EVENT_TIMEOUT, s.next())
+            .await
+            .expect("event timeout")
+            .expect("stream ended before closed")
+            .expect("stream error");
+        let ev = get(item).expect("event");
+        seqs.push(ev.seq);
+        match ev.event.expect("event body") {
+            Event::Output(o) => out.extend(o.data),
+            Event::Exited(e) => code = Some(e.exit_code),
+            Event::Closed(_) => return (out, code, seqs),
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_process_rpc_over_grpc() {
+    let gw = Gateway::start("");
+    let token = gw.token("t1");
+    let ch = channel(&gw).await;
+    let mut sessions = SessionServiceClient::new(ch.clone());
+    let mut procs = ProcessServiceClient::new(ch.clone());
+    let sid = sessions
+        .create_session(authed(
+            pb::CreateSessionRequest {
+                client_name: "t".into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    assert_eq!(
+        sessions
+            .resume_session(authed(
+                pb::ResumeSessionRequest {
+                    session_id: sid.clone()
+                },
+                &token
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .session_id,
+        sid
+    );
+    // Start + Write + StreamInput + CloseStdin + Attach.
+    let mut s = spec("cat", &["cat"]);
+    s.pipe_stdin = true;
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(s),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let w = procs
+        .write(authed(
+            pb::WriteRequest {
+                session_id: sid.clone(),
+                process_id: "cat".into(),
+                data: b"one\n".to_vec().into(),
+                write_id: Some("w".into()),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(w.status, pb::WriteStatus::Accepted as i32);
+    let chunks = vec![
+        pb::StreamInputRequest {
+            session_id: sid.clone(),
+            process_id: "cat".into(),
+            data: b"two\n".to_vec().into(),
+        },
+        pb::StreamInputRequest {
+            data: b"three\n".to_vec().into(),
+            ..Default::default()
+        },
+    ];
+    let n = procs
+        .stream_input(authed(tokio_stream::iter(chunks), &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .bytes_written;
+    assert_eq!(n, 10);
+    procs
+        .close_stdin(authed(
+            pb::CloseStdinRequest {
+                session_id: sid.clone(),
+                process_id: "cat".into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let stream = procs
+        .attach(authed(
+            pb::AttachRequest {
+                session_id: sid.clone(),
+                process_id: "cat".into(),
+                after_seq: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, seqs) = drain(stream, |m: pb::AttachResponse| m.event).await;
+    assert_eq!(out, b"one\ntwo\nthree\n");
+    assert_eq!(code, Some(0));
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    // Read (unary long-poll) sees the same log.
+    let r = procs
+        .read(authed(
+            pb::ReadRequest {
+                session_id: sid.clone(),
+                process_id: "cat".into(),
+                after_seq: 0,
+                max_bytes: 0,
+                wait_ms: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.closed && r.exited && r.exit_code == Some(0));
+    // With chunks returned, next_seq is the last chunk's seq + 1 (reference rule).
+    assert_eq!(r.next_seq, r.chunks.last().unwrap().seq + 1);
+    let all: Vec<u8> = r.chunks.iter().flat_map(|c| c.data.clone()).collect();
+    assert_eq!(all, b"one\ntwo\nthree\n");
+    // Signal, Resize, Terminate, List.
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec(
+                    "sig",
+                    &[
+                        "sh",
+                        "-c",
+                        "trap 'exit 9' USR2; echo ready; while :; do sleep 0.05; done",
+                    ],
+                )),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let mut tty = spec("tty", &["sh", "-c", "sleep 0.3; stty size"]);
+    tty.tty = true;
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(tty),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    procs
+        .resize(authed(
+            pb::ResizeRequest {
+                session_id: sid.clone(),
+                process_id: "tty".into(),
+                rows: 33,
+                cols: 99,
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let stream = procs
+        .attach(authed(
+            pb::AttachRequest {
+                session_id: sid.clone(),
+                process_id: "tty".into(),
+                after_seq: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, _, _) = drain(stream, |m: pb::AttachResponse| m.event).await;
+    assert!(
+        String::from_utf8_lossy(&out).contains("33 99"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let mut sig = procs
+        .attach(authed(
+            pb::AttachRequest {
+                session_id: sid.clone(),
+                process_id: "sig".into(),
+                after_seq: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(EVENT_TIMEOUT, sig.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.event.unwrap().seq, 1, "ready printed");
+    procs
+        .signal(authed(
+            pb::SignalRequest {
+                session_id: sid.clone(),
+                process_id: "sig".into(),
+                signal: pb::SignalKind::User2 as i32,
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let (_, code, _) = drain(sig, |m: pb::AttachResponse| m.event).await;
+    assert_eq!(code, Some(9));
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec("long", &["sleep", "30"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let t = procs
+        .terminate(authed(
+            pb::TerminateRequest {
+                session_id: sid.clone(),
+                process_id: "long".into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(t.running);
+    let list = procs
+        .list(authed(
+            pb::ListRequest {
+                session_id: sid.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = list
+        .processes
+        .iter()
+        .map(|p| p.process_id.as_str())
+        .collect();
+    assert_eq!(ids, vec!["cat", "long", "sig", "tty"]);
+    // Exec without a session: start and stream to the end.
+    let stream = procs
+        .exec(authed(
+            pb::ExecRequest {
+                session_id: String::new(),
+                spec: Some(spec("e", &["sh", "-c", "echo hello; exit 5"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, _) = drain(stream, |m: pb::ExecResponse| m.event).await;
+    assert_eq!((out.as_slice(), code), (&b"hello\n"[..], Some(5)));
+    // Errors map through the one table.
+    let e = procs
+        .read(authed(
+            pb::ReadRequest {
+                session_id: sid.clone(),
+                process_id: "nope".into(),
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec("cat", &["true"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists);
+    let e = procs
+        .list(authed(
+            pb::ListRequest {
+                session_id: "not-a-session".into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn cross_protocol_attach_shares_session_and_seq() {
+    let gw = Gateway::start("");
+    let token = gw.token("t1");
+    // Started over JSON-RPC, attached over gRPC from a cursor.
+    let (mut ws, sid) = gw.session().await;
+    ws.call(
+        "process/start",
+        json!({"processId":"x","argv":["sh","-c","echo a; echo b; echo c"],"cwd":"/tmp","env":{},"tty":false}),
+    )
+    .await;
+    let got = ws.collect("x").await;
+    assert_eq!(got.stdout, b"a\nb\nc\n");
+    let mut procs = ProcessServiceClient::new(channel(&gw).await);
+    let stream = procs
+        .attach(authed(
+            pb::AttachRequest {
+                session_id: sid.clone(),
+                process_id: "x".into(),
+                after_seq: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, seqs) = drain(stream, |m: pb::AttachResponse| m.event).await;
+    assert_eq!(out, b"a\nb\nc\n");
+    assert_eq!(code, Some(0));
+    assert_eq!(seqs, got.seqs, "the same seq numbers on both doors");
+    // Started over gRPC, read over JSON-RPC with the same cursor rules.
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec("y", &["echo", "from-grpc"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let got = ws.collect("y").await;
+    assert_eq!(got.stdout, b"from-grpc\n");
+    // Another tenant cannot use the session id.
+    let e = procs
+        .list(authed(
+            pb::ListRequest {
+                session_id: sid.clone(),
+            },
+            &gw.token("t2"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn files_stream_in_and_out_beyond_one_message() {
+    let gw = Gateway::start("");
+    let token = gw.token("t1");
+    let mut files = FileServiceClient::new(channel(&gw).await);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.bin").display().to_string();
+    let data: Vec<u8> = (0..40 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let msgs: Vec<pb::WriteFileRequest> = data
+        .chunks(3 * 1024 * 1024)
+        .enumerate()
+        .map(|(i, c)| pb::WriteFileRequest {
+            path: if i == 0 { path.clone() } else { String::new() },
+            data: c.to_vec().into(),
+        })
+        .collect();
+    let w = files
+        .write_file(authed(tokio_stream::iter(msgs), &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(w.bytes_written, data.len() as u64);
+    let mut stream = files
+        .read_file(authed(pb::ReadFileRequest { path: path.clone() }, &token))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut back = Vec::new();
+    let mut messages = 0;
+    while let Some(m) = tokio::time::timeout(EVENT_TIMEOUT, stream.next())
+        .await
+        .unwrap()
+    {
+        back.extend(m.unwrap().data);
+        messages += 1;
+    }
+    assert_eq!(back.len(), data.len());
+    assert!(back == data);
+    assert!(messages > 16, "streamed in chunks ({messages})");
+    // The unary file RPCs.
+    let sub = dir.path().join("a/b").display().to_string();
+    files
+        .create_directory(authed(
+            pb::CreateDirectoryRequest {
+                path: sub.clone(),
+                recursive: true,
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let m = files
+        .get_metadata(authed(pb::GetMetadataRequest { path: sub.clone() }, &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(m.is_directory && !m.is_file);
+    files
+        .copy(authed(
+            pb::CopyRequest {
+                source_path: path.clone(),
+                destination_path: format!("{sub}/copy.bin"),
+                recursive: false,
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let d = files
+        .read_directory(authed(
+            pb::ReadDirectoryRequest { path: sub.clone() },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.entries.len(), 1);
+    assert_eq!(d.entries[0].file_name, "copy.bin");
+    files
+        .remove(authed(
+            pb::RemoveRequest {
+                path: dir.path().join("a").display().to_string(),
+                recursive: true,
+                force: false,
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let e = files
+        .get_metadata(authed(pb::GetMetadataRequest { path: sub }, &token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    // JSON-RPC reads what gRPC wrote.
+    let (mut ws, _) = gw.session().await;
+    let r = ws.call("fs/getMetadata", json!({"path": path})).await;
+    assert_eq!(r["isFile"], true);
+    let _ = unb64("");
+}
+
+#[tokio::test]
+async fn auth_failures_and_scopes_over_grpc() {
+    let gw = Gateway::start("");
+    let ch = channel(&gw).await;
+    let mut sessions = SessionServiceClient::new(ch.clone());
+    let e = sessions
+        .create_session(Request::new(pb::CreateSessionRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let forged = common::mint(&common::random_secret(), "t1", common::ALL_SCOPES);
+    let e = sessions
+        .create_session(authed(pb::CreateSessionRequest::default(), &forged))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let no_scope = common::mint(&gw.secret, "t1", "admin");
+    let e = sessions
+        .create_session(authed(pb::CreateSessionRequest::default(), &no_scope))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    // A read-only token may read files but not start processes.
+    let ro = common::mint(&gw.secret, "t1", "fs:read");
+    let sid = sessions
+        .create_session(authed(pb::CreateSessionRequest::default(), &ro))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let e = ProcessServiceClient::new(ch.clone())
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid,
+                spec: Some(spec("p", &["true"])),
+            },
+            &ro,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    let m = FileServiceClient::new(ch.clone())
+        .get_metadata(authed(
+            pb::GetMetadataRequest {
+                path: "/tmp".into(),
+            },
+            &ro,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(m.is_directory);
+    // Health answers SERVING.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+    let h = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "exec_gateway.v1.ProcessService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        h.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test]
+async fn reflection_lists_services_and_health_flips_when_draining() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut gw = Gateway::start("[server]\nshutdown_grace = \"3s\"\n");
+    let ch = channel(&gw).await;
+    // grpcurl's first question: which services are there?
+    let mut refl = ServerReflectionClient::new(ch.clone());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut resp = refl
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = resp.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "exec_gateway.v1.ProcessService",
+        "exec_gateway.v1.FileService",
+        "exec_gateway.v1.SessionService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    // Keep a process running so draining lasts the grace period.
+    let token = gw.token("t1");
+    let mut procs = ProcessServiceClient::new(ch.clone());
+    let _stream = procs
+        .exec(authed(
+            pb::ExecRequest {
+                session_id: String::new(),
+                spec: Some(spec("hold", &["sleep", "30"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+    gw.signal(15);
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let h = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if h.status == tonic_health::pb::health_check_response::ServingStatus::NotServing as i32 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health never turned NOT_SERVING"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(gw.wait_exit().success());
+}
