@@ -617,6 +617,67 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         reference: r,
     });
 
+    // 2b. what isolation costs: the same two figures on a gateway with the
+    // isolation layers off, next to the default (layers as probed).
+    let plain_config = dir.join("bench-plain.toml");
+    let plain_toml =
+        std::fs::read_to_string(&config).map_err(err)? + "[isolation]\ncgroups = \"off\"\n";
+    std::fs::write(&plain_config, plain_toml).map_err(err)?;
+    let plain_config_s = plain_config.display().to_string();
+    let mut plain = Server::start(
+        &exe,
+        &[
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--config",
+            &plain_config_s,
+        ],
+    )
+    .await?;
+    let plain_grpc = match &plain.grpc {
+        Some(g) => Some(grpc_spawn_latency(g, &bench_token, n).await?),
+        None => None,
+    };
+    plain.url = format!("{}/?access_token={bench_token}", plain.url);
+    let (p50, p99) = spawn_latency(&plain.url, n).await?;
+    let plain_rate = spawns_per_second(&plain.url, 8, args.seconds).await?;
+    drop(plain);
+    let layers = readyz(&base_url).await.unwrap_or_default();
+    println!(
+        "isolation of the measured gateway: {}",
+        layers.trim().replace('\n', "; ")
+    );
+    rows.push(Row {
+        figure: "isolation cost: `true` p50 (layers on/off)",
+        ours: ms(g50),
+        baseline: format!("{} no layers", ms(p50)),
+        ratio: format!("+{:.0} µs", (g50.as_secs_f64() - p50.as_secs_f64()) * 1e6),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+    rows.push(Row {
+        figure: "isolation cost: `true` p99 (layers on/off)",
+        ours: ms(g99),
+        baseline: format!("{} no layers", ms(p99)),
+        ratio: format!("{:.2}x", g99.as_secs_f64() / p99.as_secs_f64()),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+    rows.push(Row {
+        figure: "isolation cost: spawns/s (layers on/off)",
+        ours: format!("{ours:.0}/s"),
+        baseline: format!("{plain_rate:.0}/s no layers"),
+        ratio: format!("{:.0}%", ours / plain_rate * 100.0),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+
     // 3. output throughput: best of 3 for each side, since one run on a
     // shared 2-core VM varies by ±30%.
     let mut direct = 0f64;
@@ -664,6 +725,17 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             met: None,
             reference: String::new(),
         });
+        if let Some((q50, _)) = plain_grpc {
+            rows.push(Row {
+                figure: "isolation cost: gRPC Exec `true` p50",
+                ours: ms(p50),
+                baseline: format!("{} no layers", ms(q50)),
+                ratio: format!("+{:.0} µs", (p50.as_secs_f64() - q50.as_secs_f64()) * 1e6),
+                target: "(reported)",
+                met: None,
+                reference: String::new(),
+            });
+        }
         rows.push(Row {
             figure: "`true` start→closed over gRPC Exec, p99",
             ours: ms(p99),
@@ -774,6 +846,24 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     drop(gw);
     drop(reference);
     Ok(())
+}
+
+/// The `/readyz` body of the gateway at `ws_url` (its isolation report).
+async fn readyz(ws_url: &str) -> BenchResult<String> {
+    use tokio::io::AsyncWriteExt as _;
+    let addr = ws_url.trim_start_matches("ws://").trim_end_matches('/');
+    let mut s = TcpStream::connect(addr).await.map_err(err)?;
+    s.write_all(
+        format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(err)?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.map_err(err)?;
+    Ok(body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
 }
 
 fn grpc_spec(id: String, argv: Vec<String>) -> crate::transport::grpc::pb::ProcessSpec {

@@ -28,6 +28,25 @@ pub struct Config {
     /// Tenants by name. At least one is required.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
+    #[serde(default)]
+    pub isolation: IsolationConfig,
+}
+
+/// `[isolation]`: each layer is `required` (missing → refuse to start),
+/// `optional` (used when the probe succeeds) or `off`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IsolationConfig {
+    /// cgroup per tenant and per process. Default: `optional`.
+    pub cgroups: Option<LayerPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerPolicy {
+    Required,
+    Optional,
+    Off,
 }
 
 /// `[server]`
@@ -129,6 +148,12 @@ pub struct TenantConfig {
     pub max_retained_output_bytes: Option<usize>,
     /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
+    /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
+    pub pids_max: Option<u64>,
+    /// cgroup memory limit over all the tenant's processes. Default: none.
+    pub memory_max_bytes: Option<u64>,
+    /// cgroup `cpu.shares` (1024 = equal share with other tenants). Default: 1024.
+    pub cpu_shares: Option<u64>,
 }
 
 /// Validated gateway-wide settings.
@@ -149,6 +174,7 @@ pub struct Settings {
     pub exited_retention: Duration,
     pub auth: AuthSettings,
     pub tenants: BTreeMap<String, TenantSettings>,
+    pub cgroups: LayerPolicy,
 }
 
 /// Validated `[auth]`.
@@ -176,6 +202,7 @@ pub struct TenantSettings {
     pub max_in_flight: usize,
     pub max_retained_output_bytes: usize,
     pub base_env: HashMap<String, String>,
+    pub cgroup_limits: crate::exec::cgroup::CgroupLimits,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
@@ -382,6 +409,7 @@ impl Config {
             )?,
             auth,
             tenants,
+            cgroups: self.isolation.cgroups.unwrap_or(LayerPolicy::Optional),
         })
     }
 }
@@ -493,6 +521,11 @@ fn validate_tenant(name: &str, t: TenantConfig) -> Result<TenantSettings, Config
             t.max_retained_output_bytes,
             256 * 1024 * 1024,
         )?,
+        cgroup_limits: crate::exec::cgroup::CgroupLimits {
+            pids_max: Some(t.pids_max.unwrap_or(4096)),
+            memory_max_bytes: t.memory_max_bytes,
+            cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
+        },
     })
 }
 

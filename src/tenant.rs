@@ -60,6 +60,7 @@ impl Tenants {
         reaper: Option<Arc<Reaper>>,
         metrics: &Metrics,
         global_slots: Arc<Semaphore>,
+        cgroups: bool,
     ) -> Result<Tenants, ConfigError> {
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
@@ -77,6 +78,11 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
+            if cgroups {
+                let cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
+                    .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
+                exec.cgroup = Some(Arc::new(cg));
+            }
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(

@@ -9,6 +9,7 @@
 //! session's [`Attachment`], and its log serves `process/read` from any
 //! connection that holds the session.
 
+pub mod cgroup;
 pub mod env;
 pub mod output;
 pub mod reaper;
@@ -74,6 +75,8 @@ pub struct ExecSettings {
     pub metrics: TenantMetrics,
     /// A live subscriber that takes longer than this to accept an event is dropped.
     pub subscriber_timeout: Duration,
+    /// The tenant's cgroup, when the cgroup layer is active.
+    pub cgroup: Option<Arc<cgroup::TenantCgroup>>,
 }
 
 impl ExecSettings {
@@ -90,6 +93,7 @@ impl ExecSettings {
             max_retained_bytes: usize::MAX,
             metrics: TenantMetrics::detached("default"),
             subscriber_timeout: Duration::from_secs(30),
+            cgroup: None,
         }
     }
 }
@@ -166,6 +170,8 @@ pub struct Process {
     /// `subscriber_timeout` is dropped and its stream told to re-attach.
     subscribers: Mutex<Vec<mpsc::Sender<output::LogEvent>>>,
     subscriber_timeout: Duration,
+    /// The process's own cgroup (killed with it; removed when evicted).
+    cgroup: Option<cgroup::ProcessCgroup>,
 }
 
 /// Slots a running process holds; released (and the gauge lowered) at close.
@@ -182,6 +188,13 @@ impl Drop for ProcessPermits {
 }
 
 impl Process {
+    /// Why the process died, when the gateway knows better than its exit code.
+    fn failure(&self) -> Option<String> {
+        let cg = self.cgroup.as_ref()?;
+        (self.log.lock().exited() && cg.oom_killed())
+            .then(|| "killed by the out-of-memory killer (tenant memory limit)".to_owned())
+    }
+
     fn state(&self) -> ProcessState {
         let log = self.log.lock();
         if log.closed() {
@@ -470,9 +483,22 @@ impl ProcessTable {
         let id_json = serde_json::to_string(&params.process_id)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let table = Arc::downgrade(self);
+        let mut process_cgroup = match &self.settings.cgroup {
+            None => None,
+            Some(t) => Some(
+                t.process()
+                    .map_err(|e| GatewayError::Internal(format!("cgroup: {e}")))?,
+            ),
+        };
         if params.tty {
             let started = std::time::Instant::now();
             let child = spawn::spawn_pty(&spec).map_err(GatewayError::Internal)?;
+            if let Some(cg) = &process_cgroup
+                && let Err(e) = cg.adopt(child.pid)
+            {
+                signal::kill_group(child.pid);
+                return Err(GatewayError::Internal(format!("cgroup: {e}")));
+            }
             self.settings
                 .metrics
                 .spawn_seconds
@@ -496,6 +522,7 @@ impl ProcessTable {
                 output_bytes: self.settings.metrics.output_bytes.clone(),
                 subscribers: Mutex::new(Vec::new()),
                 subscriber_timeout: self.settings.subscriber_timeout,
+                cgroup: process_cgroup.take(),
             });
             let pump = PtyPump {
                 guard,
@@ -508,8 +535,8 @@ impl ProcessTable {
             Ok(process)
         } else {
             let started = std::time::Instant::now();
-            let child =
-                spawn::spawn_pipe(&spec).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let child = spawn::spawn_pipe(&spec, process_cgroup.as_ref())
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
             self.settings
                 .metrics
                 .spawn_seconds
@@ -535,6 +562,7 @@ impl ProcessTable {
                 output_bytes: self.settings.metrics.output_bytes.clone(),
                 subscribers: Mutex::new(Vec::new()),
                 subscriber_timeout: self.settings.subscriber_timeout,
+                cgroup: process_cgroup.take(),
             });
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
@@ -581,7 +609,7 @@ impl ProcessTable {
                     exited: sel.exited,
                     exit_code: sel.exit_code,
                     closed: sel.closed,
-                    failure: None,
+                    failure: process.failure(),
                 });
             }
             tokio::select! {
@@ -633,6 +661,7 @@ impl ProcessTable {
             return TerminateResponse { running: false };
         }
         signal::kill_group(process.pgid);
+        kill_cgroup(&process);
         TerminateResponse { running: true }
     }
 
@@ -731,17 +760,21 @@ impl ProcessTable {
 
     /// SIGKILL every live process group (session end, shutdown).
     pub fn kill_all(&self) {
-        let live: Vec<i32> = self
+        let all: Vec<Arc<Process>> = self
             .entries
             .lock()
             .values()
             .filter_map(|e| match e {
-                Entry::Running(p) if !p.log.lock().closed() => Some(p.pgid),
-                _ => None,
+                Entry::Running(p) => Some(p.clone()),
+                Entry::Starting => None,
             })
             .collect();
-        for pgid in live {
-            signal::kill_group(pgid);
+        for p in all {
+            if !p.log.lock().closed() {
+                signal::kill_group(p.pgid);
+            }
+            // Escapers outlive their group: the cgroup reaches them.
+            kill_cgroup(&p);
         }
     }
 
@@ -764,6 +797,18 @@ impl ProcessTable {
         {
             entries.remove(&process.id);
         }
+    }
+}
+
+/// Kill a process's cgroup off the async threads (freeze/kill/thaw sleeps).
+fn kill_cgroup(process: &Arc<Process>) {
+    if process.cgroup.is_some() {
+        let p = process.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Some(cg) = &p.cgroup {
+                cg.kill();
+            }
+        });
     }
 }
 

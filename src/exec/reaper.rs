@@ -5,9 +5,10 @@
 //! pipe on its stdin, and writes `+PGID` when a group starts and `-PGID` when
 //! it has closed. When the pipe reaches EOF (the kernel closes it when the
 //! gateway exits, cleanly or not) the reaper SIGKILLs every group still
-//! registered and exits. Compared with `PR_SET_PDEATHSIG` this also reaches
-//! grandchildren in the group, and lets children be spawned with
-//! `posix_spawn` (no `pre_exec` hook). `setsid` escapers need a cgroup.
+//! registered, then everything in its gateway's cgroup subtree (which
+//! reaches `setsid` escapers too), and exits. Compared with
+//! `PR_SET_PDEATHSIG` this also reaches grandchildren, and lets children be
+//! spawned with `posix_spawn` (no `pre_exec` hook).
 
 use std::collections::HashSet;
 use std::io::{self, BufRead as _, Write as _};
@@ -72,6 +73,8 @@ impl Reaper {
 
 /// Body of `exec-gateway reaper`.
 pub fn run() -> ExitCode {
+    // Captured now: once the gateway dies, our parent is init.
+    let gateway = std::os::unix::process::parent_id();
     let mut live: HashSet<i32> = HashSet::new();
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -92,5 +95,7 @@ pub fn run() -> ExitCode {
     for pgid in live {
         super::signal::kill_group(pgid);
     }
+    // `setsid` escapers left their groups but not their cgroups.
+    super::cgroup::remove_instance(gateway);
     ExitCode::SUCCESS
 }

@@ -33,7 +33,11 @@ pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
             if gw.draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "draining\n".into())
             } else {
-                text(StatusCode::OK, PLAIN, "ready\n".into())
+                text(
+                    StatusCode::OK,
+                    PLAIN,
+                    format!("ready\n{}", gw.isolation_report()),
+                )
             }
         }
         "/metrics" => text(

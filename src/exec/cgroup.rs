@@ -1,0 +1,374 @@
+//! cgroup confinement: a cgroup per tenant (pids, memory and cpu limits)
+//! and one per process beneath it, on the cgroup v1 controllers this kind of
+//! host has (ISOLATION.md §6(b)). Killing a process's cgroup reaches
+//! everything in it, `setsid` escapers included: SIGKILL every member and
+//! repeat until empty (a killed process cannot fork, so this converges).
+//!
+//! Layout: `/sys/fs/cgroup/<controller>/exec-gateway/gw-<pid>/<tenant>[/p<n>]`:
+//! one subtree per gateway process, so gateways sharing a host never touch
+//! each other's cgroups, and a dead gateway's subtree is recognisable.
+//! A child joins between fork and exec by writing "0" to precomputed
+//! `cgroup.procs` paths (no allocation after fork).
+//!
+//! Cost: every v1 `cgroup.procs` write takes the kernel's global
+//! threadgroup lock (~0.15–0.2 ms here), so a spawn joins as few as it can:
+//! its own cgroup under the tenant's in the `pids` hierarchy (membership
+//! for the kill *and* the tenant's `pids.max`, which is hierarchical), the
+//! tenant's `cpu` cgroup, and the tenant's `memory` cgroup only when the
+//! tenant has a memory limit. The freezer is not used (one join more).
+//! cgroup v2 (`cgroup.kill`) is not implemented yet: v1 only.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Root of the v1 hierarchies.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Our subtree under each controller.
+const SUBTREE: &str = "exec-gateway";
+/// Controllers used. Per-process cgroups live in `pids` (membership).
+const CONTROLLERS: &[&str] = &["pids", "memory", "cpu"];
+/// The controller that holds per-process cgroups.
+const MEMBERSHIP: &str = "pids";
+/// Emptied per-process cgroups kept for reuse, per tenant: enough that a
+/// burst of evictions does not turn into `rmdir`s, each of which holds the
+/// cgroup mutex (and so every spawn's join) for up to ~10 ms here.
+const FREE_POOL_MAX: usize = 4096;
+/// Kill rounds before giving up on a cgroup that will not empty.
+const KILL_ROUNDS: usize = 50;
+
+/// Limits applied to a tenant's cgroup.
+#[derive(Debug, Clone, Default)]
+pub struct CgroupLimits {
+    pub pids_max: Option<u64>,
+    pub memory_max_bytes: Option<u64>,
+    /// v1 `cpu.shares` (1024 = one default share).
+    pub cpu_shares: Option<u64>,
+}
+
+/// `exec-gateway` under a controller (all gateways).
+fn subtree(controller: &str) -> PathBuf {
+    Path::new(CGROUP_ROOT).join(controller).join(SUBTREE)
+}
+
+fn instance_name(pid: u32) -> String {
+    format!("gw-{pid}")
+}
+
+/// This gateway's subtree under a controller.
+fn controller_dir(controller: &str) -> PathBuf {
+    subtree(controller).join(instance_name(std::process::id()))
+}
+
+/// Check that every controller is mounted and writable by doing it: create
+/// (and remove) a probe cgroup in each. `Err` names what is missing.
+pub fn probe() -> Result<(), String> {
+    for c in CONTROLLERS {
+        let base = Path::new(CGROUP_ROOT).join(c);
+        if !base.join("cgroup.procs").exists() {
+            return Err(format!(
+                "cgroup v1 controller `{c}` is not mounted at {}",
+                base.display()
+            ));
+        }
+        let dir = controller_dir(c);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if *c == "memory" {
+            // Children must be charged to their tenant's limit.
+            let _ = write(&dir.join("memory.use_hierarchy"), "1");
+        }
+        let probe = dir.join(format!("probe-{}", std::process::id()));
+        std::fs::create_dir(&probe)
+            .map_err(|e| format!("cannot create {}: {e}", probe.display()))?;
+        let _ = std::fs::remove_dir(&probe);
+    }
+    Ok(())
+}
+
+/// Kill and remove the subtrees of gateways that are gone (ISOLATION.md
+/// §5.4's backstop after a crash). Returns the kills sent.
+pub fn cleanup_leftovers() -> usize {
+    let Ok(instances) = std::fs::read_dir(subtree(MEMBERSHIP)) else {
+        return 0;
+    };
+    let mut killed = 0;
+    for inst in instances.flatten() {
+        let name = inst.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("gw-").and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        killed += remove_instance(pid);
+    }
+    killed
+}
+
+/// Kill everything of gateway `pid` and remove its subtree (also used by
+/// the reaper when its gateway dies).
+pub fn remove_instance(pid: u32) -> usize {
+    let inst = instance_name(pid);
+    let mut killed = 0;
+    let membership = subtree(MEMBERSHIP).join(&inst);
+    if let Ok(tenants) = std::fs::read_dir(&membership) {
+        for t in tenants.flatten() {
+            let Ok(procs) = std::fs::read_dir(t.path()) else {
+                continue;
+            };
+            for p in procs.flatten() {
+                if p.file_type().is_ok_and(|f| f.is_dir()) {
+                    killed += kill_dir(&p.path());
+                    for c in CONTROLLERS {
+                        let _ = std::fs::remove_dir(
+                            subtree(c)
+                                .join(&inst)
+                                .join(t.file_name())
+                                .join(p.file_name()),
+                        );
+                    }
+                }
+            }
+            for c in CONTROLLERS {
+                let _ = std::fs::remove_dir(subtree(c).join(&inst).join(t.file_name()));
+            }
+        }
+    }
+    for c in CONTROLLERS {
+        let _ = std::fs::remove_dir(subtree(c).join(&inst));
+    }
+    killed
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+}
+
+fn members(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// SIGKILL every member; repeat until empty. A process forked while a
+/// round runs is caught by the next one, and a killed process cannot fork,
+/// so the rounds converge (`pids.max` bounds each). Returns kills sent.
+fn kill_dir(dir: &Path) -> usize {
+    let mut sent = 0;
+    for _ in 0..KILL_ROUNDS {
+        let pids = members(dir);
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            // SAFETY: plain kill(2) on a pid read from the cgroup.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                sent += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sent
+}
+
+/// Remove `rel` (tenant/process) under every controller of this gateway.
+fn remove_all(rel: &Path) {
+    let _ = std::fs::remove_dir(controller_dir(MEMBERSHIP).join(rel));
+}
+
+/// A tenant's cgroup (created with its limits).
+#[derive(Debug)]
+pub struct TenantCgroup {
+    name: String,
+    next: AtomicU64,
+    /// Emptied per-process cgroups kept for reuse: `rmdir` waits out an RCU
+    /// grace period under the cgroup mutex, which stalls the next `mkdir`
+    /// (gRPC `Exec` at ~5 ms a spawn before this pool).
+    free: parking_lot::Mutex<Vec<PathBuf>>,
+    /// Whether processes join the memory cgroup (only with a limit).
+    memory: bool,
+}
+
+impl TenantCgroup {
+    /// Create (or reuse) the tenant's cgroups and apply `limits`.
+    pub fn create(tenant: &str, limits: &CgroupLimits) -> io::Result<TenantCgroup> {
+        for c in CONTROLLERS {
+            std::fs::create_dir_all(controller_dir(c).join(tenant))?;
+        }
+        let set = |c: &str, file: &str, v: u64| {
+            write(&controller_dir(c).join(tenant).join(file), &v.to_string())
+        };
+        if let Some(v) = limits.pids_max {
+            set("pids", "pids.max", v)?;
+        }
+        if let Some(v) = limits.memory_max_bytes {
+            set("memory", "memory.limit_in_bytes", v)?;
+        }
+        if let Some(v) = limits.cpu_shares {
+            set("cpu", "cpu.shares", v)?;
+        }
+        Ok(TenantCgroup {
+            name: tenant.to_owned(),
+            next: AtomicU64::new(1),
+            free: parking_lot::Mutex::new(Vec::new()),
+            memory: limits.memory_max_bytes.is_some(),
+        })
+    }
+
+    /// A fresh cgroup for one process: its own under the tenant's in the
+    /// membership hierarchy, plus the tenant's cpu (and memory) cgroups.
+    pub fn process(self: &Arc<Self>) -> io::Result<ProcessCgroup> {
+        let reused = self.free.lock().pop();
+        let rel = match reused {
+            Some(rel) => rel,
+            None => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let rel = Path::new(&self.name).join(format!("p{n}"));
+                std::fs::create_dir(controller_dir(MEMBERSHIP).join(&rel))?;
+                rel
+            }
+        };
+        let cstr = |p: PathBuf| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+        };
+        let own = controller_dir(MEMBERSHIP).join(&rel);
+        let mut procs = vec![cstr(own.join("cgroup.procs"))?];
+        procs.push(cstr(
+            controller_dir("cpu").join(&self.name).join("cgroup.procs"),
+        )?);
+        if self.memory {
+            procs.push(cstr(
+                controller_dir("memory")
+                    .join(&self.name)
+                    .join("cgroup.procs"),
+            )?);
+        }
+        let oom_base = if self.memory {
+            oom_kills(&self.name)
+        } else {
+            0
+        };
+        Ok(ProcessCgroup {
+            rel,
+            procs,
+            memory: self.memory,
+            oom_base,
+            tenant: self.clone(),
+        })
+    }
+}
+
+/// The tenant memory cgroup's `oom_kill` counter.
+fn oom_kills(tenant: &str) -> u64 {
+    std::fs::read_to_string(
+        controller_dir("memory")
+            .join(tenant)
+            .join("memory.oom_control"),
+    )
+    .ok()
+    .and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix("oom_kill ")
+                .and_then(|n| n.trim().parse().ok())
+        })
+    })
+    .unwrap_or(0)
+}
+
+/// One process's cgroup.
+#[derive(Debug)]
+pub struct ProcessCgroup {
+    rel: PathBuf,
+    procs: Vec<CString>,
+    memory: bool,
+    /// The tenant's OOM kills before this process started.
+    oom_base: u64,
+    /// Where the emptied cgroup goes back to.
+    tenant: Arc<TenantCgroup>,
+}
+
+impl ProcessCgroup {
+    /// The join step for `pre_exec`: writes "0" (the caller itself) to each
+    /// controller's `cgroup.procs`. Only syscalls; nothing is allocated.
+    pub fn joiner(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+        let paths: Vec<CString> = self.procs.clone();
+        move || {
+            for p in &paths {
+                // SAFETY: open/write/close on a NUL-terminated path computed
+                // before fork; async-signal-safe, no allocation.
+                unsafe {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                    libc::close(fd);
+                    if !ok {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Move an already running process in (PTY children: portable-pty has no
+    /// pre-exec hook, so they join right after spawn).
+    pub fn adopt(&self, pid: i32) -> io::Result<()> {
+        for p in &self.procs {
+            write(
+                Path::new(std::ffi::OsStr::from_bytes(p.as_bytes())),
+                &pid.to_string(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Kill everything in the cgroup (escapers included).
+    pub fn kill(&self) {
+        kill_dir(&controller_dir(MEMBERSHIP).join(&self.rel));
+    }
+
+    /// True if the kernel OOM-killed something in the process's tenant
+    /// while it ran (the memory limit is the tenant's, so with concurrent
+    /// processes this names the limit, not necessarily this process).
+    pub fn oom_killed(&self) -> bool {
+        let tenant = self.rel.parent().and_then(Path::to_str).unwrap_or("");
+        self.memory && oom_kills(tenant) > self.oom_base
+    }
+}
+
+impl Drop for ProcessCgroup {
+    fn drop(&mut self) {
+        // Whatever is left (background escapers) goes with the cgroup. The
+        // cgroupfs calls sleep in the kernel, so keep them off async threads.
+        let rel = std::mem::take(&mut self.rel);
+        let tenant = self.tenant.clone();
+        let retire = move || {
+            let dir = controller_dir(MEMBERSHIP).join(&rel);
+            if !members(&dir).is_empty() {
+                kill_dir(&dir);
+            }
+            if members(&dir).is_empty() {
+                let mut free = tenant.free.lock();
+                if free.len() < FREE_POOL_MAX {
+                    free.push(rel);
+                    return;
+                }
+            }
+            remove_all(&rel);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(retire)),
+            Err(_) => retire(),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! OS-level isolation, proven with real processes: a fork bomb stops at its
+//! tenant's pids limit and a memory hog is OOM-killed (reported) while the
+//! other tenant works; `setsid` escapers die on terminate and when the
+//! gateway is SIGKILLed. Each test needs the cgroup layer: where the probe
+//! says it is inactive, the test prints the reason and skips.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Gateway, eventually, pid_alive, unb64};
+use serde_json::json;
+
+fn gateway() -> Gateway {
+    Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"/\"\npids_max = 40\nmemory_max_bytes = 67108864\n\
+             [tenants.b]\nroot = \"/\"\n",
+            dir.display()
+        )
+    })
+}
+
+/// The cgroup layer's state from `/readyz`; `Some(reason)` to skip.
+async fn skip_reason(gw: &Gateway) -> Option<String> {
+    let (_, body) = gw.http_get("/readyz").await;
+    if body.contains("cgroups: active") {
+        None
+    } else {
+        Some(format!(
+            "cgroup layer inactive on this host: {}",
+            body.trim()
+        ))
+    }
+}
+
+macro_rules! require_cgroups {
+    ($gw:expr) => {
+        if let Some(reason) = skip_reason(&$gw).await {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+}
+
+fn cgroup_file(gw: &Gateway, controller: &str, tenant: &str, file: &str) -> String {
+    std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/{controller}/exec-gateway/gw-{}/{tenant}/{file}",
+        gw.child.id()
+    ))
+    .unwrap_or_default()
+}
+
+async fn pid_line(c: &mut common::Client, id: &str) -> i32 {
+    let mut text = String::new();
+    while !text.contains('\n') {
+        let v = c
+            .wait_for("pid", |v| {
+                v["method"] == "process/output" && v["params"]["processId"] == id
+            })
+            .await;
+        text.push_str(&String::from_utf8_lossy(&unb64(
+            v["params"]["chunk"].as_str().unwrap(),
+        )));
+    }
+    text.lines().next().unwrap().trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_fork_bomb_stops_at_its_tenants_pids_limit() {
+    let gw = gateway();
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    // Forks as fast as bash can, 500 long-lived children, far past the limit.
+    a.start(
+        "bomb",
+        &[
+            "bash",
+            "-c",
+            "for i in $(seq 500); do sleep 60 & done; wait",
+        ],
+    )
+    .await;
+    // Wait for the bomb to hit the limit: bash reports the refused forks.
+    let mut stderr = String::new();
+    while !stderr.contains("Resource temporarily unavailable") {
+        let v = a
+            .wait_for("refused forks", |v| {
+                v["method"] == "process/output" && v["params"]["stream"] == "stderr"
+            })
+            .await;
+        stderr.push_str(&String::from_utf8_lossy(&unb64(
+            v["params"]["chunk"].as_str().unwrap(),
+        )));
+    }
+    let current: u64 = cgroup_file(&gw, "pids", "a", "pids.current")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(current <= 40, "tenant a has {current} pids, limit 40");
+    // Tenant b starts and finishes processes meanwhile.
+    for i in 0..5 {
+        let id = format!("ok{i}");
+        b.start(&id, &["true"]).await;
+        assert_eq!(b.collect(&id).await.exit_code, Some(0));
+    }
+    // Terminate reaches every forked copy through the cgroup.
+    a.call("process/terminate", json!({"processId":"bomb"}))
+        .await;
+    eventually("the bomb's cgroup empties", || {
+        cgroup_file(&gw, "pids", "a", "pids.current").trim() == "0"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_memory_hog_is_oom_killed_and_reported_while_b_completes() {
+    let gw = gateway();
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    a.start(
+        "hog",
+        &["python3", "-c", "x = bytearray(512 << 20); print(len(x))"],
+    )
+    .await;
+    b.start("fine", &["sh", "-c", "echo done"]).await;
+    let hog = a.collect("hog").await;
+    assert_eq!(hog.exit_code, Some(-1), "killed by a signal");
+    assert!(hog.stdout.is_empty(), "the allocation never completed");
+    let r = a.call("process/read", json!({"processId":"hog"})).await;
+    assert_eq!(
+        r["failure"],
+        json!("killed by the out-of-memory killer (tenant memory limit)")
+    );
+    let fine = b.collect("fine").await;
+    assert_eq!(
+        (fine.stdout.as_slice(), fine.exit_code),
+        (&b"done\n"[..], Some(0))
+    );
+}
+
+#[tokio::test]
+async fn setsid_escapers_die_on_terminate() {
+    let gw = gateway();
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    // The grandchild leaves the process group (and session): killpg misses it.
+    a.start(
+        "esc",
+        &["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & wait"],
+    )
+    .await;
+    let escaper = pid_line(&mut a, "esc").await;
+    assert!(pid_alive(escaper));
+    a.call("process/terminate", json!({"processId":"esc"}))
+        .await;
+    eventually("the setsid escaper dies", || !pid_alive(escaper)).await;
+}
+
+#[tokio::test]
+async fn sigkill_of_the_gateway_leaves_no_escaper_behind() {
+    let mut gw = gateway();
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    a.start(
+        "esc",
+        &["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & wait"],
+    )
+    .await;
+    let escaper = pid_line(&mut a, "esc").await;
+    assert!(pid_alive(escaper));
+    gw.signal(9);
+    gw.wait_exit();
+    eventually("the reaper kills the escaper through the cgroup", || {
+        !pid_alive(escaper)
+    })
+    .await;
+}
