@@ -620,8 +620,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     // 2b. what isolation costs: the same two figures on a gateway with the
     // isolation layers off, next to the default (layers as probed).
     let plain_config = dir.join("bench-plain.toml");
-    let plain_toml =
-        std::fs::read_to_string(&config).map_err(err)? + "[isolation]\ncgroups = \"off\"\n";
+    let plain_toml = std::fs::read_to_string(&config).map_err(err)?
+        + "[isolation]\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nuid = \"off\"\n";
     std::fs::write(&plain_config, plain_toml).map_err(err)?;
     let plain_config_s = plain_config.display().to_string();
     let mut plain = Server::start(

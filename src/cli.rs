@@ -38,6 +38,9 @@ pub enum Command {
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
+    /// Internal: confine and exec a PTY child (cgroups, uid, Landlock, seccomp).
+    #[command(hide = true)]
+    SandboxExec(crate::exec::sandbox::ShimArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -151,6 +154,7 @@ pub fn run(cli: Cli) -> ExitCode {
             run_stdio(&common)
         }
         Command::Reaper => crate::exec::reaper::run(),
+        Command::SandboxExec(args) => crate::exec::sandbox::shim_main(args),
         Command::Token(args) => token(&args),
         Command::Bench(args) => {
             telemetry::init(LogFormat::Text);

@@ -39,6 +39,24 @@ pub struct Config {
 pub struct IsolationConfig {
     /// cgroup per tenant and per process. Default: `optional`.
     pub cgroups: Option<LayerPolicy>,
+    /// Landlock on tenant processes (tenant root and tmp read-write, system
+    /// dirs read-only, signals and abstract sockets scoped). Default: `optional`.
+    pub landlock: Option<LayerPolicy>,
+    /// seccomp deny-list on tenant processes. Default: `optional`.
+    pub seccomp: Option<LayerPolicy>,
+    /// A uid/gid per tenant for its processes and file operations. `required`
+    /// makes `tenants.NAME.uid` mandatory; `optional` (default) uses it where
+    /// set; `off` ignores it.
+    pub uid: Option<LayerPolicy>,
+}
+
+/// Validated `[isolation]`.
+#[derive(Debug, Clone, Copy)]
+pub struct IsolationSettings {
+    pub cgroups: LayerPolicy,
+    pub landlock: LayerPolicy,
+    pub seccomp: LayerPolicy,
+    pub uid: LayerPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -154,6 +172,17 @@ pub struct TenantConfig {
     pub memory_max_bytes: Option<u64>,
     /// cgroup `cpu.shares` (1024 = equal share with other tenants). Default: 1024.
     pub cpu_shares: Option<u64>,
+    /// uid the tenant's processes and file operations run as (not 0).
+    /// Default: none (the gateway's own; see `[isolation] uid`).
+    pub uid: Option<u32>,
+    /// gid for the same. Default: the uid.
+    pub gid: Option<u32>,
+    /// Extra paths the tenant's processes may read (Landlock). Default: none.
+    #[serde(default)]
+    pub landlock_read: Vec<PathBuf>,
+    /// Extra paths the tenant's processes may write (Landlock). Default: none.
+    #[serde(default)]
+    pub landlock_write: Vec<PathBuf>,
 }
 
 /// Validated gateway-wide settings.
@@ -174,7 +203,7 @@ pub struct Settings {
     pub exited_retention: Duration,
     pub auth: AuthSettings,
     pub tenants: BTreeMap<String, TenantSettings>,
-    pub cgroups: LayerPolicy,
+    pub isolation: IsolationSettings,
 }
 
 /// Validated `[auth]`.
@@ -203,6 +232,10 @@ pub struct TenantSettings {
     pub max_retained_output_bytes: usize,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: crate::exec::cgroup::CgroupLimits,
+    /// (uid, gid), when configured.
+    pub uid: Option<(u32, u32)>,
+    pub landlock_read: Vec<PathBuf>,
+    pub landlock_write: Vec<PathBuf>,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
@@ -361,9 +394,16 @@ impl Config {
                 "no tenants configured: add at least one [tenants.NAME] with a root".to_owned(),
             ));
         }
+        let layer = |p: Option<LayerPolicy>| p.unwrap_or(LayerPolicy::Optional);
+        let isolation = IsolationSettings {
+            cgroups: layer(self.isolation.cgroups),
+            landlock: layer(self.isolation.landlock),
+            seccomp: layer(self.isolation.seccomp),
+            uid: layer(self.isolation.uid),
+        };
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {
-            tenants.insert(name.clone(), validate_tenant(&name, t)?);
+            tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
         }
         Ok(Settings {
             listen,
@@ -409,7 +449,7 @@ impl Config {
             )?,
             auth,
             tenants,
-            cgroups: self.isolation.cgroups.unwrap_or(LayerPolicy::Optional),
+            isolation,
         })
     }
 }
@@ -472,7 +512,11 @@ fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
     })
 }
 
-fn validate_tenant(name: &str, t: TenantConfig) -> Result<TenantSettings, ConfigError> {
+fn validate_tenant(
+    name: &str,
+    t: TenantConfig,
+    uid_policy: LayerPolicy,
+) -> Result<TenantSettings, ConfigError> {
     if name.is_empty()
         || !name
             .chars()
@@ -498,6 +542,29 @@ fn validate_tenant(name: &str, t: TenantConfig) -> Result<TenantSettings, Config
         )));
     }
     let root = crate::fs::normalize(&root);
+    if t.uid == Some(0) || t.gid == Some(0) {
+        return Err(ConfigError(format!(
+            "tenants.{name}: uid and gid must not be 0 (root)"
+        )));
+    }
+    let uid = match (t.uid, uid_policy) {
+        (_, LayerPolicy::Off) => None,
+        (Some(u), _) => Some((u, t.gid.unwrap_or(u))),
+        (None, LayerPolicy::Required) => {
+            return Err(ConfigError(format!(
+                "tenants.{name}.uid is required by [isolation] uid = \"required\""
+            )));
+        }
+        (None, LayerPolicy::Optional) => None,
+    };
+    for p in t.landlock_read.iter().chain(&t.landlock_write) {
+        if !p.is_absolute() {
+            return Err(ConfigError(format!(
+                "tenants.{name}: landlock paths must be absolute: {}",
+                p.display()
+            )));
+        }
+    }
     let rps = t.requests_per_second.unwrap_or(200);
     if rps == 0 {
         return Err(ConfigError(format!(
@@ -526,6 +593,9 @@ fn validate_tenant(name: &str, t: TenantConfig) -> Result<TenantSettings, Config
             memory_max_bytes: t.memory_max_bytes,
             cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
         },
+        uid,
+        landlock_read: t.landlock_read,
+        landlock_write: t.landlock_write,
     })
 }
 

@@ -38,39 +38,94 @@ pub struct Gateway {
     drain: CancellationToken,
     draining: AtomicBool,
     reaper: Option<Arc<Reaper>>,
-    /// Whether processes run in per-tenant/per-process cgroups.
-    pub cgroups: bool,
+    /// The isolation layers in use.
+    pub layers: Layers,
 }
 
-/// Probe the cgroup layer by doing it; fail closed when it is required.
-fn probe_cgroups(settings: &Settings, metrics: &Metrics) -> Result<bool, ConfigError> {
+/// Which isolation layers are active (probed at start).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Layers {
+    pub cgroups: bool,
+    pub landlock: bool,
+    pub seccomp: bool,
+    pub uid: bool,
+}
+
+/// Probe one isolation layer by doing it: `Ok(true)` when active; a
+/// required layer that fails stops the gateway (fail closed).
+fn probe_layer(
+    name: &str,
+    policy: crate::config::LayerPolicy,
+    metrics: &Metrics,
+    probe: impl FnOnce() -> Result<(), String>,
+) -> Result<bool, ConfigError> {
     use crate::config::LayerPolicy;
-    let layer = crate::metrics::LayerLabel {
-        layer: "cgroup".to_owned(),
-    };
-    if settings.cgroups == LayerPolicy::Off {
-        metrics.isolation_layer.get_or_create(&layer).set(0);
+    let gauge = metrics
+        .isolation_layer
+        .get_or_create(&crate::metrics::LayerLabel {
+            layer: name.to_owned(),
+        })
+        .clone();
+    if policy == LayerPolicy::Off {
+        gauge.set(0);
         return Ok(false);
     }
-    match crate::exec::cgroup::probe() {
+    match probe() {
         Ok(()) => {
-            let killed = crate::exec::cgroup::cleanup_leftovers();
-            if killed > 0 {
-                tracing::warn!(killed, "killed processes left by an earlier gateway");
-            }
-            tracing::info!(layer = "cgroup", "isolation layer active");
-            metrics.isolation_layer.get_or_create(&layer).set(1);
+            tracing::info!(layer = name, "isolation layer active");
+            gauge.set(1);
             Ok(true)
         }
-        Err(reason) if settings.cgroups == LayerPolicy::Required => Err(ConfigError(format!(
-            "isolation layer `cgroups` is required but unavailable: {reason}"
+        Err(reason) if policy == LayerPolicy::Required => Err(ConfigError(format!(
+            "isolation layer `{name}` is required but unavailable: {reason}"
         ))),
         Err(reason) => {
-            tracing::warn!(layer = "cgroup", %reason, "isolation layer unavailable; continuing without it");
-            metrics.isolation_layer.get_or_create(&layer).set(0);
+            tracing::warn!(layer = name, %reason, "isolation layer unavailable; continuing without it");
+            gauge.set(0);
             Ok(false)
         }
     }
+}
+
+/// Probe every layer of `[isolation]`.
+fn probe_layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigError> {
+    use crate::exec::sandbox::{SandboxSpec, probe};
+    let iso = settings.isolation;
+    let cgroups = probe_layer("cgroup", iso.cgroups, metrics, || {
+        crate::exec::cgroup::probe()?;
+        let killed = crate::exec::cgroup::cleanup_leftovers();
+        if killed > 0 {
+            tracing::warn!(killed, "killed processes left by an earlier gateway");
+        }
+        Ok(())
+    })?;
+    let landlock = probe_layer("landlock", iso.landlock, metrics, || {
+        probe(SandboxSpec {
+            landlock_rw: Some(Vec::new()),
+            ..SandboxSpec::default()
+        })
+    })?;
+    let seccomp = probe_layer("seccomp", iso.seccomp, metrics, || {
+        probe(SandboxSpec {
+            seccomp: true,
+            ..SandboxSpec::default()
+        })
+    })?;
+    // Only worth probing (and reporting) when some tenant has a uid.
+    let wanted = settings.tenants.values().any(|t| t.uid.is_some());
+    let uid = wanted
+        && probe_layer("uid", iso.uid, metrics, || {
+            probe(SandboxSpec {
+                uid: Some((65534, 65534)),
+                ..SandboxSpec::default()
+            })
+        })?;
+    Ok(Layers {
+        cgroups,
+        landlock,
+        seccomp,
+        uid,
+    })
 }
 
 impl Gateway {
@@ -84,8 +139,8 @@ impl Gateway {
         // must fail with one line and leave nothing behind.
         let auth = Authenticator::new(&settings.auth, settings.tenants.keys().cloned().collect())
             .map_err(ConfigError)?;
-        let cgroups = probe_cgroups(&settings, &metrics)?;
-        let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots, cgroups)?;
+        let layers = probe_layers(&settings, &metrics)?;
+        let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots, layers)?;
         let sessions = SessionRegistry::new(settings.detach_ttl, settings.max_sessions);
         let stack = middleware::stack(
             &StackSettings {
@@ -105,19 +160,38 @@ impl Gateway {
             drain: CancellationToken::new(),
             draining: AtomicBool::new(false),
             reaper,
-            cgroups,
+            layers,
         }))
     }
 
     /// `/readyz` detail: one line per isolation layer.
     pub fn isolation_report(&self) -> String {
-        format!(
-            "cgroups: {}\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
-            if self.cgroups {
-                "active (v1: pids, memory, cpu)"
+        let on = |b: bool, what: &str| {
+            if b {
+                format!("active ({what})")
             } else {
-                "inactive"
-            },
+                "inactive".to_owned()
+            }
+        };
+        let l = self.layers;
+        let uids = self
+            .settings
+            .tenants
+            .values()
+            .filter(|t| t.uid.is_some())
+            .count();
+        format!(
+            "cgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            on(l.cgroups, "v1: pids, memory, cpu"),
+            on(
+                l.landlock,
+                "tenant root and tmp read-write; signal and abstract-socket scoping"
+            ),
+            on(l.seccomp, "deny-list, no_new_privs"),
+            on(
+                l.uid,
+                &format!("{uids} of {} tenants", self.settings.tenants.len())
+            ),
             if self.reaper.is_some() {
                 "active"
             } else {

@@ -60,16 +60,17 @@ impl Tenants {
         reaper: Option<Arc<Reaper>>,
         metrics: &Metrics,
         global_slots: Arc<Semaphore>,
-        cgroups: bool,
+        layers: crate::gateway::Layers,
     ) -> Result<Tenants, ConfigError> {
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
             let fs = match &t.root {
-                None => FsRoot::Host,
+                None => FsRoot::host(),
                 Some(root) => FsRoot::confined(root).map_err(|e| {
                     ConfigError(format!("tenants.{name}.root {}: {e}", root.display()))
                 })?,
-            };
+            }
+            .with_creds(if layers.uid { t.uid } else { None });
             let tm = metrics.tenant(name);
             let mut exec = ExecSettings::new(t.max_processes, t.base_env.clone());
             exec.reaper = reaper.clone();
@@ -78,7 +79,13 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            if cgroups {
+            let spec = sandbox_spec(t, layers);
+            if !spec.is_empty() {
+                let sb = crate::exec::sandbox::Sandbox::new(spec)
+                    .map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
+                exec.sandbox = Some(Arc::new(sb));
+            }
+            if layers.cgroups {
                 let cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
                 exec.cgroup = Some(Arc::new(cg));
@@ -106,11 +113,33 @@ impl Tenants {
         self.by_name.get(name)
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.by_name.keys()
-    }
-
     pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.by_name.values()
+    }
+}
+
+/// What confines a tenant's processes, given the active layers: Landlock
+/// read-write in the root (or everything for an unconfined tenant), its
+/// `TMPDIR` and the configured extras.
+fn sandbox_spec(
+    t: &crate::config::TenantSettings,
+    layers: crate::gateway::Layers,
+) -> crate::exec::sandbox::SandboxSpec {
+    let landlock_rw = layers.landlock.then(|| {
+        let root = t
+            .root
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("/"));
+        let tmp = t.base_env.get("TMPDIR").map(std::path::PathBuf::from);
+        std::iter::once(root)
+            .chain(tmp)
+            .chain(t.landlock_write.iter().cloned())
+            .collect()
+    });
+    crate::exec::sandbox::SandboxSpec {
+        uid: if layers.uid { t.uid } else { None },
+        landlock_rw,
+        landlock_ro: t.landlock_read.clone(),
+        seccomp: layers.seccomp,
     }
 }

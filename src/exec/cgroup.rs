@@ -320,16 +320,12 @@ impl ProcessCgroup {
         }
     }
 
-    /// Move an already running process in (PTY children: portable-pty has no
-    /// pre-exec hook, so they join right after spawn).
-    pub fn adopt(&self, pid: i32) -> io::Result<()> {
-        for p in &self.procs {
-            write(
-                Path::new(std::ffi::OsStr::from_bytes(p.as_bytes())),
-                &pid.to_string(),
-            )?;
-        }
-        Ok(())
+    /// The `cgroup.procs` files a process joins (for `sandbox-exec`).
+    pub fn procs_paths(&self) -> Vec<PathBuf> {
+        self.procs
+            .iter()
+            .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p.as_bytes())))
+            .collect()
     }
 
     /// Kill everything in the cgroup (escapers included).

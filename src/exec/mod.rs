@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod env;
 pub mod output;
 pub mod reaper;
+pub mod sandbox;
 pub mod signal;
 pub mod spawn;
 
@@ -77,6 +78,9 @@ pub struct ExecSettings {
     pub subscriber_timeout: Duration,
     /// The tenant's cgroup, when the cgroup layer is active.
     pub cgroup: Option<Arc<cgroup::TenantCgroup>>,
+    /// The tenant's process sandbox (uid, Landlock, seccomp), when any
+    /// layer is active.
+    pub sandbox: Option<Arc<sandbox::Sandbox>>,
 }
 
 impl ExecSettings {
@@ -94,6 +98,7 @@ impl ExecSettings {
             metrics: TenantMetrics::detached("default"),
             subscriber_timeout: Duration::from_secs(30),
             cgroup: None,
+            sandbox: None,
         }
     }
 }
@@ -492,13 +497,12 @@ impl ProcessTable {
         };
         if params.tty {
             let started = std::time::Instant::now();
-            let child = spawn::spawn_pty(&spec).map_err(GatewayError::Internal)?;
-            if let Some(cg) = &process_cgroup
-                && let Err(e) = cg.adopt(child.pid)
-            {
-                signal::kill_group(child.pid);
-                return Err(GatewayError::Internal(format!("cgroup: {e}")));
-            }
+            let child = spawn::spawn_pty(
+                &spec,
+                process_cgroup.as_ref(),
+                self.settings.sandbox.as_deref(),
+            )
+            .map_err(GatewayError::Internal)?;
             self.settings
                 .metrics
                 .spawn_seconds
@@ -535,8 +539,12 @@ impl ProcessTable {
             Ok(process)
         } else {
             let started = std::time::Instant::now();
-            let child = spawn::spawn_pipe(&spec, process_cgroup.as_ref())
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let child = spawn::spawn_pipe(
+                &spec,
+                process_cgroup.as_ref(),
+                self.settings.sandbox.as_deref(),
+            )
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
             self.settings
                 .metrics
                 .spawn_seconds

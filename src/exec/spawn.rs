@@ -4,9 +4,11 @@
 //! Both make the child a process-group leader (its pid is its group id) so
 //! that terminate reaches the whole tree.
 //!
-//! Pipe children are spawned so that std can use `posix_spawn` (vfork) rather
-//! than `fork`: no `pre_exec` hook, and the program resolved to a path here.
-//! On this kind of VM `fork` costs ~300 µs more per spawn. Dying with the
+//! Without isolation layers, pipe children are spawned so that std can use
+//! `posix_spawn` (vfork) rather than `fork`: no `pre_exec` hook, and the
+//! program resolved to a path here. With a cgroup or a sandbox the child
+//! needs a `pre_exec` step, so std forks: part of the measured isolation
+//! cost (`exec-gateway bench`). Dying with the
 //! gateway is the reaper sidecar's job (`exec::reaper`), which also covers
 //! grandchildren, unlike `PR_SET_PDEATHSIG`.
 
@@ -94,6 +96,7 @@ fn missing_stream() -> io::Error {
 pub fn spawn_pipe(
     spec: &SpawnSpec,
     cgroup: Option<&super::cgroup::ProcessCgroup>,
+    sandbox: Option<&super::sandbox::Sandbox>,
 ) -> io::Result<PipeChild> {
     let (program, args) = spec
         .argv
@@ -124,6 +127,14 @@ pub fn spawn_pipe(
             cmd.pre_exec(join);
         }
     }
+    if let Some(sb) = sandbox {
+        let confine = sb.hook();
+        // SAFETY: raw syscalls on data prepared before fork (see
+        // `Sandbox::hook`); registered after the cgroup join, which needs root.
+        unsafe {
+            cmd.pre_exec(confine);
+        }
+    }
     let mut child = cmd.spawn()?;
     let pid = child
         .id()
@@ -143,7 +154,14 @@ pub fn spawn_pipe(
 
 /// Spawn under a PTY. Errors are the library's text (the reference shows it
 /// as a -32603 message).
-pub fn spawn_pty(spec: &SpawnSpec) -> Result<PtyChild, String> {
+/// With a cgroup or a sandbox, the PTY child is `exec-gateway
+/// sandbox-exec`, which joins and confines itself before exec'ing the
+/// program (portable-pty offers no pre-exec hook).
+pub fn spawn_pty(
+    spec: &SpawnSpec,
+    cgroup: Option<&super::cgroup::ProcessCgroup>,
+    sandbox: Option<&super::sandbox::Sandbox>,
+) -> Result<PtyChild, String> {
     // portable-pty silently falls back to $HOME for a missing cwd: refuse it
     // the way a pipe spawn would.
     if !Path::new(&spec.cwd).is_dir() {
@@ -171,7 +189,26 @@ pub fn spawn_pty(spec: &SpawnSpec) -> Result<PtyChild, String> {
     } else {
         resolve_program(&program, &spec.env, spec.fallback_path.as_deref()).unwrap_or(program)
     };
-    let mut builder = CommandBuilder::new(program);
+    let mut builder = if cgroup.is_none() && sandbox.is_none() {
+        CommandBuilder::new(program)
+    } else {
+        let exe = std::env::current_exe().map_err(|e| format!("sandbox-exec: {e}"))?;
+        // A missing program must fail the start, not the shim's exec.
+        let program = resolve_program(&program, &spec.env, spec.fallback_path.as_deref())
+            .map_err(|e| e.to_string())?;
+        let mut b = CommandBuilder::new(exe);
+        b.arg("sandbox-exec");
+        for p in cgroup.map(|c| c.procs_paths()).unwrap_or_default() {
+            b.arg("--cgroup");
+            b.arg(p);
+        }
+        for a in sandbox.map(|s| s.spec.to_args()).unwrap_or_default() {
+            b.arg(a);
+        }
+        b.arg("--");
+        b.arg(program);
+        b
+    };
     builder.args(spec.argv.iter().skip(1));
     builder.cwd(&spec.cwd);
     builder.env_clear();

@@ -24,8 +24,16 @@ use crate::protocol::fs::{
 /// Largest file `fs/readFile` returns (the reference's limit).
 pub const MAX_READ_FILE_BYTES: u64 = 512 * 1024 * 1024;
 
-/// Where fs paths resolve.
-pub enum FsRoot {
+/// Where fs paths resolve, and as whom.
+pub struct FsRoot {
+    kind: RootKind,
+    /// (uid, gid) file operations run as (`setfsuid`/`setfsgid` on the
+    /// blocking thread for the duration of one operation): the kernel then
+    /// checks the tenant's own permissions and new files are the tenant's.
+    creds: Option<(u32, u32)>,
+}
+
+enum RootKind {
     /// The whole host: paths are used as given (the reference's behaviour).
     Host,
     /// Paths must lie inside `path`; all access goes through `dir`.
@@ -34,37 +42,54 @@ pub enum FsRoot {
 
 impl std::fmt::Debug for FsRoot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FsRoot::Host => f.write_str("FsRoot::Host"),
-            FsRoot::Confined { path, .. } => write!(f, "FsRoot::Confined({})", path.display()),
+        match &self.kind {
+            RootKind::Host => f.write_str("FsRoot::Host"),
+            RootKind::Confined { path, .. } => write!(f, "FsRoot::Confined({})", path.display()),
         }
     }
 }
 
 impl FsRoot {
+    /// The whole host.
+    pub fn host() -> FsRoot {
+        FsRoot {
+            kind: RootKind::Host,
+            creds: None,
+        }
+    }
+
     /// Open a confined root at `path` (which must exist and be a directory).
     pub fn confined(path: &Path) -> io::Result<FsRoot> {
         let dir = Dir::open_ambient_dir(path, cap_std::ambient_authority())?;
-        Ok(FsRoot::Confined {
-            path: path.to_path_buf(),
-            dir,
+        Ok(FsRoot {
+            kind: RootKind::Confined {
+                path: path.to_path_buf(),
+                dir,
+            },
+            creds: None,
         })
+    }
+
+    /// Run file operations as `creds` (uid, gid).
+    pub fn with_creds(mut self, creds: Option<(u32, u32)>) -> FsRoot {
+        self.creds = creds;
+        self
     }
 
     /// The root's path (`/` for the host).
     pub fn path(&self) -> &Path {
-        match self {
-            FsRoot::Host => Path::new("/"),
-            FsRoot::Confined { path, .. } => path,
+        match &self.kind {
+            RootKind::Host => Path::new("/"),
+            RootKind::Confined { path, .. } => path,
         }
     }
 
     /// Check a working directory for a process: absolute, inside the root,
     /// and (when confined) an existing directory reached without escaping.
     pub fn check_cwd(&self, cwd: &str) -> Result<(), GatewayError> {
-        match self {
-            FsRoot::Host => Ok(()),
-            FsRoot::Confined { .. } => {
+        match &self.kind {
+            RootKind::Host => Ok(()),
+            RootKind::Confined { .. } => {
                 let target = self.resolve(cwd)?;
                 let meta = target
                     .metadata()
@@ -88,9 +113,9 @@ impl FsRoot {
             ));
         }
         let norm = normalize(path);
-        match self {
-            FsRoot::Host => Ok(Target::Host(norm)),
-            FsRoot::Confined { path: root, dir } => {
+        match &self.kind {
+            RootKind::Host => Ok(Target::Host(norm)),
+            RootKind::Confined { path: root, dir } => {
                 let rel = norm.strip_prefix(root).map_err(|_| {
                     GatewayError::InvalidRequest(format!("path `{raw}` is outside the tenant root"))
                 })?;
@@ -331,9 +356,49 @@ where
     F: FnOnce(&FsRoot) -> Result<T, GatewayError> + Send + 'static,
 {
     let root = root.clone();
-    tokio::task::spawn_blocking(move || f(&root))
-        .await
-        .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
+    tokio::task::spawn_blocking(move || {
+        let _as = root.creds.map(FsCreds::assume);
+        f(&root)
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
+}
+
+/// The blocking thread's filesystem uid/gid switched to a tenant's for one
+/// operation, and back to the gateway's when dropped. `setfsuid` is per
+/// thread, and a non-zero fsuid drops the thread's file capabilities
+/// (`CAP_DAC_OVERRIDE`...), so the kernel checks the tenant's permissions.
+struct FsCreds {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+}
+
+impl FsCreds {
+    #[allow(unsafe_code)]
+    fn assume((uid, gid): (u32, u32)) -> FsCreds {
+        // SAFETY: setfsgid/setfsuid affect only this thread's credentials and
+        // return the previous ids; they cannot fail in a way that matters
+        // here (an unknown id is still applied).
+        unsafe {
+            let gid0 = libc::setfsgid(gid) as libc::gid_t;
+            let uid0 = libc::setfsuid(uid) as libc::uid_t;
+            FsCreds {
+                uid: uid0,
+                gid: gid0,
+            }
+        }
+    }
+}
+
+impl Drop for FsCreds {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: as in `assume`; restores the thread's previous ids.
+        unsafe {
+            libc::setfsuid(self.uid);
+            libc::setfsgid(self.gid);
+        }
+    }
 }
 
 /// An open file for gRPC streaming (never serialised).

@@ -1,0 +1,469 @@
+//! The per-process sandbox of a tenant's processes (ISOLATION.md §6, §7.1,
+//! §8): the tenant's uid/gid with no supplementary groups, `no_new_privs`,
+//! rlimits, Landlock (read-write only in the tenant root and its tmp dir,
+//! read-exec on system dirs, signal and abstract-socket scoping) and a
+//! seccomp deny-list.
+//!
+//! Everything that allocates is built once per tenant in the parent: the
+//! Landlock ruleset fd and the BPF programs. Pipe children apply it between
+//! fork and exec with raw syscalls only ([`Sandbox::hook`]). PTY children
+//! (portable-pty has no pre-exec hook and closes inherited fds) go through
+//! `exec-gateway sandbox-exec`, a shim that joins the cgroups, applies the
+//! same [`SandboxSpec`] and execs the program ([`shim_main`]).
+
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::path::PathBuf;
+
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
+    RulesetAttr as _, RulesetCreatedAttr as _, Scope,
+};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+/// Landlock ABI the ruleset is written for (scopes need 6).
+const LANDLOCK_ABI: ABI = ABI::V6;
+/// `RLIMIT_NOFILE` ceiling for tenant processes.
+pub const MAX_OPEN_FILES: u64 = 65_536;
+
+/// System directories tenant processes may read and execute.
+const SYSTEM_RX: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+];
+/// Read-only: configuration and process information.
+const SYSTEM_RO: &[&str] = &["/etc", "/proc", "/sys/devices/system/cpu"];
+/// Character devices tenant processes may read and write.
+const DEVICES_RW: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+/// Terminals: read-write plus ioctls (without `IoctlDev` openpty fails).
+const DEVICES_PTY: &[&str] = &["/dev/ptmx", "/dev/pts"];
+
+/// What confines one tenant's processes (serialisable into shim arguments).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// Run as this uid/gid, with no supplementary groups.
+    pub uid: Option<(u32, u32)>,
+    /// Landlock read-write paths (the tenant root, its tmp dir, extras);
+    /// `None` leaves Landlock off.
+    pub landlock_rw: Option<Vec<PathBuf>>,
+    /// Extra read-only paths granted to the tenant.
+    pub landlock_ro: Vec<PathBuf>,
+    /// Install the seccomp deny-list.
+    pub seccomp: bool,
+}
+
+impl SandboxSpec {
+    /// True when nothing would be applied.
+    pub fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.landlock_rw.is_none() && !self.seccomp
+    }
+
+    /// The spec as `sandbox-exec` options.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some((u, g)) = self.uid {
+            a.extend([
+                "--uid".to_owned(),
+                u.to_string(),
+                "--gid".to_owned(),
+                g.to_string(),
+            ]);
+        }
+        if let Some(rw) = &self.landlock_rw {
+            a.push("--landlock".to_owned());
+            for p in rw {
+                a.extend(["--rw".to_owned(), p.display().to_string()]);
+            }
+        }
+        for p in &self.landlock_ro {
+            a.extend(["--ro".to_owned(), p.display().to_string()]);
+        }
+        if self.seccomp {
+            a.push("--seccomp".to_owned());
+        }
+        a
+    }
+}
+
+/// A tenant's sandbox, ready to apply after fork.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub spec: SandboxSpec,
+    ruleset: Option<OwnedFd>,
+    /// Deny-list (EPERM) and `clone3` (ENOSYS, so libc falls back to
+    /// `clone`, whose flags the deny-list can see).
+    filters: Vec<BpfProgram>,
+}
+
+impl Sandbox {
+    /// Build the Landlock ruleset and the BPF programs for `spec`.
+    pub fn new(spec: SandboxSpec) -> Result<Sandbox, String> {
+        let ruleset = match &spec.landlock_rw {
+            Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro)?),
+            None => None,
+        };
+        let filters = if spec.seccomp {
+            seccomp_filters()?
+        } else {
+            Vec::new()
+        };
+        Ok(Sandbox {
+            spec,
+            ruleset,
+            filters,
+        })
+    }
+
+    /// The post-fork step for `pre_exec`, after any cgroup join (which needs
+    /// root): drop groups, gid, uid; `no_new_privs`; rlimits; Landlock;
+    /// seccomp. Only syscalls on data prepared here; nothing allocates.
+    pub fn hook(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+        let uid = self.spec.uid;
+        let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
+        // The programs are copied into the closure: plain data.
+        let filters: Vec<Vec<libc::sock_filter>> = self
+            .filters
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .map(|i| libc::sock_filter {
+                        code: i.code,
+                        jt: i.jt,
+                        jf: i.jf,
+                        k: i.k,
+                    })
+                    .collect()
+            })
+            .collect();
+        move || {
+            // SAFETY: async-signal-safe syscalls on values computed before
+            // fork; the fd and programs outlive the call (owned by the
+            // closure or the parent's `Sandbox`, which the child shares).
+            unsafe { apply(uid, ruleset, &filters) }
+        }
+    }
+}
+
+/// Apply the sandbox to the calling (single-threaded, post-fork) process.
+unsafe fn apply(
+    uid: Option<(u32, u32)>,
+    ruleset: Option<i32>,
+    filters: &[Vec<libc::sock_filter>],
+) -> io::Result<()> {
+    let check = |r: libc::c_long| {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY (whole body): raw syscalls with valid arguments; see `hook`.
+    unsafe {
+        let core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        check(libc::setrlimit(libc::RLIMIT_CORE, &core).into())?;
+        let mut files = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut files) == 0 && files.rlim_max > MAX_OPEN_FILES
+        {
+            files.rlim_max = MAX_OPEN_FILES;
+            files.rlim_cur = files.rlim_cur.min(MAX_OPEN_FILES);
+            check(libc::setrlimit(libc::RLIMIT_NOFILE, &files).into())?;
+        }
+        if let Some((u, g)) = uid {
+            check(libc::setgroups(0, std::ptr::null()).into())?;
+            check(libc::setresgid(g, g, g).into())?;
+            check(libc::setresuid(u, u, u).into())?;
+        }
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
+        if let Some(fd) = ruleset {
+            check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0))?;
+        }
+        for f in filters {
+            let prog = libc::sock_fprog {
+                len: f.len() as libc::c_ushort,
+                filter: f.as_ptr().cast_mut(),
+            };
+            check(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                )
+                .into(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The tenant's Landlock ruleset: everything handled, `rw` granted fully,
+/// system dirs read(-exec), devices, ptys with `IoctlDev`; signals and
+/// abstract unix sockets scoped to the process's own domain. Paths that do
+/// not exist are skipped. Enforcement of the handled rights is required
+/// (`HardRequirement`): a kernel that cannot is reported by the probe.
+fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf]) -> Result<OwnedFd, String> {
+    let e = |e: landlock::RulesetError| format!("landlock: {e}");
+    let all = AccessFs::from_all(LANDLOCK_ABI);
+    let read = AccessFs::from_read(LANDLOCK_ABI);
+    let read_no_exec = read & !AccessFs::Execute;
+    let file_rw = AccessFs::from_file(LANDLOCK_ABI) & !AccessFs::Execute;
+    let mut created = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)
+        .map_err(e)?
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .map_err(e)?
+        .create()
+        .map_err(e)?;
+    let mut grant = |path: &std::path::Path, access| -> Result<(), String> {
+        match PathFd::new(path) {
+            Ok(fd) => {
+                // Files get only the file rights of `access`.
+                let is_dir = path.is_dir();
+                let access = if is_dir {
+                    access
+                } else {
+                    access & AccessFs::from_file(LANDLOCK_ABI)
+                };
+                created
+                    .as_mut()
+                    .add_rule(PathBeneath::new(fd, access))
+                    .map(|_| ())
+                    .map_err(e)
+            }
+            Err(_) => Ok(()),
+        }
+    };
+    for p in SYSTEM_RX {
+        grant(std::path::Path::new(p), read)?;
+    }
+    for p in SYSTEM_RO {
+        grant(std::path::Path::new(p), read_no_exec)?;
+    }
+    for p in ro {
+        grant(p, read)?;
+    }
+    for p in DEVICES_RW {
+        grant(std::path::Path::new(p), file_rw)?;
+    }
+    for p in DEVICES_PTY {
+        grant(
+            std::path::Path::new(p),
+            file_rw | AccessFs::IoctlDev | read_no_exec,
+        )?;
+    }
+    for p in rw {
+        grant(p, all)?;
+    }
+    Option::<OwnedFd>::from(created)
+        .ok_or_else(|| "landlock is not supported by this kernel".to_owned())
+}
+
+/// Syscalls no tenant process needs: tracing and reading other processes,
+/// kernel attack surface (bpf, io_uring, userfaultfd, perf, keyrings),
+/// mounts and namespaces, modules, kexec, clock and swap control.
+const DENIED: &[libc::c_long] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_bpf,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_syslog,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_iopl,
+    libc::SYS_ioperm,
+];
+
+/// Namespace flags refused to `clone`.
+const CLONE_NAMESPACES: &[u64] = &[
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWCGROUP as u64,
+];
+
+fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
+    let e = |e: seccompiler::BackendError| format!("seccomp: {e}");
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))?;
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|n| (*n, Vec::new())).collect();
+    let clone_rules = CLONE_NAMESPACES
+        .iter()
+        .map(|flag| {
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(*flag),
+                *flag,
+            )
+            .and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(e)?;
+    deny.insert(libc::SYS_clone, clone_rules);
+    let deny = SeccompFilter::new(
+        deny,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(e)?;
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(e)?;
+    Ok(vec![
+        deny.try_into().map_err(e)?,
+        clone3.try_into().map_err(e)?,
+    ])
+}
+
+/// Probe a layer by doing it: run `/bin/true` under a sandbox with only
+/// that layer; `Err` says why it cannot be used.
+pub fn probe(spec: SandboxSpec) -> Result<(), String> {
+    use std::os::unix::process::CommandExt as _;
+    let sandbox = Sandbox::new(spec)?;
+    let hook = sandbox.hook();
+    let mut cmd = std::process::Command::new("/bin/true");
+    cmd.env_clear().stdin(std::process::Stdio::null());
+    // SAFETY: the hook only performs raw syscalls (see `Sandbox::hook`).
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("a probe child exited with {s}")),
+        Err(e) => Err(format!("a probe child could not start: {e}")),
+    }
+}
+
+/// Arguments of `exec-gateway sandbox-exec`.
+#[derive(Debug, clap::Args)]
+pub struct ShimArgs {
+    #[arg(long)]
+    uid: Option<u32>,
+    #[arg(long)]
+    gid: Option<u32>,
+    #[arg(long)]
+    landlock: bool,
+    #[arg(long)]
+    rw: Vec<PathBuf>,
+    #[arg(long)]
+    ro: Vec<PathBuf>,
+    #[arg(long)]
+    seccomp: bool,
+    /// `cgroup.procs` files to join first (as root).
+    #[arg(long)]
+    cgroup: Vec<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    argv: Vec<String>,
+}
+
+/// `exec-gateway sandbox-exec`: join the cgroups, apply the sandbox, exec.
+/// Runs single-threaded as the PTY child (session leader, tty attached),
+/// so it may allocate freely. Never returns on success.
+pub fn shim_main(args: ShimArgs) -> std::process::ExitCode {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        eprintln!("exec-gateway sandbox-exec: {what}: {e}");
+        std::process::ExitCode::from(126)
+    };
+    for procs in &args.cgroup {
+        if let Err(e) = std::fs::write(procs, "0") {
+            return fail("cgroup join", &e);
+        }
+    }
+    let spec = SandboxSpec {
+        uid: args.uid.map(|u| (u, args.gid.unwrap_or(u))),
+        landlock_rw: args.landlock.then_some(args.rw),
+        landlock_ro: args.ro,
+        seccomp: args.seccomp,
+    };
+    let sandbox = match Sandbox::new(spec) {
+        Ok(s) => s,
+        Err(e) => return fail("sandbox", &e),
+    };
+    if let Err(e) = (sandbox.hook())() {
+        return fail("sandbox", &e);
+    }
+    let Some((program, _)) = args.argv.split_first() else {
+        return fail("exec", &"no program");
+    };
+    let cstrs: Result<Vec<CString>, _> = args
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect();
+    let Ok(cstrs) = cstrs else {
+        return fail("exec", &"argument with a NUL byte");
+    };
+    let mut ptrs: Vec<*const libc::c_char> = cstrs.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let Ok(file) = CString::new(program.as_bytes()) else {
+        return fail("exec", &"program with a NUL byte");
+    };
+    // SAFETY: NUL-terminated strings and a NULL-terminated argv that live
+    // until the call; execvp only returns on failure.
+    unsafe {
+        libc::execvp(file.as_ptr(), ptrs.as_ptr());
+    }
+    fail(&format!("exec {program}"), &io::Error::last_os_error())
+}
