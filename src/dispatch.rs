@@ -110,6 +110,7 @@ async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
                 pipe_stdin: false,
                 arg0: p.arg0,
                 env_policy: None,
+                hold_output: false,
             };
             session()?
                 .processes

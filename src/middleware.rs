@@ -37,8 +37,9 @@ pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
         .layer(TraceLayer)
         // Counts every outcome (ok, or the error kind), refusals included,
         // labelled by the (configured, hence bounded) tenant name.
-        .layer(MetricsLayer {
+        .layer(ObserveLayer {
             metrics: metrics.clone(),
+            observe: count_request,
         })
         // Recover sits above every layer that fails with a BoxError and
         // turns them into typed GatewayErrors; nothing above it sees a BoxError.
@@ -57,7 +58,10 @@ pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
         // the call, so a tenant's slow calls only fill its own slots.
         .layer(AdmitLayer::new(tenant_concurrency(metrics.clone())))
         // Quota refusals are counted where they are decided (handlers), here.
-        .layer(QuotaCountLayer { metrics })
+        .layer(ObserveLayer {
+            metrics,
+            observe: count_refusal,
+        })
         // The deadline applies to the handler's own work only, so time spent
         // above is never charged against it.
         .layer(DeadlineLayer {
@@ -202,28 +206,37 @@ where
 
 // === Metrics ===
 
+/// What an [`Observe`] layer records of a finished call: the metrics, the
+/// tenant, the method and the result.
+type Observer = fn(&Metrics, &str, &'static str, &Result<Reply, GatewayError>);
+
+/// Records each call's outcome with an [`Observer`] (the request counter
+/// near the top of the stack, quota and slot refusals near the handler).
 #[derive(Clone)]
-pub struct MetricsLayer {
+pub struct ObserveLayer {
     metrics: Arc<Metrics>,
+    observe: Observer,
 }
 
-impl<S> Layer<S> for MetricsLayer {
-    type Service = MetricsSvc<S>;
-    fn layer(&self, inner: S) -> MetricsSvc<S> {
-        MetricsSvc {
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe {
             inner,
             metrics: self.metrics.clone(),
+            observe: self.observe,
         }
     }
 }
 
 #[derive(Clone)]
-pub struct MetricsSvc<S> {
+pub struct Observe<S> {
     inner: S,
     metrics: Arc<Metrics>,
+    observe: Observer,
 }
 
-impl<S> Service<RpcRequest> for MetricsSvc<S>
+impl<S> Service<RpcRequest> for Observe<S>
 where
     S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -239,95 +252,66 @@ where
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let method = req.call.method();
         let tenant = req.ctx.tenant.name.clone();
-        let metrics = self.metrics.clone();
+        let (metrics, observe) = (self.metrics.clone(), self.observe);
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let result = inner.call(req).await;
-            let outcome = match &result {
-                Ok(_) => "ok",
-                Err(e) => e.outcome(),
-            };
+            observe(&metrics, &tenant, method, &result);
+            result
+        })
+    }
+}
+
+/// Every outcome (ok, or the error kind) by tenant and method.
+fn count_request(
+    metrics: &Metrics,
+    tenant: &str,
+    method: &'static str,
+    result: &Result<Reply, GatewayError>,
+) {
+    let outcome = match result {
+        Ok(_) => "ok",
+        Err(e) => e.outcome(),
+    };
+    metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            tenant: tenant.to_owned(),
+            method: method.to_owned(),
+            outcome: outcome.to_owned(),
+        })
+        .inc();
+}
+
+/// -32006 refusals by tenant and quota name, and refusals for want of a
+/// gateway-wide process slot (decided by the handlers, counted here).
+fn count_refusal(
+    metrics: &Metrics,
+    tenant: &str,
+    _method: &'static str,
+    result: &Result<Reply, GatewayError>,
+) {
+    match result {
+        Err(GatewayError::QuotaExceeded { quota, .. }) => {
             metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    tenant: tenant.to_string(),
-                    method: method.to_owned(),
-                    outcome: outcome.to_owned(),
+                .quota_refused
+                .get_or_create(&QuotaLabels {
+                    tenant: tenant.to_owned(),
+                    quota: (*quota).to_owned(),
                 })
                 .inc();
-            result
-        })
-    }
-}
-
-// === QuotaCount ===
-
-/// Counts -32006 refusals by tenant and quota name.
-#[derive(Clone)]
-pub struct QuotaCountLayer {
-    metrics: Arc<Metrics>,
-}
-
-impl<S> Layer<S> for QuotaCountLayer {
-    type Service = QuotaCount<S>;
-    fn layer(&self, inner: S) -> QuotaCount<S> {
-        QuotaCount {
-            inner,
-            metrics: self.metrics.clone(),
         }
-    }
-}
-
-#[derive(Clone)]
-pub struct QuotaCount<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-impl<S> Service<RpcRequest> for QuotaCount<S>
-where
-    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Reply;
-    type Error = GatewayError;
-    type Future = BoxFut;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: RpcRequest) -> Self::Future {
-        let tenant = req.ctx.tenant.name.clone();
-        let metrics = self.metrics.clone();
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let result = inner.call(req).await;
-            match &result {
-                Err(GatewayError::QuotaExceeded { quota, .. }) => {
-                    metrics
-                        .quota_refused
-                        .get_or_create(&QuotaLabels {
-                            tenant: tenant.to_string(),
-                            quota: (*quota).to_owned(),
-                        })
-                        .inc();
-                }
-                Err(GatewayError::Overloaded) => {
-                    metrics
-                        .shed
-                        .get_or_create(&ShedLabels {
-                            tenant: tenant.to_string(),
-                            reason: "gateway_processes".to_owned(),
-                        })
-                        .inc();
-                }
-                _ => {}
-            }
-            result
-        })
+        Err(GatewayError::Overloaded) => {
+            metrics
+                .shed
+                .get_or_create(&ShedLabels {
+                    tenant: tenant.to_owned(),
+                    reason: "gateway_processes".to_owned(),
+                })
+                .inc();
+        }
+        _ => {}
     }
 }
 

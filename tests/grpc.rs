@@ -338,6 +338,21 @@ async fn every_process_rpc_over_grpc() {
         .into_inner();
     let (out, code, _) = drain(stream, |m: pb::ExecResponse| m.event).await;
     assert_eq!((out.as_slice(), code), (&b"hello\n"[..], Some(5)));
+    // Exec delivers every byte, far beyond the 1 MiB retained window: the
+    // output waits for the stream instead of scrolling out before it attaches.
+    let stream = procs
+        .exec(authed(
+            pb::ExecRequest {
+                session_id: String::new(),
+                spec: Some(spec("bulk", &["head", "-c", "16777216", "/dev/zero"])),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, _) = drain(stream, |m: pb::ExecResponse| m.event).await;
+    assert_eq!((out.len(), code), (16 << 20, Some(0)));
     // Errors map through the one table.
     let e = procs
         .read(authed(

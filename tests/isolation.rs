@@ -52,19 +52,21 @@ fn cgroup_file(gw: &Gateway, controller: &str, tenant: &str, file: &str) -> Stri
     .unwrap_or_default()
 }
 
+/// Start process `esc`, whose child leaves its process group and session
+/// (`setsid`); returns the escaper's pid.
+async fn start_escaper(a: &mut common::Client) -> i32 {
+    a.start(
+        "esc",
+        &["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & wait"],
+    )
+    .await;
+    let escaper = pid_line(a, "esc").await;
+    assert!(pid_alive(escaper));
+    escaper
+}
+
 async fn pid_line(c: &mut common::Client, id: &str) -> i32 {
-    let mut text = String::new();
-    while !text.contains('\n') {
-        let v = c
-            .wait_for("pid", |v| {
-                v["method"] == "process/output" && v["params"]["processId"] == id
-            })
-            .await;
-        text.push_str(&String::from_utf8_lossy(&unb64(
-            v["params"]["chunk"].as_str().unwrap(),
-        )));
-    }
-    text.lines().next().unwrap().trim().parse().unwrap()
+    c.first_line(id).await.trim().parse().unwrap()
 }
 
 #[tokio::test]
@@ -148,13 +150,7 @@ async fn setsid_escapers_die_on_terminate() {
     require_cgroups!(gw);
     let (mut a, _) = gw.session_of("a").await;
     // The grandchild leaves the process group (and session): killpg misses it.
-    a.start(
-        "esc",
-        &["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & wait"],
-    )
-    .await;
-    let escaper = pid_line(&mut a, "esc").await;
-    assert!(pid_alive(escaper));
+    let escaper = start_escaper(&mut a).await;
     a.call("process/terminate", json!({"processId":"esc"}))
         .await;
     eventually("the setsid escaper dies", || !pid_alive(escaper)).await;
@@ -165,13 +161,7 @@ async fn sigkill_of_the_gateway_leaves_no_escaper_behind() {
     let mut gw = gateway();
     require_cgroups!(gw);
     let (mut a, _) = gw.session_of("a").await;
-    a.start(
-        "esc",
-        &["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & wait"],
-    )
-    .await;
-    let escaper = pid_line(&mut a, "esc").await;
-    assert!(pid_alive(escaper));
+    let escaper = start_escaper(&mut a).await;
     gw.signal(9);
     gw.wait_exit();
     eventually("the reaper kills the escaper through the cgroup", || {

@@ -92,18 +92,7 @@ async fn start(c: &mut Client, id: &str, root: &Path, argv: &[&str], env: Value)
 /// Start a long sleeper that prints its pid first; returns the pid.
 async fn sleeper(c: &mut Client, id: &str, root: &Path, env: Value) -> i32 {
     start(c, id, root, &["sh", "-c", "echo $$; exec sleep 60"], env).await;
-    let mut text = String::new();
-    while !text.contains('\n') {
-        let v = c
-            .wait_for("pid", |v| {
-                v["method"] == "process/output" && v["params"]["processId"] == id
-            })
-            .await;
-        text.push_str(&String::from_utf8_lossy(&unb64(
-            v["params"]["chunk"].as_str().unwrap(),
-        )));
-    }
-    text.trim().parse().unwrap()
+    c.first_line(id).await.trim().parse().unwrap()
 }
 
 #[tokio::test]

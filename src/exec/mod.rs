@@ -175,6 +175,9 @@ pub struct Process {
     /// `subscriber_timeout` is dropped and its stream told to re-attach.
     subscribers: Mutex<Vec<mpsc::Sender<output::LogEvent>>>,
     subscriber_timeout: Duration,
+    /// Output waits for the first subscriber (at most `HOLD_OUTPUT_MAX`).
+    hold_output: bool,
+    first_subscriber: tokio::sync::Notify,
     /// The process's own cgroup (killed with it; removed when evicted).
     cgroup: Option<cgroup::ProcessCgroup>,
 }
@@ -193,6 +196,15 @@ impl Drop for ProcessPermits {
 }
 
 impl Process {
+    /// With `hold_output`, wait (bounded) for the first subscriber before
+    /// reading: the child blocks on its full pipe meanwhile, so nothing is
+    /// dropped from the retained window before the stream attaches.
+    async fn hold_for_subscriber(&self) {
+        if self.hold_output {
+            let _ = tokio::time::timeout(HOLD_OUTPUT_MAX, self.first_subscriber.notified()).await;
+        }
+    }
+
     /// Why the process died, when the gateway knows better than its exit code.
     fn failure(&self) -> Option<String> {
         let cg = self.cgroup.as_ref()?;
@@ -344,6 +356,8 @@ impl ProcessHandle {
         if !log.closed() {
             self.0.subscribers.lock().push(tx);
         }
+        // Stores a permit if the pump is not waiting yet: no lost wake-up.
+        self.0.first_subscriber.notify_one();
         (replay, rx)
     }
 }
@@ -351,6 +365,9 @@ impl ProcessHandle {
 fn invalid(msg: String) -> GatewayError {
     GatewayError::InvalidRequest(msg)
 }
+
+/// Longest a held process waits for its first subscriber.
+const HOLD_OUTPUT_MAX: Duration = Duration::from_secs(10);
 
 impl ProcessTable {
     pub fn new(attachment: Arc<Attachment>, settings: Arc<ExecSettings>) -> Arc<Self> {
@@ -526,6 +543,8 @@ impl ProcessTable {
                 output_bytes: self.settings.metrics.output_bytes.clone(),
                 subscribers: Mutex::new(Vec::new()),
                 subscriber_timeout: self.settings.subscriber_timeout,
+                hold_output: params.hold_output,
+                first_subscriber: tokio::sync::Notify::new(),
                 cgroup: process_cgroup.take(),
             });
             let pump = PtyPump {
@@ -570,6 +589,8 @@ impl ProcessTable {
                 output_bytes: self.settings.metrics.output_bytes.clone(),
                 subscribers: Mutex::new(Vec::new()),
                 subscriber_timeout: self.settings.subscriber_timeout,
+                hold_output: params.hold_output,
+                first_subscriber: tokio::sync::Notify::new(),
                 cgroup: process_cgroup.take(),
             });
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
@@ -879,6 +900,7 @@ struct PipePump {
 
 impl PipePump {
     async fn run(mut self, permit: ProcessPermits, table: Weak<ProcessTable>) {
+        self.process.hold_for_subscriber().await;
         let (mut out_open, mut err_open, mut exited) = (true, true, false);
         let mut grown = false;
         let mut out_buf = BytesMut::new();
@@ -952,6 +974,7 @@ impl PtyPump {
             mut child,
             mut reader,
         } = self;
+        process.hold_for_subscriber().await;
         // portable-pty's reader and wait are blocking: each gets a blocking
         // thread, the reader feeding a small bounded channel (back-pressure
         // reaches the child through the PTY buffer).

@@ -42,6 +42,10 @@ pub struct ExecParams {
     pub arg0: Option<String>,
     #[serde(default)]
     pub env_policy: Option<EnvPolicy>,
+    /// Not on the wire: hold the output until the first subscriber attaches
+    /// (gRPC `Exec`, which must deliver every byte, not the retained tail).
+    #[serde(skip)]
+    pub hold_output: bool,
 }
 
 /// Codex shell-environment policy (§5.2). Every field is required when present.

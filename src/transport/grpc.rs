@@ -162,6 +162,7 @@ fn spec_to_params(spec: Option<pb::ProcessSpec>) -> Result<ExecParams, Status> {
         pipe_stdin: spec.pipe_stdin,
         arg0: spec.arg0,
         env_policy,
+        hold_output: false,
     })
 }
 
@@ -527,7 +528,8 @@ impl pb::process_service_server::ProcessService for GrpcApi {
     ) -> Result<Response<Self::ExecStream>, Status> {
         let caller = self.caller(&req).await?;
         let r = req.into_inner();
-        let params = spec_to_params(r.spec)?;
+        let mut params = spec_to_params(r.spec)?;
+        params.hold_output = true;
         let process_id = params.process_id.clone();
         // No session given: one just for this call, removed when it ends.
         let (session, ephemeral) = if r.session_id.is_empty() {

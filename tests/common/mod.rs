@@ -378,6 +378,22 @@ impl Client {
         .await
     }
 
+    /// The first line process `id` writes (on any stream).
+    pub async fn first_line(&mut self, id: &str) -> String {
+        let mut text = String::new();
+        while !text.contains('\n') {
+            let v = self
+                .wait_for("a line of output", |v| {
+                    v["method"] == "process/output" && v["params"]["processId"] == id
+                })
+                .await;
+            text.push_str(&String::from_utf8_lossy(&unb64(
+                v["params"]["chunk"].as_str().expect("chunk"),
+            )));
+        }
+        text.lines().next().unwrap_or_default().to_owned()
+    }
+
     /// Collect notifications of process `id` until `process/closed`; returns
     /// (stdout+pty bytes, stderr bytes, exit code, seqs in arrival order).
     pub async fn collect(&mut self, id: &str) -> Collected {
