@@ -38,6 +38,9 @@ pub enum Command {
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
+    /// Internal: a tenant's worker process (started by the gateway).
+    #[command(hide = true)]
+    Worker(crate::exec::worker::WorkerArgs),
     /// Internal: confine and exec a PTY child (cgroups, uid, Landlock, seccomp).
     #[command(hide = true)]
     SandboxExec(crate::exec::sandbox::ShimArgs),
@@ -154,6 +157,7 @@ pub fn run(cli: Cli) -> ExitCode {
             run_stdio(&common)
         }
         Command::Reaper => crate::exec::reaper::run(),
+        Command::Worker(args) => crate::exec::worker::worker_main(args),
         Command::SandboxExec(args) => crate::exec::sandbox::shim_main(args),
         Command::Token(args) => token(&args),
         Command::Bench(args) => {

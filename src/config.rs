@@ -44,6 +44,9 @@ pub struct IsolationConfig {
     pub landlock: Option<LayerPolicy>,
     /// seccomp deny-list on tenant processes. Default: `optional`.
     pub seccomp: Option<LayerPolicy>,
+    /// Per-tenant worker processes that spawn the tenant's processes, each
+    /// confined as a whole (cgroups, uid, Landlock, seccomp). Default: `optional`.
+    pub workers: Option<LayerPolicy>,
     /// A uid/gid per tenant for its processes and file operations. `required`
     /// makes `tenants.NAME.uid` mandatory; `optional` (default) uses it where
     /// set; `off` ignores it.
@@ -53,6 +56,7 @@ pub struct IsolationConfig {
 /// Validated `[isolation]`.
 #[derive(Debug, Clone, Copy)]
 pub struct IsolationSettings {
+    pub workers: LayerPolicy,
     pub cgroups: LayerPolicy,
     pub landlock: LayerPolicy,
     pub seccomp: LayerPolicy,
@@ -177,6 +181,10 @@ pub struct TenantConfig {
     pub uid: Option<u32>,
     /// gid for the same. Default: the uid.
     pub gid: Option<u32>,
+    /// Worker processes kept running for the tenant. Default: 1.
+    pub workers_min: Option<usize>,
+    /// Most worker processes (sessions spread over them). Default: 4.
+    pub workers_max: Option<usize>,
     /// Extra paths the tenant's processes may read (Landlock). Default: none.
     #[serde(default)]
     pub landlock_read: Vec<PathBuf>,
@@ -234,6 +242,8 @@ pub struct TenantSettings {
     pub cgroup_limits: crate::exec::cgroup::CgroupLimits,
     /// (uid, gid), when configured.
     pub uid: Option<(u32, u32)>,
+    pub workers_min: usize,
+    pub workers_max: usize,
     pub landlock_read: Vec<PathBuf>,
     pub landlock_write: Vec<PathBuf>,
 }
@@ -396,6 +406,7 @@ impl Config {
         }
         let layer = |p: Option<LayerPolicy>| p.unwrap_or(LayerPolicy::Optional);
         let isolation = IsolationSettings {
+            workers: layer(self.isolation.workers),
             cgroups: layer(self.isolation.cgroups),
             landlock: layer(self.isolation.landlock),
             seccomp: layer(self.isolation.seccomp),
@@ -594,6 +605,12 @@ fn validate_tenant(
             cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
         },
         uid,
+        workers_min: t.workers_min.unwrap_or(1).clamp(1, 64),
+        workers_max: t
+            .workers_max
+            .unwrap_or(4)
+            .clamp(1, 64)
+            .max(t.workers_min.unwrap_or(1)),
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
     })

@@ -45,6 +45,7 @@ pub struct Gateway {
 /// Which isolation layers are active (probed at start).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Layers {
+    pub workers: bool,
     pub cgroups: bool,
     pub landlock: bool,
     pub seccomp: bool,
@@ -111,6 +112,20 @@ fn probe_layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, Config
             ..SandboxSpec::default()
         })
     })?;
+    let workers = probe_layer("workers", iso.workers, metrics, || {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let pool = crate::exec::worker::WorkerPool::start(crate::exec::worker::WorkerLaunch {
+            tenant: "probe".to_owned(),
+            exe,
+            sandbox: None,
+            cgroups: Vec::new(),
+            min: 1,
+            max: 1,
+        })
+        .map_err(|e| format!("a probe worker could not start: {e}"))?;
+        pool.kill_all();
+        Ok(())
+    })?;
     // Only worth probing (and reporting) when some tenant has a uid.
     let wanted = settings.tenants.values().any(|t| t.uid.is_some());
     let uid = wanted
@@ -121,6 +136,7 @@ fn probe_layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, Config
             })
         })?;
     Ok(Layers {
+        workers,
         cgroups,
         landlock,
         seccomp,
@@ -181,7 +197,11 @@ impl Gateway {
             .filter(|t| t.uid.is_some())
             .count();
         format!(
-            "cgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            on(
+                l.workers,
+                "per tenant; processes spawned by a confined worker"
+            ),
             on(l.cgroups, "v1: pids, memory, cpu"),
             on(
                 l.landlock,

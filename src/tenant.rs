@@ -79,17 +79,27 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let spec = sandbox_spec(t, layers);
-            if !spec.is_empty() {
+            let uid = if layers.uid { t.uid } else { None };
+            let cgroup = if layers.cgroups {
+                let mut cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
+                    .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
+                if layers.workers {
+                    cg.set_owner(uid);
+                }
+                Some(Arc::new(cg))
+            } else {
+                None
+            };
+            let mut spec = sandbox_spec(t, layers);
+            if layers.workers {
+                exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref())?);
+            } else if !spec.is_empty() {
+                spec.uid = uid;
                 let sb = crate::exec::sandbox::Sandbox::new(spec)
                     .map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
                 exec.sandbox = Some(Arc::new(sb));
             }
-            if layers.cgroups {
-                let cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
-                    .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
-                exec.cgroup = Some(Arc::new(cg));
-            }
+            exec.cgroup = cgroup;
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(
@@ -142,4 +152,43 @@ fn sandbox_spec(
         landlock_ro: t.landlock_read.clone(),
         seccomp: layers.seccomp,
     }
+}
+
+/// Start a tenant's worker pool: each worker joins the tenant's cgroups and
+/// takes its sandbox, which additionally reaches the tenant's per-process
+/// cgroups (to move children in) and the gateway binary (to exec it).
+fn start_workers(
+    name: &str,
+    t: &crate::config::TenantSettings,
+    mut spec: crate::exec::sandbox::SandboxSpec,
+    cgroup: Option<&crate::exec::cgroup::TenantCgroup>,
+) -> Result<Arc<crate::exec::worker::WorkerPool>, ConfigError> {
+    let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
+    let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
+    if let (Some(rw), Some(cg)) = (spec.landlock_rw.as_mut(), cgroup) {
+        rw.push(cg.membership_dir());
+    }
+    if spec.landlock_rw.is_some() {
+        spec.landlock_ro.push(exe.clone());
+    }
+    let sandbox = if spec.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            crate::exec::sandbox::Sandbox::new(spec).map_err(err)?,
+        ))
+    };
+    let cgroups = match cgroup {
+        Some(cg) => cg.tenant_procs().map_err(|e| err(e.to_string()))?,
+        None => Vec::new(),
+    };
+    crate::exec::worker::WorkerPool::start(crate::exec::worker::WorkerLaunch {
+        tenant: name.to_owned(),
+        exe,
+        sandbox,
+        cgroups,
+        min: t.workers_min,
+        max: t.workers_max,
+    })
+    .map_err(|e| err(e.to_string()))
 }

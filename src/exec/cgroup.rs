@@ -194,6 +194,9 @@ pub struct TenantCgroup {
     free: parking_lot::Mutex<Vec<PathBuf>>,
     /// Whether processes join the memory cgroup (only with a limit).
     memory: bool,
+    /// Owner given to per-process `cgroup.procs` (a worker running as the
+    /// tenant's uid moves its children in).
+    owner: Option<(u32, u32)>,
 }
 
 impl TenantCgroup {
@@ -219,7 +222,36 @@ impl TenantCgroup {
             next: AtomicU64::new(1),
             free: parking_lot::Mutex::new(Vec::new()),
             memory: limits.memory_max_bytes.is_some(),
+            owner: None,
         })
+    }
+
+    /// Let `uid`/`gid` move processes into the per-process cgroups.
+    pub fn set_owner(&mut self, owner: Option<(u32, u32)>) {
+        self.owner = owner;
+    }
+
+    /// The tenant's `cgroup.procs` files a worker joins (its children
+    /// inherit them): pids, cpu, and memory with a limit.
+    pub fn tenant_procs(&self) -> io::Result<Vec<CString>> {
+        let mut controllers = vec![MEMBERSHIP, "cpu"];
+        if self.memory {
+            controllers.push("memory");
+        }
+        controllers
+            .into_iter()
+            .map(|c| {
+                let p = controller_dir(c).join(&self.name).join("cgroup.procs");
+                CString::new(p.into_os_string().into_encoded_bytes())
+                    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+            })
+            .collect()
+    }
+
+    /// The tenant's directory in the membership hierarchy (a worker's
+    /// Landlock domain must reach its per-process cgroups).
+    pub fn membership_dir(&self) -> PathBuf {
+        controller_dir(MEMBERSHIP).join(&self.name)
     }
 
     /// A fresh cgroup for one process: its own under the tenant's in the
@@ -231,7 +263,11 @@ impl TenantCgroup {
             None => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
                 let rel = Path::new(&self.name).join(format!("p{n}"));
-                std::fs::create_dir(controller_dir(MEMBERSHIP).join(&rel))?;
+                let dir = controller_dir(MEMBERSHIP).join(&rel);
+                std::fs::create_dir(&dir)?;
+                if let Some((u, g)) = self.owner {
+                    std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(u), Some(g))?;
+                }
                 rel
             }
         };

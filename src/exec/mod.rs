@@ -16,6 +16,7 @@ pub mod reaper;
 pub mod sandbox;
 pub mod signal;
 pub mod spawn;
+pub mod worker;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use portable_pty::{MasterPty, PtySize};
+
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -79,8 +80,11 @@ pub struct ExecSettings {
     /// The tenant's cgroup, when the cgroup layer is active.
     pub cgroup: Option<Arc<cgroup::TenantCgroup>>,
     /// The tenant's process sandbox (uid, Landlock, seccomp), when any
-    /// layer is active.
+    /// layer is active and processes are spawned by the gateway itself.
     pub sandbox: Option<Arc<sandbox::Sandbox>>,
+    /// The tenant's worker pool: processes are spawned there (confined
+    /// as a whole) instead of by the gateway.
+    pub workers: Option<Arc<worker::WorkerPool>>,
 }
 
 impl ExecSettings {
@@ -99,6 +103,7 @@ impl ExecSettings {
             subscriber_timeout: Duration::from_secs(30),
             cgroup: None,
             sandbox: None,
+            workers: None,
         }
     }
 }
@@ -125,11 +130,13 @@ pub struct ProcessTable {
     closed: Mutex<VecDeque<(tokio::time::Instant, Arc<Process>)>>,
     attachment: Arc<Attachment>,
     settings: Arc<ExecSettings>,
+    /// The session's worker (with a worker pool).
+    worker: Mutex<Option<Arc<worker::WorkerConn>>>,
 }
 
 enum Stdin {
     None,
-    Pipe(tokio::sync::Mutex<Option<tokio::process::ChildStdin>>),
+    Pipe(tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>),
     Pty(Arc<Mutex<Option<Box<dyn std::io::Write + Send>>>>),
 }
 
@@ -167,7 +174,9 @@ pub struct Process {
     /// Woken on every log change (long-poll readers).
     changed: Notify,
     stdin: Stdin,
-    master: Option<Mutex<Box<dyn MasterPty + Send>>>,
+    master: Option<Mutex<spawn::PtyMaster>>,
+    /// Set when the worker that spawned it died (reported in `failure`).
+    worker_died: std::sync::atomic::AtomicBool,
     write_ids: Mutex<WriteIds>,
     output_bytes: prometheus_client::metrics::counter::Counter,
     /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
@@ -196,6 +205,15 @@ impl Drop for ProcessPermits {
 }
 
 impl Process {
+    /// Its worker died: record it (for `failure`) and make sure nothing of
+    /// the process survives (the worker's children are orphans now).
+    fn worker_gone(self: &Arc<Self>) {
+        self.worker_died
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        signal::kill_group(self.pgid);
+        kill_cgroup(self);
+    }
+
     /// With `hold_output`, wait (bounded) for the first subscriber before
     /// reading: the child blocks on its full pipe meanwhile, so nothing is
     /// dropped from the retained window before the stream attaches.
@@ -207,6 +225,9 @@ impl Process {
 
     /// Why the process died, when the gateway knows better than its exit code.
     fn failure(&self) -> Option<String> {
+        if self.worker_died.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some("its worker process died; the process was killed".to_owned());
+        }
         let cg = self.cgroup.as_ref()?;
         (self.log.lock().exited() && cg.oom_killed())
             .then(|| "killed by the out-of-memory killer (tenant memory limit)".to_owned())
@@ -369,6 +390,14 @@ fn invalid(msg: String) -> GatewayError {
 /// Longest a held process waits for its first subscriber.
 const HOLD_OUTPUT_MAX: Duration = Duration::from_secs(10);
 
+impl Drop for ProcessTable {
+    fn drop(&mut self) {
+        if let (Some(pool), Some(w)) = (&self.settings.workers, self.worker.lock().take()) {
+            pool.release(&w);
+        }
+    }
+}
+
 impl ProcessTable {
     pub fn new(attachment: Arc<Attachment>, settings: Arc<ExecSettings>) -> Arc<Self> {
         Arc::new(Self {
@@ -376,7 +405,28 @@ impl ProcessTable {
             closed: Mutex::new(VecDeque::new()),
             attachment,
             settings,
+            worker: Mutex::new(None),
         })
+    }
+
+    /// The session's worker, picked at its first spawn; a dead one is
+    /// replaced for later spawns (its processes are reported failed).
+    fn worker(&self) -> Result<Option<Arc<worker::WorkerConn>>, GatewayError> {
+        let Some(pool) = &self.settings.workers else {
+            return Ok(None);
+        };
+        let mut current = self.worker.lock();
+        if let Some(w) = current.as_ref() {
+            if !w.is_dead() {
+                return Ok(Some(w.clone()));
+            }
+            pool.release(w);
+        }
+        let w = pool
+            .pick()
+            .map_err(|e| GatewayError::Internal(format!("worker: {e}")))?;
+        *current = Some(w.clone());
+        Ok(Some(w))
     }
 
     /// Evict closed processes whose retention has passed.
@@ -505,6 +555,7 @@ impl ProcessTable {
         let id_json = serde_json::to_string(&params.process_id)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let table = Arc::downgrade(self);
+        let worker = self.worker()?;
         let mut process_cgroup = match &self.settings.cgroup {
             None => None,
             Some(t) => Some(
@@ -514,12 +565,18 @@ impl ProcessTable {
         };
         if params.tty {
             let started = std::time::Instant::now();
-            let child = spawn::spawn_pty(
-                &spec,
-                process_cgroup.as_ref(),
-                self.settings.sandbox.as_deref(),
-            )
-            .map_err(GatewayError::Internal)?;
+            let child = match &worker {
+                Some(w) => spawn::spawn_in_worker(&spec, true, process_cgroup.as_ref(), w)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?
+                    .1
+                    .ok_or_else(|| GatewayError::Internal("worker: no pty".to_owned()))?,
+                None => spawn::spawn_pty(
+                    &spec,
+                    process_cgroup.as_ref(),
+                    self.settings.sandbox.as_deref(),
+                )
+                .map_err(GatewayError::Internal)?,
+            };
             self.settings
                 .metrics
                 .spawn_seconds
@@ -546,24 +603,31 @@ impl ProcessTable {
                 hold_output: params.hold_output,
                 first_subscriber: tokio::sync::Notify::new(),
                 cgroup: process_cgroup.take(),
+                worker_died: std::sync::atomic::AtomicBool::new(false),
             });
             let pump = PtyPump {
                 guard,
                 process: process.clone(),
                 attachment: self.attachment.clone(),
-                child: child.child,
+                exit: child.exit,
                 reader: child.reader,
             };
             crate::task::spawn("process-pty", pump.run(permit, table));
             Ok(process)
         } else {
             let started = std::time::Instant::now();
-            let child = spawn::spawn_pipe(
-                &spec,
-                process_cgroup.as_ref(),
-                self.settings.sandbox.as_deref(),
-            )
-            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let child = match &worker {
+                Some(w) => spawn::spawn_in_worker(&spec, false, process_cgroup.as_ref(), w)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?
+                    .0
+                    .ok_or_else(|| GatewayError::Internal("worker: no pipes".to_owned()))?,
+                None => spawn::spawn_pipe(
+                    &spec,
+                    process_cgroup.as_ref(),
+                    self.settings.sandbox.as_deref(),
+                )
+                .map_err(|e| GatewayError::Internal(e.to_string()))?,
+            };
             self.settings
                 .metrics
                 .spawn_seconds
@@ -592,13 +656,14 @@ impl ProcessTable {
                 hold_output: params.hold_output,
                 first_subscriber: tokio::sync::Notify::new(),
                 cgroup: process_cgroup.take(),
+                worker_died: std::sync::atomic::AtomicBool::new(false),
             });
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
                 guard,
                 process: process.clone(),
                 attachment: self.attachment.clone(),
-                child: child.child,
+                exit: child.exit,
                 stdout: child.stdout,
                 stderr: child.stderr,
             };
@@ -721,12 +786,7 @@ impl ProcessTable {
         }
         master
             .lock()
-            .resize(PtySize {
-                rows: params.rows,
-                cols: params.cols,
-                pixel_width: 0,
-                pixel_height: 0,
-            })
+            .resize(params.rows, params.cols)
             .map_err(|e| GatewayError::Internal(e.to_string()))
     }
 
@@ -893,9 +953,9 @@ struct PipePump {
     guard: GroupGuard,
     process: Arc<Process>,
     attachment: Arc<Attachment>,
-    child: tokio::process::Child,
-    stdout: tokio::process::ChildStdout,
-    stderr: tokio::process::ChildStderr,
+    exit: spawn::ExitWait,
+    stdout: tokio::net::unix::pipe::Receiver,
+    stderr: tokio::net::unix::pipe::Receiver,
 }
 
 impl PipePump {
@@ -935,10 +995,17 @@ impl PipePump {
                     }
                     _ => err_open = false,
                 },
-                status = self.child.wait(), if !exited => {
+                ended = self.exit.wait(), if !exited => {
                     exited = true;
                     // Killed by a signal (terminate included) reports -1, as the reference.
-                    let code = status.ok().and_then(|s| s.code()).unwrap_or(-1);
+                    let code = match ended {
+                        spawn::Ended::Code(c) => c,
+                        spawn::Ended::Signal => -1,
+                        spawn::Ended::WorkerDied => {
+                            self.process.worker_gone();
+                            -1
+                        }
+                    };
                     self.process.emit_exit(&self.attachment, code).await;
                 }
             }
@@ -961,7 +1028,7 @@ struct PtyPump {
     guard: GroupGuard,
     process: Arc<Process>,
     attachment: Arc<Attachment>,
-    child: Box<dyn portable_pty::Child + Send + Sync>,
+    exit: spawn::PtyExit,
     reader: Box<dyn std::io::Read + Send>,
 }
 
@@ -971,7 +1038,7 @@ impl PtyPump {
             guard,
             process,
             attachment,
-            mut child,
+            exit,
             mut reader,
         } = self;
         process.hold_for_subscriber().await;
@@ -993,14 +1060,33 @@ impl PtyPump {
             }
         });
         let (exit_tx, mut exit_rx) = oneshot::channel::<i32>();
-        tokio::task::spawn_blocking(move || {
-            // portable-pty reports death by signal as 1 (the reference's value).
-            let code = child
-                .wait()
-                .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX))
-                .unwrap_or(-1);
-            let _ = exit_tx.send(code);
-        });
+        match exit {
+            spawn::PtyExit::Local(mut child) => {
+                tokio::task::spawn_blocking(move || {
+                    // portable-pty reports death by signal as 1 (the reference's value).
+                    let code = child
+                        .wait()
+                        .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX))
+                        .unwrap_or(-1);
+                    let _ = exit_tx.send(code);
+                });
+            }
+            spawn::PtyExit::Worker(rx) => {
+                let process = process.clone();
+                crate::task::spawn("pty-exit", async move {
+                    let code = match rx.await {
+                        Ok(worker::WorkerExit::Code(c)) => c,
+                        // As portable-pty: death by signal is 1.
+                        Ok(worker::WorkerExit::Signal(_)) => 1,
+                        Ok(worker::WorkerExit::WorkerDied) | Err(_) => {
+                            process.worker_gone();
+                            -1
+                        }
+                    };
+                    let _ = exit_tx.send(code);
+                });
+            }
+        }
         let (mut open, mut exited) = (true, false);
         while open || !exited {
             tokio::select! {

@@ -17,7 +17,13 @@ use std::io;
 use std::path::Path;
 use std::process::Stdio;
 
+use std::os::fd::{AsRawFd as _, OwnedFd};
+
 use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use super::worker::WorkerExit;
 
 /// Initial PTY size, as the reference.
 pub const PTY_ROWS: u16 = 24;
@@ -39,7 +45,7 @@ pub struct SpawnSpec {
 /// Resolve a bare program name the way `execvp` would, through the child's
 /// PATH, or, when the child has none, through `fallback` (the tenant's base
 /// PATH, never the gateway's own). Names with a `/` are used as given.
-fn resolve_program(
+pub(crate) fn resolve_program(
     program: &str,
     env: &HashMap<String, String>,
     fallback: Option<&str>,
@@ -68,22 +74,154 @@ fn resolve_program(
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
 }
 
-/// A pipe-mode child with its streams taken out.
+/// A pipe-mode child with its streams taken out (spawned here or by the
+/// tenant's worker, which passed the pipes back).
 pub struct PipeChild {
-    pub child: tokio::process::Child,
+    pub exit: ExitWait,
     pub pid: i32,
-    pub stdin: Option<tokio::process::ChildStdin>,
-    pub stdout: tokio::process::ChildStdout,
-    pub stderr: tokio::process::ChildStderr,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Code(i32),
+    Signal,
+    /// Its worker died (and took it along).
+    WorkerDied,
+}
+
+/// Where a child's exit comes from.
+pub enum ExitWait {
+    Local(tokio::process::Child),
+    Worker(oneshot::Receiver<WorkerExit>),
+}
+
+impl ExitWait {
+    /// Cancel-safe: both arms keep their state in `self`.
+    pub async fn wait(&mut self) -> Ended {
+        match self {
+            ExitWait::Local(c) => match c.wait().await.ok().and_then(|s| s.code()) {
+                Some(code) => Ended::Code(code),
+                None => Ended::Signal,
+            },
+            ExitWait::Worker(rx) => match rx.await {
+                Ok(WorkerExit::Code(c)) => Ended::Code(c),
+                Ok(WorkerExit::Signal(_)) => Ended::Signal,
+                Ok(WorkerExit::WorkerDied) | Err(_) => Ended::WorkerDied,
+            },
+        }
+    }
 }
 
 /// A PTY child and its master side.
 pub struct PtyChild {
-    pub child: Box<dyn portable_pty::Child + Send + Sync>,
+    pub exit: PtyExit,
     pub pid: i32,
-    pub master: Box<dyn MasterPty + Send>,
+    pub master: PtyMaster,
     pub reader: Box<dyn io::Read + Send>,
     pub writer: Box<dyn io::Write + Send>,
+}
+
+pub enum PtyExit {
+    Local(Box<dyn portable_pty::Child + Send + Sync>),
+    Worker(oneshot::Receiver<WorkerExit>),
+}
+
+/// The master side: portable-pty's, or a raw fd from the worker.
+pub enum PtyMaster {
+    Local(Box<dyn MasterPty + Send>),
+    Fd(OwnedFd),
+}
+
+impl PtyMaster {
+    pub fn resize(&self, rows: u16, cols: u16) -> io::Result<()> {
+        match self {
+            PtyMaster::Local(m) => m
+                .resize(PtySize {
+                    rows,
+                    cols,
+                    pixel_width: 0,
+                    pixel_height: 0,
+                })
+                .map_err(|e| io::Error::other(e.to_string())),
+            PtyMaster::Fd(fd) => {
+                let size = libc::winsize {
+                    ws_row: rows,
+                    ws_col: cols,
+                    ws_xpixel: 0,
+                    ws_ypixel: 0,
+                };
+                // SAFETY: TIOCSWINSZ with a valid winsize on an open pty master.
+                #[allow(unsafe_code)]
+                let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Spawn through the tenant's worker (already confined: only the process's
+/// own cgroup is joined per spawn).
+pub fn spawn_in_worker(
+    spec: &SpawnSpec,
+    tty: bool,
+    cgroup: Option<&super::cgroup::ProcessCgroup>,
+    worker: &super::worker::WorkerConn,
+) -> io::Result<(Option<PipeChild>, Option<PtyChild>)> {
+    if tty && !Path::new(&spec.cwd).is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    let mut s = worker.spawn(super::worker::SpawnRequest {
+        argv: spec.argv.clone(),
+        cwd: spec.cwd.clone(),
+        env: spec.env.clone(),
+        arg0: spec.arg0.clone(),
+        pipe_stdin: spec.pipe_stdin,
+        tty,
+        fallback_path: spec.fallback_path.clone(),
+        cgroup: cgroup.and_then(|c| c.procs_paths().into_iter().next()),
+    })?;
+    let mut fds = std::mem::take(&mut s.fds).into_iter();
+    let mut next = || fds.next().ok_or_else(missing_stream);
+    if tty {
+        let master = next()?;
+        let reader = std::fs::File::from(master.try_clone()?);
+        let writer = std::fs::File::from(master.try_clone()?);
+        Ok((
+            None,
+            Some(PtyChild {
+                exit: PtyExit::Worker(s.exit),
+                pid: s.pid,
+                master: PtyMaster::Fd(master),
+                reader: Box::new(reader),
+                writer: Box::new(writer),
+            }),
+        ))
+    } else {
+        let stdout = pipe::Receiver::from_owned_fd(next()?)?;
+        let stderr = pipe::Receiver::from_owned_fd(next()?)?;
+        let stdin = match fds.next() {
+            Some(fd) => Some(pipe::Sender::from_owned_fd(fd)?),
+            None => None,
+        };
+        Ok((
+            Some(PipeChild {
+                exit: ExitWait::Worker(s.exit),
+                pid: s.pid,
+                stdin,
+                stdout,
+                stderr,
+            }),
+            None,
+        ))
+    }
 }
 
 fn missing_stream() -> io::Error {
@@ -140,11 +278,16 @@ pub fn spawn_pipe(
         .id()
         .and_then(|p| i32::try_from(p).ok())
         .ok_or_else(missing_stream)?;
-    let stdin = child.stdin.take();
+    let stdin = match child.stdin.take() {
+        Some(s) => Some(pipe::Sender::from_owned_fd(s.into_owned_fd()?)?),
+        None => None,
+    };
     let stdout = child.stdout.take().ok_or_else(missing_stream)?;
+    let stdout = pipe::Receiver::from_owned_fd(stdout.into_owned_fd()?)?;
     let stderr = child.stderr.take().ok_or_else(missing_stream)?;
+    let stderr = pipe::Receiver::from_owned_fd(stderr.into_owned_fd()?)?;
     Ok(PipeChild {
-        child,
+        exit: ExitWait::Local(child),
         pid,
         stdin,
         stdout,
@@ -227,9 +370,9 @@ pub fn spawn_pty(
     let reader = pair.master.try_clone_reader().map_err(|e| e.to_string())?;
     let writer = pair.master.take_writer().map_err(|e| e.to_string())?;
     Ok(PtyChild {
-        child,
+        exit: PtyExit::Local(child),
         pid,
-        master: pair.master,
+        master: PtyMaster::Local(pair.master),
         reader,
         writer,
     })

@@ -1,0 +1,627 @@
+//! Per-tenant worker processes (DESIGN.md §1, ISOLATION.md §7.1).
+//!
+//! A worker is this binary re-executed as `exec-gateway worker`, started
+//! once per pool slot with the tenant's confinement applied to *itself*:
+//! it joins the tenant's cgroups (pids, cpu, memory) and takes the tenant's
+//! uid, `no_new_privs`, Landlock domain and seccomp filter before exec. Every
+//! process it spawns inherits all of that, so a spawn only joins its own
+//! per-process cgroup; and a small single-threaded-at-fork worker forks far
+//! cheaper than the gateway.
+//!
+//! The link is a `SOCK_SEQPACKET` socketpair: one JSON message per packet,
+//! with the child's pipe (or PTY master) fds passed back by `SCM_RIGHTS`, so
+//! output never crosses the worker: the gateway reads the pipes directly.
+//! The worker reaps its children and reports each exit. When a worker dies,
+//! the processes it spawned are reported ended with a clear failure and
+//! killed through their cgroups; its pool starts a replacement on demand.
+//!
+//! This is a privilege-separated spawner rather than the exec-server
+//! protocol on the socket: sessions, output logs and notifications stay in
+//! the gateway, where they already are bounded and tested, and the bytes of
+//! output are not copied through a second process.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
+    sendmsg, socketpair,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+/// Largest message on the link (argv + env of one spawn).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// How long a spawn may take in the worker before the gateway gives up.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The fd the worker finds its end of the link on.
+const WORKER_FD: RawFd = 3;
+/// Default sessions per worker before the pool starts another.
+pub const SESSIONS_PER_WORKER: usize = 32;
+
+/// A spawn request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub env: HashMap<String, String>,
+    pub arg0: Option<String>,
+    pub pipe_stdin: bool,
+    pub tty: bool,
+    pub fallback_path: Option<String>,
+    /// `cgroup.procs` of the process's own cgroup, joined before exec.
+    pub cgroup: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ToWorker {
+    Spawn { id: u64, req: SpawnRequest },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum FromWorker {
+    /// fds: stdout, stderr[, stdin] for pipes; the master for a PTY.
+    Spawned { id: u64, pid: i32 },
+    Failed {
+        id: u64,
+        errno: Option<i32>,
+        message: String,
+    },
+    Exited {
+        pid: i32,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// How a worker-spawned process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    Code(i32),
+    Signal(i32),
+    /// The worker died first: the process was killed with it.
+    WorkerDied,
+}
+
+/// A spawned process as the gateway sees it.
+pub struct Spawned {
+    pub pid: i32,
+    pub fds: Vec<OwnedFd>,
+    pub exit: oneshot::Receiver<WorkerExit>,
+}
+
+fn send_packet(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let iov = [IoSlice::new(data)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(fd, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
+/// One packet; `Ok(None)` at EOF.
+fn recv_packet(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let (bytes, fds) = {
+        let mut iov = [IoSliceMut::new(buf)];
+        let msg = loop {
+            match recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r.map_err(io::Error::from)?,
+            }
+        };
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel just installed these fds in this process.
+                fds.extend(raw.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+            }
+        }
+        (msg.bytes, fds)
+    };
+    if bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some((bytes, fds)))
+}
+
+// === Gateway side ===
+
+/// One live worker and its link.
+pub struct WorkerConn {
+    pid: i32,
+    sock: OwnedFd,
+    send_lock: Mutex<()>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, std::sync::mpsc::SyncSender<Result<Spawned, io::Error>>>>,
+    exits: Mutex<HashMap<i32, oneshot::Sender<WorkerExit>>>,
+    dead: AtomicBool,
+    /// Killed on purpose (probe, shutdown): its end is not news.
+    retiring: AtomicBool,
+    sessions: AtomicUsize,
+}
+
+impl std::fmt::Debug for WorkerConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WorkerConn(pid {})", self.pid)
+    }
+}
+
+impl WorkerConn {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Spawn through the worker (a blocking round trip, like a local spawn).
+    pub fn spawn(&self, req: SpawnRequest) -> io::Result<Spawned> {
+        if self.is_dead() {
+            return Err(io::Error::other("the tenant's worker process died"));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.pending.lock().insert(id, tx);
+        let msg = serde_json::to_vec(&ToWorker::Spawn { id, req }).map_err(io::Error::other)?;
+        if msg.len() > MAX_MESSAGE_BYTES {
+            self.pending.lock().remove(&id);
+            return Err(io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        {
+            let _g = self.send_lock.lock();
+            if let Err(e) = send_packet(self.sock.as_raw_fd(), &msg, &[]) {
+                self.pending.lock().remove(&id);
+                return Err(e);
+            }
+        }
+        match rx.recv_timeout(SPAWN_TIMEOUT) {
+            Ok(r) => r,
+            Err(_) => {
+                self.pending.lock().remove(&id);
+                Err(io::Error::other("the tenant's worker did not answer"))
+            }
+        }
+    }
+
+    /// Read the worker's messages until EOF; then fail everything pending.
+    fn read_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+        loop {
+            let (n, fds) = match recv_packet(self.sock.as_raw_fd(), &mut buf) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(_) => break,
+            };
+            let Ok(msg) = serde_json::from_slice::<FromWorker>(&buf[..n]) else {
+                tracing::warn!(worker = self.pid, "malformed message from worker");
+                continue;
+            };
+            match msg {
+                FromWorker::Spawned { id, pid } => {
+                    // Registered before the reply is handed on: the exit
+                    // can only be read after this packet.
+                    let (tx, rx) = oneshot::channel();
+                    self.exits.lock().insert(pid, tx);
+                    if let Some(w) = self.pending.lock().remove(&id) {
+                        let _ = w.send(Ok(Spawned { pid, fds, exit: rx }));
+                    }
+                }
+                FromWorker::Failed { id, errno, message } => {
+                    if let Some(w) = self.pending.lock().remove(&id) {
+                        let e = match errno {
+                            Some(n) => io::Error::from_raw_os_error(n),
+                            None => io::Error::other(message),
+                        };
+                        let _ = w.send(Err(e));
+                    }
+                }
+                FromWorker::Exited { pid, code, signal } => {
+                    if let Some(tx) = self.exits.lock().remove(&pid) {
+                        let exit = match (code, signal) {
+                            (Some(c), _) => WorkerExit::Code(c),
+                            (None, Some(s)) => WorkerExit::Signal(s),
+                            (None, None) => WorkerExit::Signal(libc::SIGKILL),
+                        };
+                        let _ = tx.send(exit);
+                    }
+                }
+            }
+        }
+        self.dead.store(true, Ordering::Release);
+        tracing::warn!(
+            worker = self.pid,
+            "worker process ended; its processes are reported failed"
+        );
+        self.pending.lock().clear();
+        for (_, tx) in self.exits.lock().drain() {
+            let _ = tx.send(WorkerExit::WorkerDied);
+        }
+        // Reap it (the gateway is its parent).
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+    }
+}
+
+/// How to start a tenant's workers.
+pub struct WorkerLaunch {
+    pub tenant: String,
+    pub exe: PathBuf,
+    /// Applied in the worker between fork and exec, after the cgroup join.
+    pub sandbox: Option<Arc<super::sandbox::Sandbox>>,
+    /// The tenant's `cgroup.procs` files the worker joins.
+    pub cgroups: Vec<CString>,
+    pub min: usize,
+    pub max: usize,
+}
+
+/// A tenant's pool of workers.
+pub struct WorkerPool {
+    launch: WorkerLaunch,
+    workers: Mutex<Vec<Arc<WorkerConn>>>,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WorkerPool({})", self.launch.tenant)
+    }
+}
+
+impl WorkerPool {
+    /// Start the pool's minimum of workers (the layer's probe: an error
+    /// here means workers cannot run on this host).
+    pub fn start(launch: WorkerLaunch) -> io::Result<Arc<WorkerPool>> {
+        let pool = Arc::new(WorkerPool {
+            launch,
+            workers: Mutex::new(Vec::new()),
+        });
+        for _ in 0..pool.launch.min.max(1) {
+            let w = pool.launch_one()?;
+            pool.workers.lock().push(w);
+        }
+        Ok(pool)
+    }
+
+    /// Live workers (for tests and metrics).
+    pub fn pids(&self) -> Vec<i32> {
+        self.workers
+            .lock()
+            .iter()
+            .filter(|w| !w.is_dead())
+            .map(|w| w.pid)
+            .collect()
+    }
+
+    /// The worker for a new session: the least loaded live one, or a new
+    /// one when all carry `SESSIONS_PER_WORKER` and the pool may grow, or
+    /// a replacement when the pool has none alive.
+    pub fn pick(&self) -> io::Result<Arc<WorkerConn>> {
+        let mut ws = self.workers.lock();
+        ws.retain(|w| !w.is_dead());
+        let least = ws
+            .iter()
+            .min_by_key(|w| w.sessions.load(Ordering::Relaxed))
+            .cloned();
+        let chosen = match least {
+            Some(w)
+                if w.sessions.load(Ordering::Relaxed) < SESSIONS_PER_WORKER
+                    || ws.len() >= self.launch.max =>
+            {
+                w
+            }
+            _ => {
+                let w = self.launch_one()?;
+                ws.push(w.clone());
+                w
+            }
+        };
+        chosen.sessions.fetch_add(1, Ordering::Relaxed);
+        Ok(chosen)
+    }
+
+    /// A session leaves its worker.
+    pub fn release(&self, w: &WorkerConn) {
+        w.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn launch_one(&self) -> io::Result<Arc<WorkerConn>> {
+        use std::os::unix::process::CommandExt as _;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        let mut cmd = std::process::Command::new(&self.launch.exe);
+        cmd.arg("worker")
+            .arg("--tenant")
+            .arg(&self.launch.tenant)
+            .env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .process_group(0);
+        let theirs_fd = theirs.as_raw_fd();
+        let cgroups = self.launch.cgroups.clone();
+        // Order matters: join the cgroups as root, then confine (the
+        // sandbox drops root and uses its ruleset fd, which may be fd 3),
+        // then put the link on fd 3.
+        // SAFETY: open/write/close only, on paths prepared before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                for p in &cgroups {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                    libc::close(fd);
+                    if !ok {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        if let Some(sb) = &self.launch.sandbox {
+            let hook = sb.hook();
+            // SAFETY: raw syscalls only (see `Sandbox::hook`).
+            unsafe {
+                cmd.pre_exec(hook);
+            }
+        }
+        // SAFETY: dup2/fcntl on fds that exist in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                if theirs_fd == WORKER_FD {
+                    // dup2 onto itself keeps FD_CLOEXEC: clear it instead.
+                    if libc::fcntl(WORKER_FD, libc::F_SETFD, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(theirs_fd, WORKER_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        // The read loop reaps it; the std handle is not needed.
+        drop(child);
+        let conn = Arc::new(WorkerConn {
+            pid,
+            sock: ours,
+            send_lock: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            sessions: AtomicUsize::new(0),
+        });
+        let reader = conn.clone();
+        std::thread::Builder::new()
+            .name(format!("worker-{}", self.launch.tenant))
+            .spawn(move || reader.read_loop())?;
+        tracing::info!(tenant = %self.launch.tenant, pid, "worker started");
+        Ok(conn)
+    }
+
+    /// Kill every worker (shutdown).
+    pub fn kill_all(&self) {
+        for w in self.workers.lock().iter() {
+            w.retiring.store(true, Ordering::Release);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(w.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+// === Worker side ===
+
+/// Arguments of `exec-gateway worker`.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// The tenant served (for logs and process titles).
+    #[arg(long)]
+    tenant: String,
+}
+
+/// `exec-gateway worker`: serve spawn requests on fd 3 until EOF.
+pub fn worker_main(args: WorkerArgs) -> std::process::ExitCode {
+    // SAFETY: fd 3 was set up by the gateway (dup2 in pre_exec); marking it
+    // close-on-exec at once keeps it out of every process spawned here
+    // (a tenant process must never reach the link, and the gateway must see
+    // EOF when the worker dies, not when its last child does).
+    let sock = unsafe {
+        if libc::fcntl(WORKER_FD, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+            return std::process::ExitCode::FAILURE;
+        }
+        OwnedFd::from_raw_fd(WORKER_FD)
+    };
+    let sock = Arc::new(sock);
+    let lock = Arc::new(Mutex::new(()));
+    let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let (sock, lock) = (sock.clone(), lock.clone());
+        let spawned = std::thread::Builder::new()
+            .name("reap".to_owned())
+            .spawn(move || reap_loop(&sock, &lock, &wake_rx));
+        if spawned.is_err() {
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    loop {
+        let n = match recv_packet(sock.as_raw_fd(), &mut buf) {
+            Ok(Some((n, _))) => n,
+            // The gateway is gone: so are we (its processes are killed by
+            // the reaper sidecar and the cgroup cleanup).
+            Ok(None) | Err(_) => return std::process::ExitCode::SUCCESS,
+        };
+        let Ok(ToWorker::Spawn { id, req }) = serde_json::from_slice::<ToWorker>(&buf[..n]) else {
+            eprintln!("exec-gateway worker {}: malformed request", args.tenant);
+            continue;
+        };
+        // Hold the lock from fork to the `Spawned` packet, so the reaper
+        // cannot report the exit first.
+        let _g = lock.lock();
+        let (reply, fds) = match spawn_here(&req) {
+            Ok((pid, fds)) => (FromWorker::Spawned { id, pid }, fds),
+            Err(e) => (
+                FromWorker::Failed {
+                    id,
+                    errno: e.raw_os_error(),
+                    message: e.to_string(),
+                },
+                Vec::new(),
+            ),
+        };
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let Ok(msg) = serde_json::to_vec(&reply) else {
+            continue;
+        };
+        if send_packet(sock.as_raw_fd(), &msg, &raw).is_err() {
+            return std::process::ExitCode::SUCCESS;
+        }
+        drop(fds);
+        let _ = wake_tx.send(());
+    }
+}
+
+/// Reap every child and report its exit.
+fn reap_loop(sock: &OwnedFd, lock: &Mutex<()>, wake: &std::sync::mpsc::Receiver<()>) {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) => report(sock, lock, pid.as_raw(), Some(code), None),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                report(sock, lock, pid.as_raw(), None, Some(sig as i32));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // No children: wait for the next spawn.
+            Err(_) => {
+                if wake.recv().is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn report(sock: &OwnedFd, lock: &Mutex<()>, pid: i32, code: Option<i32>, signal: Option<i32>) {
+    let _g = lock.lock();
+    if let Ok(msg) = serde_json::to_vec(&FromWorker::Exited { pid, code, signal }) {
+        let _ = send_packet(sock.as_raw_fd(), &msg, &[]);
+    }
+}
+
+/// Spawn one child: its own process group (or session, for a PTY), its own
+/// cgroup joined before exec. Returns the pid and the fds to pass back.
+fn spawn_here(req: &SpawnRequest) -> io::Result<(i32, Vec<OwnedFd>)> {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    let program = if req.tty {
+        req.arg0.clone().or_else(|| req.argv.first().cloned())
+    } else {
+        req.argv.first().cloned()
+    }
+    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let path = super::spawn::resolve_program(&program, &req.env, req.fallback_path.as_deref())?;
+    let mut cmd = std::process::Command::new(&path);
+    cmd.args(req.argv.iter().skip(1))
+        .current_dir(&req.cwd)
+        .env_clear()
+        .envs(&req.env);
+    let join = match &req.cgroup {
+        Some(p) => Some(
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        ),
+        None => None,
+    };
+    let joiner = move || -> io::Result<()> {
+        if let Some(p) = &join {
+            // SAFETY: open/write/close on a path computed before fork.
+            unsafe {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if !ok {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    };
+    if req.tty {
+        let size = nix::pty::Winsize {
+            ws_row: super::spawn::PTY_ROWS,
+            ws_col: super::spawn::PTY_COLS,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(&size, None).map_err(io::Error::from)?;
+        let slave = pty.slave;
+        cmd.arg0(&program)
+            .stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid/ioctl/open/write only, after fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                joiner()
+            });
+        }
+        let child = cmd.spawn()?;
+        let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        drop(cmd);
+        Ok((pid, vec![pty.master]))
+    } else {
+        cmd.arg0(req.arg0.as_deref().unwrap_or(&program))
+            .process_group(0)
+            .stdin(if req.pipe_stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: open/write/close only, after fork.
+        unsafe {
+            cmd.pre_exec(joiner);
+        }
+        let mut child = cmd.spawn()?;
+        let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        let missing = || io::Error::other("child stream was not captured");
+        let mut fds: Vec<OwnedFd> = vec![
+            child.stdout.take().ok_or_else(missing)?.into(),
+            child.stderr.take().ok_or_else(missing)?.into(),
+        ];
+        if let Some(stdin) = child.stdin.take() {
+            fds.push(stdin.into());
+        }
+        Ok((pid, fds))
+    }
+}
