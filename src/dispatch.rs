@@ -42,6 +42,13 @@ async fn handle(req: RpcRequest) -> Result<Reply, GatewayError> {
             .ok_or_else(|| GatewayError::InvalidRequest("this call needs a session".to_owned()))
     };
     let empty = || Reply::Empty(Empty {});
+    // With workers, file operations run there, under the tenant's uid,
+    // Landlock domain and seccomp filter.
+    if let Some(pool) = &ctx.tenant.exec.workers
+        && let Some(reply) = crate::exec::worker::fs_call(pool, &call).await?
+    {
+        return Ok(reply);
+    }
     Ok(match call {
         Call::Initialize(_) => {
             // Handled by the connection, which owns the once-per-connection state.

@@ -116,6 +116,7 @@ fn probe_layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, Config
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let pool = crate::exec::worker::WorkerPool::start(crate::exec::worker::WorkerLaunch {
             tenant: "probe".to_owned(),
+            root: None,
             exe,
             sandbox: None,
             cgroups: Vec::new(),

@@ -184,6 +184,7 @@ fn start_workers(
     };
     crate::exec::worker::WorkerPool::start(crate::exec::worker::WorkerLaunch {
         tenant: name.to_owned(),
+        root: t.root.clone(),
         exe,
         sandbox,
         cgroups,

@@ -118,6 +118,11 @@ async fn a_dead_worker_fails_only_its_own_processes() {
     assert_eq!(b.collect("more").await.stdout, b"b-ok\n");
     a.start("again", &["sh", "-c", "echo a-ok"]).await;
     assert_eq!(a.collect("again").await.stdout, b"a-ok\n");
+    // File operations (which run in the workers) carry on too.
+    let r = a
+        .call("fs/getMetadata", json!({"path": "/etc/hostname"}))
+        .await;
+    assert_eq!(r["isFile"], json!(true), "{r}");
 }
 
 fn kill9(pid: i32) -> i32 {

@@ -39,12 +39,18 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::error::GatewayError;
+use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
+use crate::rpc::{Call, Reply};
+
 /// Largest message on the link (argv + env of one spawn).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// How long a spawn may take in the worker before the gateway gives up.
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The fd the worker finds its end of the link on.
 const WORKER_FD: RawFd = 3;
+/// Threads a worker runs blocking file operations on.
+const FS_THREADS: usize = 16;
 /// Default sessions per worker before the pool starts another.
 pub const SESSIONS_PER_WORKER: usize = 32;
 
@@ -65,6 +71,54 @@ pub struct SpawnRequest {
 #[derive(Debug, Serialize, Deserialize)]
 enum ToWorker {
     Spawn { id: u64, req: SpawnRequest },
+    Fs { id: u64, op: FsOp },
+}
+
+/// A file operation, run in the worker under the tenant's confinement.
+/// Reads and writes of file contents only open the file there: the fd
+/// comes back and the bytes move in the gateway.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FsOp {
+    OpenRead(PathParams),
+    OpenWrite(PathParams),
+    CreateDirectory(CreateDirectoryParams),
+    GetMetadata(PathParams),
+    ReadDirectory(PathParams),
+    Remove(RemoveParams),
+    Copy(CopyParams),
+}
+
+/// A `GatewayError` across the link (the kinds fs handlers produce).
+#[derive(Debug, Serialize, Deserialize)]
+struct WireError {
+    kind: String,
+    message: String,
+}
+
+impl From<&GatewayError> for WireError {
+    fn from(e: &GatewayError) -> WireError {
+        let kind = match e {
+            GatewayError::InvalidRequest(_) => "invalid_request",
+            GatewayError::InvalidParams(_) => "invalid_params",
+            GatewayError::NotFound(_) => "not_found",
+            _ => "internal",
+        };
+        WireError {
+            kind: kind.to_owned(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<WireError> for GatewayError {
+    fn from(e: WireError) -> GatewayError {
+        match e.kind.as_str() {
+            "invalid_request" => GatewayError::InvalidRequest(e.message),
+            "invalid_params" => GatewayError::InvalidParams(e.message),
+            "not_found" => GatewayError::NotFound(e.message),
+            _ => GatewayError::Internal(e.message),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -81,7 +135,14 @@ enum FromWorker {
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// fds: the opened file for `OpenRead`/`OpenWrite`.
+    FsDone {
+        id: u64,
+        result: Result<serde_json::Value, WireError>,
+    },
 }
+
+type FsResult = (Result<serde_json::Value, WireError>, Vec<OwnedFd>);
 
 /// How a worker-spawned process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +205,7 @@ pub struct WorkerConn {
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, std::sync::mpsc::SyncSender<Result<Spawned, io::Error>>>>,
     exits: Mutex<HashMap<i32, oneshot::Sender<WorkerExit>>>,
+    fs_pending: Mutex<HashMap<u64, oneshot::Sender<FsResult>>>,
     dead: AtomicBool,
     /// Killed on purpose (probe, shutdown): its end is not news.
     retiring: AtomicBool,
@@ -194,6 +256,30 @@ impl WorkerConn {
         }
     }
 
+    /// Run a file operation in the worker.
+    async fn fs(&self, op: FsOp) -> Result<(serde_json::Value, Vec<OwnedFd>), GatewayError> {
+        let died = || GatewayError::Internal("the tenant's worker process died".to_owned());
+        if self.is_dead() {
+            return Err(died());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.fs_pending.lock().insert(id, tx);
+        let msg = serde_json::to_vec(&ToWorker::Fs { id, op })
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let sent = {
+            let _g = self.send_lock.lock();
+            send_packet(self.sock.as_raw_fd(), &msg, &[])
+        };
+        if let Err(e) = sent {
+            self.fs_pending.lock().remove(&id);
+            return Err(GatewayError::Internal(format!("worker: {e}")));
+        }
+        // The request deadline of the stack bounds this wait.
+        let (result, fds) = rx.await.map_err(|_| died())?;
+        Ok((result.map_err(GatewayError::from)?, fds))
+    }
+
     /// Read the worker's messages until EOF; then fail everything pending.
     fn read_loop(self: Arc<Self>) {
         let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
@@ -225,6 +311,11 @@ impl WorkerConn {
                         let _ = w.send(Err(e));
                     }
                 }
+                FromWorker::FsDone { id, result } => {
+                    if let Some(tx) = self.fs_pending.lock().remove(&id) {
+                        let _ = tx.send((result, fds));
+                    }
+                }
                 FromWorker::Exited { pid, code, signal } => {
                     if let Some(tx) = self.exits.lock().remove(&pid) {
                         let exit = match (code, signal) {
@@ -243,6 +334,7 @@ impl WorkerConn {
             "worker process ended; its processes are reported failed"
         );
         self.pending.lock().clear();
+        self.fs_pending.lock().clear();
         for (_, tx) in self.exits.lock().drain() {
             let _ = tx.send(WorkerExit::WorkerDied);
         }
@@ -254,6 +346,8 @@ impl WorkerConn {
 /// How to start a tenant's workers.
 pub struct WorkerLaunch {
     pub tenant: String,
+    /// The tenant root (none: the host).
+    pub root: Option<PathBuf>,
     pub exe: PathBuf,
     /// Applied in the worker between fork and exec, after the cgroup join.
     pub sandbox: Option<Arc<super::sandbox::Sandbox>>,
@@ -327,6 +421,13 @@ impl WorkerPool {
         Ok(chosen)
     }
 
+    /// A worker for a file operation (the least loaded live one).
+    fn any(&self) -> io::Result<Arc<WorkerConn>> {
+        let w = self.pick()?;
+        self.release(&w);
+        Ok(w)
+    }
+
     /// A session leaves its worker.
     pub fn release(&self, w: &WorkerConn) {
         w.sessions.fetch_sub(1, Ordering::Relaxed);
@@ -342,10 +443,11 @@ impl WorkerPool {
         )
         .map_err(io::Error::from)?;
         let mut cmd = std::process::Command::new(&self.launch.exe);
-        cmd.arg("worker")
-            .arg("--tenant")
-            .arg(&self.launch.tenant)
-            .env_clear()
+        cmd.arg("worker").arg("--tenant").arg(&self.launch.tenant);
+        if let Some(root) = &self.launch.root {
+            cmd.arg("--root").arg(root);
+        }
+        cmd.env_clear()
             .current_dir("/")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -405,6 +507,7 @@ impl WorkerPool {
             next_id: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
+            fs_pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             retiring: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
@@ -429,6 +532,101 @@ impl WorkerPool {
     }
 }
 
+/// Run a file call in one of the tenant's workers; `None` for other calls.
+pub async fn fs_call(pool: &WorkerPool, call: &Call) -> Result<Option<Reply>, GatewayError> {
+    let path = |p: &str| PathParams { path: p.to_owned() };
+    let mut data = None;
+    let op = match call {
+        Call::FsReadFile(p) | Call::FsOpenRead(p) => FsOp::OpenRead(p.clone()),
+        Call::FsOpenWrite(p) => FsOp::OpenWrite(p.clone()),
+        Call::FsWriteFile(p) => {
+            data = Some(crate::fs::write_data(p)?);
+            FsOp::OpenWrite(path(&p.path))
+        }
+        Call::FsCreateDirectory(p) => FsOp::CreateDirectory(p.clone()),
+        Call::FsGetMetadata(p) => FsOp::GetMetadata(p.clone()),
+        Call::FsReadDirectory(p) => FsOp::ReadDirectory(p.clone()),
+        Call::FsRemove(p) => FsOp::Remove(p.clone()),
+        Call::FsCopy(p) => FsOp::Copy(p.clone()),
+        _ => return Ok(None),
+    };
+    let worker = pool
+        .any()
+        .map_err(|e| GatewayError::Internal(format!("worker: {e}")))?;
+    let (value, fds) = worker.fs(op).await?;
+    let file = || {
+        fds.into_iter()
+            .next()
+            .map(std::fs::File::from)
+            .ok_or_else(|| GatewayError::Internal("worker: no file".to_owned()))
+    };
+    let blocking = |f: Box<dyn FnOnce() -> Result<Reply, GatewayError> + Send>| async move {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
+    };
+    let empty = Reply::Empty(crate::protocol::Empty {});
+    Ok(Some(match call {
+        Call::FsReadFile(_) => {
+            let f = file()?;
+            blocking(Box::new(move || {
+                crate::fs::read_whole(f).map(Reply::FsReadFile)
+            }))
+            .await?
+        }
+        Call::FsWriteFile(_) => {
+            let f = file()?;
+            let data = data.unwrap_or_default();
+            blocking(Box::new(move || {
+                crate::fs::write_whole(&f, &data).map(|()| Reply::Empty(crate::protocol::Empty {}))
+            }))
+            .await?
+        }
+        Call::FsOpenRead(_) | Call::FsOpenWrite(_) => {
+            Reply::File(crate::fs::FileHandle(Arc::new(file()?)))
+        }
+        Call::FsGetMetadata(_) => Reply::FsGetMetadata(parse(value)?),
+        Call::FsReadDirectory(_) => Reply::FsReadDirectory(parse(value)?),
+        _ => empty,
+    }))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, GatewayError> {
+    serde_json::from_value(v).map_err(|e| GatewayError::Internal(format!("worker: {e}")))
+}
+
+fn to_json<T: Serialize>(r: Result<T, GatewayError>) -> FsResult {
+    match r.and_then(|v| serde_json::to_value(v).map_err(|e| GatewayError::Internal(e.to_string())))
+    {
+        Ok(v) => (Ok(v), Vec::new()),
+        Err(e) => (Err(WireError::from(&e)), Vec::new()),
+    }
+}
+
+fn to_fd(h: Result<crate::fs::FileHandle, GatewayError>) -> FsResult {
+    let file = h.and_then(|h| {
+        Arc::try_unwrap(h.0).map_err(|_| GatewayError::Internal("file still shared".to_owned()))
+    });
+    match file {
+        Ok(f) => (Ok(serde_json::Value::Null), vec![OwnedFd::from(f)]),
+        Err(e) => (Err(WireError::from(&e)), Vec::new()),
+    }
+}
+
+/// Run one file operation here, in the worker.
+async fn run_fs(root: &Arc<crate::fs::FsRoot>, op: FsOp) -> FsResult {
+    use crate::fs;
+    match op {
+        FsOp::OpenRead(p) => to_fd(fs::open_read(root, p).await),
+        FsOp::OpenWrite(p) => to_fd(fs::open_write(root, p).await),
+        FsOp::CreateDirectory(p) => to_json(fs::create_directory(root, p).await),
+        FsOp::GetMetadata(p) => to_json(fs::get_metadata(root, p).await),
+        FsOp::ReadDirectory(p) => to_json(fs::read_directory(root, p).await),
+        FsOp::Remove(p) => to_json(fs::remove(root, p).await),
+        FsOp::Copy(p) => to_json(fs::copy(root, p).await),
+    }
+}
+
 // === Worker side ===
 
 /// Arguments of `exec-gateway worker`.
@@ -437,6 +635,9 @@ pub struct WorkerArgs {
     /// The tenant served (for logs and process titles).
     #[arg(long)]
     tenant: String,
+    /// The tenant root file operations are confined to (none: the host).
+    #[arg(long)]
+    root: Option<PathBuf>,
 }
 
 /// `exec-gateway worker`: serve spawn requests on fd 3 until EOF.
@@ -463,6 +664,31 @@ pub fn worker_main(args: WorkerArgs) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     }
+    // File operations run on a small runtime (their blocking parts on its
+    // bounded blocking pool), so a slow disk never delays a spawn.
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(FS_THREADS)
+        .enable_all()
+        .build()
+    else {
+        return std::process::ExitCode::FAILURE;
+    };
+    let root = match &args.root {
+        Some(r) => match crate::fs::FsRoot::confined(r) {
+            Ok(root) => root,
+            Err(e) => {
+                eprintln!(
+                    "exec-gateway worker {}: root {}: {e}",
+                    args.tenant,
+                    r.display()
+                );
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        None => crate::fs::FsRoot::host(),
+    };
+    let root = Arc::new(root);
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     loop {
         let n = match recv_packet(sock.as_raw_fd(), &mut buf) {
@@ -471,9 +697,24 @@ pub fn worker_main(args: WorkerArgs) -> std::process::ExitCode {
             // the reaper sidecar and the cgroup cleanup).
             Ok(None) | Err(_) => return std::process::ExitCode::SUCCESS,
         };
-        let Ok(ToWorker::Spawn { id, req }) = serde_json::from_slice::<ToWorker>(&buf[..n]) else {
-            eprintln!("exec-gateway worker {}: malformed request", args.tenant);
-            continue;
+        let (id, req) = match serde_json::from_slice::<ToWorker>(&buf[..n]) {
+            Ok(ToWorker::Spawn { id, req }) => (id, req),
+            Ok(ToWorker::Fs { id, op }) => {
+                let (sock, lock, root) = (sock.clone(), lock.clone(), root.clone());
+                rt.spawn(async move {
+                    let (result, fds) = run_fs(&root, op).await;
+                    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                    if let Ok(msg) = serde_json::to_vec(&FromWorker::FsDone { id, result }) {
+                        let _g = lock.lock();
+                        let _ = send_packet(sock.as_raw_fd(), &msg, &raw);
+                    }
+                });
+                continue;
+            }
+            Err(_) => {
+                eprintln!("exec-gateway worker {}: malformed request", args.tenant);
+                continue;
+            }
         };
         // Hold the lock from fork to the `Spawned` packet, so the reaper
         // cannot report the exit first.

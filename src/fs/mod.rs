@@ -429,30 +429,48 @@ pub async fn read_file(
     p: PathParams,
 ) -> Result<ReadFileResponse, GatewayError> {
     blocking(root, move |root| {
-        let target = root.resolve(&p.path)?;
-        let mut file = target.open_read().map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        if len > MAX_READ_FILE_BYTES {
-            return Err(GatewayError::InvalidRequest(format!(
-                "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
-            )));
-        }
-        let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-        std::io::Read::by_ref(&mut file)
-            .take(MAX_READ_FILE_BYTES + 1)
-            .read_to_end(&mut data)
-            .map_err(io_err)?;
-        if data.len() as u64 > MAX_READ_FILE_BYTES {
-            return Err(GatewayError::InvalidRequest(format!(
-                "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
-            )));
-        }
-        // Encoded later, straight into the response frame.
-        Ok(ReadFileResponse {
-            data_base64: crate::protocol::ByteChunk(data),
-        })
+        let file = root.resolve(&p.path)?.open_read().map_err(io_err)?;
+        read_whole(file)
     })
     .await
+}
+
+/// Read an opened file for `fs/readFile` (up to [`MAX_READ_FILE_BYTES`]).
+pub fn read_whole(mut file: std::fs::File) -> Result<ReadFileResponse, GatewayError> {
+    let len = file.metadata().map_err(io_err)?.len();
+    if len > MAX_READ_FILE_BYTES {
+        return Err(GatewayError::InvalidRequest(format!(
+            "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
+        )));
+    }
+    let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    std::io::Read::by_ref(&mut file)
+        .take(MAX_READ_FILE_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(io_err)?;
+    if data.len() as u64 > MAX_READ_FILE_BYTES {
+        return Err(GatewayError::InvalidRequest(format!(
+            "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
+        )));
+    }
+    // Encoded later, straight into the response frame.
+    Ok(ReadFileResponse {
+        data_base64: crate::protocol::ByteChunk(data),
+    })
+}
+
+/// Decode `fs/writeFile` data (bad base64 is the reference's -32600).
+pub fn write_data(p: &WriteFileParams) -> Result<Vec<u8>, GatewayError> {
+    crate::protocol::base64_decode(&p.data_base64).map_err(|e| {
+        GatewayError::InvalidRequest(format!(
+            "fs/writeFile requires valid base64 dataBase64: {e}"
+        ))
+    })
+}
+
+/// Write all of `data` to an opened file, mapping errors as `fs/writeFile`.
+pub fn write_whole(mut file: &std::fs::File, data: &[u8]) -> Result<(), GatewayError> {
+    file.write_all(data).map_err(io_err)
 }
 
 /// `fs/writeFile`.
@@ -460,15 +478,10 @@ pub async fn write_file(
     root: &Arc<FsRoot>,
     p: WriteFileParams,
 ) -> Result<crate::protocol::Empty, GatewayError> {
-    let data = crate::protocol::base64_decode(&p.data_base64).map_err(|e| {
-        GatewayError::InvalidRequest(format!(
-            "fs/writeFile requires valid base64 dataBase64: {e}"
-        ))
-    })?;
+    let data = write_data(&p)?;
     blocking(root, move |root| {
-        let target = root.resolve(&p.path)?;
-        let mut file = target.open_write().map_err(io_err)?;
-        file.write_all(&data).map_err(io_err)?;
+        let file = root.resolve(&p.path)?.open_write().map_err(io_err)?;
+        write_whole(&file, &data)?;
         Ok(crate::protocol::Empty {})
     })
     .await
