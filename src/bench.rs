@@ -641,6 +641,30 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         Some(g) => Some(grpc_spawn_latency(g, &bench_token, n).await?),
         None => None,
     };
+    // The same layers with the processes spawned by the gateway itself
+    // (no workers): what the worker design buys.
+    let inproc_config = dir.join("bench-inproc.toml");
+    std::fs::write(
+        &inproc_config,
+        std::fs::read_to_string(&config).map_err(err)? + "[isolation]\nworkers = \"off\"\n",
+    )
+    .map_err(err)?;
+    let inproc_config_s = inproc_config.display().to_string();
+    let mut inproc = Server::start(
+        &exe,
+        &[
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--config",
+            &inproc_config_s,
+        ],
+    )
+    .await?;
+    inproc.url = format!("{}/?access_token={bench_token}", inproc.url);
+    let (i50, _) = spawn_latency(&inproc.url, n).await?;
+    let inproc_rate = spawns_per_second(&inproc.url, 8, args.seconds).await?;
+    drop(inproc);
     plain.url = format!("{}/?access_token={bench_token}", plain.url);
     let (p50, p99) = spawn_latency(&plain.url, n).await?;
     let plain_rate = spawns_per_second(&plain.url, 8, args.seconds).await?;
@@ -664,6 +688,24 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: ms(g99),
         baseline: format!("{} no layers", ms(p99)),
         ratio: format!("{:.2}x", g99.as_secs_f64() / p99.as_secs_f64()),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+    rows.push(Row {
+        figure: "through a worker vs in the gateway: p50",
+        ours: ms(g50),
+        baseline: format!("{} in gateway", ms(i50)),
+        ratio: format!("{:+.0} µs", (g50.as_secs_f64() - i50.as_secs_f64()) * 1e6),
+        target: "(reported)",
+        met: None,
+        reference: String::new(),
+    });
+    rows.push(Row {
+        figure: "through a worker vs in the gateway: spawns/s",
+        ours: format!("{ours:.0}/s"),
+        baseline: format!("{inproc_rate:.0}/s in gateway"),
+        ratio: format!("{:.0}%", ours / inproc_rate * 100.0),
         target: "(reported)",
         met: None,
         reference: String::new(),

@@ -247,6 +247,7 @@ impl Gateway {
         }
         self.stopped.cancel();
         self.sessions.kill_all();
+        self.tenants.retire_workers();
         self.stop_reaper();
     }
 
@@ -311,6 +312,7 @@ pub async fn run_stdio(
     gw.draining.store(true, Ordering::Relaxed);
     gw.stopped.cancel();
     gw.sessions.kill_all();
+    gw.tenants.retire_workers();
     gw.stop_reaper();
 }
 

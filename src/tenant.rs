@@ -123,6 +123,16 @@ impl Tenants {
         self.by_name.get(name)
     }
 
+    /// Stop every tenant's workers (shutdown; their processes are already
+    /// killed).
+    pub fn retire_workers(&self) {
+        for t in self.by_name.values() {
+            if let Some(pool) = &t.exec.workers {
+                pool.kill_all();
+            }
+        }
+    }
+
     pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.by_name.values()
     }

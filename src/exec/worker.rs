@@ -329,10 +329,12 @@ impl WorkerConn {
             }
         }
         self.dead.store(true, Ordering::Release);
-        tracing::warn!(
-            worker = self.pid,
-            "worker process ended; its processes are reported failed"
-        );
+        if !self.retiring.load(Ordering::Acquire) {
+            tracing::warn!(
+                worker = self.pid,
+                "worker process ended; its processes are reported failed"
+            );
+        }
         self.pending.lock().clear();
         self.fs_pending.lock().clear();
         for (_, tx) in self.exits.lock().drain() {
@@ -603,10 +605,7 @@ fn to_json<T: Serialize>(r: Result<T, GatewayError>) -> FsResult {
     }
 }
 
-fn to_fd(h: Result<crate::fs::FileHandle, GatewayError>) -> FsResult {
-    let file = h.and_then(|h| {
-        Arc::try_unwrap(h.0).map_err(|_| GatewayError::Internal("file still shared".to_owned()))
-    });
+fn to_fd(file: Result<std::fs::File, GatewayError>) -> FsResult {
     match file {
         Ok(f) => (Ok(serde_json::Value::Null), vec![OwnedFd::from(f)]),
         Err(e) => (Err(WireError::from(&e)), Vec::new()),
@@ -617,8 +616,8 @@ fn to_fd(h: Result<crate::fs::FileHandle, GatewayError>) -> FsResult {
 async fn run_fs(root: &Arc<crate::fs::FsRoot>, op: FsOp) -> FsResult {
     use crate::fs;
     match op {
-        FsOp::OpenRead(p) => to_fd(fs::open_read(root, p).await),
-        FsOp::OpenWrite(p) => to_fd(fs::open_write(root, p).await),
+        FsOp::OpenRead(p) => to_fd(root.open_read_now(&p.path)),
+        FsOp::OpenWrite(p) => to_fd(root.open_write_now(&p.path)),
         FsOp::CreateDirectory(p) => to_json(fs::create_directory(root, p).await),
         FsOp::GetMetadata(p) => to_json(fs::get_metadata(root, p).await),
         FsOp::ReadDirectory(p) => to_json(fs::read_directory(root, p).await),
@@ -701,14 +700,26 @@ pub fn worker_main(args: WorkerArgs) -> std::process::ExitCode {
             Ok(ToWorker::Spawn { id, req }) => (id, req),
             Ok(ToWorker::Fs { id, op }) => {
                 let (sock, lock, root) = (sock.clone(), lock.clone(), root.clone());
-                rt.spawn(async move {
-                    let (result, fds) = run_fs(&root, op).await;
+                let done = move |(result, fds): FsResult| {
                     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
                     if let Ok(msg) = serde_json::to_vec(&FromWorker::FsDone { id, result }) {
                         let _g = lock.lock();
                         let _ = send_packet(sock.as_raw_fd(), &msg, &raw);
                     }
-                });
+                };
+                match op {
+                    // The hot path (readFile, writeFile, gRPC streams): one
+                    // hop to a blocking thread, no async task in between.
+                    FsOp::OpenRead(p) => {
+                        rt.spawn_blocking(move || done(to_fd(root.open_read_now(&p.path))));
+                    }
+                    FsOp::OpenWrite(p) => {
+                        rt.spawn_blocking(move || done(to_fd(root.open_write_now(&p.path))));
+                    }
+                    op => {
+                        rt.spawn(async move { done(run_fs(&root, op).await) });
+                    }
+                }
                 continue;
             }
             Err(_) => {

@@ -76,6 +76,17 @@ impl FsRoot {
         self
     }
 
+    /// Open a regular file for reading, confined (blocking; the caller
+    /// picks the thread).
+    pub fn open_read_now(&self, path: &str) -> Result<std::fs::File, GatewayError> {
+        self.resolve(path)?.open_read().map_err(io_err)
+    }
+
+    /// Create or truncate a file for writing, confined (blocking).
+    pub fn open_write_now(&self, path: &str) -> Result<std::fs::File, GatewayError> {
+        self.resolve(path)?.open_write().map_err(io_err)
+    }
+
     /// The root's path (`/` for the host).
     pub fn path(&self) -> &Path {
         match &self.kind {
@@ -408,8 +419,7 @@ pub struct FileHandle(pub Arc<std::fs::File>);
 /// Open a regular file for streaming out (gRPC ReadFile), confined as `fs/readFile`.
 pub async fn open_read(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
     blocking(root, move |root| {
-        let file = root.resolve(&p.path)?.open_read().map_err(io_err)?;
-        Ok(FileHandle(Arc::new(file)))
+        Ok(FileHandle(Arc::new(root.open_read_now(&p.path)?)))
     })
     .await
 }
@@ -417,8 +427,7 @@ pub async fn open_read(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, 
 /// Create or truncate a file for streaming in (gRPC WriteFile), confined as `fs/writeFile`.
 pub async fn open_write(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
     blocking(root, move |root| {
-        let file = root.resolve(&p.path)?.open_write().map_err(io_err)?;
-        Ok(FileHandle(Arc::new(file)))
+        Ok(FileHandle(Arc::new(root.open_write_now(&p.path)?)))
     })
     .await
 }
