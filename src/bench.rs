@@ -424,6 +424,21 @@ struct Row {
     reference: String,
 }
 
+impl Row {
+    /// A figure printed next to its baseline, with no target.
+    fn reported(figure: &'static str, ours: String, baseline: String, ratio: String) -> Row {
+        Row {
+            figure,
+            ours,
+            baseline,
+            ratio,
+            target: "(reported)",
+            met: None,
+            reference: String::new(),
+        }
+    }
+}
+
 fn print_rows(rows: &[Row], with_ref: bool) {
     println!(
         "{:<44} {:>16} {:>22} {:>8} {:<28} {:>4}{}",
@@ -590,15 +605,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(g50 <= Duration::from_micros(1500) && ratio50 <= 1.5),
         reference: r,
     });
-    rows.push(Row {
-        figure: "`true` start→closed over ws, p99",
-        ours: ms(g99),
-        baseline: format!("{} direct", ms(d99)),
-        ratio: format!("{:.2}x", g99.as_secs_f64() / d99.as_secs_f64()),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
+    rows.push(Row::reported(
+        "`true` start→closed over ws, p99",
+        ms(g99),
+        format!("{} direct", ms(d99)),
+        format!("{:.2}x", g99.as_secs_f64() / d99.as_secs_f64()),
+    ));
 
     // 2. spawns per second over 8 connections.
     let direct = direct_spawns_per_second(8, args.seconds).await?;
@@ -674,51 +686,36 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         "isolation of the measured gateway: {}",
         layers.trim().replace('\n', "; ")
     );
-    rows.push(Row {
-        figure: "isolation cost: `true` p50 (layers on/off)",
-        ours: ms(g50),
-        baseline: format!("{} no layers", ms(p50)),
-        ratio: format!("+{:.0} µs", (g50.as_secs_f64() - p50.as_secs_f64()) * 1e6),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
-    rows.push(Row {
-        figure: "isolation cost: `true` p99 (layers on/off)",
-        ours: ms(g99),
-        baseline: format!("{} no layers", ms(p99)),
-        ratio: format!("{:.2}x", g99.as_secs_f64() / p99.as_secs_f64()),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
-    rows.push(Row {
-        figure: "through a worker vs in the gateway: p50",
-        ours: ms(g50),
-        baseline: format!("{} in gateway", ms(i50)),
-        ratio: format!("{:+.0} µs", (g50.as_secs_f64() - i50.as_secs_f64()) * 1e6),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
-    rows.push(Row {
-        figure: "through a worker vs in the gateway: spawns/s",
-        ours: format!("{ours:.0}/s"),
-        baseline: format!("{inproc_rate:.0}/s in gateway"),
-        ratio: format!("{:.0}%", ours / inproc_rate * 100.0),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
-    rows.push(Row {
-        figure: "isolation cost: spawns/s (layers on/off)",
-        ours: format!("{ours:.0}/s"),
-        baseline: format!("{plain_rate:.0}/s no layers"),
-        ratio: format!("{:.0}%", ours / plain_rate * 100.0),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
+    rows.push(Row::reported(
+        "isolation cost: `true` p50 (layers on/off)",
+        ms(g50),
+        format!("{} no layers", ms(p50)),
+        format!("+{:.0} µs", (g50.as_secs_f64() - p50.as_secs_f64()) * 1e6),
+    ));
+    rows.push(Row::reported(
+        "isolation cost: `true` p99 (layers on/off)",
+        ms(g99),
+        format!("{} no layers", ms(p99)),
+        format!("{:.2}x", g99.as_secs_f64() / p99.as_secs_f64()),
+    ));
+    rows.push(Row::reported(
+        "through a worker vs in the gateway: p50",
+        ms(g50),
+        format!("{} in gateway", ms(i50)),
+        format!("{:+.0} µs", (g50.as_secs_f64() - i50.as_secs_f64()) * 1e6),
+    ));
+    rows.push(Row::reported(
+        "through a worker vs in the gateway: spawns/s",
+        format!("{ours:.0}/s"),
+        format!("{inproc_rate:.0}/s in gateway"),
+        format!("{:.0}%", ours / inproc_rate * 100.0),
+    ));
+    rows.push(Row::reported(
+        "isolation cost: spawns/s (layers on/off)",
+        format!("{ours:.0}/s"),
+        format!("{plain_rate:.0}/s no layers"),
+        format!("{:.0}%", ours / plain_rate * 100.0),
+    ));
 
     // 3. output throughput: best of 3 for each side, since one run on a
     // shared 2-core VM varies by ±30%.
@@ -758,35 +755,26 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             reference: String::new(),
         });
         let (p50, p99) = grpc_spawn_latency(grpc, &bench_token, n).await?;
-        rows.push(Row {
-            figure: "`true` start→closed over gRPC Exec, p50",
-            ours: ms(p50),
-            baseline: format!("{} direct", ms(d50)),
-            ratio: format!("{:.2}x", p50.as_secs_f64() / d50.as_secs_f64()),
-            target: "(reported)",
-            met: None,
-            reference: String::new(),
-        });
+        rows.push(Row::reported(
+            "`true` start→closed over gRPC Exec, p50",
+            ms(p50),
+            format!("{} direct", ms(d50)),
+            format!("{:.2}x", p50.as_secs_f64() / d50.as_secs_f64()),
+        ));
         if let Some((q50, _)) = plain_grpc {
-            rows.push(Row {
-                figure: "isolation cost: gRPC Exec `true` p50",
-                ours: ms(p50),
-                baseline: format!("{} no layers", ms(q50)),
-                ratio: format!("+{:.0} µs", (p50.as_secs_f64() - q50.as_secs_f64()) * 1e6),
-                target: "(reported)",
-                met: None,
-                reference: String::new(),
-            });
+            rows.push(Row::reported(
+                "isolation cost: gRPC Exec `true` p50",
+                ms(p50),
+                format!("{} no layers", ms(q50)),
+                format!("+{:.0} µs", (p50.as_secs_f64() - q50.as_secs_f64()) * 1e6),
+            ));
         }
-        rows.push(Row {
-            figure: "`true` start→closed over gRPC Exec, p99",
-            ours: ms(p99),
-            baseline: format!("{} direct", ms(d99)),
-            ratio: format!("{:.2}x", p99.as_secs_f64() / d99.as_secs_f64()),
-            target: "(reported)",
-            met: None,
-            reference: String::new(),
-        });
+        rows.push(Row::reported(
+            "`true` start→closed over gRPC Exec, p99",
+            ms(p99),
+            format!("{} direct", ms(d99)),
+            format!("{:.2}x", p99.as_secs_f64() / d99.as_secs_f64()),
+        ));
     }
 
     // 4. fs/readFile 1 MiB.
@@ -807,15 +795,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(ratio <= 3.0),
         reference: r,
     });
-    rows.push(Row {
-        figure: "fs/readFile 1 MiB, p50 (vs SIMD base64)",
-        ours: ms(ours),
-        baseline: format!("{} read+simd", ms(direct_simd)),
-        ratio: format!("{:.2}x", ours.as_secs_f64() / direct_simd.as_secs_f64()),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
+    rows.push(Row::reported(
+        "fs/readFile 1 MiB, p50 (vs SIMD base64)",
+        ms(ours),
+        format!("{} read+simd", ms(direct_simd)),
+        format!("{:.2}x", ours.as_secs_f64() / direct_simd.as_secs_f64()),
+    ));
 
     // 5. memory per idle session.
     let ours = idle_session_rss(&gw, args.sessions).await?;
@@ -836,18 +821,15 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     // 6. the cost of the stack, in process: the whole tower stack vs the
     // bare handler, for a call that does nothing (process/list).
     let (with_stack, bare) = stack_cost(&settings, 200_000).await?;
-    rows.push(Row {
-        figure: "tower stack cost per call (in process)",
-        ours: format!("{:.2} µs", with_stack.as_secs_f64() * 1e6),
-        baseline: format!("{:.2} µs bare handler", bare.as_secs_f64() * 1e6),
-        ratio: format!(
+    rows.push(Row::reported(
+        "tower stack cost per call (in process)",
+        format!("{:.2} µs", with_stack.as_secs_f64() * 1e6),
+        format!("{:.2} µs bare handler", bare.as_secs_f64() * 1e6),
+        format!(
             "+{:.2} µs",
             (with_stack.as_secs_f64() - bare.as_secs_f64()) * 1e6
         ),
-        target: "(reported)",
-        met: None,
-        reference: String::new(),
-    });
+    ));
 
     // 7. fairness: the victim's p99 spawn latency while another tenant floods
     // (8 connections spawning as fast as the gateway lets them).

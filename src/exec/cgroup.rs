@@ -183,6 +183,24 @@ fn remove_all(rel: &Path) {
     let _ = std::fs::remove_dir(controller_dir(MEMBERSHIP).join(rel));
 }
 
+/// Move the calling process into the cgroup whose `cgroup.procs` is
+/// `procs` (writing "0" means "myself"). Safe between fork and exec:
+/// open/write/close on a path computed before fork, nothing allocated.
+pub fn join_self(procs: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: async-signal-safe syscalls on a valid NUL-terminated path; the
+    // fd is closed on every path.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if ok { Ok(()) } else { Err(err) }
+    }
+}
+
 /// A tenant's cgroup (created with its limits).
 #[derive(Debug)]
 pub struct TenantCgroup {
@@ -336,24 +354,7 @@ impl ProcessCgroup {
     /// controller's `cgroup.procs`. Only syscalls; nothing is allocated.
     pub fn joiner(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
         let paths: Vec<CString> = self.procs.clone();
-        move || {
-            for p in &paths {
-                // SAFETY: open/write/close on a NUL-terminated path computed
-                // before fork; async-signal-safe, no allocation.
-                unsafe {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                    libc::close(fd);
-                    if !ok {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-            }
-            Ok(())
-        }
+        move || paths.iter().try_for_each(|p| join_self(p))
     }
 
     /// The `cgroup.procs` files a process joins (for `sandbox-exec`).

@@ -459,22 +459,9 @@ impl WorkerPool {
         // Order matters: join the cgroups as root, then confine (the
         // sandbox drops root and uses its ruleset fd, which may be fd 3),
         // then put the link on fd 3.
-        // SAFETY: open/write/close only, on paths prepared before fork.
+        // SAFETY: `join_self` only (open/write/close on paths prepared before fork).
         unsafe {
-            cmd.pre_exec(move || {
-                for p in &cgroups {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                    libc::close(fd);
-                    if !ok {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+            cmd.pre_exec(move || cgroups.iter().try_for_each(|p| super::cgroup::join_self(p)));
         }
         if let Some(sb) = &self.launch.sandbox {
             let hook = sb.hook();
@@ -805,21 +792,10 @@ fn spawn_here(req: &SpawnRequest) -> io::Result<(i32, Vec<OwnedFd>)> {
         None => None,
     };
     let joiner = move || -> io::Result<()> {
-        if let Some(p) = &join {
-            // SAFETY: open/write/close on a path computed before fork.
-            unsafe {
-                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if !ok {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+        match &join {
+            Some(p) => super::cgroup::join_self(p),
+            None => Ok(()),
         }
-        Ok(())
     };
     if req.tty {
         let size = nix::pty::Winsize {
