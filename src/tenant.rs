@@ -62,6 +62,7 @@ impl Tenants {
         global_slots: Arc<Semaphore>,
         layers: crate::gateway::Layers,
     ) -> Result<Tenants, ConfigError> {
+        let hidden = gateway_files(settings);
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
             let fs = match &t.root {
@@ -90,7 +91,19 @@ impl Tenants {
             } else {
                 None
             };
-            let mut spec = sandbox_spec(t, layers);
+            let mut spec = sandbox_spec(t, layers, &hidden);
+            if let Some(rw) = &spec.landlock_rw {
+                for secret in hidden
+                    .iter()
+                    .filter(|h| rw.iter().any(|p| h.starts_with(p)))
+                {
+                    tracing::warn!(
+                        tenant = %name,
+                        path = %secret.display(),
+                        "a gateway key file lies where this tenant's processes may read and write; move it (for example to /run/exec-gateway)"
+                    );
+                }
+            }
             if layers.workers {
                 exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref())?);
             } else if !spec.is_empty() {
@@ -144,6 +157,7 @@ impl Tenants {
 fn sandbox_spec(
     t: &crate::config::TenantSettings,
     layers: crate::gateway::Layers,
+    hidden: &[std::path::PathBuf],
 ) -> crate::exec::sandbox::SandboxSpec {
     let landlock_rw = layers.landlock.then(|| {
         let root = t
@@ -161,6 +175,7 @@ fn sandbox_spec(
         landlock_rw,
         landlock_ro: t.landlock_read.clone(),
         seccomp: layers.seccomp,
+        hidden: hidden.to_vec(),
     }
 }
 
@@ -202,4 +217,31 @@ fn start_workers(
         max: t.workers_max,
     })
     .map_err(|e| err(e.to_string()))
+}
+
+/// The gateway's own files that no tenant process may read: its key files
+/// (as configured and as resolved through symlinks).
+fn gateway_files(settings: &crate::config::Settings) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for k in &settings.auth.keys {
+        for p in [&k.secret_file, &k.public_key_file, &k.jwks_file]
+            .into_iter()
+            .flatten()
+        {
+            let abs = if p.is_absolute() {
+                p.clone()
+            } else {
+                std::env::current_dir()
+                    .map(|d| d.join(p))
+                    .unwrap_or_else(|_| p.clone())
+            };
+            if let Ok(real) = abs.canonicalize() {
+                out.push(real);
+            }
+            out.push(crate::fs::normalize(&abs));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }

@@ -245,3 +245,53 @@ async fn each_tenant_runs_as_its_own_uid() {
         .await;
     assert_eq!(unb64(read["dataBase64"].as_str().unwrap()), b"mine\n");
 }
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn the_gateways_key_files_stay_hidden_under_readable_system_dirs() {
+    let r = roots();
+    // A key where operators put them, under /etc, which tenants may read.
+    let keydir = PathBuf::from(format!("/etc/exec-gateway-test-{}", std::process::id()));
+    if std::fs::create_dir_all(&keydir).is_err() {
+        eprintln!("SKIPPED: cannot create {} (not root?)", keydir.display());
+        return;
+    }
+    let _cleanup = RemoveOnDrop(keydir.clone());
+    let key = keydir.join("hs256.key");
+    let (a, b) = (tenant("a", &r.a, ""), tenant("b", &r.b, ""));
+    let key_for_config = key.clone();
+    let gw = Gateway::start_with(|dir| {
+        std::fs::copy(dir.join("hs256.key"), &key_for_config).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n{a}{b}",
+            key_for_config.display()
+        )
+    });
+    require!(gw, "landlock");
+    let (mut c, _) = gw.session_of("a").await;
+    let script = format!(
+        "cat {k}; echo key=$?; ls {d}; echo dir=$?; cat /etc/hostname >/dev/null; echo etc=$?",
+        k = key.display(),
+        d = keydir.display()
+    );
+    let (out, _, _) = sh(&mut c, "peek", &r.a, &script).await;
+    assert!(out.contains("key=1"), "{out}");
+    assert!(out.contains("dir=2"), "{out}");
+    assert!(
+        out.contains("etc=0"),
+        "the rest of /etc stays readable: {out}"
+    );
+    let secret = std::fs::read_to_string(&key).unwrap();
+    assert!(!out.contains(secret.trim()), "the key leaked: {out}");
+    // File operations (in the worker) cannot read it either.
+    let (_, msg) = c.call_err("fs/readFile", json!({"path": key})).await;
+    assert!(!msg.is_empty());
+}

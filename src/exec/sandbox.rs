@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
     RulesetAttr as _, RulesetCreatedAttr as _, Scope,
 };
 use seccompiler::{
@@ -63,6 +63,9 @@ pub struct SandboxSpec {
     pub landlock_ro: Vec<PathBuf>,
     /// Install the seccomp deny-list.
     pub seccomp: bool,
+    /// The gateway's own files (keys, config): never granted by the
+    /// read-only rules, even where they sit under a system directory.
+    pub hidden: Vec<PathBuf>,
 }
 
 impl SandboxSpec {
@@ -94,6 +97,9 @@ impl SandboxSpec {
         if self.seccomp {
             a.push("--seccomp".to_owned());
         }
+        for p in &self.hidden {
+            a.extend(["--hide".to_owned(), p.display().to_string()]);
+        }
         a
     }
 }
@@ -112,7 +118,7 @@ impl Sandbox {
     /// Build the Landlock ruleset and the BPF programs for `spec`.
     pub fn new(spec: SandboxSpec) -> Result<Sandbox, String> {
         let ruleset = match &spec.landlock_rw {
-            Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro)?),
+            Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro, &spec.hidden)?),
             None => None,
         };
         let filters = if spec.seccomp {
@@ -219,7 +225,7 @@ unsafe fn apply(
 /// abstract unix sockets scoped to the process's own domain. Paths that do
 /// not exist are skipped. Enforcement of the handled rights is required
 /// (`HardRequirement`): a kernel that cannot is reported by the probe.
-fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf]) -> Result<OwnedFd, String> {
+fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Result<OwnedFd, String> {
     let e = |e: landlock::RulesetError| format!("landlock: {e}");
     let all = AccessFs::from_all(LANDLOCK_ABI);
     let read = AccessFs::from_read(LANDLOCK_ABI);
@@ -252,14 +258,20 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf]) -> Result<OwnedFd, String> {
             Err(_) => Ok(()),
         }
     };
+    // Read-only grants go around the gateway's own files: a directory that
+    // holds one is granted entry by entry instead (ISOLATION.md §7.1).
+    let mut ro_grants: Vec<(PathBuf, BitFlags<AccessFs>)> = Vec::new();
     for p in SYSTEM_RX {
-        grant(std::path::Path::new(p), read)?;
+        around_hidden(Path::new(p), read, hidden, 0, &mut ro_grants);
     }
     for p in SYSTEM_RO {
-        grant(std::path::Path::new(p), read_no_exec)?;
+        around_hidden(Path::new(p), read_no_exec, hidden, 0, &mut ro_grants);
     }
     for p in ro {
-        grant(p, read)?;
+        around_hidden(p, read, hidden, 0, &mut ro_grants);
+    }
+    for (p, access) in ro_grants {
+        grant(&p, access)?;
     }
     for p in DEVICES_RW {
         grant(std::path::Path::new(p), file_rw)?;
@@ -275,6 +287,33 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf]) -> Result<OwnedFd, String> {
     }
     Option::<OwnedFd>::from(created)
         .ok_or_else(|| "landlock is not supported by this kernel".to_owned())
+}
+
+/// Deepest directory level expanded to go around a hidden file.
+const HIDE_DEPTH: usize = 8;
+
+/// `path` with `access`, or, when a hidden path lies beneath it, each of
+/// its entries except the hidden one (recursively).
+fn around_hidden(
+    path: &Path,
+    access: BitFlags<AccessFs>,
+    hidden: &[PathBuf],
+    depth: usize,
+    out: &mut Vec<(PathBuf, BitFlags<AccessFs>)>,
+) {
+    if hidden.iter().any(|h| h == path) {
+        return;
+    }
+    let beneath = hidden.iter().any(|h| h.starts_with(path));
+    if !beneath || depth >= HIDE_DEPTH || !path.is_dir() {
+        out.push((path.to_path_buf(), access));
+        return;
+    }
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            around_hidden(&e.path(), access, hidden, depth + 1, out);
+        }
+    }
 }
 
 /// Syscalls no tenant process needs: tracing and reading other processes,
@@ -410,6 +449,8 @@ pub struct ShimArgs {
     ro: Vec<PathBuf>,
     #[arg(long)]
     seccomp: bool,
+    #[arg(long)]
+    hide: Vec<PathBuf>,
     /// `cgroup.procs` files to join first (as root).
     #[arg(long)]
     cgroup: Vec<PathBuf>,
@@ -436,6 +477,7 @@ pub fn shim_main(args: ShimArgs) -> std::process::ExitCode {
         landlock_rw: args.landlock.then_some(args.rw),
         landlock_ro: args.ro,
         seccomp: args.seccomp,
+        hidden: args.hide,
     };
     let sandbox = match Sandbox::new(spec) {
         Ok(s) => s,
