@@ -176,6 +176,9 @@ pub struct TenantConfig {
     pub memory_max_bytes: Option<u64>,
     /// cgroup `cpu.shares` (1024 = equal share with other tenants). Default: 1024.
     pub cpu_shares: Option<u64>,
+    /// A hard CPU cap over all the tenant's processes, in cores (CFS
+    /// quota). Default: none.
+    pub cpu_max_cores: Option<f64>,
     /// uid the tenant's processes and file operations run as (not 0).
     /// Default: none (the gateway's own; see `[isolation] uid`).
     pub uid: Option<u32>,
@@ -603,6 +606,17 @@ fn validate_tenant(
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: t.memory_max_bytes,
             cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
+            cpu_quota_us: match t.cpu_max_cores {
+                None => None,
+                Some(c) if c.is_finite() && (0.01..=1024.0).contains(&c) => {
+                    Some((c * crate::exec::cgroup::CPU_PERIOD_US as f64) as u64)
+                }
+                Some(c) => {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.cpu_max_cores must be between 0.01 and 1024, got {c}"
+                    )));
+                }
+            },
         },
         uid,
         workers_min: t.workers_min.unwrap_or(1).clamp(1, 64),

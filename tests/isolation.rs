@@ -15,7 +15,7 @@ fn gateway() -> Gateway {
     Gateway::start_with(|dir| {
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.a]\nroot = \"/\"\npids_max = 40\nmemory_max_bytes = 67108864\n\
+             [tenants.a]\nroot = \"/\"\npids_max = 40\nmemory_max_bytes = 67108864\ncpu_max_cores = 0.5\n\
              [tenants.b]\nroot = \"/\"\n",
             dir.display()
         )
@@ -97,6 +97,16 @@ async fn a_fork_bomb_stops_at_its_tenants_pids_limit() {
             v["params"]["chunk"].as_str().unwrap(),
         )));
     }
+    // The configured limits are the tenant's cgroup's.
+    assert_eq!(cgroup_file(&gw, "pids", "a", "pids.max").trim(), "40");
+    assert_eq!(
+        cgroup_file(&gw, "cpu", "a", "cpu.cfs_quota_us").trim(),
+        "50000"
+    );
+    assert_eq!(
+        cgroup_file(&gw, "cpu", "b", "cpu.cfs_quota_us").trim(),
+        "-1"
+    );
     let current: u64 = cgroup_file(&gw, "pids", "a", "pids.current")
         .trim()
         .parse()

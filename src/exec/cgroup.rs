@@ -50,7 +50,12 @@ pub struct CgroupLimits {
     pub memory_max_bytes: Option<u64>,
     /// v1 `cpu.shares` (1024 = one default share).
     pub cpu_shares: Option<u64>,
+    /// CFS quota per [`CPU_PERIOD_US`] (a hard cap), when set.
+    pub cpu_quota_us: Option<u64>,
 }
+
+/// The CFS period the quota is expressed in.
+pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// `exec-gateway` under a controller (all gateways).
 fn subtree(controller: &str) -> PathBuf {
@@ -234,6 +239,10 @@ impl TenantCgroup {
         }
         if let Some(v) = limits.cpu_shares {
             set("cpu", "cpu.shares", v)?;
+        }
+        if let Some(q) = limits.cpu_quota_us {
+            set("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)?;
+            set("cpu", "cpu.cfs_quota_us", q)?;
         }
         Ok(TenantCgroup {
             name: tenant.to_owned(),
