@@ -133,3 +133,59 @@ fn kill9(pid: i32) -> i32 {
         .map(|s| s.code().unwrap_or(1))
         .unwrap_or(1)
 }
+
+#[tokio::test]
+async fn a_worker_stopped_by_its_own_tenant_is_replaced_and_others_carry_on() {
+    let gw = gateway();
+    if !require_workers(&gw).await {
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    // A tenant process may signal its own worker (same uid and domain):
+    // here it stops it.
+    // (It waits for a go file, so that its start is answered first.)
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; kill -STOP $PPID; sleep 60",
+        go.display()
+    );
+    a.start("stopper", &["sh", "-c", &script]).await;
+    std::fs::write(&go, "").unwrap();
+    let worker: i32 = loop {
+        let pids = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            gw.child.id(),
+            gw.child.id()
+        ))
+        .unwrap_or_default();
+        let stopped = pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| status_field(*p, "State").starts_with('T'));
+        if let Some(p) = stopped {
+            break p;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    // b is served meanwhile.
+    b.start("b1", &["sh", "-c", "echo b-ok"]).await;
+    assert_eq!(b.collect("b1").await.stdout, b"b-ok\n");
+    // a's next spawn finds the worker unresponsive: an error, and the worker
+    // is killed (its processes reported failed)...
+    let (code, msg) = a
+        .call_err(
+            "process/start",
+            json!({"processId": "blocked", "argv": ["true"], "cwd": "/tmp", "env": {}, "tty": false}),
+        )
+        .await;
+    assert_eq!(code, -32603, "{msg}");
+    assert!(msg.contains("worker"), "{msg}");
+    eventually("the stopped worker is gone", || !pid_alive(worker)).await;
+    let out = a.collect("stopper").await;
+    assert_eq!(out.exit_code, Some(-1));
+    // ...and the one after gets a fresh worker.
+    a.start("after", &["sh", "-c", "echo a-ok"]).await;
+    assert_eq!(a.collect("after").await.stdout, b"a-ok\n");
+}

@@ -45,8 +45,9 @@ use crate::rpc::{Call, Reply};
 
 /// Largest message on the link (argv + env of one spawn).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
-/// How long a spawn may take in the worker before the gateway gives up.
-const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a spawn may take in the worker before the gateway gives up on
+/// it (and kills it).
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The fd the worker finds its end of the link on.
 const WORKER_FD: RawFd = 3;
 /// Threads a worker runs blocking file operations on.
@@ -247,10 +248,31 @@ impl WorkerConn {
                 return Err(e);
             }
         }
-        match rx.recv_timeout(SPAWN_TIMEOUT) {
+        // The worker runs as the tenant and can be stopped by the tenant's
+        // own processes: never let that hold a runtime thread hostage
+        // (other tenants' calls run on the same threads).
+        let wait = || rx.recv_timeout(SPAWN_TIMEOUT);
+        let answer = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        };
+        match answer {
             Ok(r) => r,
             Err(_) => {
                 self.pending.lock().remove(&id);
+                // A worker that does not answer is stuck or stopped: retire
+                // it; its processes are reported failed and a new one serves
+                // the next call.
+                tracing::warn!(
+                    worker = self.pid,
+                    "worker did not answer a spawn; killing it"
+                );
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 Err(io::Error::other("the tenant's worker did not answer"))
             }
         }
