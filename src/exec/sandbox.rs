@@ -361,6 +361,8 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_clock_settime,
     libc::SYS_iopl,
     libc::SYS_ioperm,
+    // Would let a tenant process take its worker's link to the gateway.
+    libc::SYS_pidfd_getfd,
 ];
 
 /// Namespace flags refused to `clone`.

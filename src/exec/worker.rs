@@ -316,6 +316,25 @@ impl WorkerConn {
             };
             match msg {
                 FromWorker::Spawned { id, pid } => {
+                    // The worker runs as its tenant: never take its word
+                    // for a pid. One that is alive must be its child, or
+                    // the gateway (root) would signal someone else's
+                    // process group; a liar is killed.
+                    if !is_child_of(pid, self.pid) {
+                        tracing::error!(
+                            worker = self.pid,
+                            pid,
+                            "worker named a process that is not its child; killing it"
+                        );
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(self.pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        if let Some(w) = self.pending.lock().remove(&id) {
+                            let _ = w.send(Err(io::Error::other("the tenant's worker misbehaved")));
+                        }
+                        continue;
+                    }
                     // Registered before the reply is handed on: the exit
                     // can only be read after this packet.
                     let (tx, rx) = oneshot::channel();
@@ -364,6 +383,24 @@ impl WorkerConn {
         }
         // Reap it (the gateway is its parent).
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+    }
+}
+
+/// True if `pid` is a child of `parent`, or already gone (reaped: the
+/// worker reports its exit next). A pid that names the gateway itself or
+/// a process of any other parent is false.
+fn is_child_of(pid: i32, parent: i32) -> bool {
+    if pid <= 1 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Field 4, after the parenthesised command (which may hold spaces).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<i32>().ok())
+            .is_some_and(|ppid| ppid == parent),
+        Err(_) => true,
     }
 }
 
@@ -873,5 +910,30 @@ fn spawn_here(req: &SpawnRequest) -> io::Result<(i32, Vec<OwnedFd>)> {
             fds.push(stdin.into());
         }
         Ok((pid, fds))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_pid_is_trusted_only_as_a_child_of_its_worker() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        assert!(is_child_of(pid, me));
+        // Not the child of another process; never init or the caller itself.
+        assert!(!is_child_of(pid, me + 1));
+        assert!(!is_child_of(1, me));
+        assert!(!is_child_of(me, me));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Gone (reaped): the worker reports its exit next.
+        assert!(is_child_of(pid, me));
     }
 }
