@@ -335,13 +335,16 @@ impl WorkerConn {
                         }
                         continue;
                     }
-                    // Registered before the reply is handed on: the exit
-                    // can only be read after this packet.
+                    // Only an answer to a request registers anything (the
+                    // map stays bounded by the requests made), and before
+                    // the reply is handed on: the exit can only be read
+                    // after this packet.
+                    let Some(w) = self.pending.lock().remove(&id) else {
+                        continue;
+                    };
                     let (tx, rx) = oneshot::channel();
                     self.exits.lock().insert(pid, tx);
-                    if let Some(w) = self.pending.lock().remove(&id) {
-                        let _ = w.send(Ok(Spawned { pid, fds, exit: rx }));
-                    }
+                    let _ = w.send(Ok(Spawned { pid, fds, exit: rx }));
                 }
                 FromWorker::Failed { id, errno, message } => {
                     if let Some(w) = self.pending.lock().remove(&id) {
