@@ -135,7 +135,7 @@ async fn a_pty_works_under_the_sandbox() {
     require!(gw, "landlock");
     let (mut a, _) = gw.session_of("a").await;
     let script = format!(
-        "stty size; tty; cat /etc/hostname >/dev/null && echo ok; cat {}/secret.txt 2>/dev/null || echo denied",
+        "stty size; tty; cat /etc/hostname >/dev/null && echo ok; cat {}/secret.txt 2>/dev/null || echo denied; echo fds=$(ls /proc/$$/fd | wc -l)",
         r.b.display()
     );
     a.call(

@@ -448,16 +448,6 @@ impl WorkerPool {
         Ok(pool)
     }
 
-    /// Live workers (for tests and metrics).
-    pub fn pids(&self) -> Vec<i32> {
-        self.workers
-            .lock()
-            .iter()
-            .filter(|w| !w.is_dead())
-            .map(|w| w.pid)
-            .collect()
-    }
-
     /// The worker for a new session: the least loaded live one, or a new
     /// one when all carry `SESSIONS_PER_WORKER` and the pool may grow, or
     /// a replacement when the pool has none alive.
@@ -867,6 +857,15 @@ fn spawn_here(req: &SpawnRequest) -> io::Result<(i32, Vec<OwnedFd>)> {
             ws_ypixel: 0,
         };
         let pty = nix::pty::openpty(&size, None).map_err(io::Error::from)?;
+        // openpty(3) leaves both ends inheritable: no later child (nor this
+        // one, past its stdio) may keep them.
+        for fd in [&pty.master, &pty.slave] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(io::Error::from)?;
+        }
         let slave = pty.slave;
         cmd.arg0(&program)
             .stdin(Stdio::from(slave.try_clone()?))
