@@ -319,19 +319,20 @@ impl WorkerConn {
                     // The worker runs as its tenant: never take its word
                     // for a pid. One that is alive must be its child, or
                     // the gateway (root) would signal someone else's
-                    // process group; a liar is killed.
-                    if !is_child_of(pid, self.pid) {
-                        tracing::error!(
+                    // process group. A pid that fails the check is refused
+                    // (the spawn fails; whatever runs is killed with its
+                    // process cgroup).
+                    if let Err(ppid) = check_child(pid, self.pid) {
+                        tracing::warn!(
                             worker = self.pid,
                             pid,
-                            "worker named a process that is not its child; killing it"
-                        );
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(self.pid),
-                            nix::sys::signal::Signal::SIGKILL,
+                            ppid,
+                            "worker named a process that is not its child; refused"
                         );
                         if let Some(w) = self.pending.lock().remove(&id) {
-                            let _ = w.send(Err(io::Error::other("the tenant's worker misbehaved")));
+                            let _ = w.send(Err(io::Error::other(
+                                "the spawned process could not be verified as the worker's child",
+                            )));
                         }
                         continue;
                     }
@@ -389,21 +390,23 @@ impl WorkerConn {
     }
 }
 
-/// True if `pid` is a child of `parent`, or already gone (reaped: the
-/// worker reports its exit next). A pid that names the gateway itself or
-/// a process of any other parent is false.
-fn is_child_of(pid: i32, parent: i32) -> bool {
+/// `Ok` if `pid` is a child of `parent`, or already gone (reaped: the
+/// worker reports its exit next); else `Err(its parent)` (0: unreadable).
+fn check_child(pid: i32, parent: i32) -> Result<(), i32> {
     if pid <= 1 {
-        return false;
+        return Err(0);
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // Field 4, after the parenthesised command (which may hold spaces).
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse::<i32>().ok())
-            .is_some_and(|ppid| ppid == parent),
-        Err(_) => true,
+        Ok(stat) => {
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|ppid| ppid.parse::<i32>().ok())
+                .unwrap_or(0);
+            if ppid == parent { Ok(()) } else { Err(ppid) }
+        }
+        Err(_) => Ok(()),
     }
 }
 
@@ -928,14 +931,14 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
-        assert!(is_child_of(pid, me));
+        assert_eq!(check_child(pid, me), Ok(()));
         // Not the child of another process; never init or the caller itself.
-        assert!(!is_child_of(pid, me + 1));
-        assert!(!is_child_of(1, me));
-        assert!(!is_child_of(me, me));
+        assert_eq!(check_child(pid, me + 1), Err(me));
+        assert!(check_child(1, me).is_err());
+        assert!(check_child(me, me).is_err());
         child.kill().unwrap();
         child.wait().unwrap();
         // Gone (reaped): the worker reports its exit next.
-        assert!(is_child_of(pid, me));
+        assert_eq!(check_child(pid, me), Ok(()));
     }
 }
