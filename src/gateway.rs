@@ -122,6 +122,7 @@ fn probe_layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, Config
             cgroups: Vec::new(),
             min: 1,
             max: 1,
+            metrics: None,
         })
         .map_err(|e| format!("a probe worker could not start: {e}"))?;
         pool.kill_all();

@@ -56,6 +56,8 @@ pub struct Metrics {
     pub shed: Family<ShedLabels, Counter>,
     pub quota_refused: Family<QuotaLabels, Counter>,
     pub isolation_layer: Family<LayerLabel, Gauge>,
+    pub workers: Family<TenantLabel, Gauge>,
+    pub worker_deaths: Family<TenantLabel, Counter>,
     pub draining: Gauge,
 }
 
@@ -87,6 +89,14 @@ impl Metrics {
         let quota_refused = Family::<QuotaLabels, Counter>::default();
         let isolation_layer = Family::<LayerLabel, Gauge>::default();
         let draining = Gauge::default();
+        let workers = Family::<TenantLabel, Gauge>::default();
+        let worker_deaths = Family::<TenantLabel, Counter>::default();
+        r.register("workers", "Live worker processes", workers.clone());
+        r.register(
+            "worker_deaths",
+            "Worker processes that ended unexpectedly (their processes were reported failed)",
+            worker_deaths.clone(),
+        );
         r.register("sessions", "Sessions in the registry", sessions.clone());
         r.register(
             "processes_running",
@@ -140,6 +150,8 @@ impl Metrics {
             shed,
             quota_refused,
             isolation_layer,
+            workers,
+            worker_deaths,
             draining,
         }
     }
@@ -155,6 +167,8 @@ impl Metrics {
             processes: self.processes.get_or_create(&l).clone(),
             spawn_seconds: self.spawn_seconds.get_or_create(&l).clone(),
             output_bytes: self.output_bytes.get_or_create(&l).clone(),
+            workers: self.workers.get_or_create(&l).clone(),
+            worker_deaths: self.worker_deaths.get_or_create(&l).clone(),
         }
     }
 
@@ -184,6 +198,8 @@ pub struct TenantMetrics {
     pub processes: Gauge,
     pub spawn_seconds: Histogram,
     pub output_bytes: Counter,
+    pub workers: Gauge,
+    pub worker_deaths: Counter,
 }
 
 impl TenantMetrics {
@@ -195,6 +211,8 @@ impl TenantMetrics {
             processes: Gauge::default(),
             spawn_seconds: spawn_histogram(),
             output_bytes: Counter::default(),
+            workers: Gauge::default(),
+            worker_deaths: Counter::default(),
         }
     }
 }

@@ -105,7 +105,7 @@ impl Tenants {
                 }
             }
             if layers.workers {
-                exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref())?);
+                exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?);
             } else if !spec.is_empty() {
                 spec.uid = uid;
                 let sb = crate::exec::sandbox::Sandbox::new(spec)
@@ -187,6 +187,7 @@ fn start_workers(
     t: &crate::config::TenantSettings,
     mut spec: crate::exec::sandbox::SandboxSpec,
     cgroup: Option<&crate::exec::cgroup::TenantCgroup>,
+    metrics: crate::metrics::TenantMetrics,
 ) -> Result<Arc<crate::exec::worker::WorkerPool>, ConfigError> {
     let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
     let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
@@ -215,6 +216,7 @@ fn start_workers(
         cgroups,
         min: t.workers_min,
         max: t.workers_max,
+        metrics: Some(metrics),
     })
     .map_err(|e| err(e.to_string()))
 }

@@ -112,6 +112,12 @@ async fn a_dead_worker_fails_only_its_own_processes() {
         json!("its worker process died; the process was killed")
     );
     eventually("a's process dies with its worker", || !pid_alive(pa)).await;
+    let (_, metrics) = gw.http_get("/metrics").await;
+    assert!(
+        metrics.contains("exec_gateway_worker_deaths_total{tenant=\"a\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("exec_gateway_worker_deaths_total{tenant=\"b\"} 0"));
     // b never noticed, and a gets a replacement worker.
     assert!(pid_alive(pb), "b's process was affected");
     b.start("more", &["sh", "-c", "echo b-ok"]).await;

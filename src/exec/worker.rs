@@ -210,6 +210,7 @@ pub struct WorkerConn {
     dead: AtomicBool,
     /// Killed on purpose (probe, shutdown): its end is not news.
     retiring: AtomicBool,
+    metrics: Option<crate::metrics::TenantMetrics>,
     sessions: AtomicUsize,
 }
 
@@ -374,6 +375,12 @@ impl WorkerConn {
             }
         }
         self.dead.store(true, Ordering::Release);
+        if let Some(m) = &self.metrics {
+            m.workers.dec();
+            if !self.retiring.load(Ordering::Acquire) {
+                m.worker_deaths.inc();
+            }
+        }
         if !self.retiring.load(Ordering::Acquire) {
             tracing::warn!(
                 worker = self.pid,
@@ -422,6 +429,8 @@ pub struct WorkerLaunch {
     pub cgroups: Vec<CString>,
     pub min: usize,
     pub max: usize,
+    /// The tenant's metrics (none for the probe).
+    pub metrics: Option<crate::metrics::TenantMetrics>,
 }
 
 /// A tenant's pool of workers.
@@ -554,12 +563,16 @@ impl WorkerPool {
             fs_pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             retiring: AtomicBool::new(false),
+            metrics: self.launch.metrics.clone(),
             sessions: AtomicUsize::new(0),
         });
         let reader = conn.clone();
         std::thread::Builder::new()
             .name(format!("worker-{}", self.launch.tenant))
             .spawn(move || reader.read_loop())?;
+        if let Some(m) = &conn.metrics {
+            m.workers.inc();
+        }
         tracing::info!(tenant = %self.launch.tenant, pid, "worker started");
         Ok(conn)
     }
