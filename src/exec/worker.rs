@@ -398,7 +398,7 @@ impl WorkerConn {
 }
 
 /// `Ok` if `pid` is a child of `parent`, or already gone (reaped: the
-/// worker reports its exit next); else `Err(its parent)` (0: unreadable).
+/// worker reports its exit next); else `Err(its parent)`.
 fn check_child(pid: i32, parent: i32) -> Result<(), i32> {
     if pid <= 1 {
         return Err(0);
@@ -411,7 +411,13 @@ fn check_child(pid: i32, parent: i32) -> Result<(), i32> {
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1))
                 .and_then(|ppid| ppid.parse::<i32>().ok())
                 .unwrap_or(0);
-            if ppid == parent { Ok(()) } else { Err(ppid) }
+            // 0: the process has exited and is being released (the
+            // kernel no longer names a parent): gone, as below.
+            if ppid == parent || ppid == 0 {
+                Ok(())
+            } else {
+                Err(ppid)
+            }
         }
         Err(_) => Ok(()),
     }
