@@ -556,14 +556,44 @@ impl ProcessTable {
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let table = Arc::downgrade(self);
         let worker = self.worker()?;
-        let mut process_cgroup = match &self.settings.cgroup {
+        let process_cgroup = match &self.settings.cgroup {
             None => None,
             Some(t) => Some(
                 t.process()
                     .map_err(|e| GatewayError::Internal(format!("cgroup: {e}")))?,
             ),
         };
-        if params.tty {
+        // Everything of the entry but what the spawn itself yields.
+        let (process_id, hold_output, tty) = (params.process_id, params.hold_output, params.tty);
+        let settings = &self.settings;
+        let new_process = move |pgid: i32,
+                                stdin: Stdin,
+                                master: Option<spawn::PtyMaster>,
+                                cgroup: Option<cgroup::ProcessCgroup>| {
+            Arc::new(Process {
+                id: process_id,
+                id_json,
+                family,
+                tty,
+                pgid,
+                log: Mutex::new(OutputLog::new(cap, settings.retained.clone())),
+                changed: Notify::new(),
+                stdin,
+                master: master.map(Mutex::new),
+                write_ids: Mutex::new(WriteIds {
+                    order: VecDeque::new(),
+                    seen: HashSet::new(),
+                }),
+                output_bytes: settings.metrics.output_bytes.clone(),
+                subscribers: Mutex::new(Vec::new()),
+                subscriber_timeout: settings.subscriber_timeout,
+                hold_output,
+                first_subscriber: tokio::sync::Notify::new(),
+                cgroup,
+                worker_died: std::sync::atomic::AtomicBool::new(false),
+            })
+        };
+        if tty {
             let started = std::time::Instant::now();
             let child = match &worker {
                 Some(w) => spawn::spawn_in_worker(&spec, true, process_cgroup.as_ref(), w)
@@ -583,28 +613,12 @@ impl ProcessTable {
                 .observe(started.elapsed().as_secs_f64());
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let writer = Arc::new(Mutex::new(Some(child.writer)));
-            let process = Arc::new(Process {
-                id: params.process_id,
-                id_json,
-                family,
-                tty: true,
-                pgid: child.pid,
-                log: Mutex::new(OutputLog::new(cap, self.settings.retained.clone())),
-                changed: Notify::new(),
-                stdin: Stdin::Pty(writer),
-                master: Some(Mutex::new(child.master)),
-                write_ids: Mutex::new(WriteIds {
-                    order: VecDeque::new(),
-                    seen: HashSet::new(),
-                }),
-                output_bytes: self.settings.metrics.output_bytes.clone(),
-                subscribers: Mutex::new(Vec::new()),
-                subscriber_timeout: self.settings.subscriber_timeout,
-                hold_output: params.hold_output,
-                first_subscriber: tokio::sync::Notify::new(),
-                cgroup: process_cgroup.take(),
-                worker_died: std::sync::atomic::AtomicBool::new(false),
-            });
+            let process = new_process(
+                child.pid,
+                Stdin::Pty(writer),
+                Some(child.master),
+                process_cgroup,
+            );
             let pump = PtyPump {
                 guard,
                 process: process.clone(),
@@ -636,28 +650,7 @@ impl ProcessTable {
                 Some(s) => Stdin::Pipe(tokio::sync::Mutex::new(Some(s))),
                 None => Stdin::None,
             };
-            let process = Arc::new(Process {
-                id: params.process_id,
-                id_json,
-                family,
-                tty: false,
-                pgid: child.pid,
-                log: Mutex::new(OutputLog::new(cap, self.settings.retained.clone())),
-                changed: Notify::new(),
-                stdin,
-                master: None,
-                write_ids: Mutex::new(WriteIds {
-                    order: VecDeque::new(),
-                    seen: HashSet::new(),
-                }),
-                output_bytes: self.settings.metrics.output_bytes.clone(),
-                subscribers: Mutex::new(Vec::new()),
-                subscriber_timeout: self.settings.subscriber_timeout,
-                hold_output: params.hold_output,
-                first_subscriber: tokio::sync::Notify::new(),
-                cgroup: process_cgroup.take(),
-                worker_died: std::sync::atomic::AtomicBool::new(false),
-            });
+            let process = new_process(child.pid, stdin, None, process_cgroup);
             let guard = GroupGuard::new(self.settings.reaper.clone(), child.pid);
             let pump = PipePump {
                 guard,
