@@ -80,18 +80,17 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let uid = if layers.uid { t.uid } else { None };
+            let spec = sandbox_spec(t, layers, &hidden);
             let cgroup = if layers.cgroups {
                 let mut cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
                 if layers.workers {
-                    cg.set_owner(uid);
+                    cg.set_owner(spec.uid);
                 }
                 Some(Arc::new(cg))
             } else {
                 None
             };
-            let mut spec = sandbox_spec(t, layers, &hidden);
             if let Some(rw) = &spec.landlock_rw {
                 for secret in hidden
                     .iter()
@@ -107,7 +106,6 @@ impl Tenants {
             if layers.workers {
                 exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?);
             } else if !spec.is_empty() {
-                spec.uid = uid;
                 let sb = crate::exec::sandbox::Sandbox::new(spec)
                     .map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
                 exec.sandbox = Some(Arc::new(sb));

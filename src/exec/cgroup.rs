@@ -16,6 +16,8 @@
 //! for the kill *and* the tenant's `pids.max`, which is hierarchical), the
 //! tenant's `cpu` cgroup, and the tenant's `memory` cgroup only when the
 //! tenant has a memory limit. The freezer is not used (one join more).
+//! With workers, the worker itself sits in the tenant's cgroups and each
+//! spawn joins only its own cgroup (one write).
 //! cgroup v2 (`cgroup.kill`) is not implemented yet: v1 only.
 
 #![allow(unsafe_code)]
@@ -87,7 +89,7 @@ pub fn probe() -> Result<(), String> {
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         if *c == "memory" {
             // Children must be charged to their tenant's limit.
-            let _ = write(&dir.join("memory.use_hierarchy"), "1");
+            let _ = std::fs::write(dir.join("memory.use_hierarchy"), "1");
         }
         let probe = dir.join(format!("probe-{}", std::process::id()));
         std::fs::create_dir(&probe)
@@ -131,14 +133,7 @@ pub fn remove_instance(pid: u32) -> usize {
             for p in procs.flatten() {
                 if p.file_type().is_ok_and(|f| f.is_dir()) {
                     killed += kill_dir(&p.path());
-                    for c in CONTROLLERS {
-                        let _ = std::fs::remove_dir(
-                            subtree(c)
-                                .join(&inst)
-                                .join(t.file_name())
-                                .join(p.file_name()),
-                        );
-                    }
+                    let _ = std::fs::remove_dir(p.path());
                 }
             }
             for c in CONTROLLERS {
@@ -150,10 +145,6 @@ pub fn remove_instance(pid: u32) -> usize {
         let _ = std::fs::remove_dir(subtree(c).join(&inst));
     }
     killed
-}
-
-fn write(path: &Path, value: &str) -> io::Result<()> {
-    std::fs::write(path, value)
 }
 
 fn members(dir: &Path) -> Vec<i32> {
@@ -181,11 +172,6 @@ fn kill_dir(dir: &Path) -> usize {
         std::thread::sleep(Duration::from_millis(1));
     }
     sent
-}
-
-/// Remove `rel` (tenant/process) under every controller of this gateway.
-fn remove_all(rel: &Path) {
-    let _ = std::fs::remove_dir(controller_dir(MEMBERSHIP).join(rel));
 }
 
 /// Move the calling process into the cgroup whose `cgroup.procs` is
@@ -229,7 +215,7 @@ impl TenantCgroup {
             std::fs::create_dir_all(controller_dir(c).join(tenant))?;
         }
         let set = |c: &str, file: &str, v: u64| {
-            write(&controller_dir(c).join(tenant).join(file), &v.to_string())
+            std::fs::write(controller_dir(c).join(tenant).join(file), v.to_string())
         };
         if let Some(v) = limits.pids_max {
             set("pids", "pids.max", v)?;
@@ -396,9 +382,7 @@ impl Drop for ProcessCgroup {
         let tenant = self.tenant.clone();
         let retire = move || {
             let dir = controller_dir(MEMBERSHIP).join(&rel);
-            if !members(&dir).is_empty() {
-                kill_dir(&dir);
-            }
+            kill_dir(&dir);
             if members(&dir).is_empty() {
                 let mut free = tenant.free.lock();
                 if free.len() < FREE_POOL_MAX {
@@ -406,7 +390,7 @@ impl Drop for ProcessCgroup {
                     return;
                 }
             }
-            remove_all(&rel);
+            let _ = std::fs::remove_dir(&dir);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(retire)),

@@ -596,10 +596,8 @@ impl ProcessTable {
         if tty {
             let started = std::time::Instant::now();
             let child = match &worker {
-                Some(w) => spawn::spawn_in_worker(&spec, true, process_cgroup.as_ref(), w)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?
-                    .1
-                    .ok_or_else(|| GatewayError::Internal("worker: no pty".to_owned()))?,
+                Some(w) => spawn::spawn_pty_in_worker(&spec, process_cgroup.as_ref(), w)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?,
                 None => spawn::spawn_pty(
                     &spec,
                     process_cgroup.as_ref(),
@@ -631,10 +629,8 @@ impl ProcessTable {
         } else {
             let started = std::time::Instant::now();
             let child = match &worker {
-                Some(w) => spawn::spawn_in_worker(&spec, false, process_cgroup.as_ref(), w)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?
-                    .0
-                    .ok_or_else(|| GatewayError::Internal("worker: no pipes".to_owned()))?,
+                Some(w) => spawn::spawn_pipe_in_worker(&spec, process_cgroup.as_ref(), w)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?,
                 None => spawn::spawn_pipe(
                     &spec,
                     process_cgroup.as_ref(),
@@ -882,7 +878,7 @@ impl ProcessTable {
     }
 }
 
-/// Kill a process's cgroup off the async threads (freeze/kill/thaw sleeps).
+/// Kill a process's cgroup off the async threads (the kill rounds sleep).
 fn kill_cgroup(process: &Arc<Process>) {
     if process.cgroup.is_some() {
         let p = process.clone();
@@ -1064,14 +1060,14 @@ impl PtyPump {
                     let _ = exit_tx.send(code);
                 });
             }
-            spawn::PtyExit::Worker(rx) => {
+            spawn::PtyExit::Worker(mut exit) => {
                 let process = process.clone();
                 crate::task::spawn("pty-exit", async move {
-                    let code = match rx.await {
-                        Ok(worker::WorkerExit::Code(c)) => c,
+                    let code = match exit.wait().await {
+                        spawn::Ended::Code(c) => c,
                         // As portable-pty: death by signal is 1.
-                        Ok(worker::WorkerExit::Signal(_)) => 1,
-                        Ok(worker::WorkerExit::WorkerDied) | Err(_) => {
+                        spawn::Ended::Signal => 1,
+                        spawn::Ended::WorkerDied => {
                             process.worker_gone();
                             -1
                         }

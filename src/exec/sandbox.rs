@@ -5,11 +5,13 @@
 //! seccomp deny-list.
 //!
 //! Everything that allocates is built once per tenant in the parent: the
-//! Landlock ruleset fd and the BPF programs. Pipe children apply it between
-//! fork and exec with raw syscalls only ([`Sandbox::hook`]). PTY children
-//! (portable-pty has no pre-exec hook and closes inherited fds) go through
-//! `exec-gateway sandbox-exec`, a shim that joins the cgroups, applies the
-//! same [`SandboxSpec`] and execs the program ([`shim_main`]).
+//! Landlock ruleset fd and the BPF programs, applied between fork and exec
+//! with raw syscalls only ([`Sandbox::hook`]). By default the hook confines
+//! each tenant's worker (`exec::worker`) once, and everything it spawns
+//! inherits it. With workers off, every pipe child runs the hook, and PTY
+//! children (portable-pty has no pre-exec hook and closes inherited fds) go
+//! through `exec-gateway sandbox-exec`, a shim that joins the cgroups,
+//! applies the same [`SandboxSpec`] and execs the program ([`shim_main`]).
 
 #![allow(unsafe_code)]
 
@@ -63,8 +65,8 @@ pub struct SandboxSpec {
     pub landlock_ro: Vec<PathBuf>,
     /// Install the seccomp deny-list.
     pub seccomp: bool,
-    /// The gateway's own files (keys, config): never granted by the
-    /// read-only rules, even where they sit under a system directory.
+    /// The gateway's key files: never granted by the read-only rules, even
+    /// where they sit under a system directory.
     pub hidden: Vec<PathBuf>,
 }
 
@@ -110,8 +112,9 @@ pub struct Sandbox {
     pub spec: SandboxSpec,
     ruleset: Option<OwnedFd>,
     /// Deny-list (EPERM) and `clone3` (ENOSYS, so libc falls back to
-    /// `clone`, whose flags the deny-list can see).
-    filters: Vec<BpfProgram>,
+    /// `clone`, whose flags the deny-list can see), in the kernel's layout,
+    /// converted once and shared by every hook.
+    filters: std::sync::Arc<Vec<Vec<libc::sock_filter>>>,
 }
 
 impl Sandbox {
@@ -121,27 +124,12 @@ impl Sandbox {
             Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro, &spec.hidden)?),
             None => None,
         };
-        let filters = if spec.seccomp {
+        let programs = if spec.seccomp {
             seccomp_filters()?
         } else {
             Vec::new()
         };
-        Ok(Sandbox {
-            spec,
-            ruleset,
-            filters,
-        })
-    }
-
-    /// The post-fork step for `pre_exec`, after any cgroup join (which needs
-    /// root): drop groups, gid, uid; `no_new_privs`; rlimits; Landlock;
-    /// seccomp. Only syscalls on data prepared here; nothing allocates.
-    pub fn hook(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
-        let uid = self.spec.uid;
-        let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
-        // The programs are copied into the closure: plain data.
-        let filters: Vec<Vec<libc::sock_filter>> = self
-            .filters
+        let filters = programs
             .iter()
             .map(|p| {
                 p.iter()
@@ -154,6 +142,20 @@ impl Sandbox {
                     .collect()
             })
             .collect();
+        Ok(Sandbox {
+            spec,
+            ruleset,
+            filters: std::sync::Arc::new(filters),
+        })
+    }
+
+    /// The post-fork step for `pre_exec`, after any cgroup join (which needs
+    /// root): drop groups, gid, uid; `no_new_privs`; rlimits; Landlock;
+    /// seccomp. Only syscalls on data prepared here; nothing allocates.
+    pub fn hook(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+        let uid = self.spec.uid;
+        let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
+        let filters = self.filters.clone();
         move || {
             // SAFETY: async-signal-safe syscalls on values computed before
             // fork; the fd and programs outlive the call (owned by the

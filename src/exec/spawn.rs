@@ -127,7 +127,7 @@ pub struct PtyChild {
 
 pub enum PtyExit {
     Local(Box<dyn portable_pty::Child + Send + Sync>),
-    Worker(oneshot::Receiver<WorkerExit>),
+    Worker(ExitWait),
 }
 
 /// The master side: portable-pty's, or a raw fd from the worker.
@@ -167,18 +167,16 @@ impl PtyMaster {
     }
 }
 
-/// Spawn through the tenant's worker (already confined: only the process's
-/// own cgroup is joined per spawn).
-pub fn spawn_in_worker(
+/// Ask the tenant's worker (already confined: only the process's own
+/// cgroup is joined per spawn) to spawn; the fds it passes back are the
+/// child's streams. A missing cwd fails in the worker's chdir.
+fn request_worker(
     spec: &SpawnSpec,
     tty: bool,
     cgroup: Option<&super::cgroup::ProcessCgroup>,
     worker: &super::worker::WorkerConn,
-) -> io::Result<(Option<PipeChild>, Option<PtyChild>)> {
-    if tty && !Path::new(&spec.cwd).is_dir() {
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    let mut s = worker.spawn(super::worker::SpawnRequest {
+) -> io::Result<super::worker::Spawned> {
+    worker.spawn(super::worker::SpawnRequest {
         argv: spec.argv.clone(),
         cwd: spec.cwd.clone(),
         env: spec.env.clone(),
@@ -187,41 +185,46 @@ pub fn spawn_in_worker(
         tty,
         fallback_path: spec.fallback_path.clone(),
         cgroup: cgroup.and_then(|c| c.procs_paths().into_iter().next()),
-    })?;
-    let mut fds = std::mem::take(&mut s.fds).into_iter();
-    let mut next = || fds.next().ok_or_else(missing_stream);
-    if tty {
-        let master = next()?;
-        let reader = std::fs::File::from(master.try_clone()?);
-        let writer = std::fs::File::from(master.try_clone()?);
-        Ok((
-            None,
-            Some(PtyChild {
-                exit: PtyExit::Worker(s.exit),
-                pid: s.pid,
-                master: PtyMaster::Fd(master),
-                reader: Box::new(reader),
-                writer: Box::new(writer),
-            }),
-        ))
-    } else {
-        let stdout = pipe::Receiver::from_owned_fd(next()?)?;
-        let stderr = pipe::Receiver::from_owned_fd(next()?)?;
-        let stdin = match fds.next() {
-            Some(fd) => Some(pipe::Sender::from_owned_fd(fd)?),
-            None => None,
-        };
-        Ok((
-            Some(PipeChild {
-                exit: ExitWait::Worker(s.exit),
-                pid: s.pid,
-                stdin,
-                stdout,
-                stderr,
-            }),
-            None,
-        ))
-    }
+    })
+}
+
+/// Spawn with pipes through the tenant's worker.
+pub fn spawn_pipe_in_worker(
+    spec: &SpawnSpec,
+    cgroup: Option<&super::cgroup::ProcessCgroup>,
+    worker: &super::worker::WorkerConn,
+) -> io::Result<PipeChild> {
+    let s = request_worker(spec, false, cgroup, worker)?;
+    let mut fds = s.fds.into_iter();
+    let stdout = pipe::Receiver::from_owned_fd(fds.next().ok_or_else(missing_stream)?)?;
+    let stderr = pipe::Receiver::from_owned_fd(fds.next().ok_or_else(missing_stream)?)?;
+    let stdin = fds.next().map(pipe::Sender::from_owned_fd).transpose()?;
+    Ok(PipeChild {
+        exit: ExitWait::Worker(s.exit),
+        pid: s.pid,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+/// Spawn under a PTY through the tenant's worker (it passes the master).
+pub fn spawn_pty_in_worker(
+    spec: &SpawnSpec,
+    cgroup: Option<&super::cgroup::ProcessCgroup>,
+    worker: &super::worker::WorkerConn,
+) -> io::Result<PtyChild> {
+    let s = request_worker(spec, true, cgroup, worker)?;
+    let master = s.fds.into_iter().next().ok_or_else(missing_stream)?;
+    let reader = std::fs::File::from(master.try_clone()?);
+    let writer = std::fs::File::from(master.try_clone()?);
+    Ok(PtyChild {
+        exit: PtyExit::Worker(ExitWait::Worker(s.exit)),
+        pid: s.pid,
+        master: PtyMaster::Fd(master),
+        reader: Box::new(reader),
+        writer: Box::new(writer),
+    })
 }
 
 fn missing_stream() -> io::Error {

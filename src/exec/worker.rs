@@ -597,14 +597,15 @@ impl WorkerPool {
 
 /// Run a file call in one of the tenant's workers; `None` for other calls.
 pub async fn fs_call(pool: &WorkerPool, call: &Call) -> Result<Option<Reply>, GatewayError> {
-    let path = |p: &str| PathParams { path: p.to_owned() };
     let mut data = None;
     let op = match call {
         Call::FsReadFile(p) | Call::FsOpenRead(p) => FsOp::OpenRead(p.clone()),
         Call::FsOpenWrite(p) => FsOp::OpenWrite(p.clone()),
         Call::FsWriteFile(p) => {
             data = Some(crate::fs::write_data(p)?);
-            FsOp::OpenWrite(path(&p.path))
+            FsOp::OpenWrite(PathParams {
+                path: p.path.clone(),
+            })
         }
         Call::FsCreateDirectory(p) => FsOp::CreateDirectory(p.clone()),
         Call::FsGetMetadata(p) => FsOp::GetMetadata(p.clone()),
@@ -623,34 +624,23 @@ pub async fn fs_call(pool: &WorkerPool, call: &Call) -> Result<Option<Reply>, Ga
             .map(std::fs::File::from)
             .ok_or_else(|| GatewayError::Internal("worker: no file".to_owned()))
     };
-    let blocking = |f: Box<dyn FnOnce() -> Result<Reply, GatewayError> + Send>| async move {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
-    };
-    let empty = Reply::Empty(crate::protocol::Empty {});
+    let empty = || Reply::Empty(crate::protocol::Empty {});
     Ok(Some(match call {
         Call::FsReadFile(_) => {
             let f = file()?;
-            blocking(Box::new(move || {
-                crate::fs::read_whole(f).map(Reply::FsReadFile)
-            }))
-            .await?
+            Reply::FsReadFile(crate::fs::run_blocking(move || crate::fs::read_whole(f)).await?)
         }
         Call::FsWriteFile(_) => {
-            let f = file()?;
-            let data = data.unwrap_or_default();
-            blocking(Box::new(move || {
-                crate::fs::write_whole(&f, &data).map(|()| Reply::Empty(crate::protocol::Empty {}))
-            }))
-            .await?
+            let (f, data) = (file()?, data.unwrap_or_default());
+            crate::fs::run_blocking(move || crate::fs::write_whole(&f, &data)).await?;
+            empty()
         }
         Call::FsOpenRead(_) | Call::FsOpenWrite(_) => {
             Reply::File(crate::fs::FileHandle(Arc::new(file()?)))
         }
         Call::FsGetMetadata(_) => Reply::FsGetMetadata(parse(value)?),
         Call::FsReadDirectory(_) => Reply::FsReadDirectory(parse(value)?),
-        _ => empty,
+        _ => empty(),
     }))
 }
 

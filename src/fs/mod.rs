@@ -367,12 +367,22 @@ where
     F: FnOnce(&FsRoot) -> Result<T, GatewayError> + Send + 'static,
 {
     let root = root.clone();
-    tokio::task::spawn_blocking(move || {
+    run_blocking(move || {
         let _as = root.creds.map(FsCreds::assume);
         f(&root)
     })
     .await
-    .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
+}
+
+/// Run blocking file work on the blocking pool.
+pub async fn run_blocking<T, F>(f: F) -> Result<T, GatewayError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, GatewayError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
 }
 
 /// The blocking thread's filesystem uid/gid switched to a tenant's for one
