@@ -1,4 +1,4 @@
-//! The command line (DESIGN.md §6): parse, load config, run; exit codes.
+//! The command line: parse, load config, run; exit codes (docs/operations.md).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -6,8 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::auth::Scope;
 use crate::config::{Config, ConfigError, Settings, parse_listen};
-use crate::gateway::{self, Gateway};
+use crate::gateway::Gateway;
+use crate::isolation::reaper::{self, Reaper};
+use crate::server::{self, Listeners};
 use crate::telemetry::{self, LogFormat};
 
 /// Exit code for bad configuration or usage (EX_USAGE).
@@ -33,17 +36,12 @@ pub enum Command {
     Stdio(CommonArgs),
     /// Mint a token with the configuration's first HS* key (printed last on stdout).
     Token(TokenArgs),
-    /// Measure the gateway against direct baselines and print the figures.
-    Bench(crate::bench::BenchArgs),
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
     /// Internal: a tenant's worker process (started by the gateway).
     #[command(hide = true)]
-    Worker(crate::exec::worker::WorkerArgs),
-    /// Internal: confine and exec a PTY child (cgroups, uid, Landlock, seccomp).
-    #[command(hide = true)]
-    SandboxExec(crate::exec::sandbox::ShimArgs),
+    Worker(crate::worker::serve::WorkerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -156,14 +154,9 @@ pub fn run(cli: Cli) -> ExitCode {
             telemetry::init(common.log_format);
             run_stdio(&common)
         }
-        Command::Reaper => crate::exec::reaper::run(),
-        Command::Worker(args) => crate::exec::worker::worker_main(args),
-        Command::SandboxExec(args) => crate::exec::sandbox::shim_main(args),
+        Command::Reaper => reaper::run(),
+        Command::Worker(args) => crate::worker::serve::serve(args),
         Command::Token(args) => token(&args),
-        Command::Bench(args) => {
-            telemetry::init(LogFormat::Text);
-            block_on(crate::bench::run(args))
-        }
     }
 }
 
@@ -219,7 +212,8 @@ async fn serve(settings: Settings) -> ExitCode {
     }
     let _ = stdout.flush();
     tracing::info!(%addr, tenants = gw.settings.tenants.len(), "listening");
-    gateway::run_ws(gw, listener, grpc, gateway::shutdown_signal()).await;
+    let listeners = Listeners { ws: listener, grpc };
+    server::run(gw, listeners, server::shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 
@@ -235,13 +229,13 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
     // Read, never logged; children never inherit it (their env is built).
     let token = std::env::var("EXEC_GATEWAY_TOKEN").ok();
     block_on(async move {
-        gateway::run_stdio(gw, token, gateway::shutdown_signal()).await;
+        server::run_stdio(gw, token, server::shutdown_signal()).await;
         ExitCode::SUCCESS
     })
 }
 
-fn start_reaper() -> Option<std::sync::Arc<crate::exec::reaper::Reaper>> {
-    match crate::exec::reaper::Reaper::start() {
+fn start_reaper() -> Option<std::sync::Arc<Reaper>> {
+    match Reaper::start() {
         Ok(r) => Some(std::sync::Arc::new(r)),
         Err(e) => {
             tracing::error!(error = %e, "cannot start the reaper sidecar; processes will outlive a crashed gateway");
@@ -278,11 +272,7 @@ fn token(args: &TokenArgs) -> ExitCode {
         ));
     };
     let scopes = if args.scopes.is_empty() {
-        vec![
-            "exec".to_owned(),
-            "fs:read".to_owned(),
-            "fs:write".to_owned(),
-        ]
+        Scope::ALL.iter().map(|s| s.name().to_owned()).collect()
     } else {
         args.scopes.clone()
     };

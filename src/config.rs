@@ -226,8 +226,115 @@ pub struct AuthSettings {
     pub audience: Option<String>,
     pub leeway: Duration,
     pub jwks_refresh_interval: Duration,
-    pub keys: Vec<KeyConfig>,
+    pub keys: Vec<KeySettings>,
 }
+
+/// A JWT signature algorithm a key may be configured with. The algorithm
+/// of a verification always comes from here, never from a token's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyAlgorithm {
+    HS256,
+    HS384,
+    HS512,
+    RS256,
+    RS384,
+    RS512,
+    PS256,
+    ES256,
+    ES384,
+    EdDSA,
+}
+
+impl KeyAlgorithm {
+    const ALL: [KeyAlgorithm; 10] = [
+        KeyAlgorithm::HS256,
+        KeyAlgorithm::HS384,
+        KeyAlgorithm::HS512,
+        KeyAlgorithm::RS256,
+        KeyAlgorithm::RS384,
+        KeyAlgorithm::RS512,
+        KeyAlgorithm::PS256,
+        KeyAlgorithm::ES256,
+        KeyAlgorithm::ES384,
+        KeyAlgorithm::EdDSA,
+    ];
+
+    /// The name as written in configuration and JWT headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyAlgorithm::HS256 => "HS256",
+            KeyAlgorithm::HS384 => "HS384",
+            KeyAlgorithm::HS512 => "HS512",
+            KeyAlgorithm::RS256 => "RS256",
+            KeyAlgorithm::RS384 => "RS384",
+            KeyAlgorithm::RS512 => "RS512",
+            KeyAlgorithm::PS256 => "PS256",
+            KeyAlgorithm::ES256 => "ES256",
+            KeyAlgorithm::ES384 => "ES384",
+            KeyAlgorithm::EdDSA => "EdDSA",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<KeyAlgorithm, String> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| format!("unsupported algorithm `{name}`"))
+    }
+
+    /// A shared-secret (HMAC) algorithm rather than a public-key one.
+    pub fn is_hmac(self) -> bool {
+        matches!(
+            self,
+            KeyAlgorithm::HS256 | KeyAlgorithm::HS384 | KeyAlgorithm::HS512
+        )
+    }
+}
+
+/// Where a verification key comes from (exactly one source per key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// HS*: the file's bytes, one trailing newline trimmed.
+    Secret(PathBuf),
+    /// RS*/PS*/ES*/EdDSA: a PEM public key.
+    PublicKey(PathBuf),
+    /// A JWK set on disk.
+    JwksFile(PathBuf),
+    /// A JWK set fetched over HTTP(S), cached by `kid`.
+    JwksUrl(String),
+}
+
+impl KeySource {
+    /// The file behind the key, if it is one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            KeySource::Secret(p) | KeySource::PublicKey(p) | KeySource::JwksFile(p) => Some(p),
+            KeySource::JwksUrl(_) => None,
+        }
+    }
+}
+
+/// A validated `[[auth.keys]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySettings {
+    pub algorithm: KeyAlgorithm,
+    pub kid: Option<String>,
+    pub source: KeySource,
+}
+
+/// Limits applied to a tenant's cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupLimits {
+    pub pids_max: Option<u64>,
+    pub memory_max_bytes: Option<u64>,
+    /// v1 `cpu.shares` (1024 = one default share).
+    pub cpu_shares: Option<u64>,
+    /// CFS quota per [`CPU_PERIOD_US`] (a hard cap), when set.
+    pub cpu_quota_us: Option<u64>,
+}
+
+/// The CFS period a CPU quota is expressed in.
+pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// Validated `[tenants.NAME]`.
 #[derive(Debug, Clone)]
@@ -242,7 +349,7 @@ pub struct TenantSettings {
     pub max_in_flight: usize,
     pub max_retained_output_bytes: usize,
     pub base_env: HashMap<String, String>,
-    pub cgroup_limits: crate::exec::cgroup::CgroupLimits,
+    pub cgroup_limits: CgroupLimits,
     /// (uid, gid), when configured.
     pub uid: Option<(u32, u32)>,
     pub workers_min: usize,
@@ -254,6 +361,9 @@ pub struct TenantSettings {
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
 /// The name of the embedded configuration's tenant.
 pub const DEFAULT_TENANT: &str = "default";
+/// How long a closed process stays readable by default (the reference's
+/// retention).
+pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// Largest leeway accepted on `exp`/`nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(30);
 /// Shortest accepted HS* secret.
@@ -459,7 +569,7 @@ impl Config {
             exited_retention: duration(
                 "exec.exited_retention",
                 self.exec.exited_retention.as_deref(),
-                crate::exec::EXITED_PROCESS_RETENTION,
+                EXITED_PROCESS_RETENTION,
             )?,
             auth,
             tenants,
@@ -481,36 +591,12 @@ fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
             "auth.keys is empty: configure at least one [[auth.keys]] (the gateway never runs unauthenticated)".to_owned(),
         ));
     }
-    for (i, k) in a.keys.iter().enumerate() {
-        let sources = [
-            k.secret_file.is_some(),
-            k.public_key_file.is_some(),
-            k.jwks_file.is_some(),
-            k.jwks_url.is_some(),
-        ]
-        .iter()
-        .filter(|x| **x)
-        .count();
-        if sources != 1 {
-            return Err(ConfigError(format!(
-                "auth.keys[{i}]: give exactly one of secret_file, public_key_file, jwks_file, jwks_url"
-            )));
-        }
-        crate::auth::parse_algorithm(&k.algorithm)
-            .map_err(|e| ConfigError(format!("auth.keys[{i}]: {e}")))?;
-        let hmac = k.algorithm.starts_with("HS");
-        if hmac != k.secret_file.is_some() {
-            return Err(ConfigError(format!(
-                "auth.keys[{i}]: {} {}",
-                k.algorithm,
-                if hmac {
-                    "needs secret_file"
-                } else {
-                    "needs a public key, not secret_file"
-                }
-            )));
-        }
-    }
+    let keys = a
+        .keys
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| validate_key(k).map_err(|e| ConfigError(format!("auth.keys[{i}]: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(AuthSettings {
         tenant_claim: a.tenant_claim.unwrap_or_else(|| "tenant".to_owned()),
         scopes_claim: a.scopes_claim.unwrap_or_else(|| "scope".to_owned()),
@@ -522,7 +608,41 @@ fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
             a.jwks_refresh_interval.as_deref(),
             Duration::from_secs(30),
         )?,
-        keys: a.keys,
+        keys,
+    })
+}
+
+fn validate_key(k: KeyConfig) -> Result<KeySettings, String> {
+    let algorithm = KeyAlgorithm::parse(&k.algorithm)?;
+    let mut sources = [
+        k.secret_file.map(KeySource::Secret),
+        k.public_key_file.map(KeySource::PublicKey),
+        k.jwks_file.map(KeySource::JwksFile),
+        k.jwks_url.map(KeySource::JwksUrl),
+    ]
+    .into_iter()
+    .flatten();
+    let (Some(source), None) = (sources.next(), sources.next()) else {
+        return Err(
+            "give exactly one of secret_file, public_key_file, jwks_file, jwks_url".to_owned(),
+        );
+    };
+    let is_secret = matches!(source, KeySource::Secret(_));
+    if algorithm.is_hmac() != is_secret {
+        return Err(format!(
+            "{} {}",
+            algorithm.name(),
+            if algorithm.is_hmac() {
+                "needs secret_file"
+            } else {
+                "needs a public key, not secret_file"
+            }
+        ));
+    }
+    Ok(KeySettings {
+        algorithm,
+        kid: k.kid,
+        source,
     })
 }
 
@@ -602,14 +722,14 @@ fn validate_tenant(
             t.max_retained_output_bytes,
             256 * 1024 * 1024,
         )?,
-        cgroup_limits: crate::exec::cgroup::CgroupLimits {
+        cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: t.memory_max_bytes,
             cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
             cpu_quota_us: match t.cpu_max_cores {
                 None => None,
                 Some(c) if c.is_finite() && (0.01..=1024.0).contains(&c) => {
-                    Some((c * crate::exec::cgroup::CPU_PERIOD_US as f64) as u64)
+                    Some((c * CPU_PERIOD_US as f64) as u64)
                 }
                 Some(c) => {
                     return Err(ConfigError(format!(

@@ -1,16 +1,15 @@
 //! `GatewayError` and the one table that maps it to wire codes.
 //!
-//! Handlers return typed errors; only this file knows JSON-RPC codes (and,
-//! later, gRPC status codes). Messages that the reference defines are kept
-//! byte for byte (PROTOCOL.md §6).
-
-use std::io;
+//! Handlers return typed errors; only this file knows JSON-RPC codes, gRPC
+//! status codes and handshake HTTP statuses. Messages that the reference
+//! defines are kept byte for byte (docs/protocol.md, "Errors").
 
 use serde_json::json;
 
 use crate::protocol::jsonrpc::ErrorObject;
 
-/// JSON-RPC codes. The -320xx server range codes marked *ours* are §G.4's.
+/// JSON-RPC codes. The -320xx server range codes marked *ours* are the
+/// gateway's (docs/protocol.md, "Errors").
 pub mod code {
     pub const INVALID_REQUEST: i64 = -32600;
     pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -116,7 +115,6 @@ impl GatewayError {
         }
     }
 
-    /// The JSON-RPC error object for this error: the one table.
     /// A short label for metrics.
     pub fn outcome(&self) -> &'static str {
         match self.kind() {
@@ -136,6 +134,7 @@ impl GatewayError {
         }
     }
 
+    /// The JSON-RPC error object for this error: the one table.
     pub fn to_jsonrpc(&self) -> ErrorObject {
         let code = match self.kind() {
             ErrorKind::InvalidRequest | ErrorKind::UnknownId | ErrorKind::AlreadyExists => {
@@ -202,17 +201,21 @@ impl GatewayError {
         status
     }
 
-    /// The reference's `map_fs_error`: NotFound → -32004, InvalidInput and
-    /// PermissionDenied → -32600, anything else → -32603; message is the
-    /// io::Error's Display text.
-    pub fn from_fs_io(e: &io::Error) -> Self {
-        let text = e.to_string();
-        match e.kind() {
-            io::ErrorKind::NotFound => GatewayError::NotFound(text),
-            io::ErrorKind::InvalidInput | io::ErrorKind::PermissionDenied => {
-                GatewayError::InvalidRequest(text)
-            }
-            _ => GatewayError::Internal(text),
+    /// The HTTP status of a refused websocket handshake (authentication
+    /// happens before the upgrade): the same table's third column.
+    pub fn http_status(&self) -> u16 {
+        match self.kind() {
+            ErrorKind::Unauthenticated => 401,
+            ErrorKind::Forbidden => 403,
+            ErrorKind::Overloaded | ErrorKind::Draining => 503,
+            ErrorKind::DeadlineExceeded => 504,
+            ErrorKind::QuotaExceeded => 429,
+            ErrorKind::NotFound | ErrorKind::UnknownId => 404,
+            ErrorKind::Internal => 500,
+            ErrorKind::InvalidRequest
+            | ErrorKind::AlreadyExists
+            | ErrorKind::MethodNotFound
+            | ErrorKind::InvalidParams => 400,
         }
     }
 }
@@ -220,18 +223,6 @@ impl GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fs_errors_map_like_the_reference() {
-        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::ENOENT));
-        assert_eq!(e.to_jsonrpc().code, -32004);
-        assert_eq!(e.to_string(), "No such file or directory (os error 2)");
-        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::EACCES));
-        assert_eq!(e.to_jsonrpc().code, -32600);
-        let e = GatewayError::from_fs_io(&io::Error::from_raw_os_error(libc::ENOTEMPTY));
-        assert_eq!(e.to_jsonrpc().code, -32603);
-        assert_eq!(e.to_string(), "Directory not empty (os error 39)");
-    }
 
     #[test]
     fn quota_carries_data() {

@@ -1,25 +1,36 @@
-//! exec-gateway: the Codex exec-server JSON-RPC protocol, served fast and
-//! bounded, for many clients at once.
+//! exec-gateway: the Codex exec-server JSON-RPC protocol (and a gRPC API
+//! with the same capabilities), served fast and bounded to many tenants at
+//! once.
 //!
 //! # Layout
-//! - [`protocol`]: wire types (serde, camelCase), method names, the envelope.
-//! - [`rpc`]: the typed [`rpc::Call`] every door decodes into, and [`rpc::Reply`].
-//! - [`error`]: [`error::GatewayError`] and the one table of wire codes.
-//! - [`auth`]: JWT verification (keys, JWKS) into a [`auth::Principal`].
-//! - [`tenant`]: configured tenants with their roots, limits and quotas.
+//!
+//! Imports run one way, from the top of this list to the bottom
+//! (`tests/layering.rs` checks it):
+//!
+//! - [`cli`]: the command line; parses, loads configuration, runs.
+//! - [`server`]: serves the doors and owns the shutdown order.
+//! - [`transport`]: the doors (websocket, stdio, gRPC) and the one
+//!   authenticate-and-admit function.
+//! - [`gateway`]: the shared state of one gateway process.
+//! - [`probe`]: what the host allows, each isolation layer probed by doing it.
 //! - [`middleware`]: the tower stack, built in one function.
-//! - [`metrics`]: every Prometheus family.
-//! - [`dispatch`]: the innermost service; runs a call on a session.
+//! - [`dispatch`]: the innermost service; hands a call to its session's backend.
 //! - [`session`]: sessions, detach TTL and resume.
-//! - [`exec`]: process tables, spawning (pipes, PTYs), output logs, signals.
-//! - [`fs`]: filesystem handlers over the host or a confined root (cap-std).
-//! - [`outbound`]: bounded per-connection queues and session attachment.
-//! - [`transport`]: websocket (+HTTP health/metrics) and stdio doors.
-//! - [`gateway`]: wiring and the shutdown order.
-//! - [`config`], [`cli`], [`telemetry`], [`task`], [`bench`].
+//! - [`tenant`]: configured tenants, their limits and backends.
+//! - [`backend`]: where a session runs (today: [`backend::local`]).
+//! - [`exec`]: process tables, output logs, pumps.
+//! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
+//! - [`spawn`]: the one spawn model (spec, child, how it ended).
+//! - [`isolation`]: cgroups, sandbox (uid, Landlock, seccomp), signals, reaper.
+//! - [`rpc`]: the method table: typed calls, replies, stream operations.
+//! - [`auth`]: JWT verification (keys, JWKS) into a [`auth::Principal`].
+//! - [`config`]: raw configuration validated into settings.
+//! - below everything: [`fs`] (file operations on a confined root),
+//!   [`outbound`] (bounded per-connection queues), [`protocol`] (wire types),
+//!   [`error`] (the one error table), [`metrics`], [`telemetry`], [`task`].
 
 pub mod auth;
-pub mod bench;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
@@ -27,13 +38,18 @@ pub mod error;
 pub mod exec;
 pub mod fs;
 pub mod gateway;
+pub mod isolation;
 pub mod metrics;
 pub mod middleware;
 pub mod outbound;
+pub mod probe;
 pub mod protocol;
 pub mod rpc;
+pub mod server;
 pub mod session;
+pub mod spawn;
 pub mod task;
 pub mod telemetry;
 pub mod tenant;
 pub mod transport;
+pub mod worker;

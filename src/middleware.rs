@@ -12,13 +12,13 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
-use crate::dispatch::Dispatch;
+use crate::dispatch::{Dispatch, RpcRequest};
 use crate::error::GatewayError;
 use crate::metrics::{Metrics, QuotaLabels, RequestLabels, ShedLabels};
-use crate::rpc::{Call, Reply, RpcRequest};
+use crate::rpc::Outcome;
 
 /// The service type every transport calls.
-pub type RpcService = BoxCloneSyncService<RpcRequest, Reply, GatewayError>;
+pub type RpcService = BoxCloneSyncService<RpcRequest, Outcome, GatewayError>;
 
 /// Limits the stack enforces gateway-wide (per-tenant ones live on the tenant).
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
         .layer(DeadlineLayer {
             timeout: settings.request_timeout,
         })
-        // Innermost: the tenant's handlers (the session carries the tenant).
+        // Innermost: the backend that runs the call's session.
         .service(Dispatch);
     BoxCloneSyncService::new(svc)
 }
@@ -86,8 +86,8 @@ fn recover(e: BoxError) -> GatewayError {
 type Guard = Option<OwnedSemaphorePermit>;
 
 fn authorize(req: &RpcRequest) -> Result<Guard, GatewayError> {
-    match req.call.required_scope() {
-        Some(scope) if !scope.granted(&req.ctx.principal.scopes) => {
+    match req.op.scope() {
+        Some(scope) if !req.ctx.principal.scopes.grants(scope) => {
             Err(GatewayError::MissingScope(scope.name()))
         }
         _ => Ok(None),
@@ -141,7 +141,7 @@ fn tenant_concurrency(
     }
 }
 
-type BoxFut = Pin<Box<dyn Future<Output = Result<Reply, GatewayError>> + Send>>;
+type BoxFut = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
 
 // === Admit ===
 
@@ -176,11 +176,11 @@ pub struct Admit<S, F> {
 
 impl<S, F> Service<RpcRequest> for Admit<S, F>
 where
-    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
     F: Fn(&RpcRequest) -> Result<Guard, GatewayError>,
 {
-    type Response = Reply;
+    type Response = Outcome;
     type Error = GatewayError;
     type Future = BoxFut;
 
@@ -208,7 +208,7 @@ where
 
 /// What an [`Observe`] layer records of a finished call: the metrics, the
 /// tenant, the method and the result.
-type Observer = fn(&Metrics, &str, &'static str, &Result<Reply, GatewayError>);
+type Observer = fn(&Metrics, &str, &'static str, &Result<Outcome, GatewayError>);
 
 /// Records each call's outcome with an [`Observer`] (the request counter
 /// near the top of the stack, quota and slot refusals near the handler).
@@ -238,10 +238,10 @@ pub struct Observe<S> {
 
 impl<S> Service<RpcRequest> for Observe<S>
 where
-    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = Reply;
+    type Response = Outcome;
     type Error = GatewayError;
     type Future = BoxFut;
 
@@ -250,7 +250,7 @@ where
     }
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
-        let method = req.call.method();
+        let method = req.op.method();
         let tenant = req.ctx.tenant.name.clone();
         let (metrics, observe) = (self.metrics.clone(), self.observe);
         let clone = self.inner.clone();
@@ -268,7 +268,7 @@ fn count_request(
     metrics: &Metrics,
     tenant: &str,
     method: &'static str,
-    result: &Result<Reply, GatewayError>,
+    result: &Result<Outcome, GatewayError>,
 ) {
     let outcome = match result {
         Ok(_) => "ok",
@@ -290,7 +290,7 @@ fn count_refusal(
     metrics: &Metrics,
     tenant: &str,
     _method: &'static str,
-    result: &Result<Reply, GatewayError>,
+    result: &Result<Outcome, GatewayError>,
 ) {
     match result {
         Err(GatewayError::QuotaExceeded { quota, .. }) => {
@@ -335,10 +335,10 @@ pub struct Trace<S> {
 
 impl<S> Service<RpcRequest> for Trace<S>
 where
-    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = Reply;
+    type Response = Outcome;
     type Error = GatewayError;
     type Future = BoxFut;
 
@@ -347,7 +347,7 @@ where
     }
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
-        let method = req.call.method();
+        let method = req.op.method();
         let span = tracing::debug_span!(
             "rpc",
             rpc.method = method,
@@ -399,10 +399,10 @@ pub struct Deadline<S> {
 
 impl<S> Service<RpcRequest> for Deadline<S>
 where
-    S: Service<RpcRequest, Response = Reply, Error = GatewayError> + Clone + Send + 'static,
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = Reply;
+    type Response = Outcome;
     type Error = GatewayError;
     type Future = BoxFut;
 
@@ -412,12 +412,7 @@ where
 
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         // A long-poll's own wait is part of its contract, not lateness.
-        let extra = match &req.call {
-            Call::ProcessRead(p) => {
-                Duration::from_millis(p.wait_ms.unwrap_or(0)).min(crate::exec::MAX_READ_WAIT)
-            }
-            _ => Duration::ZERO,
-        };
+        let extra = req.op.contracted_wait();
         let fut = self.inner.clone().oneshot(req);
         let timeout = self.timeout + extra;
         Box::pin(async move {

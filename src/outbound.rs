@@ -1,7 +1,7 @@
 //! The bounded outbound queue of one connection, and the session attachment
 //! through which process tasks reach whichever connection holds the session.
 //!
-//! Back-pressure policy (ISOLATION.md §5.3): a process task awaits room in
+//! Back-pressure policy (docs/operations.md, "Limits"): a process task awaits room in
 //! its connection's queue, so a client that stops reading stalls only its
 //! own session's output pumps (their children block in `write`), never
 //! another connection. The transport closes a connection whose writes stall

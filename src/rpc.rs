@@ -1,16 +1,26 @@
-//! The typed request every door decodes into, and the typed reply.
+//! The typed operations every door decodes into, and their results.
+//!
+//! The JSON-RPC methods are declared once, in [`method_table!`]: name,
+//! family (for the pre-`initialize` errors), params type and required
+//! scope. Decoding, the method name, the family and the scope are derived
+//! from that one list, and dispatch matches on [`Call`] exhaustively, so a
+//! method cannot be added without a handler or a scope.
 //!
 //! Decoding is two-step so codes are exact: the method name picks the
 //! variant (unknown → -32601), then params decode into that variant's type
 //! (failure → -32602 with serde's text).
+//!
+//! gRPC-only operations that open a stream ([`Open`]) are separate types:
+//! nothing of them leaks into the JSON-RPC surface.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 
-use crate::auth::{Principal, Scopes};
+use crate::auth::Scope;
 use crate::error::GatewayError;
 use crate::protocol::Empty;
 use crate::protocol::fs::{
@@ -20,15 +30,13 @@ use crate::protocol::fs::{
 use crate::protocol::jsonrpc::decode_params;
 use crate::protocol::methods as m;
 use crate::protocol::process::{
-    ExecParams, ExecResponse, InitializeParams, InitializeResponse, ListResponse, ProcessIdParams,
-    ReadParams, ReadResponse, ResizeParams, SignalParams, TerminateResponse, WriteParams,
-    WriteResponse,
+    ExecParams, ExecResponse, InitializeParams, InitializeResponse, ListResponse, MAX_READ_WAIT,
+    ProcessEvent, ProcessIdParams, ReadParams, ReadResponse, ResizeParams, SignalParams,
+    TerminateResponse, WriteParams, WriteResponse,
 };
 use crate::protocol::v0::{
     CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
 };
-use crate::session::Session;
-use crate::tenant::Tenant;
 
 /// Which family a method belongs to; names the pre-init errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,208 +57,87 @@ impl MethodFamily {
             MethodFamily::Http => "http",
         }
     }
+}
 
-    /// The family of a method name, or None if the method is unknown.
-    pub fn of(method: &str) -> Option<MethodFamily> {
-        Some(match method {
-            m::INITIALIZE => MethodFamily::Initialize,
-            m::PROCESS_START
-            | m::PROCESS_READ
-            | m::PROCESS_WRITE
-            | m::PROCESS_TERMINATE
-            | m::PROCESS_SIGNAL
-            | m::PROCESS_RESIZE
-            | m::PROCESS_CLOSE_STDIN
-            | m::PROCESS_LIST
-            | m::COMMAND_EXEC
-            | m::COMMAND_EXEC_WRITE
-            | m::COMMAND_EXEC_TERMINATE => MethodFamily::Exec,
-            m::FS_READ_FILE
-            | m::FS_WRITE_FILE
-            | m::FS_CREATE_DIRECTORY
-            | m::FS_GET_METADATA
-            | m::FS_READ_DIRECTORY
-            | m::FS_REMOVE
-            | m::FS_COPY => MethodFamily::Filesystem,
-            m::HTTP_REQUEST => MethodFamily::Http,
-            _ => return None,
-        })
+/// Params of a method that takes none: anything given is ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoParams;
+
+impl<'de> Deserialize<'de> for NoParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| NoParams)
     }
 }
 
-/// A decoded call.
-#[derive(Debug, Clone)]
-pub enum Call {
-    Initialize(InitializeParams),
-    ProcessStart(ExecParams),
-    ProcessRead(ReadParams),
-    ProcessWrite(WriteParams),
-    ProcessTerminate(ProcessIdParams),
-    ProcessSignal(SignalParams),
-    ProcessResize(ResizeParams),
-    ProcessCloseStdin(ProcessIdParams),
-    ProcessList,
-    FsReadFile(PathParams),
-    FsWriteFile(WriteFileParams),
-    FsCreateDirectory(CreateDirectoryParams),
-    FsGetMetadata(PathParams),
-    FsReadDirectory(PathParams),
-    FsRemove(RemoveParams),
-    FsCopy(CopyParams),
-    HttpRequest,
-    CommandExec(CommandExecParams),
-    CommandExecWrite(CommandExecWriteParams),
-    CommandExecTerminate(ProcessIdParams),
-    /// gRPC only: a handle to stream a process's events (Attach, Exec).
-    ProcessAttach(ProcessIdParams),
-    /// gRPC only: open a file to stream it out (ReadFile).
-    FsOpenRead(PathParams),
-    /// gRPC only: create/truncate a file to stream into it (WriteFile).
-    FsOpenWrite(PathParams),
-}
+/// Declares the JSON-RPC methods: `Variant(Params) = NAME, Family, scope;`.
+macro_rules! method_table {
+    ($( $variant:ident($params:ty) = $name:path, $family:ident, $scope:expr; )*) => {
+        /// A decoded JSON-RPC call.
+        #[derive(Debug, Clone)]
+        pub enum Call {
+            $( $variant($params), )*
+        }
 
-fn p<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Result<T, GatewayError> {
-    decode_params(params).map_err(GatewayError::InvalidParams)
-}
-
-impl Call {
-    /// Decode params for a known method.
-    pub fn decode(method: &str, params: Option<&RawValue>) -> Result<Call, GatewayError> {
-        Ok(match method {
-            m::INITIALIZE => Call::Initialize(p(params)?),
-            m::PROCESS_START => Call::ProcessStart(p(params)?),
-            m::PROCESS_READ => Call::ProcessRead(p(params)?),
-            m::PROCESS_WRITE => Call::ProcessWrite(p(params)?),
-            m::PROCESS_TERMINATE => Call::ProcessTerminate(p(params)?),
-            m::PROCESS_SIGNAL => Call::ProcessSignal(p(params)?),
-            m::PROCESS_RESIZE => Call::ProcessResize(p(params)?),
-            m::PROCESS_CLOSE_STDIN => Call::ProcessCloseStdin(p(params)?),
-            m::PROCESS_LIST => {
-                // Takes no params; anything given is ignored.
-                Call::ProcessList
+        impl Call {
+            /// Decode params for a known method.
+            pub fn decode(method: &str, params: Option<&RawValue>) -> Result<Call, GatewayError> {
+                match method {
+                    $( $name => Ok(Call::$variant(
+                        decode_params(params).map_err(GatewayError::InvalidParams)?,
+                    )), )*
+                    other => Err(GatewayError::MethodNotFound(other.to_owned())),
+                }
             }
-            m::FS_READ_FILE => Call::FsReadFile(p(params)?),
-            m::FS_WRITE_FILE => Call::FsWriteFile(p(params)?),
-            m::FS_CREATE_DIRECTORY => Call::FsCreateDirectory(p(params)?),
-            m::FS_GET_METADATA => Call::FsGetMetadata(p(params)?),
-            m::FS_READ_DIRECTORY => Call::FsReadDirectory(p(params)?),
-            m::FS_REMOVE => Call::FsRemove(p(params)?),
-            m::FS_COPY => Call::FsCopy(p(params)?),
-            m::HTTP_REQUEST => Call::HttpRequest,
-            m::COMMAND_EXEC => Call::CommandExec(p(params)?),
-            m::COMMAND_EXEC_WRITE => Call::CommandExecWrite(p(params)?),
-            m::COMMAND_EXEC_TERMINATE => Call::CommandExecTerminate(p(params)?),
-            other => return Err(GatewayError::MethodNotFound(other.to_owned())),
-        })
-    }
 
-    /// The wire method name.
-    pub fn method(&self) -> &'static str {
-        match self {
-            Call::Initialize(_) => m::INITIALIZE,
-            Call::ProcessStart(_) => m::PROCESS_START,
-            Call::ProcessRead(_) => m::PROCESS_READ,
-            Call::ProcessWrite(_) => m::PROCESS_WRITE,
-            Call::ProcessTerminate(_) => m::PROCESS_TERMINATE,
-            Call::ProcessSignal(_) => m::PROCESS_SIGNAL,
-            Call::ProcessResize(_) => m::PROCESS_RESIZE,
-            Call::ProcessCloseStdin(_) => m::PROCESS_CLOSE_STDIN,
-            Call::ProcessList => m::PROCESS_LIST,
-            Call::FsReadFile(_) => m::FS_READ_FILE,
-            Call::FsWriteFile(_) => m::FS_WRITE_FILE,
-            Call::FsCreateDirectory(_) => m::FS_CREATE_DIRECTORY,
-            Call::FsGetMetadata(_) => m::FS_GET_METADATA,
-            Call::FsReadDirectory(_) => m::FS_READ_DIRECTORY,
-            Call::FsRemove(_) => m::FS_REMOVE,
-            Call::FsCopy(_) => m::FS_COPY,
-            Call::HttpRequest => m::HTTP_REQUEST,
-            Call::CommandExec(_) => m::COMMAND_EXEC,
-            Call::CommandExecWrite(_) => m::COMMAND_EXEC_WRITE,
-            Call::CommandExecTerminate(_) => m::COMMAND_EXEC_TERMINATE,
-            Call::ProcessAttach(_) => "process/attach",
-            Call::FsOpenRead(_) => "fs/readFile(stream)",
-            Call::FsOpenWrite(_) => "fs/writeFile(stream)",
+            /// The wire method name.
+            pub fn method(&self) -> &'static str {
+                match self {
+                    $( Call::$variant(_) => $name, )*
+                }
+            }
+
+            /// The scope this call requires; `None` for session management.
+            pub fn scope(&self) -> Option<Scope> {
+                match self {
+                    $( Call::$variant(_) => $scope, )*
+                }
+            }
         }
-    }
-}
 
-/// The scope a call needs (PROTOCOL.md §G.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Exec,
-    FsRead,
-    FsWrite,
-}
-
-impl Scope {
-    pub fn name(self) -> &'static str {
-        match self {
-            Scope::Exec => "exec",
-            Scope::FsRead => "fs:read",
-            Scope::FsWrite => "fs:write",
+        impl MethodFamily {
+            /// The family of a method name, or `None` if the method is unknown.
+            pub fn of(method: &str) -> Option<MethodFamily> {
+                match method {
+                    $( $name => Some(MethodFamily::$family), )*
+                    _ => None,
+                }
+            }
         }
-    }
-
-    pub fn granted(self, scopes: &Scopes) -> bool {
-        match self {
-            Scope::Exec => scopes.exec,
-            Scope::FsRead => scopes.fs_read,
-            Scope::FsWrite => scopes.fs_write,
-        }
-    }
+    };
 }
 
-impl Call {
-    /// The scope this call requires; `None` for session management.
-    pub fn required_scope(&self) -> Option<Scope> {
-        match self {
-            Call::Initialize(_) => None,
-            Call::ProcessStart(_)
-            | Call::ProcessRead(_)
-            | Call::ProcessWrite(_)
-            | Call::ProcessTerminate(_)
-            | Call::ProcessSignal(_)
-            | Call::ProcessResize(_)
-            | Call::ProcessCloseStdin(_)
-            | Call::ProcessList
-            | Call::CommandExec(_)
-            | Call::CommandExecWrite(_)
-            | Call::CommandExecTerminate(_)
-            | Call::ProcessAttach(_)
-            // Executor-side HTTP runs on the executor like a process would.
-            | Call::HttpRequest => Some(Scope::Exec),
-            Call::FsReadFile(_)
-            | Call::FsGetMetadata(_)
-            | Call::FsReadDirectory(_)
-            | Call::FsOpenRead(_) => Some(Scope::FsRead),
-            Call::FsWriteFile(_)
-            | Call::FsCreateDirectory(_)
-            | Call::FsRemove(_)
-            | Call::FsCopy(_)
-            | Call::FsOpenWrite(_) => Some(Scope::FsWrite),
-        }
-    }
-}
-
-/// Everything a handler needs besides the call.
-#[derive(Clone)]
-pub struct RequestContext {
-    /// Who is calling (from the JWT).
-    pub principal: Arc<Principal>,
-    /// The principal's tenant.
-    pub tenant: Arc<Tenant>,
-    /// The session the call runs in; process calls need one, file calls do
-    /// not (gRPC file calls carry none). It belongs to `tenant`.
-    pub session: Option<Arc<Session>>,
-    /// Cancelled when another connection takes the session over.
-    pub evicted: CancellationToken,
-}
-
-/// A call plus its context: what flows through the tower stack.
-#[derive(Clone)]
-pub struct RpcRequest {
-    pub call: Call,
-    pub ctx: RequestContext,
+method_table! {
+    Initialize(InitializeParams) = m::INITIALIZE, Initialize, None;
+    ProcessStart(ExecParams) = m::PROCESS_START, Exec, Some(Scope::Exec);
+    ProcessRead(ReadParams) = m::PROCESS_READ, Exec, Some(Scope::Exec);
+    ProcessWrite(WriteParams) = m::PROCESS_WRITE, Exec, Some(Scope::Exec);
+    ProcessTerminate(ProcessIdParams) = m::PROCESS_TERMINATE, Exec, Some(Scope::Exec);
+    ProcessSignal(SignalParams) = m::PROCESS_SIGNAL, Exec, Some(Scope::Exec);
+    ProcessResize(ResizeParams) = m::PROCESS_RESIZE, Exec, Some(Scope::Exec);
+    ProcessCloseStdin(ProcessIdParams) = m::PROCESS_CLOSE_STDIN, Exec, Some(Scope::Exec);
+    ProcessList(NoParams) = m::PROCESS_LIST, Exec, Some(Scope::Exec);
+    FsReadFile(PathParams) = m::FS_READ_FILE, Filesystem, Some(Scope::FsRead);
+    FsWriteFile(WriteFileParams) = m::FS_WRITE_FILE, Filesystem, Some(Scope::FsWrite);
+    FsCreateDirectory(CreateDirectoryParams) = m::FS_CREATE_DIRECTORY, Filesystem, Some(Scope::FsWrite);
+    FsGetMetadata(PathParams) = m::FS_GET_METADATA, Filesystem, Some(Scope::FsRead);
+    FsReadDirectory(PathParams) = m::FS_READ_DIRECTORY, Filesystem, Some(Scope::FsRead);
+    FsRemove(RemoveParams) = m::FS_REMOVE, Filesystem, Some(Scope::FsWrite);
+    FsCopy(CopyParams) = m::FS_COPY, Filesystem, Some(Scope::FsWrite);
+    // Executor-side HTTP would run on the executor like a process.
+    HttpRequest(NoParams) = m::HTTP_REQUEST, Http, Some(Scope::Exec);
+    CommandExec(CommandExecParams) = m::COMMAND_EXEC, Exec, Some(Scope::Exec);
+    CommandExecWrite(CommandExecWriteParams) = m::COMMAND_EXEC_WRITE, Exec, Some(Scope::Exec);
+    CommandExecTerminate(ProcessIdParams) = m::COMMAND_EXEC_TERMINATE, Exec, Some(Scope::Exec);
 }
 
 /// A typed result; serialises to exactly the wire `result`.
@@ -269,16 +156,115 @@ pub enum Reply {
     CommandExec(CommandExecResponse),
     CommandExecWrite(CommandExecWriteResponse),
     Empty(Empty),
-    /// gRPC only (never serialised).
-    #[serde(skip_serializing)]
-    Process(crate::exec::ProcessHandle),
-    /// gRPC only (never serialised).
-    #[serde(skip_serializing)]
-    File(crate::fs::FileHandle),
+}
+
+/// A gRPC-only operation: it opens a stream rather than returning a result.
+#[derive(Debug, Clone)]
+pub enum Open {
+    /// A process's events from a seq onwards (`Attach`).
+    Events(ProcessIdParams),
+    /// Start a process and stream it from its first byte (`Exec`): its
+    /// output is held (bounded) until the stream subscribes, so nothing
+    /// scrolls out of the retained window first.
+    Exec(Box<ExecParams>),
+    /// A regular file opened for reading, confined as `fs/readFile`.
+    ReadFile(PathParams),
+    /// A file created or truncated for writing, confined as `fs/writeFile`.
+    WriteFile(PathParams),
+}
+
+impl Open {
+    /// The name used in metrics and traces (the gRPC method).
+    pub fn method(&self) -> &'static str {
+        match self {
+            Open::Events(_) => "ProcessService/Attach",
+            Open::Exec(_) => "ProcessService/Exec",
+            Open::ReadFile(_) => "FileService/ReadFile",
+            Open::WriteFile(_) => "FileService/WriteFile",
+        }
+    }
+
+    pub fn scope(&self) -> Scope {
+        match self {
+            Open::Events(_) | Open::Exec(_) => Scope::Exec,
+            Open::ReadFile(_) => Scope::FsRead,
+            Open::WriteFile(_) => Scope::FsWrite,
+        }
+    }
+}
+
+/// A live view of one process's events.
+pub trait EventSource: Send + Sync {
+    /// The retained events with `seq > after_seq` (the replay) and a channel
+    /// of every later event, with nothing falling between the two (an
+    /// event may appear in both: skip by seq). The channel ends after
+    /// `closed`, or early if the subscriber is too slow.
+    fn subscribe(&self, after_seq: u64) -> (Vec<ProcessEvent>, mpsc::Receiver<ProcessEvent>);
+}
+
+/// What an [`Open`] produced.
+pub enum Opened {
+    Events(Arc<dyn EventSource>),
+    File(std::fs::File),
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Opened::Events(_) => f.write_str("Opened::Events"),
+            Opened::File(file) => write!(f, "Opened::File({file:?})"),
+        }
+    }
+}
+
+/// Anything that passes through the tower stack.
+#[derive(Debug, Clone)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "JSON-RPC calls are the hot path; boxing them costs an allocation per call"
+)]
+pub enum Op {
+    Call(Call),
+    Open(Open),
+}
+
+impl Op {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Op::Call(c) => c.method(),
+            Op::Open(o) => o.method(),
+        }
+    }
+
+    pub fn scope(&self) -> Option<Scope> {
+        match self {
+            Op::Call(c) => c.scope(),
+            Op::Open(o) => Some(o.scope()),
+        }
+    }
+
+    /// How long the call may wait by contract (a long-poll's `waitMs`),
+    /// on top of the request deadline.
+    pub fn contracted_wait(&self) -> Duration {
+        match self {
+            Op::Call(Call::ProcessRead(p)) => {
+                Duration::from_millis(p.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// What an [`Op`] produced.
+#[derive(Debug)]
+pub enum Outcome {
+    Reply(Reply),
+    Opened(Opened),
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -296,15 +282,36 @@ mod tests {
     }
 
     #[test]
-    fn every_known_method_has_a_family() {
+    fn the_table_is_consistent() {
         for name in [
+            m::INITIALIZE,
             m::PROCESS_START,
+            m::PROCESS_LIST,
             m::FS_COPY,
             m::HTTP_REQUEST,
             m::COMMAND_EXEC,
         ] {
-            assert!(MethodFamily::of(name).is_some(), "{name}");
+            let family = MethodFamily::of(name).unwrap();
+            // Methods without params decode from nothing; the rest need some.
+            if let Ok(call) = Call::decode(name, None) {
+                assert_eq!(call.method(), name);
+            }
+            assert_eq!(family == MethodFamily::Initialize, name == m::INITIALIZE);
         }
         assert_eq!(MethodFamily::of("x"), None);
+        let list = Call::decode(m::PROCESS_LIST, None).unwrap();
+        assert_eq!(list.scope(), Some(Scope::Exec));
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"path":"/x"}"#).unwrap();
+        let read = Call::decode(m::FS_READ_FILE, Some(&raw)).unwrap();
+        assert_eq!(read.scope(), Some(Scope::FsRead));
+        assert_eq!(
+            Call::decode(
+                m::INITIALIZE,
+                Some(&serde_json::from_str::<Box<RawValue>>(r#"{"clientName":"c"}"#).unwrap())
+            )
+            .unwrap()
+            .scope(),
+            None
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! Sessions: created by `initialize`, owning a process table, surviving a
-//! disconnect for the detach TTL, resumable by `resumeSessionId` (§3).
+//! Sessions: created by `initialize`, running on their tenant's backend,
+//! surviving a disconnect for the detach TTL, resumable by `resumeSessionId`.
 //!
 //! Invariants: a session is attached to at most one connection; a detached
 //! session whose TTL passes without a resume is removed and its process
@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::backend::SessionBackend;
 use crate::error::GatewayError;
-use crate::exec::ProcessTable;
-use crate::fs::FsRoot;
 use crate::outbound::{AttachToken, Attachment, Outbound};
 use crate::tenant::Tenant;
 
@@ -22,9 +21,9 @@ use crate::tenant::Tenant;
 pub struct Session {
     pub id: String,
     pub tenant: Arc<Tenant>,
-    pub processes: Arc<ProcessTable>,
-    pub attachment: Arc<Attachment>,
-    pub fs: Arc<FsRoot>,
+    /// Where the session's processes and file operations run.
+    pub backend: Arc<dyn SessionBackend>,
+    attachment: Arc<Attachment>,
     /// Bumped on every attach; a TTL timer only fires for the detach it saw.
     epoch: AtomicU64,
     /// Last use by a call that holds no connection (gRPC) or the detach time.
@@ -74,14 +73,6 @@ impl SessionRegistry {
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.sessions.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// `initialize`: create a session for `tenant`, or resume one of its
     /// detached sessions. Another tenant's session id fails exactly like an
     /// unknown one, so ids cannot be probed across tenants.
@@ -119,14 +110,20 @@ impl SessionRegistry {
                 retry_after_ms: None,
             });
         }
-        tenant.metrics.sessions.inc();
         let attachment = Arc::new(Attachment::default());
+        let backend = match tenant.backend.open_session(attachment.clone()) {
+            Ok(b) => b,
+            Err(e) => {
+                tenant.remove_session();
+                return Err(e);
+            }
+        };
+        tenant.metrics.sessions.inc();
         let session = Arc::new(Session {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: tenant.clone(),
-            processes: ProcessTable::new(attachment.clone(), tenant.exec.clone()),
+            backend,
             attachment,
-            fs: tenant.fs.clone(),
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
             streams: AtomicUsize::new(0),
@@ -211,7 +208,7 @@ impl SessionRegistry {
             session.tenant.remove_session();
             session.tenant.metrics.sessions.dec();
         }
-        session.processes.kill_all();
+        session.backend.kill_all();
     }
 
     /// Kill every session's processes (shutdown).
@@ -221,13 +218,13 @@ impl SessionRegistry {
             s.attachment.evict_all();
             s.tenant.remove_session();
             s.tenant.metrics.sessions.dec();
-            s.processes.kill_all();
+            s.backend.kill_all();
         }
     }
 
     /// Live (not yet closed) processes over all sessions.
     pub fn live_processes(&self) -> usize {
         let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
-        all.iter().map(|s| s.processes.live_count()).sum()
+        all.iter().map(|s| s.backend.live_processes()).sum()
     }
 }

@@ -1,7 +1,8 @@
-//! Tenants: each has a filesystem root, an exec environment with its own
-//! process slots and retained-output budget, a rate limiter, an in-flight
-//! semaphore and a session count. Tenants are fixed by configuration, so the
-//! set (and every per-tenant map and metric label) is bounded.
+//! Tenants: each has a backend where its sessions run (its filesystem root,
+//! process slots, retained-output budget, cgroup, sandbox and workers), a
+//! rate limiter, an in-flight semaphore and a session count. Tenants are
+//! fixed by configuration, so the set (and every per-tenant map and metric
+//! label) is bounded.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -11,18 +12,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::Semaphore;
 
+use crate::backend::Backend;
+use crate::backend::local::{LocalBackend, Runner};
 use crate::config::{ConfigError, Settings, TenantSettings};
 use crate::exec::ExecSettings;
-use crate::exec::reaper::Reaper;
 use crate::fs::FsRoot;
+use crate::isolation::Layers;
+use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::reaper::Reaper;
+use crate::isolation::sandbox::{Sandbox, SandboxSpec};
 use crate::metrics::{Metrics, TenantMetrics};
+use crate::worker::{WorkerLaunch, WorkerPool};
 
 /// One configured tenant.
 pub struct Tenant {
     pub name: Arc<str>,
     pub settings: TenantSettings,
-    pub fs: Arc<FsRoot>,
-    pub exec: Arc<ExecSettings>,
+    /// Where the tenant's sessions run.
+    pub backend: Arc<dyn Backend>,
     pub limiter: DefaultDirectRateLimiter,
     /// Requests in flight; a permit is held for the duration of a call.
     pub in_flight: Arc<Semaphore>,
@@ -60,7 +67,7 @@ impl Tenants {
         reaper: Option<Arc<Reaper>>,
         metrics: &Metrics,
         global_slots: Arc<Semaphore>,
-        layers: crate::gateway::Layers,
+        layers: Layers,
     ) -> Result<Tenants, ConfigError> {
         let hidden = gateway_files(settings);
         let mut by_name = BTreeMap::new();
@@ -76,13 +83,13 @@ impl Tenants {
             let mut exec = ExecSettings::new(t.max_processes, t.base_env.clone());
             exec.reaper = reaper.clone();
             exec.exited_retention = settings.exited_retention;
-            exec.global_slots = Some((global_slots.clone(), settings.max_processes));
+            exec.global_slots = Some(global_slots.clone());
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
             let spec = sandbox_spec(t, layers, &hidden);
             let cgroup = if layers.cgroups {
-                let mut cg = crate::exec::cgroup::TenantCgroup::create(name, &t.cgroup_limits)
+                let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
                 if layers.workers {
                     cg.set_owner(spec.uid);
@@ -103,14 +110,18 @@ impl Tenants {
                     );
                 }
             }
-            if layers.workers {
-                exec.workers = Some(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?);
-            } else if !spec.is_empty() {
-                let sb = crate::exec::sandbox::Sandbox::new(spec)
+            let runner = if layers.workers {
+                Runner::Workers(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?)
+            } else if spec.is_empty() {
+                Runner::Here(None)
+            } else {
+                let sb = Sandbox::new(spec)
                     .map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
-                exec.sandbox = Some(Arc::new(sb));
-            }
+                Runner::Here(Some(Arc::new(sb)))
+            };
+            exec.spawned_in_worker = layers.workers;
             exec.cgroup = cgroup;
+            let backend = LocalBackend::new(Arc::new(fs), Arc::new(exec), runner);
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(
@@ -118,8 +129,7 @@ impl Tenants {
                 Arc::new(Tenant {
                     name: Arc::from(name.as_str()),
                     settings: t.clone(),
-                    fs: Arc::new(fs),
-                    exec: Arc::new(exec),
+                    backend: Arc::new(backend),
                     limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)),
                     in_flight: Arc::new(Semaphore::new(t.max_in_flight)),
                     sessions: AtomicUsize::new(0),
@@ -134,29 +144,18 @@ impl Tenants {
         self.by_name.get(name)
     }
 
-    /// Stop every tenant's workers (shutdown; their processes are already
-    /// killed).
-    pub fn retire_workers(&self) {
+    /// Stop every tenant's backend (shutdown; their sessions are gone).
+    pub fn retire(&self) {
         for t in self.by_name.values() {
-            if let Some(pool) = &t.exec.workers {
-                pool.kill_all();
-            }
+            t.backend.retire();
         }
-    }
-
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
-        self.by_name.values()
     }
 }
 
 /// What confines a tenant's processes, given the active layers: Landlock
 /// read-write in the root (or everything for an unconfined tenant), its
 /// `TMPDIR` and the configured extras.
-fn sandbox_spec(
-    t: &crate::config::TenantSettings,
-    layers: crate::gateway::Layers,
-    hidden: &[std::path::PathBuf],
-) -> crate::exec::sandbox::SandboxSpec {
+fn sandbox_spec(t: &TenantSettings, layers: Layers, hidden: &[std::path::PathBuf]) -> SandboxSpec {
     let landlock_rw = layers.landlock.then(|| {
         let root = t
             .root
@@ -168,7 +167,7 @@ fn sandbox_spec(
             .chain(t.landlock_write.iter().cloned())
             .collect()
     });
-    crate::exec::sandbox::SandboxSpec {
+    SandboxSpec {
         uid: if layers.uid { t.uid } else { None },
         landlock_rw,
         landlock_ro: t.landlock_read.clone(),
@@ -182,11 +181,11 @@ fn sandbox_spec(
 /// cgroups (to move children in) and the gateway binary (to exec it).
 fn start_workers(
     name: &str,
-    t: &crate::config::TenantSettings,
-    mut spec: crate::exec::sandbox::SandboxSpec,
-    cgroup: Option<&crate::exec::cgroup::TenantCgroup>,
-    metrics: crate::metrics::TenantMetrics,
-) -> Result<Arc<crate::exec::worker::WorkerPool>, ConfigError> {
+    t: &TenantSettings,
+    mut spec: SandboxSpec,
+    cgroup: Option<&TenantCgroup>,
+    metrics: TenantMetrics,
+) -> Result<Arc<WorkerPool>, ConfigError> {
     let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
     let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
     if let (Some(rw), Some(cg)) = (spec.landlock_rw.as_mut(), cgroup) {
@@ -198,15 +197,13 @@ fn start_workers(
     let sandbox = if spec.is_empty() {
         None
     } else {
-        Some(Arc::new(
-            crate::exec::sandbox::Sandbox::new(spec).map_err(err)?,
-        ))
+        Some(Arc::new(Sandbox::new(spec).map_err(err)?))
     };
     let cgroups = match cgroup {
         Some(cg) => cg.tenant_procs().map_err(|e| err(e.to_string()))?,
         None => Vec::new(),
     };
-    crate::exec::worker::WorkerPool::start(crate::exec::worker::WorkerLaunch {
+    WorkerPool::start(WorkerLaunch {
         tenant: name.to_owned(),
         root: t.root.clone(),
         exe,
@@ -221,19 +218,16 @@ fn start_workers(
 
 /// The gateway's own files that no tenant process may read: its key files
 /// (as configured and as resolved through symlinks).
-fn gateway_files(settings: &crate::config::Settings) -> Vec<std::path::PathBuf> {
+fn gateway_files(settings: &Settings) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for k in &settings.auth.keys {
-        for p in [&k.secret_file, &k.public_key_file, &k.jwks_file]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(p) = k.source.file() {
             let abs = if p.is_absolute() {
-                p.clone()
+                p.to_path_buf()
             } else {
                 std::env::current_dir()
                     .map(|d| d.join(p))
-                    .unwrap_or_else(|_| p.clone())
+                    .unwrap_or_else(|_| p.to_path_buf())
             };
             if let Ok(real) = abs.canonicalize() {
                 out.push(real);

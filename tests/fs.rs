@@ -1,4 +1,4 @@
-//! fs/* over a real websocket against a real directory tree (PROTOCOL.md §4.6):
+//! fs/* over a real websocket against a real directory tree (docs/protocol.md, "Filesystem"):
 //! params, defaults, results and the error mapping.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

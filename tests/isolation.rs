@@ -12,9 +12,14 @@ use common::{Gateway, eventually, pid_alive, unb64};
 use serde_json::json;
 
 fn gateway() -> Gateway {
+    gateway_with("")
+}
+
+fn gateway_with(isolation: &str) -> Gateway {
     Gateway::start_with(|dir| {
         format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+            "[isolation]\n{isolation}\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
              [tenants.a]\nroot = \"/\"\npids_max = 40\nmemory_max_bytes = 67108864\ncpu_max_cores = 0.5\n\
              [tenants.b]\nroot = \"/\"\n",
             dir.display()
@@ -159,7 +164,17 @@ async fn a_memory_hog_is_oom_killed_and_reported_while_b_completes() {
 
 #[tokio::test]
 async fn setsid_escapers_die_on_terminate() {
-    let gw = gateway();
+    escapers_die_on_terminate("").await;
+}
+
+/// With workers off, each child joins its cgroups itself before exec.
+#[tokio::test]
+async fn escapers_of_children_the_gateway_spawns_itself_die_too() {
+    escapers_die_on_terminate("workers = \"off\"").await;
+}
+
+async fn escapers_die_on_terminate(isolation: &str) {
+    let gw = gateway_with(isolation);
     require_cgroups!(gw);
     let (mut a, _) = gw.session_of("a").await;
     // The grandchild leaves the process group (and session): killpg misses it.

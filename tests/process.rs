@@ -1,5 +1,5 @@
-//! process/* over a real websocket with real children (PROTOCOL.md §4.1–§4.5,
-//! §5, §G.3): seq rules, the read algorithm, stdin, PTYs, env, termination of
+//! process/* over a real websocket with real children (docs/protocol.md,
+//! "Processes"): seq rules, the read algorithm, stdin, PTYs, env, termination of
 //! whole trees, retention, large output, sessions, and slow clients.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

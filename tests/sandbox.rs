@@ -97,8 +97,19 @@ async fn sleeper(c: &mut Client, id: &str, root: &Path, env: Value) -> i32 {
 
 #[tokio::test]
 async fn landlock_keeps_a_tenants_processes_inside_its_root() {
+    landlock_confines("").await;
+}
+
+/// With workers off the gateway spawns, and each child confines itself
+/// between fork and exec: the same walls.
+#[tokio::test]
+async fn landlock_confines_children_the_gateway_spawns_itself() {
+    landlock_confines("workers = \"off\"").await;
+}
+
+async fn landlock_confines(isolation: &str) {
     let r = roots();
-    let gw = gateway(&r, "", "", "");
+    let gw = gateway(&r, isolation, "", "");
     require!(gw, "landlock");
     let (mut a, _) = gw.session_of("a").await;
     let (mut b, _) = gw.session_of("b").await;
@@ -130,8 +141,17 @@ async fn landlock_keeps_a_tenants_processes_inside_its_root() {
 
 #[tokio::test]
 async fn a_pty_works_under_the_sandbox() {
+    pty_under_the_sandbox("").await;
+}
+
+#[tokio::test]
+async fn a_pty_the_gateway_spawns_itself_is_confined_too() {
+    pty_under_the_sandbox("workers = \"off\"").await;
+}
+
+async fn pty_under_the_sandbox(isolation: &str) {
     let r = roots();
-    let gw = gateway(&r, "", "", "");
+    let gw = gateway(&r, isolation, "", "");
     require!(gw, "landlock");
     let (mut a, _) = gw.session_of("a").await;
     let script = format!(
@@ -149,7 +169,7 @@ async fn a_pty_works_under_the_sandbox() {
     assert!(text.contains("24 80"), "{text}");
     assert!(text.contains("/dev/pts/"), "{text}");
     assert!(text.contains("ok"), "{text}");
-    // Confined like a pipe process (through `sandbox-exec`).
+    // Confined like a pipe process.
     assert!(
         text.contains("denied") && !text.contains("b-secret"),
         "{text}"

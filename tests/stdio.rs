@@ -1,7 +1,8 @@
-//! The stdio door, and the example sessions of seeds/000 (v0 `command/exec`)
-//! and seeds/001 (`process/*`) replayed as transcripts: each request is sent
-//! as written in the seed, and each expected reply is compared field by field
-//! (session ids and PTY line endings excepted, which the seeds cannot fix).
+//! The stdio door, and two example sessions from the protocol's original
+//! specification (v0 `command/exec`, and `process/*`) replayed as
+//! transcripts: each request is sent as written there, and each expected
+//! reply is compared field by field (session ids and PTY line endings
+//! excepted, which a transcript cannot fix).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -130,7 +131,7 @@ fn output_until(s: &mut Stdio1, method: &str, id: &str, want: &str) -> String {
 }
 
 #[test]
-fn seed_000_v0_transcript() {
+fn v0_command_exec_transcript() {
     let mut s = Stdio1::start();
     s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"example-client"}}"#);
     let r = s.response(json!(1));
@@ -163,14 +164,14 @@ fn seed_000_v0_transcript() {
             .iter()
             .all(|v| !v["method"].as_str().unwrap_or("").starts_with("process/"))
     );
-    // Unknown notification: an error on id -1 (the seed's documented rule).
+    // Unknown notification: an error on id -1 (the original specification's rule).
     s.send(r#"{"method":"bogus"}"#);
     let e = s.response(json!(-1));
     assert_eq!(e["error"]["code"], -32600);
 }
 
 #[test]
-fn seed_001_process_transcript() {
+fn process_api_transcript() {
     let mut s = Stdio1::start();
     s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"example-client"}}"#);
     assert!(s.response(json!(1))["result"]["sessionId"].is_string());

@@ -1,5 +1,5 @@
 //! The envelope, handshake, error codes and connection behaviour over a real
-//! websocket (PROTOCOL.md §2, §3, §6, §G.1–§G.3).
+//! websocket (docs/protocol.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,6 +1,6 @@
 //! Authentication: a JWT becomes a [`Principal`] (tenant, scopes, subject).
 //!
-//! Rules (ISOLATION.md §4.3): the algorithm comes from the configured key,
+//! Rules (docs/operations.md, "Authentication"): the algorithm comes from the configured key,
 //! never from the token header (the header only selects among configured
 //! keys of that algorithm); `exp` is required, `iss`/`aud` too when
 //! configured; `nbf` is honoured; leeway ≤ 30 s; the tenant claim must name a
@@ -14,37 +14,62 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use crate::config::{AuthSettings, KeyConfig, MIN_HMAC_SECRET_BYTES};
+use crate::config::{AuthSettings, KeyAlgorithm, KeySettings, KeySource, MIN_HMAC_SECRET_BYTES};
 
-/// What a caller may do (PROTOCOL.md §G.4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Scopes {
+/// A permission a token grants (docs/protocol.md, "Scopes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
     /// `exec`: process/* and command/exec*.
-    pub exec: bool,
+    Exec,
     /// `fs:read`: readFile, getMetadata, readDirectory.
-    pub fs_read: bool,
+    FsRead,
     /// `fs:write`: writeFile, createDirectory, remove, copy.
-    pub fs_write: bool,
+    FsWrite,
 }
 
-impl Scopes {
-    pub const ALL: Scopes = Scopes {
-        exec: true,
-        fs_read: true,
-        fs_write: true,
-    };
+impl Scope {
+    /// Every scope, in the order tokens list them.
+    pub const ALL: [Scope; 3] = [Scope::Exec, Scope::FsRead, Scope::FsWrite];
 
-    fn add(&mut self, name: &str) {
-        match name {
-            "exec" => self.exec = true,
-            "fs:read" => self.fs_read = true,
-            "fs:write" => self.fs_write = true,
-            _ => {}
+    /// The scope's name in tokens and error data.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Exec => "exec",
+            Scope::FsRead => "fs:read",
+            Scope::FsWrite => "fs:write",
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        !(self.exec || self.fs_read || self.fs_write)
+    pub fn parse(name: &str) -> Option<Scope> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// The set of scopes a caller holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    pub const ALL: Scopes = Scopes(0b111);
+
+    pub fn grants(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    /// Add a scope by name; unknown names are ignored (tokens may carry
+    /// scopes meant for other services).
+    fn add(&mut self, name: &str) {
+        if let Some(s) = Scope::parse(name) {
+            self.0 |= s.bit();
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
     }
 }
 
@@ -104,31 +129,31 @@ impl AuthError {
         }
     }
 
-    /// HTTP status at the websocket handshake: 403 for a valid token that
-    /// may not do anything here, 401 for everything else.
-    pub fn http_status(&self) -> u16 {
+    /// As a call error: a valid token that may do nothing here is
+    /// forbidden; everything else is unauthenticated.
+    pub fn to_gateway_error(&self) -> crate::error::GatewayError {
+        use crate::error::GatewayError;
         match self {
-            AuthError::NoScope => 403,
-            _ => 401,
+            AuthError::NoScope => GatewayError::Forbidden(self.to_string()),
+            _ => GatewayError::Unauthenticated(self.to_string()),
         }
     }
 }
 
-/// Parse a configured algorithm name.
-pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
-    Ok(match name {
-        "HS256" => Algorithm::HS256,
-        "HS384" => Algorithm::HS384,
-        "HS512" => Algorithm::HS512,
-        "RS256" => Algorithm::RS256,
-        "RS384" => Algorithm::RS384,
-        "RS512" => Algorithm::RS512,
-        "PS256" => Algorithm::PS256,
-        "ES256" => Algorithm::ES256,
-        "ES384" => Algorithm::ES384,
-        "EdDSA" => Algorithm::EdDSA,
-        other => return Err(format!("unsupported algorithm `{other}`")),
-    })
+/// The verification algorithm of a configured key.
+fn jwt_algorithm(a: KeyAlgorithm) -> Algorithm {
+    match a {
+        KeyAlgorithm::HS256 => Algorithm::HS256,
+        KeyAlgorithm::HS384 => Algorithm::HS384,
+        KeyAlgorithm::HS512 => Algorithm::HS512,
+        KeyAlgorithm::RS256 => Algorithm::RS256,
+        KeyAlgorithm::RS384 => Algorithm::RS384,
+        KeyAlgorithm::RS512 => Algorithm::RS512,
+        KeyAlgorithm::PS256 => Algorithm::PS256,
+        KeyAlgorithm::ES256 => Algorithm::ES256,
+        KeyAlgorithm::ES384 => Algorithm::ES384,
+        KeyAlgorithm::EdDSA => Algorithm::EdDSA,
+    }
 }
 
 #[derive(Clone)]
@@ -190,48 +215,48 @@ fn keys_from_jwks(set: &JwkSet, alg: Algorithm) -> Vec<Key> {
         .collect()
 }
 
-fn load_key(k: &KeyConfig) -> Result<Vec<Key>, String> {
-    let alg = parse_algorithm(&k.algorithm)?;
-    if let Some(p) = &k.secret_file {
-        let mut secret = read_file(p)?;
-        if secret.last() == Some(&b'\n') {
-            secret.pop();
-        }
-        if secret.len() < MIN_HMAC_SECRET_BYTES {
-            return Err(format!(
-                "{}: an HS* secret needs at least {MIN_HMAC_SECRET_BYTES} bytes",
-                p.display()
-            ));
-        }
-        return Ok(vec![Key {
-            kid: k.kid.clone(),
-            alg,
-            key: DecodingKey::from_secret(&secret),
-        }]);
+fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut secret = read_file(path)?;
+    if secret.last() == Some(&b'\n') {
+        secret.pop();
     }
-    if let Some(p) = &k.public_key_file {
-        let pem = read_file(p)?;
-        let key = match alg {
-            Algorithm::RS256 | Algorithm::RS384 | Algorithm::RS512 | Algorithm::PS256 => {
-                DecodingKey::from_rsa_pem(&pem)
+    Ok(secret)
+}
+
+fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
+    let alg = jwt_algorithm(k.algorithm);
+    let key = match &k.source {
+        KeySource::Secret(p) => {
+            let secret = read_secret(p)?;
+            if secret.len() < MIN_HMAC_SECRET_BYTES {
+                return Err(format!(
+                    "{}: an HS* secret needs at least {MIN_HMAC_SECRET_BYTES} bytes",
+                    p.display()
+                ));
             }
-            Algorithm::ES256 | Algorithm::ES384 => DecodingKey::from_ec_pem(&pem),
-            Algorithm::EdDSA => DecodingKey::from_ed_pem(&pem),
-            _ => return Err(format!("{}: not a public-key algorithm", k.algorithm)),
+            DecodingKey::from_secret(&secret)
         }
-        .map_err(|e| format!("{}: {e}", p.display()))?;
-        return Ok(vec![Key {
-            kid: k.kid.clone(),
-            alg,
-            key,
-        }]);
-    }
-    if let Some(p) = &k.jwks_file {
-        let set: JwkSet = serde_json::from_slice(&read_file(p)?)
-            .map_err(|e| format!("{}: not a JWK set: {e}", p.display()))?;
-        return Ok(keys_from_jwks(&set, alg));
-    }
-    Ok(Vec::new())
+        KeySource::PublicKey(p) => {
+            let pem = read_file(p)?;
+            match alg {
+                Algorithm::ES256 | Algorithm::ES384 => DecodingKey::from_ec_pem(&pem),
+                Algorithm::EdDSA => DecodingKey::from_ed_pem(&pem),
+                _ => DecodingKey::from_rsa_pem(&pem),
+            }
+            .map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        KeySource::JwksFile(p) => {
+            let set: JwkSet = serde_json::from_slice(&read_file(p)?)
+                .map_err(|e| format!("{}: not a JWK set: {e}", p.display()))?;
+            return Ok(keys_from_jwks(&set, alg));
+        }
+        KeySource::JwksUrl(_) => return Ok(Vec::new()),
+    };
+    Ok(vec![Key {
+        kid: k.kid.clone(),
+        alg,
+        key,
+    }])
 }
 
 impl Authenticator {
@@ -242,10 +267,10 @@ impl Authenticator {
         let mut remote = Vec::new();
         for k in &settings.keys {
             keys.extend(load_key(k)?);
-            if let Some(url) = &k.jwks_url {
+            if let KeySource::JwksUrl(url) = &k.source {
                 remote.push(RemoteJwks {
                     url: url.clone(),
-                    alg: parse_algorithm(&k.algorithm)?,
+                    alg: jwt_algorithm(k.algorithm),
                     state: tokio::sync::Mutex::new(RemoteState {
                         keys: Vec::new(),
                         last_fetch: None,
@@ -269,14 +294,9 @@ impl Authenticator {
 
     /// The first HS* secret, for `exec-gateway token`.
     pub fn signing_secret(settings: &AuthSettings) -> Option<(Algorithm, Vec<u8>)> {
-        settings.keys.iter().find_map(|k| {
-            let alg = parse_algorithm(&k.algorithm).ok()?;
-            let path = k.secret_file.as_ref()?;
-            let mut secret = std::fs::read(path).ok()?;
-            if secret.last() == Some(&b'\n') {
-                secret.pop();
-            }
-            Some((alg, secret))
+        settings.keys.iter().find_map(|k| match &k.source {
+            KeySource::Secret(path) => Some((jwt_algorithm(k.algorithm), read_secret(path).ok()?)),
+            _ => None,
         })
     }
 

@@ -1,4 +1,4 @@
-//! Child environment construction (PROTOCOL.md §5.2, §G.2).
+//! Child environment construction (docs/protocol.md, "Environment").
 //!
 //! Without `envPolicy` the child gets exactly `env`. With one, the starting
 //! set comes from the *tenant's base environment* (never the gateway's own,

@@ -1,5 +1,5 @@
 //! The per-process output log: seq numbering, bounded retention and the
-//! `process/read` selection algorithm (PROTOCOL.md §4.2, §5.3, §5.4).
+//! `process/read` selection algorithm (docs/protocol.md, "process/read").
 //!
 //! Invariants: seqs start at 1 and every output chunk, the exit and the close
 //! take exactly one each, in that order of assignment; `closed` implies
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
-use crate::protocol::process::StreamName;
+use crate::protocol::process::{ProcessEvent, StreamName};
 
 /// Retained output per process (the reference's `RETAINED_OUTPUT_BYTES_PER_PROCESS`).
 pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
@@ -22,23 +22,6 @@ pub struct RetainedChunk {
     pub seq: u64,
     pub stream: StreamName,
     pub data: Bytes,
-}
-
-/// One event of a process's log, for stream subscribers.
-#[derive(Debug, Clone)]
-pub enum LogEvent {
-    Output(RetainedChunk),
-    Exited { seq: u64, code: i32 },
-    Closed { seq: u64 },
-}
-
-impl LogEvent {
-    pub fn seq(&self) -> u64 {
-        match self {
-            LogEvent::Output(c) => c.seq,
-            LogEvent::Exited { seq, .. } | LogEvent::Closed { seq } => *seq,
-        }
-    }
 }
 
 /// What a read selected, before waiting is decided.
@@ -190,25 +173,29 @@ impl OutputLog {
 
     /// Every retained event with `seq > after_seq`, in seq order: output
     /// chunks, the exit and the close (for stream subscribers).
-    pub fn events_since(&self, after_seq: u64) -> Vec<LogEvent> {
+    pub fn events_since(&self, after_seq: u64) -> Vec<ProcessEvent> {
         let start = self.chunks.partition_point(|c| c.seq <= after_seq);
-        let mut events: Vec<LogEvent> = self
+        let mut events: Vec<ProcessEvent> = self
             .chunks
             .iter()
             .skip(start)
-            .map(|c| LogEvent::Output(c.clone()))
+            .map(|c| ProcessEvent::Output {
+                seq: c.seq,
+                stream: c.stream,
+                data: c.data.clone(),
+            })
             .collect();
         if let (Some(seq), Some(code)) = (self.exit_seq, self.exit_code)
             && seq > after_seq
         {
-            events.push(LogEvent::Exited { seq, code });
+            events.push(ProcessEvent::Exited { seq, code });
         }
         if let Some(seq) = self.close_seq
             && seq > after_seq
         {
-            events.push(LogEvent::Closed { seq });
+            events.push(ProcessEvent::Closed { seq });
         }
-        events.sort_by_key(LogEvent::seq);
+        events.sort_by_key(ProcessEvent::seq);
         events
     }
 }
@@ -288,15 +275,15 @@ mod tests {
         log.exit(3);
         log.push(StreamName::Stderr, chunk(1));
         log.close();
-        let seqs: Vec<u64> = log.events_since(0).iter().map(LogEvent::seq).collect();
+        let seqs: Vec<u64> = log.events_since(0).iter().map(ProcessEvent::seq).collect();
         assert_eq!(seqs, vec![1, 2, 3, 4]);
         assert!(matches!(
             log.events_since(0)[1],
-            LogEvent::Exited { code: 3, .. }
+            ProcessEvent::Exited { code: 3, .. }
         ));
         assert!(matches!(
             log.events_since(3)[..],
-            [LogEvent::Closed { seq: 4 }]
+            [ProcessEvent::Closed { seq: 4 }]
         ));
     }
 

@@ -1,28 +1,142 @@
-//! Filesystem handlers (PROTOCOL.md §4.6) over a root that is either the
-//! whole host (`/`, reference-compatible) or a tenant directory confined with
-//! cap-std (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, ISOLATION.md §3).
+//! File operations (docs/protocol.md, "Filesystem") over a root that is
+//! either the whole host (`/`, reference-compatible) or a tenant directory
+//! confined with cap-std (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`).
+//!
+//! One entry point, [`run`], executes an [`FsOp`] against an [`FsRoot`]; it
+//! runs in the tenant's worker (the default) or on the gateway's blocking
+//! pool, and both sides use the same code. Reads and writes of file contents
+//! only *open* the file there: the opened file comes back ([`FsDone::File`])
+//! and the bytes move in the gateway.
 //!
 //! Invariants: every path is absolute and lexically normalised first; in a
 //! confined root, nothing outside it is ever opened (`..`, absolute paths
 //! outside, symlinks pointing out and symlinks swapped mid-call all fail),
 //! files are opened `O_NONBLOCK` and checked to be regular (a planted FIFO
-//! cannot hang a thread). All blocking work runs on the blocking pool.
+//! cannot hang a thread). Everything here blocks: callers pick the thread.
 
 use std::io::{self, Read as _, Write as _};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use cap_std::fs::{Dir, OpenOptions as CapOpenOptions, OpenOptionsExt as _};
+use serde::{Deserialize, Serialize};
 
 use crate::error::GatewayError;
 use crate::protocol::fs::{
     CopyParams, CreateDirectoryParams, DirectoryEntry, MetadataResponse, PathParams,
-    ReadDirectoryResponse, ReadFileResponse, RemoveParams, WriteFileParams,
+    ReadDirectoryResponse, RemoveParams,
 };
 
-/// Largest file `fs/readFile` returns (the reference's limit).
-pub const MAX_READ_FILE_BYTES: u64 = 512 * 1024 * 1024;
+/// Why a file operation failed, classified as the reference's
+/// `map_fs_error` does (it crosses the worker link as is).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum FsError {
+    /// The path does not exist: -32004.
+    #[error("{0}")]
+    NotFound(String),
+    /// Refused (permission, not a regular file, outside the root): -32600.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request itself is malformed (a relative path): -32602.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// Any other OS error: -32603 with its text.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl FsError {
+    /// The reference's `map_fs_error`: NotFound → -32004, InvalidInput and
+    /// PermissionDenied → -32600, anything else → -32603; the message is the
+    /// io::Error's Display text.
+    pub fn from_io(e: &io::Error) -> FsError {
+        let text = e.to_string();
+        match e.kind() {
+            io::ErrorKind::NotFound => FsError::NotFound(text),
+            io::ErrorKind::InvalidInput | io::ErrorKind::PermissionDenied => {
+                FsError::InvalidRequest(text)
+            }
+            _ => FsError::Io(text),
+        }
+    }
+}
+
+impl From<FsError> for GatewayError {
+    fn from(e: FsError) -> GatewayError {
+        match e {
+            FsError::NotFound(m) => GatewayError::NotFound(m),
+            FsError::InvalidRequest(m) => GatewayError::InvalidRequest(m),
+            FsError::InvalidParams(m) => GatewayError::InvalidParams(m),
+            FsError::Io(m) => GatewayError::Internal(m),
+        }
+    }
+}
+
+/// A file operation. Contents are not part of it: `OpenRead`/`OpenWrite`
+/// return the opened file and the caller moves the bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsOp {
+    OpenRead(PathParams),
+    OpenWrite(PathParams),
+    CreateDirectory(CreateDirectoryParams),
+    GetMetadata(PathParams),
+    ReadDirectory(PathParams),
+    Remove(RemoveParams),
+    Copy(CopyParams),
+}
+
+/// What an [`FsOp`] produced.
+#[derive(Debug)]
+pub enum FsDone {
+    Done,
+    Metadata(MetadataResponse),
+    Directory(ReadDirectoryResponse),
+    File(std::fs::File),
+}
+
+/// Run one operation against `root`, as its credentials (blocking).
+pub fn run(root: &FsRoot, op: FsOp) -> Result<FsDone, FsError> {
+    let _as = root.creds.map(FsCreds::assume);
+    match op {
+        FsOp::OpenRead(p) => open(root, &p.path, |t| t.open_read()),
+        FsOp::OpenWrite(p) => open(root, &p.path, |t| t.open_write()),
+        FsOp::CreateDirectory(p) => create_directory(root, p).map(|()| FsDone::Done),
+        FsOp::GetMetadata(p) => get_metadata(root, p).map(FsDone::Metadata),
+        FsOp::ReadDirectory(p) => read_directory(root, p).map(FsDone::Directory),
+        FsOp::Remove(p) => remove(root, p).map(|()| FsDone::Done),
+        FsOp::Copy(p) => copy(root, p).map(|()| FsDone::Done),
+    }
+    .map_err(|e| match e {
+        Failed::Fs(e) => e,
+        Failed::Io(e) => FsError::from_io(&e),
+    })
+}
+
+fn open(
+    root: &FsRoot,
+    path: &str,
+    how: fn(&Target<'_>) -> io::Result<std::fs::File>,
+) -> Result<FsDone, Failed> {
+    Ok(FsDone::File(how(&root.resolve(path)?)?))
+}
+
+/// An operation's failure before classification.
+enum Failed {
+    Fs(FsError),
+    Io(io::Error),
+}
+
+impl From<io::Error> for Failed {
+    fn from(e: io::Error) -> Failed {
+        Failed::Io(e)
+    }
+}
+
+impl From<FsError> for Failed {
+    fn from(e: FsError) -> Failed {
+        Failed::Fs(e)
+    }
+}
 
 /// Where fs paths resolve, and as whom.
 pub struct FsRoot {
@@ -76,17 +190,6 @@ impl FsRoot {
         self
     }
 
-    /// Open a regular file for reading, confined (blocking; the caller
-    /// picks the thread).
-    pub fn open_read_now(&self, path: &str) -> Result<std::fs::File, GatewayError> {
-        self.resolve(path)?.open_read().map_err(io_err)
-    }
-
-    /// Create or truncate a file for writing, confined (blocking).
-    pub fn open_write_now(&self, path: &str) -> Result<std::fs::File, GatewayError> {
-        self.resolve(path)?.open_write().map_err(io_err)
-    }
-
     /// The root's path (`/` for the host).
     pub fn path(&self) -> &Path {
         match &self.kind {
@@ -97,18 +200,18 @@ impl FsRoot {
 
     /// Check a working directory for a process: absolute, inside the root,
     /// and (when confined) an existing directory reached without escaping.
-    pub fn check_cwd(&self, cwd: &str) -> Result<(), GatewayError> {
+    pub fn check_cwd(&self, cwd: &str) -> Result<(), FsError> {
         match &self.kind {
             RootKind::Host => Ok(()),
             RootKind::Confined { .. } => {
-                let target = self.resolve(cwd)?;
-                let meta = target
+                let meta = self
+                    .resolve(cwd)?
                     .metadata()
-                    .map_err(|e| GatewayError::from_fs_io(&e))?;
+                    .map_err(|e| FsError::from_io(&e))?;
                 if meta.is_dir() {
                     Ok(())
                 } else {
-                    Err(GatewayError::from_fs_io(&io::Error::from_raw_os_error(
+                    Err(FsError::from_io(&io::Error::from_raw_os_error(
                         libc::ENOTDIR,
                     )))
                 }
@@ -116,10 +219,10 @@ impl FsRoot {
         }
     }
 
-    fn resolve(&self, raw: &str) -> Result<Target<'_>, GatewayError> {
+    fn resolve(&self, raw: &str) -> Result<Target<'_>, FsError> {
         let path = Path::new(raw);
         if !path.is_absolute() {
-            return Err(GatewayError::InvalidParams(
+            return Err(FsError::InvalidParams(
                 "AbsolutePathBuf deserialized without a base path".to_owned(),
             ));
         }
@@ -128,7 +231,7 @@ impl FsRoot {
             RootKind::Host => Ok(Target::Host(norm)),
             RootKind::Confined { path: root, dir } => {
                 let rel = norm.strip_prefix(root).map_err(|_| {
-                    GatewayError::InvalidRequest(format!("path `{raw}` is outside the tenant root"))
+                    FsError::InvalidRequest(format!("path `{raw}` is outside the tenant root"))
                 })?;
                 let rel = if rel.as_os_str().is_empty() {
                     PathBuf::from(".")
@@ -356,35 +459,6 @@ fn millis(t: Option<SystemTime>) -> i64 {
         .unwrap_or(0)
 }
 
-fn io_err(e: io::Error) -> GatewayError {
-    GatewayError::from_fs_io(&e)
-}
-
-/// Run blocking fs work on the blocking pool.
-async fn blocking<T, F>(root: &Arc<FsRoot>, f: F) -> Result<T, GatewayError>
-where
-    T: Send + 'static,
-    F: FnOnce(&FsRoot) -> Result<T, GatewayError> + Send + 'static,
-{
-    let root = root.clone();
-    run_blocking(move || {
-        let _as = root.creds.map(FsCreds::assume);
-        f(&root)
-    })
-    .await
-}
-
-/// Run blocking file work on the blocking pool.
-pub async fn run_blocking<T, F>(f: F) -> Result<T, GatewayError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, GatewayError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| GatewayError::Internal(format!("fs task failed: {e}")))?
-}
-
 /// The blocking thread's filesystem uid/gid switched to a tenant's for one
 /// operation, and back to the gateway's when dropped. `setfsuid` is per
 /// thread, and a non-zero fsuid drops the thread's file capabilities
@@ -422,214 +496,116 @@ impl Drop for FsCreds {
     }
 }
 
-/// An open file for gRPC streaming (never serialised).
-#[derive(Debug, Clone)]
-pub struct FileHandle(pub Arc<std::fs::File>);
-
-/// Open a regular file for streaming out (gRPC ReadFile), confined as `fs/readFile`.
-pub async fn open_read(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
-    blocking(root, move |root| {
-        Ok(FileHandle(Arc::new(root.open_read_now(&p.path)?)))
-    })
-    .await
-}
-
-/// Create or truncate a file for streaming in (gRPC WriteFile), confined as `fs/writeFile`.
-pub async fn open_write(root: &Arc<FsRoot>, p: PathParams) -> Result<FileHandle, GatewayError> {
-    blocking(root, move |root| {
-        Ok(FileHandle(Arc::new(root.open_write_now(&p.path)?)))
-    })
-    .await
-}
-
-/// `fs/readFile`.
-pub async fn read_file(
-    root: &Arc<FsRoot>,
-    p: PathParams,
-) -> Result<ReadFileResponse, GatewayError> {
-    blocking(root, move |root| {
-        let file = root.resolve(&p.path)?.open_read().map_err(io_err)?;
-        read_whole(file)
-    })
-    .await
-}
+/// Largest file `fs/readFile` returns (the reference's limit).
+pub const MAX_READ_FILE_BYTES: u64 = 512 * 1024 * 1024;
 
 /// Read an opened file for `fs/readFile` (up to [`MAX_READ_FILE_BYTES`]).
-pub fn read_whole(mut file: std::fs::File) -> Result<ReadFileResponse, GatewayError> {
-    let len = file.metadata().map_err(io_err)?.len();
-    if len > MAX_READ_FILE_BYTES {
-        return Err(GatewayError::InvalidRequest(format!(
+pub fn read_whole(mut file: std::fs::File) -> Result<Vec<u8>, FsError> {
+    let too_large = || {
+        FsError::InvalidRequest(format!(
             "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
-        )));
+        ))
+    };
+    let len = file.metadata().map_err(|e| FsError::from_io(&e))?.len();
+    if len > MAX_READ_FILE_BYTES {
+        return Err(too_large());
     }
     let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     std::io::Read::by_ref(&mut file)
         .take(MAX_READ_FILE_BYTES + 1)
         .read_to_end(&mut data)
-        .map_err(io_err)?;
+        .map_err(|e| FsError::from_io(&e))?;
     if data.len() as u64 > MAX_READ_FILE_BYTES {
-        return Err(GatewayError::InvalidRequest(format!(
-            "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
-        )));
+        return Err(too_large());
     }
-    // Encoded later, straight into the response frame.
-    Ok(ReadFileResponse {
-        data_base64: crate::protocol::ByteChunk(data),
-    })
-}
-
-/// Decode `fs/writeFile` data (bad base64 is the reference's -32600).
-pub fn write_data(p: &WriteFileParams) -> Result<Vec<u8>, GatewayError> {
-    crate::protocol::base64_decode(&p.data_base64).map_err(|e| {
-        GatewayError::InvalidRequest(format!(
-            "fs/writeFile requires valid base64 dataBase64: {e}"
-        ))
-    })
+    Ok(data)
 }
 
 /// Write all of `data` to an opened file, mapping errors as `fs/writeFile`.
-pub fn write_whole(mut file: &std::fs::File, data: &[u8]) -> Result<(), GatewayError> {
-    file.write_all(data).map_err(io_err)
+pub fn write_whole(mut file: &std::fs::File, data: &[u8]) -> Result<(), FsError> {
+    file.write_all(data).map_err(|e| FsError::from_io(&e))
 }
 
-/// `fs/writeFile`.
-pub async fn write_file(
-    root: &Arc<FsRoot>,
-    p: WriteFileParams,
-) -> Result<crate::protocol::Empty, GatewayError> {
-    let data = write_data(&p)?;
-    blocking(root, move |root| {
-        let file = root.resolve(&p.path)?.open_write().map_err(io_err)?;
-        write_whole(&file, &data)?;
-        Ok(crate::protocol::Empty {})
-    })
-    .await
-}
-
-/// `fs/createDirectory`.
-pub async fn create_directory(
-    root: &Arc<FsRoot>,
-    p: CreateDirectoryParams,
-) -> Result<crate::protocol::Empty, GatewayError> {
-    blocking(root, move |root| {
-        root.resolve(&p.path)?
-            .create_dir(p.recursive)
-            .map_err(io_err)?;
-        Ok(crate::protocol::Empty {})
-    })
-    .await
+fn create_directory(root: &FsRoot, p: CreateDirectoryParams) -> Result<(), Failed> {
+    Ok(root.resolve(&p.path)?.create_dir(p.recursive)?)
 }
 
 /// `fs/getMetadata`: `is*` follow symlinks except `isSymlink`.
-pub async fn get_metadata(
-    root: &Arc<FsRoot>,
-    p: PathParams,
-) -> Result<MetadataResponse, GatewayError> {
-    blocking(root, move |root| {
-        let target = root.resolve(&p.path)?;
-        let meta = target.metadata().map_err(io_err)?;
-        let is_symlink = target
-            .symlink_metadata()
-            .map(|m| m.is_symlink())
-            .unwrap_or(false);
-        Ok(MetadataResponse {
-            is_directory: meta.is_dir(),
-            is_file: meta.is_file(),
-            is_symlink,
-            created_at_ms: millis(meta.created()),
-            modified_at_ms: millis(meta.modified()),
-        })
+fn get_metadata(root: &FsRoot, p: PathParams) -> Result<MetadataResponse, Failed> {
+    let target = root.resolve(&p.path)?;
+    let meta = target.metadata()?;
+    let is_symlink = target
+        .symlink_metadata()
+        .map(|m| m.is_symlink())
+        .unwrap_or(false);
+    Ok(MetadataResponse {
+        is_directory: meta.is_dir(),
+        is_file: meta.is_file(),
+        is_symlink,
+        created_at_ms: millis(meta.created()),
+        modified_at_ms: millis(meta.modified()),
     })
-    .await
 }
 
 /// `fs/readDirectory`: readdir order; entries whose stat fails are skipped.
-pub async fn read_directory(
-    root: &Arc<FsRoot>,
-    p: PathParams,
-) -> Result<ReadDirectoryResponse, GatewayError> {
-    blocking(root, move |root| {
-        let target = root.resolve(&p.path)?;
-        let names = target.list().map_err(io_err)?;
-        let entries = names
-            .into_iter()
-            .filter_map(|name| {
-                let meta = target.join(&name).metadata().ok()?;
-                Some(DirectoryEntry {
-                    file_name: name.to_string_lossy().into_owned(),
-                    is_directory: meta.is_dir(),
-                    is_file: meta.is_file(),
-                })
+fn read_directory(root: &FsRoot, p: PathParams) -> Result<ReadDirectoryResponse, Failed> {
+    let target = root.resolve(&p.path)?;
+    let entries = target
+        .list()?
+        .into_iter()
+        .filter_map(|name| {
+            let meta = target.join(&name).metadata().ok()?;
+            Some(DirectoryEntry {
+                file_name: name.to_string_lossy().into_owned(),
+                is_directory: meta.is_dir(),
+                is_file: meta.is_file(),
             })
-            .collect();
-        Ok(ReadDirectoryResponse { entries })
-    })
-    .await
+        })
+        .collect();
+    Ok(ReadDirectoryResponse { entries })
 }
 
 /// `fs/remove`: a symlink itself is removed, never its target.
-pub async fn remove(
-    root: &Arc<FsRoot>,
-    p: RemoveParams,
-) -> Result<crate::protocol::Empty, GatewayError> {
-    blocking(root, move |root| {
-        let target = root.resolve(&p.path)?;
-        if matches!(target, Target::Confined { ref rel, .. } if rel == Path::new(".")) {
-            return Err(GatewayError::InvalidRequest(
-                "refusing to remove the tenant root".to_owned(),
-            ));
-        }
-        let result = match target.symlink_metadata() {
-            Ok(m) if m.is_dir() => target.remove_dir(p.recursive),
-            Ok(_) => target.remove_file(),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => Ok(crate::protocol::Empty {}),
-            Err(e) if e.kind() == io::ErrorKind::NotFound && p.force => {
-                Ok(crate::protocol::Empty {})
-            }
-            Err(e) => Err(io_err(e)),
-        }
-    })
-    .await
+fn remove(root: &FsRoot, p: RemoveParams) -> Result<(), Failed> {
+    let target = root.resolve(&p.path)?;
+    if matches!(target, Target::Confined { ref rel, .. } if rel == Path::new(".")) {
+        return Err(
+            FsError::InvalidRequest("refusing to remove the tenant root".to_owned()).into(),
+        );
+    }
+    let result = match target.symlink_metadata() {
+        Ok(m) if m.is_dir() => target.remove_dir(p.recursive),
+        Ok(_) => target.remove_file(),
+        Err(e) => Err(e),
+    };
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && p.force => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 /// `fs/copy` with the reference's rules.
-pub async fn copy(
-    root: &Arc<FsRoot>,
-    p: CopyParams,
-) -> Result<crate::protocol::Empty, GatewayError> {
-    blocking(root, move |root| {
-        let src = root.resolve(&p.source_path)?;
-        let dst = root.resolve(&p.destination_path)?;
-        let meta = src.symlink_metadata().map_err(io_err)?;
-        if meta.is_dir() {
-            if !p.recursive {
-                return Err(GatewayError::InvalidRequest(
-                    "fs/copy requires recursive: true when sourcePath is a directory".to_owned(),
-                ));
-            }
-            if dst.abs().starts_with(src.abs()) {
-                return Err(GatewayError::InvalidRequest(
-                    "fs/copy cannot copy a directory to itself or one of its descendants"
-                        .to_owned(),
-                ));
-            }
-            copy_dir(&src, &dst).map_err(io_err)?;
-        } else if meta.is_symlink() {
-            let link = src.read_link().map_err(io_err)?;
-            dst.symlink(&link).map_err(io_err)?;
-        } else if meta.is_file() {
-            copy_file(&src, &dst).map_err(io_err)?;
-        } else {
-            return Err(GatewayError::InvalidRequest(
-                "fs/copy only supports regular files, directories, and symlinks".to_owned(),
-            ));
+fn copy(root: &FsRoot, p: CopyParams) -> Result<(), Failed> {
+    let refuse = |m: &str| Err(Failed::Fs(FsError::InvalidRequest(m.to_owned())));
+    let src = root.resolve(&p.source_path)?;
+    let dst = root.resolve(&p.destination_path)?;
+    let meta = src.symlink_metadata()?;
+    if meta.is_dir() {
+        if !p.recursive {
+            return refuse("fs/copy requires recursive: true when sourcePath is a directory");
         }
-        Ok(crate::protocol::Empty {})
-    })
-    .await
+        if dst.abs().starts_with(src.abs()) {
+            return refuse("fs/copy cannot copy a directory to itself or one of its descendants");
+        }
+        copy_dir(&src, &dst)?;
+    } else if meta.is_symlink() {
+        dst.symlink(&src.read_link()?)?;
+    } else if meta.is_file() {
+        copy_file(&src, &dst)?;
+    } else {
+        return refuse("fs/copy only supports regular files, directories, and symlinks");
+    }
+    Ok(())
 }
 
 fn copy_file(src: &Target<'_>, dst: &Target<'_>) -> io::Result<()> {
@@ -665,6 +641,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn io_errors_map_like_the_reference() {
+        let e = FsError::from_io(&io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(
+            e,
+            FsError::NotFound("No such file or directory (os error 2)".into())
+        );
+        assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32004);
+        let e = FsError::from_io(&io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32600);
+        let e = FsError::from_io(&io::Error::from_raw_os_error(libc::ENOTEMPTY));
+        assert_eq!(e.to_string(), "Directory not empty (os error 39)");
+        assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32603);
+    }
+
+    #[test]
     fn normalize_is_lexical() {
         assert_eq!(
             normalize(Path::new("/a/b/../c/./d")),
@@ -679,9 +670,9 @@ mod tests {
         let root = FsRoot::confined(tmp.path()).unwrap();
         let outside = format!("{}/../etc/passwd", tmp.path().display());
         let e = root.resolve(&outside).err().unwrap();
-        assert_eq!(e.to_jsonrpc().code, -32600);
+        assert!(matches!(e, FsError::InvalidRequest(_)), "{e:?}");
         let e = root.resolve("relative").err().unwrap();
-        assert_eq!(e.to_jsonrpc().code, -32602);
+        assert!(matches!(e, FsError::InvalidParams(_)), "{e:?}");
         assert!(root.resolve(&tmp.path().display().to_string()).is_ok());
     }
 }

@@ -1,6 +1,6 @@
-//! `fs/*` params and results (§4.6). Paths are plain absolute path strings;
+//! `fs/*` params and results. Paths are plain absolute path strings;
 //! the optional `sandbox` object is accepted and ignored (the gateway confines
-//! by tenant root instead, §G.4).
+//! by tenant root instead).
 
 use serde::{Deserialize, Serialize};
 

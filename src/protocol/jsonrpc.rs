@@ -1,4 +1,5 @@
-//! The JSON-RPC envelope as the reference speaks it (PROTOCOL.md §2.4).
+//! The JSON-RPC envelope as the reference speaks it (docs/protocol.md,
+//! "Envelope").
 //!
 //! Decoding mirrors the reference's untagged enum (Request → Notification →
 //! Response → Error) without materialising a `serde_json::Value`: params stay a
@@ -43,7 +44,7 @@ pub enum Inbound<'a> {
     Notification {
         method: String,
     },
-    /// A response or error sent by the client: ignored and logged (§G.2).
+    /// A response or error sent by the client: ignored and logged.
     ClientResponse,
 }
 

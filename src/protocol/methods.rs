@@ -7,7 +7,7 @@ pub const PROCESS_START: &str = "process/start";
 pub const PROCESS_READ: &str = "process/read";
 pub const PROCESS_WRITE: &str = "process/write";
 pub const PROCESS_TERMINATE: &str = "process/terminate";
-/// Extensions (PROTOCOL.md §G.3).
+/// Extensions (docs/protocol.md, "Extensions").
 pub const PROCESS_SIGNAL: &str = "process/signal";
 pub const PROCESS_RESIZE: &str = "process/resize";
 pub const PROCESS_CLOSE_STDIN: &str = "process/closeStdin";
@@ -28,7 +28,7 @@ pub const FS_COPY: &str = "fs/copy";
 
 pub const HTTP_REQUEST: &str = "http/request";
 
-/// The v0 API of seeds/000 (PROTOCOL.md §G.2).
+/// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";
 pub const COMMAND_EXEC_WRITE: &str = "command/exec/write";
 pub const COMMAND_EXEC_TERMINATE: &str = "command/exec/terminate";

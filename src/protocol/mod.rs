@@ -1,14 +1,15 @@
 //! Wire types of the exec-server protocol: plain data, no behaviour.
 //!
-//! The contract is `PROTOCOL.md` (the May-2026 surface of
-//! `@openai/codex@0.130.0`, plus the additive extensions of §G.3). Decisions
-//! recorded here: we accept `"jsonrpc"` on input and never emit it; unknown
-//! param fields are ignored (newer clients add fields); every struct is
-//! camelCase. `serde_json::Value` does not leave this module and `transport`.
+//! The contract is docs/protocol.md (the exec-server protocol of
+//! `@openai/codex@0.130.0`, plus the gateway's additive extensions).
+//! Decisions recorded here: we accept `"jsonrpc"` on input and never emit
+//! it; unknown param fields are ignored (newer clients add fields); every
+//! struct is camelCase.
 
 pub mod fs;
 pub mod jsonrpc;
 pub mod methods;
+pub mod notify;
 pub mod process;
 pub mod v0;
 

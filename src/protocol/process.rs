@@ -1,4 +1,5 @@
-//! `initialize` and `process/*` params, results and notifications (§3, §4.1–§4.5, §G.3).
+//! `initialize` and `process/*` params, results and notifications, and the
+//! event type stream subscribers see.
 
 use std::collections::HashMap;
 
@@ -42,13 +43,9 @@ pub struct ExecParams {
     pub arg0: Option<String>,
     #[serde(default)]
     pub env_policy: Option<EnvPolicy>,
-    /// Not on the wire: hold the output until the first subscriber attaches
-    /// (gRPC `Exec`, which must deliver every byte, not the retained tail).
-    #[serde(skip)]
-    pub hold_output: bool,
 }
 
-/// Codex shell-environment policy (§5.2). Every field is required when present.
+/// Codex shell-environment policy. Every field is required when present.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvPolicy {
@@ -73,6 +70,9 @@ pub enum EnvInherit {
 pub struct ExecResponse {
     pub process_id: String,
 }
+
+/// Longest `waitMs` honoured; longer waits are clamped.
+pub const MAX_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Params of `process/read`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +252,34 @@ pub struct ExitedNotification {
 pub struct ClosedNotification {
     pub process_id: String,
     pub seq: u64,
+}
+
+/// One event of a process's log, in seq order, as a stream subscriber
+/// (gRPC `Attach`/`Exec`) sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEvent {
+    Output {
+        seq: u64,
+        stream: StreamName,
+        data: bytes::Bytes,
+    },
+    Exited {
+        seq: u64,
+        code: i32,
+    },
+    Closed {
+        seq: u64,
+    },
+}
+
+impl ProcessEvent {
+    pub fn seq(&self) -> u64 {
+        match self {
+            ProcessEvent::Output { seq, .. }
+            | ProcessEvent::Exited { seq, .. }
+            | ProcessEvent::Closed { seq } => *seq,
+        }
+    }
 }
 
 #[cfg(test)]

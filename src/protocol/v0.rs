@@ -1,5 +1,5 @@
-//! The v0 `command/exec*` API of seeds/000, served on the same connection
-//! and mapped onto the same process table (PROTOCOL.md §G.2).
+//! The older v0 `command/exec*` API, served on the same connection
+//! and mapped onto the same process table (docs/protocol.md, "v0").
 
 use std::collections::HashMap;
 

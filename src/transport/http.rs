@@ -30,7 +30,7 @@ pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
         "/readyz" => {
-            if gw.draining() {
+            if gw.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "draining\n".into())
             } else {
                 text(

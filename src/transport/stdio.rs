@@ -8,10 +8,11 @@ use futures_util::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use crate::auth::{AuthError, Principal};
+use super::admit::Caller;
+use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
+use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
-use crate::transport::{ConnMeta, InFrame, OnClose, serve_connection};
 
 /// Serve one session over a reader/writer pair (stdin/stdout in production,
 /// a duplex pipe in tests).
@@ -19,7 +20,7 @@ pub async fn serve<R, W>(
     reader: R,
     mut writer: W,
     gw: Arc<Gateway>,
-    principal: Result<Arc<Principal>, AuthError>,
+    caller: Result<Caller, GatewayError>,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -62,7 +63,7 @@ pub async fn serve<R, W>(
     let meta = ConnMeta {
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".to_owned(),
         on_close: OnClose::Kill,
-        principal,
+        caller,
     };
     serve_connection(inbound, out.clone(), gw, meta).await;
     out.close(1000, "").await;

@@ -27,9 +27,10 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
+use super::admit::{Caller, admit};
+use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
-use crate::transport::{ConnMeta, InFrame, OnClose, serve_connection};
 
 /// How long a client may take to send its request head (slowloris defence).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,13 +39,13 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Outbound frames written before one flush.
 const WRITE_BATCH: usize = 32;
 
-/// Accept connections until `gw.stopped` fires.
+/// Accept connections until the gateway stops.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>) {
     let slots = Arc::new(Semaphore::new(gw.settings.max_connections));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            () = gw.stopped.cancelled() => break,
+            () = gw.stopped() => break,
         };
         let (tcp, peer) = match accepted {
             Ok(v) => v,
@@ -105,7 +106,7 @@ async fn handle(
     let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
         && header_has_token(&req, header::UPGRADE, "websocket");
     if !is_upgrade {
-        return Ok(crate::transport::http::route(&req, &gw));
+        return Ok(super::http::route(&req, &gw));
     }
     if req.method() != hyper::Method::GET {
         return Ok(response(
@@ -135,12 +136,6 @@ async fn handle(
             "missing Sec-WebSocket-Key\n",
         ));
     };
-    if gw.draining() {
-        return Ok(response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server shutting down\n",
-        ));
-    }
     // Authenticate before the upgrade; the token is never logged.
     let token = crate::auth::bearer_token(
         req.headers()
@@ -148,20 +143,11 @@ async fn handle(
             .and_then(|v| v.to_str().ok()),
         req.uri().query(),
     );
-    let principal = match token {
-        None => Err(crate::auth::AuthError::Missing),
-        Some(t) => gw.auth.verify(&t).await,
-    };
-    let principal = match principal {
-        Ok(p) => Arc::new(p),
+    let caller = match admit(&gw, token.as_deref()).await {
+        Ok(c) => c,
         Err(e) => {
-            gw.metrics.auth_failure(e.reason());
-            tracing::info!(%peer, reason = e.reason(), "websocket handshake refused");
-            let status = if e.http_status() == 403 {
-                StatusCode::FORBIDDEN
-            } else {
-                StatusCode::UNAUTHORIZED
-            };
+            tracing::info!(%peer, reason = e.outcome(), "websocket handshake refused");
+            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
             let mut r = response(status, format!("{e}\n"));
             if status == StatusCode::UNAUTHORIZED {
                 r.headers_mut().insert(
@@ -190,7 +176,7 @@ async fn handle(
                     Some(config),
                 )
                 .await;
-                run(ws, gw, peer, principal).await;
+                run(ws, gw, peer, caller).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
@@ -214,12 +200,8 @@ const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Frames queued in tungstenite beyond which a write fails (never unbounded).
 const WS_MAX_WRITE_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 
-async fn run<S>(
-    ws: WebSocketStream<S>,
-    gw: Arc<Gateway>,
-    peer: SocketAddr,
-    principal: Arc<crate::auth::Principal>,
-) where
+async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr, caller: Caller)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sink, mut stream) = ws.split();
@@ -328,7 +310,7 @@ async fn run<S>(
             "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
         ),
         on_close: OnClose::Detach,
-        principal: Ok(principal),
+        caller: Ok(caller),
     };
     let inbound = tokio_stream_from(in_rx);
     serve_connection(inbound, out.clone(), gw, meta).await;

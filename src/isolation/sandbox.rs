@@ -1,5 +1,4 @@
-//! The per-process sandbox of a tenant's processes (ISOLATION.md §6, §7.1,
-//! §8): the tenant's uid/gid with no supplementary groups, `no_new_privs`,
+//! The sandbox of a tenant's processes (docs/isolation.md): the tenant's uid/gid with no supplementary groups, `no_new_privs`,
 //! rlimits, Landlock (read-write only in the tenant root and its tmp dir,
 //! read-exec on system dirs, signal and abstract-socket scoping) and a
 //! seccomp deny-list.
@@ -7,16 +6,13 @@
 //! Everything that allocates is built once per tenant in the parent: the
 //! Landlock ruleset fd and the BPF programs, applied between fork and exec
 //! with raw syscalls only ([`Sandbox::hook`]). By default the hook confines
-//! each tenant's worker (`exec::worker`) once, and everything it spawns
-//! inherits it. With workers off, every pipe child runs the hook, and PTY
-//! children (portable-pty has no pre-exec hook and closes inherited fds) go
-//! through `exec-gateway sandbox-exec`, a shim that joins the cgroups,
-//! applies the same [`SandboxSpec`] and execs the program ([`shim_main`]).
+//! each tenant's worker (module `worker`) once, and everything it spawns
+//! inherits it. With workers off, every child runs the hook itself
+//! (module `spawn`).
 
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -53,7 +49,7 @@ const DEVICES_RW: &[&str] = &[
 /// Terminals: read-write plus ioctls (without `IoctlDev` openpty fails).
 const DEVICES_PTY: &[&str] = &["/dev/ptmx", "/dev/pts"];
 
-/// What confines one tenant's processes (serialisable into shim arguments).
+/// What confines one tenant's processes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxSpec {
     /// Run as this uid/gid, with no supplementary groups.
@@ -74,35 +70,6 @@ impl SandboxSpec {
     /// True when nothing would be applied.
     pub fn is_empty(&self) -> bool {
         self.uid.is_none() && self.landlock_rw.is_none() && !self.seccomp
-    }
-
-    /// The spec as `sandbox-exec` options.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a = Vec::new();
-        if let Some((u, g)) = self.uid {
-            a.extend([
-                "--uid".to_owned(),
-                u.to_string(),
-                "--gid".to_owned(),
-                g.to_string(),
-            ]);
-        }
-        if let Some(rw) = &self.landlock_rw {
-            a.push("--landlock".to_owned());
-            for p in rw {
-                a.extend(["--rw".to_owned(), p.display().to_string()]);
-            }
-        }
-        for p in &self.landlock_ro {
-            a.extend(["--ro".to_owned(), p.display().to_string()]);
-        }
-        if self.seccomp {
-            a.push("--seccomp".to_owned());
-        }
-        for p in &self.hidden {
-            a.extend(["--hide".to_owned(), p.display().to_string()]);
-        }
-        a
     }
 }
 
@@ -261,7 +228,7 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
         }
     };
     // Read-only grants go around the gateway's own files: a directory that
-    // holds one is granted entry by entry instead (ISOLATION.md §7.1).
+    // holds one is granted entry by entry instead.
     let mut ro_grants: Vec<(PathBuf, BitFlags<AccessFs>)> = Vec::new();
     for p in SYSTEM_RX {
         around_hidden(Path::new(p), read, hidden, 0, &mut ro_grants);
@@ -436,80 +403,4 @@ pub fn probe(spec: SandboxSpec) -> Result<(), String> {
         Ok(s) => Err(format!("a probe child exited with {s}")),
         Err(e) => Err(format!("a probe child could not start: {e}")),
     }
-}
-
-/// Arguments of `exec-gateway sandbox-exec`.
-#[derive(Debug, clap::Args)]
-pub struct ShimArgs {
-    #[arg(long)]
-    uid: Option<u32>,
-    #[arg(long)]
-    gid: Option<u32>,
-    #[arg(long)]
-    landlock: bool,
-    #[arg(long)]
-    rw: Vec<PathBuf>,
-    #[arg(long)]
-    ro: Vec<PathBuf>,
-    #[arg(long)]
-    seccomp: bool,
-    #[arg(long)]
-    hide: Vec<PathBuf>,
-    /// `cgroup.procs` files to join first (as root).
-    #[arg(long)]
-    cgroup: Vec<PathBuf>,
-    /// The program and its arguments.
-    #[arg(last = true, required = true)]
-    argv: Vec<String>,
-}
-
-/// `exec-gateway sandbox-exec`: join the cgroups, apply the sandbox, exec.
-/// Runs single-threaded as the PTY child (session leader, tty attached),
-/// so it may allocate freely. Never returns on success.
-pub fn shim_main(args: ShimArgs) -> std::process::ExitCode {
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        eprintln!("exec-gateway sandbox-exec: {what}: {e}");
-        std::process::ExitCode::from(126)
-    };
-    for procs in &args.cgroup {
-        if let Err(e) = std::fs::write(procs, "0") {
-            return fail("cgroup join", &e);
-        }
-    }
-    let spec = SandboxSpec {
-        uid: args.uid.map(|u| (u, args.gid.unwrap_or(u))),
-        landlock_rw: args.landlock.then_some(args.rw),
-        landlock_ro: args.ro,
-        seccomp: args.seccomp,
-        hidden: args.hide,
-    };
-    let sandbox = match Sandbox::new(spec) {
-        Ok(s) => s,
-        Err(e) => return fail("sandbox", &e),
-    };
-    if let Err(e) = (sandbox.hook())() {
-        return fail("sandbox", &e);
-    }
-    let Some((program, _)) = args.argv.split_first() else {
-        return fail("exec", &"no program");
-    };
-    let cstrs: Result<Vec<CString>, _> = args
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect();
-    let Ok(cstrs) = cstrs else {
-        return fail("exec", &"argument with a NUL byte");
-    };
-    let mut ptrs: Vec<*const libc::c_char> = cstrs.iter().map(|c| c.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    let Ok(file) = CString::new(program.as_bytes()) else {
-        return fail("exec", &"program with a NUL byte");
-    };
-    // SAFETY: NUL-terminated strings and a NULL-terminated argv that live
-    // until the call; execvp only returns on failure.
-    unsafe {
-        libc::execvp(file.as_ptr(), ptrs.as_ptr());
-    }
-    fail(&format!("exec {program}"), &io::Error::last_os_error())
 }

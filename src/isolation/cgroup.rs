@@ -1,6 +1,6 @@
 //! cgroup confinement: a cgroup per tenant (pids, memory and cpu limits)
-//! and one per process beneath it, on the cgroup v1 controllers this kind of
-//! host has (ISOLATION.md §6(b)). Killing a process's cgroup reaches
+//! and one per process beneath it, on the cgroup v1 controllers
+//! (docs/isolation.md, "cgroups"). Killing a process's cgroup reaches
 //! everything in it, `setsid` escapers included: SIGKILL every member and
 //! repeat until empty (a killed process cannot fork, so this converges).
 //!
@@ -30,6 +30,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::config::{CPU_PERIOD_US, CgroupLimits};
+
 /// Root of the v1 hierarchies.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Our subtree under each controller.
@@ -44,20 +46,6 @@ const MEMBERSHIP: &str = "pids";
 const FREE_POOL_MAX: usize = 4096;
 /// Kill rounds before giving up on a cgroup that will not empty.
 const KILL_ROUNDS: usize = 50;
-
-/// Limits applied to a tenant's cgroup.
-#[derive(Debug, Clone, Default)]
-pub struct CgroupLimits {
-    pub pids_max: Option<u64>,
-    pub memory_max_bytes: Option<u64>,
-    /// v1 `cpu.shares` (1024 = one default share).
-    pub cpu_shares: Option<u64>,
-    /// CFS quota per [`CPU_PERIOD_US`] (a hard cap), when set.
-    pub cpu_quota_us: Option<u64>,
-}
-
-/// The CFS period the quota is expressed in.
-pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// `exec-gateway` under a controller (all gateways).
 fn subtree(controller: &str) -> PathBuf {
@@ -99,8 +87,8 @@ pub fn probe() -> Result<(), String> {
     Ok(())
 }
 
-/// Kill and remove the subtrees of gateways that are gone (ISOLATION.md
-/// §5.4's backstop after a crash). Returns the kills sent.
+/// Kill and remove the subtrees of gateways that are gone (the backstop
+/// after a crash). Returns the kills sent.
 pub fn cleanup_leftovers() -> usize {
     let Ok(instances) = std::fs::read_dir(subtree(MEMBERSHIP)) else {
         return 0;
@@ -345,19 +333,19 @@ pub struct ProcessCgroup {
 }
 
 impl ProcessCgroup {
-    /// The join step for `pre_exec`: writes "0" (the caller itself) to each
-    /// controller's `cgroup.procs`. Only syscalls; nothing is allocated.
-    pub fn joiner(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
-        let paths: Vec<CString> = self.procs.clone();
-        move || paths.iter().try_for_each(|p| join_self(p))
-    }
-
-    /// The `cgroup.procs` files a process joins (for `sandbox-exec`).
+    /// The `cgroup.procs` files a process spawned by the gateway itself
+    /// joins: its own cgroup, then the tenant's cpu (and memory) cgroups.
     pub fn procs_paths(&self) -> Vec<PathBuf> {
         self.procs
             .iter()
             .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p.as_bytes())))
             .collect()
+    }
+
+    /// The process's own `cgroup.procs` only (a worker already sits in the
+    /// tenant's cgroups, and its children inherit them).
+    pub fn own_procs_path(&self) -> PathBuf {
+        self.procs_paths().into_iter().next().unwrap_or_default()
     }
 
     /// Kill everything in the cgroup (escapers included).

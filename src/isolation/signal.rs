@@ -2,7 +2,7 @@
 //!
 //! Every child is its own session and process-group leader (setsid at spawn),
 //! so signalling `-pgid` reaches its whole tree except `setsid` escapers
-//! (those need a cgroup; see ISOLATION.md §5.4).
+//! (those need a cgroup: `isolation::cgroup`).
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;

@@ -1,9 +1,11 @@
-//! `exec-gateway bench`: starts the gateway as a separate process and
-//! measures each figure of DESIGN.md §9 next to its baseline, in the same
-//! run, printing the ratio. With `--reference PATH` the same client also
-//! measures `codex exec-server` (the reference) side by side.
+//! `exec-gateway-bench`: starts the gateway as a separate process and
+//! measures each figure of the README's benchmark table next to its
+//! baseline, in the same run, printing the ratio. With `--reference PATH`
+//! the same client also measures `codex exec-server` (the reference) side
+//! by side.
 //!
 //! Not a test: it asserts nothing and passes on any machine; it prints.
+//! A separate binary so that nothing of it ships in the gateway.
 
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
@@ -18,8 +20,15 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "exec-gateway-bench",
+    about = "Measure exec-gateway against direct baselines"
+)]
 pub struct BenchArgs {
+    /// The gateway binary (default: `exec-gateway` next to this one).
+    #[arg(long)]
+    pub gateway: Option<PathBuf>,
     /// Also measure the reference: path to the `codex` binary
     /// (run as `codex exec-server --listen ws://127.0.0.1:0`).
     #[arg(long)]
@@ -252,7 +261,7 @@ async fn spawns_per_second(url: &str, conns: usize, secs: u64) -> BenchResult<f6
     let mut tasks = Vec::new();
     for c in 0..conns {
         let url = url.to_owned();
-        tasks.push(crate::task::spawn("bench-spawner", async move {
+        tasks.push(exec_gateway::task::spawn("bench-spawner", async move {
             let mut conn = Conn::open(&url).await?;
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -275,14 +284,17 @@ async fn direct_spawns_per_second(conns: usize, secs: u64) -> BenchResult<f64> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        tasks.push(crate::task::spawn("bench-direct-spawner", async move {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                Command::new("true").status().await.map_err(err)?;
-                n += 1;
-            }
-            Ok::<u64, String>(n)
-        }));
+        tasks.push(exec_gateway::task::spawn(
+            "bench-direct-spawner",
+            async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    Command::new("true").status().await.map_err(err)?;
+                    n += 1;
+                }
+                Ok::<u64, String>(n)
+            },
+        ));
     }
     let mut total = 0;
     for t in tasks {
@@ -314,8 +326,8 @@ async fn direct_throughput(bytes: u64) -> BenchResult<f64> {
         .map_err(err)?;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     // As strong as we can make it: the same pipe size and read size the gateway uses.
-    crate::exec::spawn::grow_pipe(&out);
-    let mut buf = vec![0u8; crate::exec::OUTPUT_READ_CHUNK_BYTES];
+    exec_gateway::spawn::grow_pipe(&out);
+    let mut buf = vec![0u8; exec_gateway::exec::OUTPUT_READ_CHUNK_BYTES];
     let mut got = 0u64;
     loop {
         let n = out.read(&mut buf).await.map_err(err)?;
@@ -477,9 +489,21 @@ fn print_rows(rows: &[Row], with_ref: bool) {
     }
 }
 
-/// Entry point of `exec-gateway bench`.
-pub async fn run(args: BenchArgs) -> ExitCode {
-    match bench(args).await {
+fn main() -> ExitCode {
+    use clap::Parser as _;
+    let args = BenchArgs::parse();
+    exec_gateway::telemetry::init(exec_gateway::telemetry::LogFormat::Text);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench failed: no runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(bench(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench failed: {e}");
@@ -490,7 +514,12 @@ pub async fn run(args: BenchArgs) -> ExitCode {
 
 async fn bench(args: BenchArgs) -> BenchResult<()> {
     raise_fd_limit();
-    let exe = std::env::current_exe().map_err(err)?;
+    let exe = match &args.gateway {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(err)?
+            .with_file_name("exec-gateway"),
+    };
     let dir = tempfile_dir()?;
     let config = dir.join("bench.toml");
     let key = dir.join("hs256.key");
@@ -522,11 +551,11 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     std::fs::write(&file, &data).map_err(err)?;
     let file = file.display().to_string();
     let config_s = config.display().to_string();
-    let settings = crate::config::Config::load(&config)
-        .and_then(crate::config::Config::validate)
+    let settings = exec_gateway::config::Config::load(&config)
+        .and_then(exec_gateway::config::Config::validate)
         .map_err(err)?;
     let token = |tenant: &str| {
-        crate::auth::mint(
+        exec_gateway::auth::mint(
             jsonwebtoken::Algorithm::HS256,
             secret.as_bytes(),
             &settings.auth,
@@ -838,7 +867,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     let alone = spawn_latency(&victim_url, 1000).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let flooders: Vec<_> = (0..8)
-        .map(|i| crate::task::spawn("bench-flood", flood(flood_url.clone(), i, stop.clone())))
+        .map(|i| {
+            exec_gateway::task::spawn("bench-flood", flood(flood_url.clone(), i, stop.clone()))
+        })
         .collect();
     // Steady state: let the flooder spend its burst allowance first.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -890,8 +921,8 @@ async fn readyz(ws_url: &str) -> BenchResult<String> {
         .unwrap_or_default())
 }
 
-fn grpc_spec(id: String, argv: Vec<String>) -> crate::transport::grpc::pb::ProcessSpec {
-    crate::transport::grpc::pb::ProcessSpec {
+fn grpc_spec(id: String, argv: Vec<String>) -> exec_gateway::transport::grpc::pb::ProcessSpec {
+    exec_gateway::transport::grpc::pb::ProcessSpec {
         process_id: id,
         argv,
         cwd: "/tmp".into(),
@@ -904,14 +935,14 @@ fn grpc_spec(id: String, argv: Vec<String>) -> crate::transport::grpc::pb::Proce
 }
 
 async fn grpc_exec(
-    client: &mut crate::transport::grpc::pb::process_service_client::ProcessServiceClient<
+    client: &mut exec_gateway::transport::grpc::pb::process_service_client::ProcessServiceClient<
         tonic::transport::Channel,
     >,
     token: &str,
     session: &str,
-    spec: crate::transport::grpc::pb::ProcessSpec,
+    spec: exec_gateway::transport::grpc::pb::ProcessSpec,
 ) -> BenchResult<u64> {
-    use crate::transport::grpc::pb;
+    use exec_gateway::transport::grpc::pb;
     let mut req = tonic::Request::new(pb::ExecRequest {
         session_id: session.to_owned(),
         spec: Some(spec),
@@ -934,7 +965,7 @@ async fn grpc_exec(
 }
 
 async fn grpc_session(channel: tonic::transport::Channel, token: &str) -> BenchResult<String> {
-    use crate::transport::grpc::pb;
+    use exec_gateway::transport::grpc::pb;
     let mut req = tonic::Request::new(pb::CreateSessionRequest {
         client_name: "bench".into(),
     });
@@ -953,20 +984,22 @@ async fn grpc_session(channel: tonic::transport::Channel, token: &str) -> BenchR
 }
 
 async fn grpc_throughput(url: &str, token: &str, bytes: u64) -> BenchResult<f64> {
-    use crate::transport::grpc::pb::process_service_client::ProcessServiceClient;
+    use exec_gateway::transport::grpc::pb::process_service_client::ProcessServiceClient;
     // A bulk client sizes its HTTP/2 windows (as any gRPC bulk client should).
     let channel = tonic::transport::Channel::from_shared(url.to_owned())
         .map_err(err)?
-        .initial_stream_window_size(crate::transport::grpc::HTTP2_STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(crate::transport::grpc::HTTP2_CONNECTION_WINDOW_BYTES)
+        .initial_stream_window_size(exec_gateway::transport::grpc::HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(
+            exec_gateway::transport::grpc::HTTP2_CONNECTION_WINDOW_BYTES,
+        )
         .http2_adaptive_window(true)
-        .max_frame_size(crate::transport::grpc::HTTP2_MAX_FRAME_BYTES)
+        .max_frame_size(exec_gateway::transport::grpc::HTTP2_MAX_FRAME_BYTES)
         .connect()
         .await
         .map_err(err)?;
     let session = grpc_session(channel.clone(), token).await?;
     let mut client = ProcessServiceClient::new(channel)
-        .max_decoding_message_size(crate::transport::grpc::MAX_GRPC_MESSAGE_BYTES);
+        .max_decoding_message_size(exec_gateway::transport::grpc::MAX_GRPC_MESSAGE_BYTES);
     let t = Instant::now();
     let spec = grpc_spec(
         format!("big-{}", t.elapsed().as_nanos()),
@@ -985,7 +1018,7 @@ async fn grpc_throughput(url: &str, token: &str, bytes: u64) -> BenchResult<f64>
 }
 
 async fn grpc_spawn_latency(url: &str, token: &str, n: usize) -> BenchResult<(Duration, Duration)> {
-    use crate::transport::grpc::pb::process_service_client::ProcessServiceClient;
+    use exec_gateway::transport::grpc::pb::process_service_client::ProcessServiceClient;
     let channel = tonic::transport::Channel::from_shared(url.to_owned())
         .map_err(err)?
         .connect()
@@ -1033,25 +1066,27 @@ async fn flood(
 
 /// Mean time per call through the full stack and through the bare handler.
 async fn stack_cost(
-    settings: &crate::config::Settings,
+    settings: &exec_gateway::config::Settings,
     n: u32,
 ) -> BenchResult<(Duration, Duration)> {
     use tower::ServiceExt as _;
-    let gw = crate::gateway::Gateway::new(settings.clone(), None).map_err(err)?;
+    let gw = exec_gateway::gateway::Gateway::new(settings.clone(), None).map_err(err)?;
     let tenant = gw.tenants.get("bench").ok_or("no bench tenant")?.clone();
-    let (out, mut rx) = crate::outbound::Outbound::channel();
-    crate::task::spawn(
+    let (out, mut rx) = exec_gateway::outbound::Outbound::channel();
+    exec_gateway::task::spawn(
         "bench-drain",
         async move { while rx.recv().await.is_some() {} },
     );
     let (session, token) = gw.sessions.initialize(&tenant, None, out).map_err(err)?;
-    let req = crate::rpc::RpcRequest {
-        call: crate::rpc::Call::ProcessList,
-        ctx: crate::rpc::RequestContext {
-            principal: std::sync::Arc::new(crate::auth::Principal {
+    let req = exec_gateway::dispatch::RpcRequest {
+        op: exec_gateway::rpc::Op::Call(exec_gateway::rpc::Call::ProcessList(
+            exec_gateway::rpc::NoParams,
+        )),
+        ctx: exec_gateway::dispatch::RequestContext {
+            principal: std::sync::Arc::new(exec_gateway::auth::Principal {
                 tenant: tenant.name.clone(),
                 subject: None,
-                scopes: crate::auth::Scopes::ALL,
+                scopes: exec_gateway::auth::Scopes::ALL,
             }),
             tenant: tenant.clone(),
             session: Some(session),
@@ -1065,7 +1100,7 @@ async fn stack_cost(
     let with_stack = t.elapsed() / n;
     let t = Instant::now();
     for _ in 0..n {
-        crate::dispatch::Dispatch
+        exec_gateway::dispatch::Dispatch
             .oneshot(req.clone())
             .await
             .map_err(err)?;

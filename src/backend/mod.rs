@@ -1,0 +1,53 @@
+//! Where a session runs: the seam between the stack and the machinery.
+//!
+//! The innermost service (module `dispatch`) hands every operation to the
+//! [`SessionBackend`] of its session, or, for the few operations that need
+//! no session (gRPC file calls), to the tenant's [`Backend`]. Doors and the
+//! tower stack never know which backend serves a session.
+//!
+//! Today every tenant runs on [`local`]: its own worker pool (or the
+//! gateway itself with workers off). A peer replica or a remote executor
+//! becomes another implementation of these two traits.
+
+pub mod local;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GatewayError;
+use crate::outbound::Attachment;
+use crate::rpc::{Op, Outcome};
+
+/// A boxed, sendable future of an operation's outcome.
+pub type OpFuture = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
+
+/// A tenant's backend: opens sessions and serves session-less operations.
+pub trait Backend: Send + Sync {
+    /// The runtime of a new session, whose notifications go to `attachment`.
+    fn open_session(
+        &self,
+        attachment: Arc<Attachment>,
+    ) -> Result<Arc<dyn SessionBackend>, GatewayError>;
+
+    /// Run an operation that belongs to no session.
+    fn run_sessionless(&self, op: Op) -> OpFuture;
+
+    /// Stop everything the backend runs (shutdown; sessions are gone).
+    fn retire(&self);
+}
+
+/// One session's runtime.
+pub trait SessionBackend: Send + Sync {
+    /// Run an operation. `evicted` is cancelled when another connection
+    /// takes the session over (a long-poll then ends).
+    fn run(self: Arc<Self>, op: Op, evicted: CancellationToken) -> OpFuture;
+
+    /// Kill every process of the session (session end, shutdown).
+    fn kill_all(&self);
+
+    /// Processes that have not closed yet.
+    fn live_processes(&self) -> usize;
+}

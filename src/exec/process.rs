@@ -1,0 +1,274 @@
+//! One process: its log, stdin, PTY and cgroup, and how it reports events
+//! to the session's connection and to stream subscribers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+
+use super::Api;
+use super::output::OutputLog;
+use super::stdin::Stdin;
+use super::write_ids::WriteIds;
+use crate::isolation::cgroup::ProcessCgroup;
+use crate::isolation::reaper::Reaper;
+use crate::isolation::signal;
+use crate::outbound::Attachment;
+use crate::protocol::notify;
+use crate::protocol::process::{ProcessEvent, ProcessState, StreamName};
+use crate::rpc::EventSource;
+use crate::spawn::Pty;
+
+/// Events buffered per live subscriber before the pump waits.
+const SUBSCRIBER_EVENTS: usize = 16;
+/// Longest a held process waits for its first subscriber.
+pub const HOLD_OUTPUT_MAX: Duration = Duration::from_secs(10);
+
+/// One running (or recently closed) process.
+pub struct Process {
+    pub id: String,
+    /// `id` as a JSON string literal, precomputed for the notification hot path.
+    pub id_json: String,
+    pub api: Api,
+    pub tty: bool,
+    pub pgid: i32,
+    pub log: Mutex<OutputLog>,
+    /// Woken on every log change (long-poll readers).
+    pub changed: Notify,
+    pub stdin: Stdin,
+    /// The PTY master (resize), for a PTY process.
+    pub pty: Option<Arc<Pty>>,
+    /// Set when the worker that spawned it died (reported in `failure`).
+    worker_died: AtomicBool,
+    pub write_ids: Mutex<WriteIds>,
+    pub output_bytes: prometheus_client::metrics::counter::Counter,
+    /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
+    /// each (back-pressure, like a connection's queue); one that stalls past
+    /// `subscriber_timeout` is dropped and its stream told to re-attach.
+    subscribers: Mutex<Vec<mpsc::Sender<ProcessEvent>>>,
+    subscriber_timeout: Duration,
+    /// Output waits for the first subscriber (at most [`HOLD_OUTPUT_MAX`]).
+    hold_output: bool,
+    first_subscriber: Notify,
+    /// The process's own cgroup (killed with it; reused when evicted).
+    pub cgroup: Option<ProcessCgroup>,
+}
+
+/// Everything of a process but what its spawn yields.
+pub struct NewProcess {
+    pub id: String,
+    pub api: Api,
+    pub tty: bool,
+    pub hold_output: bool,
+    pub log: OutputLog,
+    pub output_bytes: prometheus_client::metrics::counter::Counter,
+    pub subscriber_timeout: Duration,
+    pub cgroup: Option<ProcessCgroup>,
+}
+
+impl NewProcess {
+    pub fn spawned(self, pgid: i32, stdin: Stdin, pty: Option<Arc<Pty>>) -> Arc<Process> {
+        Arc::new(Process {
+            id_json: notify::json_string(&self.id),
+            id: self.id,
+            api: self.api,
+            tty: self.tty,
+            pgid,
+            log: Mutex::new(self.log),
+            changed: Notify::new(),
+            stdin,
+            pty,
+            worker_died: AtomicBool::new(false),
+            write_ids: Mutex::new(WriteIds::default()),
+            output_bytes: self.output_bytes,
+            subscribers: Mutex::new(Vec::new()),
+            subscriber_timeout: self.subscriber_timeout,
+            hold_output: self.hold_output,
+            first_subscriber: Notify::new(),
+            cgroup: self.cgroup,
+        })
+    }
+}
+
+impl Process {
+    /// Its worker died: record it (for `failure`) and make sure nothing of
+    /// the process survives (the worker's children are orphans now).
+    pub fn worker_gone(self: &Arc<Self>) {
+        self.worker_died.store(true, Ordering::Relaxed);
+        signal::kill_group(self.pgid);
+        self.kill_cgroup();
+    }
+
+    /// Kill the process's cgroup off the async threads (the kill rounds
+    /// sleep). Reaches `setsid` escapers, which outlive their group.
+    pub fn kill_cgroup(self: &Arc<Self>) {
+        if self.cgroup.is_some() {
+            let p = self.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Some(cg) = &p.cgroup {
+                    cg.kill();
+                }
+            });
+        }
+    }
+
+    /// With `hold_output`, wait (bounded) for the first subscriber before
+    /// reading: the child blocks on its full pipe meanwhile, so nothing is
+    /// dropped from the retained window before the stream attaches.
+    pub async fn hold_for_subscriber(&self) {
+        if self.hold_output {
+            let _ = tokio::time::timeout(HOLD_OUTPUT_MAX, self.first_subscriber.notified()).await;
+        }
+    }
+
+    /// Why the process died, when the gateway knows better than its exit code.
+    pub fn failure(&self) -> Option<String> {
+        if self.worker_died.load(Ordering::Relaxed) {
+            return Some("its worker process died; the process was killed".to_owned());
+        }
+        let cg = self.cgroup.as_ref()?;
+        (self.log.lock().exited() && cg.oom_killed())
+            .then(|| "killed by the out-of-memory killer (tenant memory limit)".to_owned())
+    }
+
+    pub fn state(&self) -> ProcessState {
+        let log = self.log.lock();
+        if log.closed() {
+            ProcessState::Closed
+        } else if log.exited() {
+            ProcessState::Exited
+        } else {
+            ProcessState::Running
+        }
+    }
+
+    /// Hand an event to every live subscriber, waiting for room.
+    async fn publish(&self, event: ProcessEvent) {
+        let subs: Vec<_> = self.subscribers.lock().clone();
+        if subs.is_empty() {
+            return;
+        }
+        let mut dead = Vec::new();
+        for (i, tx) in subs.iter().enumerate() {
+            match tokio::time::timeout(self.subscriber_timeout, tx.send(event.clone())).await {
+                Ok(Ok(())) => {}
+                _ => dead.push(i),
+            }
+        }
+        if !dead.is_empty() {
+            let mut current = self.subscribers.lock();
+            current.retain(|tx| !dead.iter().any(|&i| subs[i].same_channel(tx)));
+        }
+    }
+
+    pub async fn emit_output(&self, attachment: &Attachment, stream: StreamName, data: Bytes) {
+        self.output_bytes.inc_by(data.len() as u64);
+        let seq = self.log.lock().push(stream, data.clone());
+        self.changed.notify_waiters();
+        let text = match self.api {
+            Api::Process => notify::process_output(&self.id_json, seq, stream, &data),
+            Api::CommandExec => notify::command_exec_output_delta(&self.id_json, stream, &data),
+        };
+        attachment.notify(text).await;
+        self.publish(ProcessEvent::Output { seq, stream, data })
+            .await;
+    }
+
+    pub async fn emit_exit(&self, attachment: &Attachment, code: i32) {
+        let seq = self.log.lock().exit(code);
+        self.changed.notify_waiters();
+        self.publish(ProcessEvent::Exited { seq, code }).await;
+        if self.api == Api::Process {
+            attachment
+                .notify(notify::process_exited(&self.id_json, seq, code))
+                .await;
+        }
+    }
+
+    pub async fn emit_closed(&self, attachment: &Attachment) {
+        let (seq, code) = {
+            let mut log = self.log.lock();
+            (log.close(), log.exit_code().unwrap_or(-1))
+        };
+        self.changed.notify_waiters();
+        self.publish(ProcessEvent::Closed { seq }).await;
+        // Closed is the last event: end every subscriber's channel.
+        self.subscribers.lock().clear();
+        let text = match self.api {
+            Api::Process => notify::process_closed(&self.id_json, seq),
+            // v0 has no close: `exited` comes once all output has been sent.
+            Api::CommandExec => notify::command_exec_exited(&self.id_json, code),
+        };
+        attachment.notify(text).await;
+    }
+}
+
+impl EventSource for Process {
+    fn subscribe(&self, after_seq: u64) -> (Vec<ProcessEvent>, mpsc::Receiver<ProcessEvent>) {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_EVENTS);
+        // Registration under the log lock: nothing falls between the replay
+        // and the channel.
+        let log = self.log.lock();
+        let replay = log.events_since(after_seq);
+        if !log.closed() {
+            self.subscribers.lock().push(tx);
+        }
+        // Stores a permit if the pump is not waiting yet: no lost wake-up.
+        self.first_subscriber.notify_one();
+        (replay, rx)
+    }
+}
+
+/// Slots a running process holds; released (and the gauge lowered) at close.
+pub struct ProcessPermits {
+    _tenant: OwnedSemaphorePermit,
+    _global: Option<OwnedSemaphorePermit>,
+    running: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl ProcessPermits {
+    pub fn new(
+        tenant: OwnedSemaphorePermit,
+        global: Option<OwnedSemaphorePermit>,
+        running: prometheus_client::metrics::gauge::Gauge,
+    ) -> Self {
+        running.inc();
+        Self {
+            _tenant: tenant,
+            _global: global,
+            running,
+        }
+    }
+}
+
+impl Drop for ProcessPermits {
+    fn drop(&mut self) {
+        self.running.dec();
+    }
+}
+
+/// Registers a process group with the reaper for as long as it lives.
+pub struct GroupGuard {
+    reaper: Option<Arc<Reaper>>,
+    pgid: i32,
+}
+
+impl GroupGuard {
+    pub fn new(reaper: Option<Arc<Reaper>>, pgid: i32) -> Self {
+        if let Some(r) = &reaper {
+            r.register(pgid);
+        }
+        Self { reaper, pgid }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(r) = &self.reaper {
+            r.unregister(self.pgid);
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The one task per process that reads its output and its exit in
+//! `select!`, so seqs are assigned *and* emitted in order, then closes it.
+
+use std::io;
+use std::sync::{Arc, Weak};
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt as _;
+use tokio::net::unix::pipe;
+
+use super::OUTPUT_READ_CHUNK_BYTES;
+use super::process::{GroupGuard, Process, ProcessPermits};
+use super::table::ProcessTable;
+use crate::outbound::Attachment;
+use crate::protocol::process::StreamName;
+use crate::spawn::{self, Ended, ExitWait, Pty};
+
+/// Where a process's output comes from.
+pub enum Output {
+    Pipes {
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+    },
+    Pty(Arc<Pty>),
+}
+
+/// Everything the pump owns until the process closes.
+pub struct Pump {
+    pub process: Arc<Process>,
+    pub attachment: Arc<Attachment>,
+    pub exit: ExitWait,
+    pub output: Output,
+    /// Released (in this order) when the process closes.
+    pub guard: GroupGuard,
+    pub permits: ProcessPermits,
+    pub table: Weak<ProcessTable>,
+}
+
+/// One output stream being read.
+struct Source<R> {
+    stream: StreamName,
+    reader: Option<R>,
+    buf: BytesMut,
+    /// Bulk output: the pipe was grown once (short-lived processes never
+    /// pay for this).
+    grown: bool,
+}
+
+impl<R> Source<R> {
+    fn new(stream: StreamName, reader: Option<R>) -> Self {
+        Self {
+            stream,
+            reader,
+            buf: BytesMut::new(),
+            grown: false,
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.reader.is_some()
+    }
+}
+
+impl Source<pipe::Receiver> {
+    async fn read(&mut self) -> io::Result<usize> {
+        let Some(r) = &mut self.reader else {
+            return std::future::pending().await;
+        };
+        self.buf.reserve(OUTPUT_READ_CHUNK_BYTES);
+        let n = r.read_buf(&mut self.buf).await?;
+        if !self.grown && n >= spawn::GROW_PIPE_AFTER_READ_BYTES {
+            self.grown = true;
+            spawn::grow_pipe(r);
+        }
+        Ok(n)
+    }
+}
+
+impl Source<Arc<Pty>> {
+    async fn read(&mut self) -> io::Result<usize> {
+        let Some(p) = &self.reader else {
+            return std::future::pending().await;
+        };
+        self.buf.reserve(OUTPUT_READ_CHUNK_BYTES);
+        p.read(&mut self.buf).await
+    }
+}
+
+impl Pump {
+    pub async fn run(self) {
+        let Pump {
+            process,
+            attachment,
+            mut exit,
+            output,
+            guard,
+            permits,
+            table,
+        } = self;
+        let tty = process.tty;
+        let (stdout, stderr, pty) = match output {
+            Output::Pipes { stdout, stderr } => (Some(stdout), Some(stderr), None),
+            Output::Pty(p) => (None, None, Some(p)),
+        };
+        let mut stdout = Source::new(StreamName::Stdout, stdout);
+        let mut stderr = Source::new(StreamName::Stderr, stderr);
+        let mut pty = Source::new(StreamName::Pty, pty);
+        process.hold_for_subscriber().await;
+        let mut exited = false;
+        while stdout.open() || stderr.open() || pty.open() || !exited {
+            // Every arm is cancel-safe: reads and the exit wait lose nothing
+            // when another arm wins.
+            tokio::select! {
+                r = stdout.read(), if stdout.open() => emit(&process, &attachment, &mut stdout.reader, &mut stdout.buf, stdout.stream, r).await,
+                r = stderr.read(), if stderr.open() => emit(&process, &attachment, &mut stderr.reader, &mut stderr.buf, stderr.stream, r).await,
+                r = pty.read(), if pty.open() => emit(&process, &attachment, &mut pty.reader, &mut pty.buf, pty.stream, r).await,
+                ended = exit.wait(), if !exited => {
+                    exited = true;
+                    let code = match ended {
+                        Ended::Code(c) => c,
+                        // Killed by a signal (terminate included): -1 for a
+                        // pipe process, 1 under a PTY, as the reference.
+                        Ended::Signal(_) => if tty { 1 } else { -1 },
+                        Ended::WorkerDied => {
+                            process.worker_gone();
+                            -1
+                        }
+                    };
+                    process.emit_exit(&attachment, code).await;
+                }
+            }
+        }
+        process.stdin.release().await;
+        process.emit_closed(&attachment).await;
+        drop(guard);
+        drop(permits);
+        if let Some(table) = table.upgrade() {
+            table.mark_closed(&process);
+        }
+    }
+}
+
+/// Emit what a read produced; EOF or an error closes that stream.
+async fn emit<R>(
+    process: &Process,
+    attachment: &Attachment,
+    reader: &mut Option<R>,
+    buf: &mut BytesMut,
+    stream: StreamName,
+    read: io::Result<usize>,
+) {
+    match read {
+        Ok(n) if n > 0 => {
+            let data = buf.split().freeze();
+            process.emit_output(attachment, stream, data).await;
+        }
+        _ => *reader = None,
+    }
+}

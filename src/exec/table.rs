@@ -1,0 +1,630 @@
+//! The per-session process table: `processId → Process`, and retention of
+//! closed processes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::output::OutputLog;
+use super::process::{GroupGuard, NewProcess, Process, ProcessPermits};
+use super::pump::{Output, Pump};
+use super::stdin::Stdin;
+use super::{Api, ExecSettings, env};
+use crate::error::GatewayError;
+use crate::isolation::signal;
+use crate::outbound::Attachment;
+use crate::protocol::ByteChunk;
+use crate::protocol::process::{
+    ExecParams, ListResponse, MAX_READ_WAIT, ProcessInfo, ProcessOutputChunk, ProcessState,
+    ReadParams, ReadResponse, ResizeParams, SignalParams, TerminateResponse, WriteParams,
+    WriteResponse, WriteStatus,
+};
+use crate::rpc::EventSource;
+use crate::spawn::{ChildIo, SpawnSpec, Spawner};
+
+enum Entry {
+    /// Reserved while its spawn runs (outside the lock).
+    Starting,
+    Running(Arc<Process>),
+}
+
+/// How a start is asked for.
+pub struct StartOptions {
+    pub api: Api,
+    /// A smaller retained-output cap (v0 `outputBytesCap`).
+    pub retained_cap: Option<usize>,
+    /// Hold output until the first stream subscriber (gRPC `Exec`).
+    pub hold_output: bool,
+}
+
+/// The processes of one session.
+pub struct ProcessTable {
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Closed processes in close order with their eviction time. Retention is
+    /// one constant, so the front is always the next to expire; expired
+    /// entries are swept on every table access (exact for the reference's
+    /// "unknown process id after 30 s" rule) without a timer per process.
+    closed: Mutex<VecDeque<(tokio::time::Instant, Arc<Process>)>>,
+    attachment: Arc<Attachment>,
+    settings: Arc<ExecSettings>,
+    spawner: Box<dyn Spawner>,
+}
+
+fn invalid(msg: String) -> GatewayError {
+    GatewayError::InvalidRequest(msg)
+}
+
+impl ProcessTable {
+    pub fn new(
+        attachment: Arc<Attachment>,
+        settings: Arc<ExecSettings>,
+        spawner: Box<dyn Spawner>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            entries: Mutex::new(HashMap::new()),
+            closed: Mutex::new(VecDeque::new()),
+            attachment,
+            settings,
+            spawner,
+        })
+    }
+
+    /// Evict closed processes whose retention has passed.
+    fn sweep(&self) {
+        let now = tokio::time::Instant::now();
+        let mut expired = Vec::new();
+        {
+            let mut closed = self.closed.lock();
+            while closed.front().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, p)) = closed.pop_front() {
+                    expired.push(p);
+                }
+            }
+        }
+        for p in expired {
+            self.evict(&p);
+        }
+    }
+
+    pub(super) fn mark_closed(&self, process: &Arc<Process>) {
+        let at = tokio::time::Instant::now() + self.settings.exited_retention;
+        self.closed.lock().push_back((at, process.clone()));
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Process>, GatewayError> {
+        self.sweep();
+        match self.entries.lock().get(id) {
+            Some(Entry::Running(p)) => Ok(p.clone()),
+            Some(Entry::Starting) => Err(invalid(format!("process id {id} is starting"))),
+            None => Err(GatewayError::UnknownId(format!("unknown process id {id}"))),
+        }
+    }
+
+    /// `process/start` (and v0 `command/exec`, gRPC `Exec`).
+    pub fn start(
+        self: &Arc<Self>,
+        params: ExecParams,
+        options: StartOptions,
+    ) -> Result<Arc<Process>, GatewayError> {
+        if params.argv.is_empty() {
+            return Err(GatewayError::InvalidParams(
+                "argv must not be empty".to_owned(),
+            ));
+        }
+        let id = params.process_id.clone();
+        self.sweep();
+        {
+            let mut entries = self.entries.lock();
+            if entries.contains_key(&id) {
+                return Err(GatewayError::AlreadyExists(format!(
+                    "process {id} already exists"
+                )));
+            }
+            entries.insert(id.clone(), Entry::Starting);
+        }
+        let result = self.spawn_entry(params, options);
+        let mut entries = self.entries.lock();
+        match result {
+            Ok(process) => {
+                entries.insert(id, Entry::Running(process.clone()));
+                Ok(process)
+            }
+            Err(e) => {
+                entries.remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Take the slots a running process holds, or refuse with the quota.
+    fn permits(&self) -> Result<ProcessPermits, GatewayError> {
+        let settings = &self.settings;
+        if settings.retained.load(Ordering::Relaxed) >= settings.max_retained_bytes {
+            // Retained output drains as closed processes are evicted.
+            return Err(GatewayError::QuotaExceeded {
+                quota: "retained_output_bytes",
+                limit: settings.max_retained_bytes as u64,
+                retry_after_ms: u64::try_from(settings.exited_retention.as_millis()).ok(),
+            });
+        }
+        let tenant = settings
+            .process_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| GatewayError::QuotaExceeded {
+                quota: "processes",
+                limit: settings.max_processes as u64,
+                retry_after_ms: None,
+            })?;
+        let global = match &settings.global_slots {
+            None => None,
+            // The gateway as a whole is full: load, not this tenant's quota.
+            Some(slots) => Some(
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| GatewayError::Overloaded)?,
+            ),
+        };
+        Ok(ProcessPermits::new(
+            tenant,
+            global,
+            settings.metrics.processes.clone(),
+        ))
+    }
+
+    fn spawn_entry(
+        self: &Arc<Self>,
+        params: ExecParams,
+        options: StartOptions,
+    ) -> Result<Arc<Process>, GatewayError> {
+        let settings = &self.settings;
+        let permits = self.permits()?;
+        let cgroup = match &settings.cgroup {
+            None => None,
+            Some(t) => Some(
+                t.process()
+                    .map_err(|e| GatewayError::Internal(format!("cgroup: {e}")))?,
+            ),
+        };
+        let spec = SpawnSpec {
+            env: env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env),
+            argv: params.argv,
+            cwd: params.cwd,
+            arg0: params.arg0,
+            tty: params.tty,
+            pipe_stdin: params.pipe_stdin && !params.tty,
+            fallback_path: settings.base_env.get("PATH").cloned(),
+            // A worker already sits in the tenant's cgroups: its children
+            // join only their own.
+            cgroups: match &cgroup {
+                None => Vec::new(),
+                Some(cg) if settings.spawned_in_worker => vec![cg.own_procs_path()],
+                Some(cg) => cg.procs_paths(),
+            },
+        };
+        let new = NewProcess {
+            id: params.process_id,
+            api: options.api,
+            tty: params.tty,
+            hold_output: options.hold_output,
+            log: OutputLog::new(
+                options
+                    .retained_cap
+                    .unwrap_or(usize::MAX)
+                    .min(settings.retained_output_bytes),
+                settings.retained.clone(),
+            ),
+            output_bytes: settings.metrics.output_bytes.clone(),
+            subscriber_timeout: settings.subscriber_timeout,
+            cgroup,
+        };
+        let started = std::time::Instant::now();
+        let child = self
+            .spawner
+            .spawn(spec)
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        settings
+            .metrics
+            .spawn_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let (process, output) = match child.io {
+            ChildIo::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                let stdin = match stdin {
+                    Some(s) => Stdin::Pipe(tokio::sync::Mutex::new(Some(s))),
+                    None => Stdin::None,
+                };
+                (
+                    new.spawned(child.pid, stdin, None),
+                    Output::Pipes { stdout, stderr },
+                )
+            }
+            ChildIo::Pty(pty) => {
+                let stdin = Stdin::Pty {
+                    pty: pty.clone(),
+                    closed: Default::default(),
+                };
+                (
+                    new.spawned(child.pid, stdin, Some(pty.clone())),
+                    Output::Pty(pty),
+                )
+            }
+        };
+        let pump = Pump {
+            guard: GroupGuard::new(settings.reaper.clone(), child.pid),
+            process: process.clone(),
+            attachment: self.attachment.clone(),
+            exit: child.exit,
+            output,
+            permits,
+            table: Arc::downgrade(self),
+        };
+        crate::task::spawn("process-pump", pump.run());
+        Ok(process)
+    }
+
+    /// `process/read`: select, and long-poll until ready, the deadline, or
+    /// eviction of the calling connection.
+    pub async fn read(
+        &self,
+        params: ReadParams,
+        evicted: &CancellationToken,
+    ) -> Result<ReadResponse, GatewayError> {
+        let process = self.get(&params.process_id)?;
+        let after_seq = params.after_seq.unwrap_or(0);
+        let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = process.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let sel = process.log.lock().select(after_seq, params.max_bytes);
+            if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
+                return Ok(ReadResponse {
+                    chunks: sel
+                        .chunks
+                        .into_iter()
+                        .map(|c| ProcessOutputChunk {
+                            seq: c.seq,
+                            stream: c.stream,
+                            chunk: ByteChunk(c.data.to_vec()),
+                        })
+                        .collect(),
+                    next_seq: sel.next_seq,
+                    exited: sel.exited,
+                    exit_code: sel.exit_code,
+                    closed: sel.closed,
+                    failure: process.failure(),
+                });
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                () = evicted.cancelled() => {
+                    return Err(invalid(
+                        "session has been resumed by another connection".to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A live view of a process's events (gRPC `Attach`).
+    pub fn events(&self, id: &str) -> Result<Arc<dyn EventSource>, GatewayError> {
+        let p: Arc<dyn EventSource> = self.get(id)?;
+        Ok(p)
+    }
+
+    /// `process/write`; unknown ids are a status, not an error.
+    pub async fn write(&self, params: WriteParams) -> Result<WriteResponse, GatewayError> {
+        let status = |status| Ok(WriteResponse { status });
+        self.sweep();
+        let process = match self.entries.lock().get(&params.process_id) {
+            Some(Entry::Running(p)) => p.clone(),
+            Some(Entry::Starting) => return status(WriteStatus::Starting),
+            None => return status(WriteStatus::UnknownProcess),
+        };
+        if process.stdin.is_none() {
+            return status(WriteStatus::StdinClosed);
+        }
+        if let Some(write_id) = &params.write_id
+            && !process.write_ids.lock().insert(write_id)
+        {
+            return status(WriteStatus::Accepted);
+        }
+        process.stdin.write(&params.chunk.0).await?;
+        status(WriteStatus::Accepted)
+    }
+
+    /// `process/terminate`: SIGKILL to the process group and its cgroup.
+    pub fn terminate(&self, id: &str) -> TerminateResponse {
+        self.sweep();
+        let process = match self.entries.lock().get(id) {
+            Some(Entry::Running(p)) => p.clone(),
+            _ => return TerminateResponse { running: false },
+        };
+        if process.log.lock().exited() {
+            return TerminateResponse { running: false };
+        }
+        signal::kill_group(process.pgid);
+        process.kill_cgroup();
+        TerminateResponse { running: true }
+    }
+
+    /// `process/signal` (extension): to the process group.
+    pub fn signal(&self, params: &SignalParams) -> Result<(), GatewayError> {
+        let process = self.get(&params.process_id)?;
+        if process.log.lock().closed() {
+            return Err(invalid(format!(
+                "process {} has already closed",
+                params.process_id
+            )));
+        }
+        signal::signal_group(process.pgid, signal::to_signal(params.signal))
+            .map_err(|e| GatewayError::Internal(e.to_string()))
+    }
+
+    /// `process/resize` (extension), PTY processes only.
+    pub fn resize(&self, params: &ResizeParams) -> Result<(), GatewayError> {
+        let process = self.get(&params.process_id)?;
+        let pty = process
+            .pty
+            .as_ref()
+            .ok_or_else(|| invalid(format!("process {} is not a pty", params.process_id)))?;
+        if params.rows == 0 || params.cols == 0 {
+            return Err(GatewayError::InvalidParams(
+                "rows and cols must be positive".to_owned(),
+            ));
+        }
+        pty.resize(params.rows, params.cols)
+            .map_err(|e| GatewayError::Internal(e.to_string()))
+    }
+
+    /// `process/closeStdin` (extension): EOF on a pipe; ^D on a PTY.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), GatewayError> {
+        self.get(id)?.stdin.close().await
+    }
+
+    /// `process/list` (extension).
+    pub fn list(&self) -> ListResponse {
+        self.sweep();
+        let entries = self.entries.lock();
+        let mut processes: Vec<ProcessInfo> = entries
+            .iter()
+            .map(|(id, e)| match e {
+                Entry::Starting => ProcessInfo {
+                    process_id: id.clone(),
+                    state: ProcessState::Starting,
+                    tty: false,
+                    exit_code: None,
+                    next_seq: 1,
+                    first_retained_seq: None,
+                },
+                Entry::Running(p) => {
+                    let state = p.state();
+                    let log = p.log.lock();
+                    ProcessInfo {
+                        process_id: id.clone(),
+                        state,
+                        tty: p.tty,
+                        exit_code: log.exit_code(),
+                        next_seq: log.next_seq(),
+                        first_retained_seq: log.first_retained_seq(),
+                    }
+                }
+            })
+            .collect();
+        processes.sort_by(|a, b| a.process_id.cmp(&b.process_id));
+        ListResponse { processes }
+    }
+
+    /// v0 `command/exec/write`: errors instead of statuses.
+    pub async fn write_v0(&self, id: &str, data: &[u8]) -> Result<(), GatewayError> {
+        let process = self.get(id)?;
+        if process.stdin.is_none() {
+            return Err(invalid(format!("stdin of process {id} is closed")));
+        }
+        process.stdin.write(data).await
+    }
+
+    /// SIGKILL every live process group (session end, shutdown).
+    pub fn kill_all(&self) {
+        let all: Vec<Arc<Process>> = self
+            .entries
+            .lock()
+            .values()
+            .filter_map(|e| match e {
+                Entry::Running(p) => Some(p.clone()),
+                Entry::Starting => None,
+            })
+            .collect();
+        for p in all {
+            if !p.log.lock().closed() {
+                signal::kill_group(p.pgid);
+            }
+            // Escapers outlive their group: the cgroup reaches them.
+            p.kill_cgroup();
+        }
+    }
+
+    /// Processes that have not closed yet.
+    pub fn live_count(&self) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|e| match e {
+                Entry::Running(p) => !p.log.lock().closed(),
+                Entry::Starting => true,
+            })
+            .count()
+    }
+
+    fn evict(&self, process: &Arc<Process>) {
+        let mut entries = self.entries.lock();
+        if let Some(Entry::Running(p)) = entries.get(&process.id)
+            && Arc::ptr_eq(p, process)
+        {
+            entries.remove(&process.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::outbound::Outbound;
+    use crate::spawn::LocalSpawner;
+
+    fn table(
+        settings: ExecSettings,
+    ) -> (
+        Arc<ProcessTable>,
+        tokio::sync::mpsc::Receiver<crate::outbound::OutFrame>,
+    ) {
+        let attachment = Arc::new(Attachment::default());
+        let (out, rx) = Outbound::channel();
+        let _ = attachment.attach(1, out);
+        let t = ProcessTable::new(
+            attachment,
+            Arc::new(settings),
+            Box::new(LocalSpawner { sandbox: None }),
+        );
+        (t, rx)
+    }
+
+    fn params(id: &str, script: &str) -> ExecParams {
+        ExecParams {
+            process_id: id.to_owned(),
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            cwd: "/".into(),
+            env: HashMap::new(),
+            tty: false,
+            pipe_stdin: false,
+            arg0: None,
+            env_policy: None,
+        }
+    }
+
+    const PROCESS: StartOptions = StartOptions {
+        api: Api::Process,
+        retained_cap: None,
+        hold_output: false,
+    };
+
+    async fn read_until_closed(t: &ProcessTable, id: &str) -> ReadResponse {
+        let never = CancellationToken::new();
+        let mut after = 0;
+        let mut chunks = Vec::new();
+        loop {
+            let r = t
+                .read(
+                    ReadParams {
+                        process_id: id.into(),
+                        after_seq: Some(after),
+                        max_bytes: None,
+                        wait_ms: Some(10_000),
+                    },
+                    &never,
+                )
+                .await
+                .unwrap();
+            chunks.extend(r.chunks.clone());
+            after = r.next_seq - 1;
+            if r.closed {
+                return ReadResponse { chunks, ..r };
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_process_runs_to_closed_with_ordered_seqs() {
+        let (t, _rx) = table(ExecSettings::new(4, HashMap::new()));
+        t.start(params("p", "echo out; echo err >&2; exit 3"), PROCESS)
+            .unwrap();
+        let r = read_until_closed(&t, "p").await;
+        assert_eq!(r.exit_code, Some(3));
+        let seqs: Vec<u64> = r.chunks.iter().map(|c| c.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+        let mut text: Vec<u8> = r.chunks.iter().flat_map(|c| c.chunk.0.clone()).collect();
+        text.sort_unstable();
+        let mut want = b"out\nerr\n".to_vec();
+        want.sort_unstable();
+        assert_eq!(text, want);
+        assert_eq!(t.live_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn ids_are_unique_and_the_quota_holds() {
+        let (t, _rx) = table(ExecSettings::new(1, HashMap::new()));
+        t.start(params("a", "sleep 5"), PROCESS).unwrap();
+        let e = t.start(params("a", "true"), PROCESS).err().unwrap();
+        assert_eq!(e.to_string(), "process a already exists");
+        let e = t.start(params("b", "true"), PROCESS).err().unwrap();
+        assert!(matches!(
+            e,
+            GatewayError::QuotaExceeded {
+                quota: "processes",
+                ..
+            }
+        ));
+        assert!(t.terminate("a").running);
+        let r = read_until_closed(&t, "a").await;
+        assert_eq!(r.exit_code, Some(-1));
+        // The slot came back with the close.
+        t.start(params("b", "true"), PROCESS).unwrap();
+    }
+
+    #[tokio::test]
+    async fn closed_processes_are_forgotten_after_retention() {
+        let mut s = ExecSettings::new(4, HashMap::new());
+        s.exited_retention = Duration::from_millis(50);
+        let (t, _rx) = table(s);
+        t.start(params("p", "true"), PROCESS).unwrap();
+        read_until_closed(&t, "p").await;
+        assert_eq!(t.list().processes.len(), 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(matches!(t.get("p"), Err(GatewayError::UnknownId(_))));
+        assert!(t.list().processes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn stdin_write_ids_are_not_written_twice() {
+        let (t, _rx) = table(ExecSettings::new(4, HashMap::new()));
+        let mut p = params("p", "cat");
+        p.pipe_stdin = true;
+        t.start(p, PROCESS).unwrap();
+        for _ in 0..2 {
+            let w = t
+                .write(WriteParams {
+                    process_id: "p".into(),
+                    chunk: ByteChunk(b"once\n".to_vec()),
+                    write_id: Some("w1".into()),
+                })
+                .await
+                .unwrap();
+            assert_eq!(w.status, WriteStatus::Accepted);
+        }
+        t.close_stdin("p").await.unwrap();
+        let r = read_until_closed(&t, "p").await;
+        let out: Vec<u8> = r.chunks.iter().flat_map(|c| c.chunk.0.clone()).collect();
+        assert_eq!(out, b"once\n");
+        let w = t
+            .write(WriteParams {
+                process_id: "nope".into(),
+                chunk: ByteChunk(Vec::new()),
+                write_id: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(w.status, WriteStatus::UnknownProcess);
+    }
+}

@@ -1,0 +1,20 @@
+//! The host mechanisms that keep tenants apart: cgroups, the process sandbox
+//! (uid, Landlock, seccomp, rlimits), signals to process groups and the
+//! reaper sidecar. Each is a mechanism only: which tenant gets what is
+//! decided above (module `tenant`), and whether the host allows a layer is
+//! probed by module `probe`.
+
+pub mod cgroup;
+pub mod reaper;
+pub mod sandbox;
+pub mod signal;
+
+/// Which isolation layers are active (probed at start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Layers {
+    pub workers: bool,
+    pub cgroups: bool,
+    pub landlock: bool,
+    pub seccomp: bool,
+    pub uid: bool,
+}

@@ -1,0 +1,103 @@
+//! What this host allows: each isolation layer is probed at start by doing
+//! it (a throwaway worker, a cgroup, a child under Landlock, under the
+//! seccomp filter, under a spare uid), logged, and exported as
+//! `exec_gateway_isolation_layer{layer}`. A layer that is `required` and
+//! fails stops the gateway (fail closed).
+
+use crate::config::{ConfigError, LayerPolicy, Settings};
+use crate::isolation::sandbox::{SandboxSpec, probe};
+use crate::isolation::{Layers, cgroup};
+use crate::metrics::{LayerLabel, Metrics};
+use crate::worker::{WorkerLaunch, WorkerPool};
+
+/// Probe one layer: `Ok(true)` when active.
+fn probe_layer(
+    name: &str,
+    policy: LayerPolicy,
+    metrics: &Metrics,
+    probe: impl FnOnce() -> Result<(), String>,
+) -> Result<bool, ConfigError> {
+    let gauge = metrics
+        .isolation_layer
+        .get_or_create(&LayerLabel {
+            layer: name.to_owned(),
+        })
+        .clone();
+    if policy == LayerPolicy::Off {
+        gauge.set(0);
+        return Ok(false);
+    }
+    match probe() {
+        Ok(()) => {
+            tracing::info!(layer = name, "isolation layer active");
+            gauge.set(1);
+            Ok(true)
+        }
+        Err(reason) if policy == LayerPolicy::Required => Err(ConfigError(format!(
+            "isolation layer `{name}` is required but unavailable: {reason}"
+        ))),
+        Err(reason) => {
+            tracing::warn!(layer = name, %reason, "isolation layer unavailable; continuing without it");
+            gauge.set(0);
+            Ok(false)
+        }
+    }
+}
+
+/// Probe every layer of `[isolation]`. Also clears what dead gateways left
+/// in the cgroup tree.
+pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigError> {
+    let iso = settings.isolation;
+    let cgroups = probe_layer("cgroup", iso.cgroups, metrics, || {
+        cgroup::probe()?;
+        let killed = cgroup::cleanup_leftovers();
+        if killed > 0 {
+            tracing::warn!(killed, "killed processes left by an earlier gateway");
+        }
+        Ok(())
+    })?;
+    let landlock = probe_layer("landlock", iso.landlock, metrics, || {
+        probe(SandboxSpec {
+            landlock_rw: Some(Vec::new()),
+            ..SandboxSpec::default()
+        })
+    })?;
+    let seccomp = probe_layer("seccomp", iso.seccomp, metrics, || {
+        probe(SandboxSpec {
+            seccomp: true,
+            ..SandboxSpec::default()
+        })
+    })?;
+    let workers = probe_layer("workers", iso.workers, metrics, || {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let pool = WorkerPool::start(WorkerLaunch {
+            tenant: "probe".to_owned(),
+            root: None,
+            exe,
+            sandbox: None,
+            cgroups: Vec::new(),
+            min: 1,
+            max: 1,
+            metrics: None,
+        })
+        .map_err(|e| format!("a probe worker could not start: {e}"))?;
+        pool.kill_all();
+        Ok(())
+    })?;
+    // Only worth probing (and reporting) when some tenant has a uid.
+    let wanted = settings.tenants.values().any(|t| t.uid.is_some());
+    let uid = wanted
+        && probe_layer("uid", iso.uid, metrics, || {
+            probe(SandboxSpec {
+                uid: Some((65534, 65534)),
+                ..SandboxSpec::default()
+            })
+        })?;
+    Ok(Layers {
+        workers,
+        cgroups,
+        landlock,
+        seccomp,
+        uid,
+    })
+}

@@ -1,0 +1,94 @@
+//! Running a gateway: serve the doors until a shutdown signal, then stop in
+//! one fixed order, each step bounded in time:
+//!
+//! 1. draining: `/readyz` turns 503, gRPC health NOT_SERVING, new sessions
+//!    and calls get the draining error;
+//! 2. running processes get up to `shutdown_grace` to finish;
+//! 3. listeners stop accepting and connections close (1001);
+//! 4. every remaining process is killed, backends (workers) retired, the
+//!    reaper sidecar told to finish;
+//! 5. `run` returns (the binary exits 0).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::gateway::Gateway;
+use crate::transport;
+
+/// How long accept loops get to finish after the stop.
+const LISTENER_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long connections get to send their close frames.
+const CLOSE_FRAMES_GRACE: Duration = Duration::from_millis(50);
+
+/// The bound listeners a gateway serves.
+pub struct Listeners {
+    /// Websocket (and HTTP health/metrics).
+    pub ws: TcpListener,
+    pub grpc: Option<TcpListener>,
+}
+
+/// Serve `listeners` until `shutdown` completes, then shut down.
+pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<Output = ()>) {
+    let ws = crate::task::spawn("ws-accept", transport::ws::serve(listeners.ws, gw.clone()));
+    let grpc = listeners
+        .grpc
+        .map(|l| crate::task::spawn("grpc", transport::grpc::serve(l, gw.clone())));
+    shutdown.await;
+    tracing::info!("shutting down");
+    shut_down(&gw, gw.settings.shutdown_grace).await;
+    let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, ws).await;
+    if let Some(g) = grpc {
+        let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, g).await;
+    }
+    tokio::time::sleep(CLOSE_FRAMES_GRACE).await;
+}
+
+/// Serve one stdio session (token from the caller, e.g.
+/// `EXEC_GATEWAY_TOKEN`; a missing or bad one fails `initialize` with
+/// -32002), then stop: the session's processes end with it.
+pub async fn run_stdio(
+    gw: Arc<Gateway>,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let caller = transport::admit::admit(&gw, token.as_deref()).await;
+    if let Err(e) = &caller {
+        tracing::warn!(reason = e.outcome(), "stdio token refused");
+    }
+    let session =
+        transport::stdio::serve(tokio::io::stdin(), tokio::io::stdout(), gw.clone(), caller);
+    tokio::select! {
+        () = session => {}
+        () = shutdown => {}
+    }
+    shut_down(&gw, Duration::ZERO).await;
+}
+
+/// Steps 1–4 of the shutdown order.
+async fn shut_down(gw: &Gateway, grace: Duration) {
+    gw.start_draining();
+    let deadline = tokio::time::Instant::now() + grace;
+    while gw.sessions.live_processes() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop();
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; only EOF/kill will stop the gateway");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,314 @@
+//! One JSON-RPC connection, whatever carries it: frames in, frames out.
+//!
+//! [`serve_connection`] owns one connection's protocol state (initialize
+//! once, `initialized`, the session it holds) and runs requests
+//! **concurrently**, bounded by a per-connection semaphore, so a long-poll
+//! never blocks a later request. Responses may leave out of order; clients
+//! match by id. Nothing here knows whether frames came from a websocket or
+//! stdin.
+
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt as _};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use super::admit::Caller;
+use crate::dispatch::RpcRequest;
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::outbound::{AttachToken, Outbound};
+use crate::protocol::jsonrpc::{self, Inbound, RequestId};
+use crate::protocol::methods;
+use crate::protocol::process::{InitializeParams, InitializeResponse};
+use crate::rpc::{Call, MethodFamily, Op, Outcome, Reply};
+use crate::session::Session;
+
+/// One inbound frame (a websocket message or a stdio line).
+#[derive(Debug)]
+pub enum InFrame {
+    Text(String),
+    /// The frame exceeded the size limit; the transport says how.
+    TooLarge(String),
+}
+
+/// How the connection ends for its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnClose {
+    /// Websocket: detach; the session survives for the detach TTL.
+    Detach,
+    /// Stdio: the session ends with the stream and its processes are killed.
+    Kill,
+}
+
+/// Per-connection facts the loop needs.
+#[derive(Debug, Clone)]
+pub struct ConnMeta {
+    /// Prefix of the malformed-frame message (the reference's wording).
+    pub parse_error_prefix: String,
+    pub on_close: OnClose,
+    /// Who the connection was admitted as; an error fails `initialize`
+    /// with -32002 (stdio; websocket refuses the handshake instead).
+    pub caller: Result<Caller, GatewayError>,
+}
+
+/// The session a connection holds once initialized.
+struct Attached {
+    caller: Caller,
+    session: Arc<Session>,
+    token: AttachToken,
+    initialized: bool,
+}
+
+/// Run one connection until its inbound stream ends, it is evicted, or the
+/// gateway stops.
+pub async fn serve_connection<S>(mut inbound: S, out: Outbound, gw: Arc<Gateway>, meta: ConnMeta)
+where
+    S: Stream<Item = InFrame> + Unpin,
+{
+    let in_flight = Arc::new(Semaphore::new(gw.settings.max_in_flight_per_connection));
+    let cancel = CancellationToken::new();
+    let penalty: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let mut attached: Option<Attached> = None;
+    loop {
+        // Penalty box: after this connection was shed, stop reading it for a
+        // while. TCP back-pressure then throttles a flooding client for free,
+        // instead of the gateway answering thousands of refusals a second at
+        // the expense of other tenants.
+        let pause = penalty.lock().take();
+        if let Some(until) = pause {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = gw.stopped() => {}
+            }
+        }
+        let evicted = attached.as_ref().map(|a| a.token.evicted.clone());
+        let frame = tokio::select! {
+            f = inbound.next() => f,
+            () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
+                out.close(4000, "session has been resumed by another connection").await;
+                break;
+            }
+            () = gw.stopped() => {
+                out.close(1001, "server shutting down").await;
+                break;
+            }
+        };
+        let Some(frame) = frame else { break };
+        let text = match frame {
+            InFrame::Text(t) => t,
+            InFrame::TooLarge(reason) => {
+                let e =
+                    GatewayError::InvalidRequest(format!("{}: {reason}", meta.parse_error_prefix));
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+                continue;
+            }
+        };
+        match jsonrpc::decode(&text) {
+            Err(e) => {
+                let e = GatewayError::InvalidRequest(format!("{}: {e}", meta.parse_error_prefix));
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+            }
+            Ok(Inbound::ClientResponse) => {
+                tracing::debug!("ignoring a response sent by the client");
+            }
+            Ok(Inbound::Notification { method }) => {
+                if method == methods::INITIALIZED
+                    && let Some(a) = attached.as_mut()
+                {
+                    a.initialized = true;
+                    continue;
+                }
+                // The original specification's behaviour (not the reference binary's
+                // silent close): answer on id -1 and keep the connection.
+                let message = if method == methods::INITIALIZED {
+                    "client must call initialize before sending initialized".to_owned()
+                } else {
+                    format!("unexpected notification `{method}`")
+                };
+                let e = GatewayError::InvalidRequest(message);
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+            }
+            Ok(Inbound::Request { id, method, params }) => {
+                let Some(family) = MethodFamily::of(&method) else {
+                    let e = GatewayError::MethodNotFound(method);
+                    out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                    continue;
+                };
+                if family == MethodFamily::Initialize {
+                    let result = initialize(&gw, &meta.caller, &mut attached, params, &out);
+                    let text = match result {
+                        Ok(r) => jsonrpc::encode_response(&id, &r),
+                        Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+                    };
+                    out.send(text).await;
+                    continue;
+                }
+                let ctx = match &attached {
+                    None => Err(GatewayError::InvalidRequest(format!(
+                        "client must call initialize before using {} methods",
+                        family.label()
+                    ))),
+                    Some(a) if !a.initialized => Err(GatewayError::InvalidRequest(format!(
+                        "client must send initialized before using {} methods",
+                        family.label()
+                    ))),
+                    Some(_) if gw.is_draining() => Err(GatewayError::Draining),
+                    Some(a) => Ok(a
+                        .caller
+                        .context(Some(a.session.clone()), a.token.evicted.clone())),
+                };
+                let call =
+                    ctx.and_then(|ctx| Call::decode(&method, params).map(|call| (call, ctx)));
+                let (call, ctx) = match call {
+                    Ok(v) => v,
+                    Err(e) => {
+                        out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                        continue;
+                    }
+                };
+                // Waiting here stops reading this connection: its own
+                // back-pressure, invisible to other connections.
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let svc = gw.stack.clone();
+                let out = out.clone();
+                let cancel = cancel.clone();
+                let penalty = penalty.clone();
+                crate::task::spawn("rpc", async move {
+                    let req = RpcRequest {
+                        op: Op::Call(call),
+                        ctx,
+                    };
+                    tokio::select! {
+                        result = svc.oneshot(req) => {
+                            if let Err(e) = &result
+                                && let Some(wait) = shed_penalty(e)
+                            {
+                                *penalty.lock() = Some(tokio::time::Instant::now() + wait);
+                            }
+                            let text = match result {
+                                Ok(Outcome::Reply(reply)) => encode_reply(&id, &reply),
+                                Ok(Outcome::Opened(_)) => jsonrpc::encode_error(
+                                    &id,
+                                    &GatewayError::Internal("unexpected stream".to_owned())
+                                        .to_jsonrpc(),
+                                ),
+                                Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+                            };
+                            out.send(text).await;
+                        }
+                        () = cancel.cancelled() => {}
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+    cancel.cancel();
+    if let Some(a) = attached {
+        match meta.on_close {
+            OnClose::Detach => gw.sessions.detach(&a.session, &a.token),
+            OnClose::Kill => gw.sessions.remove(&a.session),
+        }
+    }
+}
+
+fn initialize(
+    gw: &Arc<Gateway>,
+    caller: &Result<Caller, GatewayError>,
+    attached: &mut Option<Attached>,
+    params: Option<&serde_json::value::RawValue>,
+    out: &Outbound,
+) -> Result<Reply, GatewayError> {
+    if attached.is_some() {
+        return Err(GatewayError::InvalidRequest(
+            "initialize may only be sent once per connection".to_owned(),
+        ));
+    }
+    if gw.is_draining() {
+        return Err(GatewayError::Draining);
+    }
+    let params: InitializeParams =
+        jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams)?;
+    let caller = caller
+        .as_ref()
+        .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
+    // A failed initialize leaves the connection uninitialised: retry allowed.
+    let (session, token) = gw.sessions.initialize(
+        caller.tenant(),
+        params.resume_session_id.as_deref(),
+        out.clone(),
+    )?;
+    let reply = Reply::Initialize(InitializeResponse {
+        session_id: session.id.clone(),
+    });
+    *attached = Some(Attached {
+        caller: caller.clone(),
+        session,
+        token,
+        initialized: false,
+    });
+    Ok(reply)
+}
+
+/// Shortest and longest pause after a connection is shed.
+const SHED_PENALTY_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const SHED_PENALTY_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long to stop reading a connection whose call was shed, if at all.
+fn shed_penalty(e: &GatewayError) -> Option<std::time::Duration> {
+    match e {
+        GatewayError::RateLimited { retry_after_ms } => Some(
+            std::time::Duration::from_millis(*retry_after_ms)
+                .clamp(SHED_PENALTY_MIN, SHED_PENALTY_MAX),
+        ),
+        GatewayError::Overloaded => Some(SHED_PENALTY_MIN),
+        _ => None,
+    }
+}
+
+/// Serialise a reply. `fs/readFile` results are written directly: base64
+/// never needs JSON escaping, so serde's per-byte escape scan of a payload of
+/// up to 683 MiB is skipped.
+fn encode_reply(id: &RequestId, reply: &Reply) -> String {
+    match reply {
+        Reply::FsReadFile(r) => {
+            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
+            let data = &r.data_base64.0;
+            let mut s = String::with_capacity(data.len().div_ceil(3) * 4 + id_json.len() + 40);
+            s.push_str(r#"{"id":"#);
+            s.push_str(&id_json);
+            s.push_str(r#","result":{"dataBase64":""#);
+            crate::protocol::base64_into(data, &mut s);
+            s.push_str("\"}}");
+            s
+        }
+        other => jsonrpc::encode_response(id, other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::fs::ReadFileResponse;
+
+    #[test]
+    fn read_file_fast_path_matches_serde() {
+        for id in [RequestId::Integer(7), RequestId::String("a\"b".into())] {
+            let reply = Reply::FsReadFile(ReadFileResponse {
+                data_base64: crate::protocol::ByteChunk(b"hi\n".to_vec()),
+            });
+            assert_eq!(
+                encode_reply(&id, &reply),
+                jsonrpc::encode_response(&id, &reply)
+            );
+        }
+    }
+}

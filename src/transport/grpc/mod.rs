@@ -1,0 +1,195 @@
+//! The gRPC door (proto/exec_gateway/v1): the same tenants, sessions,
+//! process tables and tower stack as JSON-RPC, plus health and reflection.
+//!
+//! Every request to the three services first passes [`Authenticate`], a
+//! tower layer on the tonic server that admits the caller from its
+//! `authorization: Bearer` metadata (module `transport::admit`): no method
+//! can be reached unauthenticated. Streams are bounded: each server stream
+//! has a small channel, and a slow reader back-pressures the process like a
+//! slow websocket client.
+
+mod convert;
+mod services;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_util::StreamExt as _;
+use hyper::http;
+
+use crate::gateway::Gateway;
+use crate::transport::admit::admit;
+pub use services::GrpcApi;
+
+/// Generated code, and the descriptor set for reflection.
+pub mod pb {
+    #![allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+    tonic::include_proto!("exec_gateway.v1");
+
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/exec_gateway_descriptor.bin"));
+}
+
+/// Path prefixes served without a token: health checks (load balancers)
+/// and reflection (the public schema).
+const PUBLIC_PREFIXES: &[&str] = &["/grpc.health.v1.", "/grpc.reflection."];
+
+/// Admits every call before it reaches a service (see the module docs).
+#[derive(Clone)]
+pub struct AuthenticateLayer {
+    gw: Arc<Gateway>,
+}
+
+impl<S> tower::Layer<S> for AuthenticateLayer {
+    type Service = Authenticate<S>;
+    fn layer(&self, inner: S) -> Authenticate<S> {
+        Authenticate {
+            inner,
+            gw: self.gw.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Authenticate<S> {
+    inner: S,
+    gw: Arc<Gateway>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Authenticate<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // Clone-and-swap: the ready service handles this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let path = req.uri().path();
+        if PUBLIC_PREFIXES.iter().any(|p| path.starts_with(p)) {
+            return Box::pin(inner.call(req));
+        }
+        let token = crate::auth::bearer_token(
+            req.headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+            None,
+        );
+        let gw = self.gw.clone();
+        Box::pin(async move {
+            match admit(&gw, token.as_deref()).await {
+                Ok(caller) => {
+                    req.extensions_mut().insert(caller);
+                    inner.call(req).await
+                }
+                Err(e) => Ok(e.to_grpc().into_http()),
+            }
+        })
+    }
+}
+
+/// Largest gRPC message in either direction.
+pub const MAX_GRPC_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// HTTP/2 flow-control windows (per stream, per connection).
+pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+/// Largest HTTP/2 frame we accept (peers send at most what we advertise).
+pub const HTTP2_MAX_FRAME_BYTES: u32 = 1024 * 1024;
+/// Concurrent HTTP/2 streams per connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// Serve gRPC (with health and reflection) on `listener` until the gateway
+/// stops.
+pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
+    use pb::file_service_server::FileServiceServer;
+    use pb::process_service_server::ProcessServiceServer;
+    use pb::session_service_server::SessionServiceServer;
+    let api = GrpcApi::new(gw.clone());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ProcessServiceServer<GrpcApi>>().await;
+    health.set_serving::<FileServiceServer<GrpcApi>>().await;
+    health.set_serving::<SessionServiceServer<GrpcApi>>().await;
+    let reflection = match tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+    {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(error = %e, "gRPC reflection unavailable");
+            None
+        }
+    };
+    // Flip health to NOT_SERVING as soon as draining starts.
+    let draining = {
+        let (gw, health) = (gw.clone(), health.clone());
+        crate::task::spawn("grpc-health-drain", async move {
+            gw.draining_started().await;
+            health
+                .set_not_serving::<ProcessServiceServer<GrpcApi>>()
+                .await;
+            health.set_not_serving::<FileServiceServer<GrpcApi>>().await;
+            health
+                .set_not_serving::<SessionServiceServer<GrpcApi>>()
+                .await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+        })
+    };
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let result = tonic::transport::Server::builder()
+        // Bulk streams need more than HTTP/2's 64 KiB default windows;
+        // adaptive (BDP) windows grow them as the link allows.
+        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW_BYTES))
+        .http2_adaptive_window(Some(true))
+        .max_frame_size(Some(HTTP2_MAX_FRAME_BYTES))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .concurrency_limit_per_connection(gw.settings.max_in_flight_per_connection)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .layer(AuthenticateLayer { gw: gw.clone() })
+        .add_service(health_service)
+        .add_optional_service(reflection)
+        .add_service(
+            SessionServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .add_service(
+            ProcessServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .add_service(
+            FileServiceServer::new(api)
+                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(incoming, gw.stopped())
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "gRPC server failed");
+    }
+    draining.abort();
+}

@@ -1,0 +1,594 @@
+//! The three gRPC services: each method converts its message into an
+//! operation, runs it through the stack and converts the result back. The
+//! caller was admitted by the server's authentication layer
+//! ([`super::Authenticate`]); a method only reads it from the request.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt as _};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tower::ServiceExt as _;
+
+use super::convert;
+use super::pb;
+use crate::dispatch::RpcRequest;
+use crate::error::GatewayError;
+use crate::fs::FsError;
+use crate::gateway::Gateway;
+use crate::protocol::ByteChunk;
+use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
+use crate::protocol::process::{
+    ProcessEvent, ProcessIdParams, ReadParams, ResizeParams, SignalParams, WriteParams, WriteStatus,
+};
+use crate::rpc::{Call, EventSource, NoParams, Op, Open, Opened, Outcome, Reply};
+use crate::session::{Session, StreamGuard};
+use crate::transport::admit::Caller;
+
+/// Events buffered per server stream before the producer waits.
+pub const STREAM_EVENTS: usize = 16;
+/// Bytes per `ReadFile` message.
+pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;
+
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The three services; cheap to clone.
+#[derive(Clone)]
+pub struct GrpcApi {
+    gw: Arc<Gateway>,
+}
+
+fn status(e: GatewayError) -> Status {
+    e.to_grpc()
+}
+
+fn unexpected() -> Status {
+    Status::internal("unexpected reply")
+}
+
+/// The caller the authentication layer admitted.
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::internal("the call was not authenticated"))
+}
+
+impl GrpcApi {
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
+    }
+
+    fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
+        self.gw.sessions.lookup(caller.tenant(), id).map_err(status)
+    }
+
+    /// Run an operation through the stack.
+    async fn run(
+        &self,
+        caller: &Caller,
+        session: Option<Arc<Session>>,
+        op: Op,
+    ) -> Result<Outcome, Status> {
+        let req = RpcRequest {
+            op,
+            ctx: caller.context(session, CancellationToken::new()),
+        };
+        self.gw.stack.clone().oneshot(req).await.map_err(status)
+    }
+
+    async fn call(
+        &self,
+        caller: &Caller,
+        session: Option<Arc<Session>>,
+        call: Call,
+    ) -> Result<Reply, Status> {
+        match self.run(caller, session, Op::Call(call)).await? {
+            Outcome::Reply(r) => Ok(r),
+            Outcome::Opened(_) => Err(unexpected()),
+        }
+    }
+
+    async fn open(
+        &self,
+        caller: &Caller,
+        session: Option<Arc<Session>>,
+        open: Open,
+    ) -> Result<Opened, Status> {
+        match self.run(caller, session, Op::Open(open)).await? {
+            Outcome::Opened(o) => Ok(o),
+            Outcome::Reply(_) => Err(unexpected()),
+        }
+    }
+
+    async fn session_call(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        call: Call,
+    ) -> Result<Reply, Status> {
+        let session = self.session(caller, session_id)?;
+        self.call(caller, Some(session), call).await
+    }
+}
+
+/// Stream a process's events from `after_seq` until `closed` (or the client
+/// goes away): the retained replay, then live events with back-pressure.
+/// `guard` keeps the session alive; `on_end` runs at the end.
+fn follow<T, F>(
+    source: Arc<dyn EventSource>,
+    after_seq: u64,
+    guard: StreamGuard,
+    wrap: F,
+    on_end: Option<Box<dyn FnOnce() + Send>>,
+) -> EventStream<T>
+where
+    T: Send + 'static,
+    F: Fn(pb::ProcessEvent) -> T + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<T, Status>>(STREAM_EVENTS);
+    crate::task::spawn("grpc-follow", async move {
+        let _guard = guard;
+        let (replay, mut live) = source.subscribe(after_seq);
+        let mut cursor = after_seq;
+        let mut replay = replay.into_iter();
+        loop {
+            let next = match replay.next() {
+                Some(e) => Some(e),
+                None => live.recv().await,
+            };
+            let Some(e) = next else {
+                // The process dropped us (too slow) before `closed`.
+                let _ = tx
+                    .send(Err(Status::aborted(format!(
+                        "reader too slow; attach again with after_seq = {cursor}"
+                    ))))
+                    .await;
+                break;
+            };
+            if e.seq() <= cursor {
+                continue;
+            }
+            cursor = e.seq();
+            let closed = matches!(e, ProcessEvent::Closed { .. });
+            if tx.send(Ok(wrap(convert::event(e)))).await.is_err() || closed {
+                break;
+            }
+        }
+        if let Some(f) = on_end {
+            f();
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
+#[tonic::async_trait]
+impl pb::session_service_server::SessionService for GrpcApi {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, Status> {
+        let caller = caller(&req)?;
+        let session = self
+            .gw
+            .sessions
+            .create_detached(caller.tenant())
+            .map_err(status)?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            session_id: session.id.clone(),
+        }))
+    }
+
+    async fn resume_session(
+        &self,
+        req: Request<pb::ResumeSessionRequest>,
+    ) -> Result<Response<pb::ResumeSessionResponse>, Status> {
+        let caller = caller(&req)?;
+        let session = self.session(&caller, &req.get_ref().session_id)?;
+        Ok(Response::new(pb::ResumeSessionResponse {
+            session_id: session.id.clone(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::process_service_server::ProcessService for GrpcApi {
+    async fn start(
+        &self,
+        req: Request<pb::StartRequest>,
+    ) -> Result<Response<pb::StartResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let params = convert::spec_to_params(r.spec)?;
+        match self
+            .session_call(&caller, &r.session_id, Call::ProcessStart(params))
+            .await?
+        {
+            Reply::ProcessStart(s) => Ok(Response::new(pb::StartResponse {
+                process_id: s.process_id,
+            })),
+            _ => Err(unexpected()),
+        }
+    }
+
+    type AttachStream = EventStream<pb::AttachResponse>;
+
+    async fn attach(
+        &self,
+        req: Request<pb::AttachRequest>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let session = self.session(&caller, &r.session_id)?;
+        let open = Open::Events(ProcessIdParams {
+            process_id: r.process_id,
+        });
+        let Opened::Events(source) = self.open(&caller, Some(session.clone()), open).await? else {
+            return Err(unexpected());
+        };
+        Ok(Response::new(follow(
+            source,
+            r.after_seq,
+            session.stream_guard(),
+            |event| pb::AttachResponse { event: Some(event) },
+            None,
+        )))
+    }
+
+    async fn read(
+        &self,
+        req: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::ProcessRead(ReadParams {
+            process_id: r.process_id,
+            after_seq: Some(r.after_seq),
+            max_bytes: (r.max_bytes > 0)
+                .then(|| usize::try_from(r.max_bytes).unwrap_or(usize::MAX)),
+            wait_ms: Some(r.wait_ms),
+        });
+        match self.session_call(&caller, &r.session_id, call).await? {
+            Reply::ProcessRead(rr) => Ok(Response::new(convert::read(rr))),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn write(
+        &self,
+        req: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::ProcessWrite(WriteParams {
+            process_id: r.process_id,
+            chunk: ByteChunk(r.data.to_vec()),
+            write_id: r.write_id,
+        });
+        match self.session_call(&caller, &r.session_id, call).await? {
+            Reply::ProcessWrite(w) => Ok(Response::new(pb::WriteResponse {
+                status: convert::write_status(w.status),
+            })),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn stream_input(
+        &self,
+        req: Request<Streaming<pb::StreamInputRequest>>,
+    ) -> Result<Response<pb::StreamInputResponse>, Status> {
+        let caller = caller(&req)?;
+        let mut input = req.into_inner();
+        let Some(first) = input.next().await.transpose()? else {
+            return Ok(Response::new(pb::StreamInputResponse { bytes_written: 0 }));
+        };
+        let session = self.session(&caller, &first.session_id)?;
+        let process_id = first.process_id;
+        let mut written = 0u64;
+        let mut next = Some(first.data);
+        while let Some(data) = next.take() {
+            let len = data.len() as u64;
+            // Each chunk is a process/write through the stack (scope, rate).
+            let call = Call::ProcessWrite(WriteParams {
+                process_id: process_id.clone(),
+                chunk: ByteChunk(data.to_vec()),
+                write_id: None,
+            });
+            match self.call(&caller, Some(session.clone()), call).await? {
+                Reply::ProcessWrite(w) if w.status == WriteStatus::Accepted => written += len,
+                Reply::ProcessWrite(w) => {
+                    return Err(Status::failed_precondition(format!(
+                        "stdin not writable: {:?}",
+                        w.status
+                    )));
+                }
+                _ => return Err(unexpected()),
+            }
+            next = input.next().await.transpose()?.map(|m| m.data);
+        }
+        Ok(Response::new(pb::StreamInputResponse {
+            bytes_written: written,
+        }))
+    }
+
+    async fn close_stdin(
+        &self,
+        req: Request<pb::CloseStdinRequest>,
+    ) -> Result<Response<pb::CloseStdinResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::ProcessCloseStdin(ProcessIdParams {
+            process_id: r.process_id,
+        });
+        self.session_call(&caller, &r.session_id, call).await?;
+        Ok(Response::new(pb::CloseStdinResponse {}))
+    }
+
+    async fn signal(
+        &self,
+        req: Request<pb::SignalRequest>,
+    ) -> Result<Response<pb::SignalResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::ProcessSignal(SignalParams {
+            process_id: r.process_id,
+            signal: convert::signal(r.signal)?,
+        });
+        self.session_call(&caller, &r.session_id, call).await?;
+        Ok(Response::new(pb::SignalResponse {}))
+    }
+
+    async fn resize(
+        &self,
+        req: Request<pb::ResizeRequest>,
+    ) -> Result<Response<pb::ResizeResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let dim = |v: u32| {
+            u16::try_from(v)
+                .map_err(|_| Status::invalid_argument("rows and cols must fit in 16 bits"))
+        };
+        let call = Call::ProcessResize(ResizeParams {
+            process_id: r.process_id,
+            rows: dim(r.rows)?,
+            cols: dim(r.cols)?,
+        });
+        self.session_call(&caller, &r.session_id, call).await?;
+        Ok(Response::new(pb::ResizeResponse {}))
+    }
+
+    async fn terminate(
+        &self,
+        req: Request<pb::TerminateRequest>,
+    ) -> Result<Response<pb::TerminateResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::ProcessTerminate(ProcessIdParams {
+            process_id: r.process_id,
+        });
+        match self.session_call(&caller, &r.session_id, call).await? {
+            Reply::ProcessTerminate(t) => {
+                Ok(Response::new(pb::TerminateResponse { running: t.running }))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        match self
+            .session_call(&caller, &r.session_id, Call::ProcessList(NoParams))
+            .await?
+        {
+            Reply::ProcessList(l) => Ok(Response::new(convert::list(l))),
+            _ => Err(unexpected()),
+        }
+    }
+
+    type ExecStream = EventStream<pb::ExecResponse>;
+
+    async fn exec(
+        &self,
+        req: Request<pb::ExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let params = convert::spec_to_params(r.spec)?;
+        // No session given: one just for this call, removed when it ends.
+        let (session, ephemeral) = if r.session_id.is_empty() {
+            let s = self
+                .gw
+                .sessions
+                .create_detached(caller.tenant())
+                .map_err(status)?;
+            (s, true)
+        } else {
+            (self.session(&caller, &r.session_id)?, false)
+        };
+        let cleanup = {
+            let (sessions, session) = (self.gw.sessions.clone(), session.clone());
+            move || sessions.remove(&session)
+        };
+        let source = match self
+            .open(&caller, Some(session.clone()), Open::Exec(Box::new(params)))
+            .await
+        {
+            Ok(Opened::Events(source)) => source,
+            Ok(Opened::File(_)) => return Err(unexpected()),
+            Err(e) => {
+                if ephemeral {
+                    cleanup();
+                }
+                return Err(e);
+            }
+        };
+        let on_end: Option<Box<dyn FnOnce() + Send>> = if ephemeral {
+            Some(Box::new(cleanup))
+        } else {
+            None
+        };
+        Ok(Response::new(follow(
+            source,
+            0,
+            session.stream_guard(),
+            |event| pb::ExecResponse { event: Some(event) },
+            on_end,
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::file_service_server::FileService for GrpcApi {
+    type ReadFileStream = EventStream<pb::ReadFileResponse>;
+
+    async fn read_file(
+        &self,
+        req: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<Self::ReadFileStream>, Status> {
+        let caller = caller(&req)?;
+        let open = Open::ReadFile(PathParams {
+            path: req.into_inner().path,
+        });
+        let Opened::File(file) = self.open(&caller, None, open).await? else {
+            return Err(unexpected());
+        };
+        let (tx, rx) = mpsc::channel(4);
+        // Blocking reads on the blocking pool; the bounded channel is the
+        // back-pressure (a slow reader holds one thread, not memory).
+        tokio::task::spawn_blocking(move || {
+            use std::io::Read as _;
+            let mut f = &file;
+            loop {
+                let mut buf = vec![0u8; FILE_CHUNK_BYTES];
+                match f.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if tx
+                            .blocking_send(Ok(pb::ReadFileResponse { data: buf.into() }))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(status(FsError::from_io(&e).into())));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<Streaming<pb::WriteFileRequest>>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        let caller = caller(&req)?;
+        let mut input = req.into_inner();
+        let Some(first) = input.next().await.transpose()? else {
+            return Err(Status::invalid_argument(
+                "the first message must name the path",
+            ));
+        };
+        let open = Open::WriteFile(PathParams { path: first.path });
+        let Opened::File(file) = self.open(&caller, None, open).await? else {
+            return Err(unexpected());
+        };
+        let file = Arc::new(file);
+        let mut written = 0u64;
+        let mut next = Some(first.data);
+        while let Some(data) = next.take() {
+            written += data.len() as u64;
+            let f = file.clone();
+            tokio::task::spawn_blocking(move || crate::fs::write_whole(&f, &data))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| status(e.into()))?;
+            next = input.next().await.transpose()?.map(|m| m.data);
+        }
+        Ok(Response::new(pb::WriteFileResponse {
+            bytes_written: written,
+        }))
+    }
+
+    async fn create_directory(
+        &self,
+        req: Request<pb::CreateDirectoryRequest>,
+    ) -> Result<Response<pb::CreateDirectoryResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::FsCreateDirectory(CreateDirectoryParams {
+            path: r.path,
+            recursive: r.recursive,
+        });
+        self.call(&caller, None, call).await?;
+        Ok(Response::new(pb::CreateDirectoryResponse {}))
+    }
+
+    async fn get_metadata(
+        &self,
+        req: Request<pb::GetMetadataRequest>,
+    ) -> Result<Response<pb::GetMetadataResponse>, Status> {
+        let caller = caller(&req)?;
+        let call = Call::FsGetMetadata(PathParams {
+            path: req.into_inner().path,
+        });
+        match self.call(&caller, None, call).await? {
+            Reply::FsGetMetadata(m) => Ok(Response::new(convert::metadata(m))),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn read_directory(
+        &self,
+        req: Request<pb::ReadDirectoryRequest>,
+    ) -> Result<Response<pb::ReadDirectoryResponse>, Status> {
+        let caller = caller(&req)?;
+        let call = Call::FsReadDirectory(PathParams {
+            path: req.into_inner().path,
+        });
+        match self.call(&caller, None, call).await? {
+            Reply::FsReadDirectory(d) => Ok(Response::new(convert::directory(d))),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn remove(
+        &self,
+        req: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::RemoveResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::FsRemove(RemoveParams {
+            path: r.path,
+            recursive: r.recursive,
+            force: r.force,
+        });
+        self.call(&caller, None, call).await?;
+        Ok(Response::new(pb::RemoveResponse {}))
+    }
+
+    async fn copy(
+        &self,
+        req: Request<pb::CopyRequest>,
+    ) -> Result<Response<pb::CopyResponse>, Status> {
+        let caller = caller(&req)?;
+        let r = req.into_inner();
+        let call = Call::FsCopy(CopyParams {
+            source_path: r.source_path,
+            destination_path: r.destination_path,
+            recursive: r.recursive,
+        });
+        self.call(&caller, None, call).await?;
+        Ok(Response::new(pb::CopyResponse {}))
+    }
+}

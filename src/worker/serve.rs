@@ -1,0 +1,182 @@
+//! `exec-gateway worker`: the worker's own main. It runs already confined
+//! (the tenant's cgroups, uid, Landlock and seccomp were applied before its
+//! exec), serves spawn and file requests on fd 3 until EOF, reaps its
+//! children and reports each exit.
+
+use std::io;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::link::{self, FromWorker, FsReply, MAX_MESSAGE_BYTES, Received, ToWorker, WORKER_FD};
+use crate::fs::FsRoot;
+use crate::spawn::{Ended, spawn_here};
+
+/// Threads a worker runs blocking file operations on.
+const FS_THREADS: usize = 16;
+
+/// Arguments of `exec-gateway worker`.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// The tenant served (for logs and process titles).
+    #[arg(long)]
+    tenant: String,
+    /// The tenant root file operations are confined to (none: the host).
+    #[arg(long)]
+    root: Option<PathBuf>,
+}
+
+/// The link, shared by the request loop, the reap thread and file threads.
+struct Link {
+    sock: OwnedFd,
+    /// Held from fork to the `Spawned` packet, so the reap thread cannot
+    /// report an exit before the gateway knows the pid.
+    lock: Mutex<()>,
+}
+
+impl Link {
+    fn send(&self, msg: &FromWorker, fds: &[RawFd]) -> io::Result<()> {
+        let _g = self.lock.lock();
+        link::send(&self.sock, msg, fds)
+    }
+}
+
+/// Serve spawn and file requests on fd 3 until EOF.
+pub fn serve(args: WorkerArgs) -> ExitCode {
+    // SAFETY: fd 3 was set up by the gateway (dup2 in pre_exec); marking it
+    // close-on-exec at once keeps it out of every process spawned here
+    // (a tenant process must never reach the link, and the gateway must see
+    // EOF when the worker dies, not when its last child does).
+    #[allow(unsafe_code)]
+    let sock = unsafe {
+        if libc::fcntl(WORKER_FD, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+            return ExitCode::FAILURE;
+        }
+        OwnedFd::from_raw_fd(WORKER_FD)
+    };
+    let link = Arc::new(Link {
+        sock,
+        lock: Mutex::new(()),
+    });
+    let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let link = link.clone();
+        let spawned = std::thread::Builder::new()
+            .name("reap".to_owned())
+            .spawn(move || reap_loop(&link, &wake_rx));
+        if spawned.is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    // File operations run on a bounded blocking pool, so a slow disk never
+    // delays a spawn.
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(FS_THREADS)
+        .enable_all()
+        .build()
+    else {
+        return ExitCode::FAILURE;
+    };
+    let root = match &args.root {
+        Some(r) => match FsRoot::confined(r) {
+            Ok(root) => root,
+            Err(e) => {
+                eprintln!(
+                    "exec-gateway worker {}: root {}: {e}",
+                    args.tenant,
+                    r.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+        None => FsRoot::host(),
+    };
+    let root = Arc::new(root);
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    loop {
+        let msg = match link::recv::<ToWorker>(&link.sock, &mut buf) {
+            Ok(Received::Message(m, _)) => m,
+            Ok(Received::Malformed) => {
+                eprintln!("exec-gateway worker {}: malformed request", args.tenant);
+                continue;
+            }
+            // The gateway is gone: so are we (its processes are killed by
+            // the reaper sidecar and the cgroup cleanup).
+            Ok(Received::Eof) | Err(_) => return ExitCode::SUCCESS,
+        };
+        match msg {
+            ToWorker::Fs { id, op } => {
+                let (link, root) = (link.clone(), root.clone());
+                rt.spawn_blocking(move || {
+                    let (result, fd) = match crate::fs::run(&root, op) {
+                        Ok(done) => {
+                            let (reply, fd) = FsReply::split(done);
+                            (Ok(reply), fd)
+                        }
+                        Err(e) => (Err(e), None),
+                    };
+                    let raw: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+                    let _ = link.send(&FromWorker::FsDone { id, result }, &raw);
+                });
+            }
+            ToWorker::Spawn { id, spec } => {
+                let _g = link.lock.lock();
+                let (reply, fds) = match spawn_here(&spec, None) {
+                    Ok((child, fds)) => match i32::try_from(child.id()) {
+                        // The reap thread waits for it; the std handle goes.
+                        Ok(pid) => (FromWorker::Spawned { id, pid }, fds.into_vec()),
+                        Err(_) => (
+                            failed(id, &io::Error::other("pid out of range")),
+                            Vec::new(),
+                        ),
+                    },
+                    Err(e) => (failed(id, &e), Vec::new()),
+                };
+                let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                if link::send(&link.sock, &reply, &raw).is_err() {
+                    return ExitCode::SUCCESS;
+                }
+                drop(fds);
+                let _ = wake_tx.send(());
+            }
+        }
+    }
+}
+
+fn failed(id: u64, e: &io::Error) -> FromWorker {
+    FromWorker::SpawnFailed {
+        id,
+        errno: e.raw_os_error(),
+        message: e.to_string(),
+    }
+}
+
+/// Reap every child and report its exit.
+fn reap_loop(link: &Link, wake: &std::sync::mpsc::Receiver<()>) {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    loop {
+        let (pid, ended) = match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, Ended::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, Ended::Signal(sig as i32)),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // No children: wait for the next spawn.
+            Err(_) => {
+                if wake.recv().is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let _ = link.send(
+            &FromWorker::Exited {
+                pid: pid.as_raw(),
+                ended,
+            },
+            &[],
+        );
+    }
+}
