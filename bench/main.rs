@@ -1069,8 +1069,20 @@ async fn stack_cost(
     settings: &exec_gateway::config::Settings,
     n: u32,
 ) -> BenchResult<(Duration, Duration)> {
+    use exec_gateway::config::LayerPolicy;
     use tower::ServiceExt as _;
-    let gw = exec_gateway::gateway::Gateway::new(settings.clone(), None).map_err(err)?;
+    // In process, the stack alone is measured: no isolation layer (a worker
+    // would be this binary re-executed, which is not the gateway).
+    let mut settings = settings.clone();
+    let iso = &mut settings.isolation;
+    (iso.workers, iso.cgroups, iso.landlock, iso.seccomp, iso.uid) = (
+        LayerPolicy::Off,
+        LayerPolicy::Off,
+        LayerPolicy::Off,
+        LayerPolicy::Off,
+        LayerPolicy::Off,
+    );
+    let gw = exec_gateway::gateway::Gateway::new(settings, None).map_err(err)?;
     let tenant = gw.tenants.get("bench").ok_or("no bench tenant")?.clone();
     let (out, mut rx) = exec_gateway::outbound::Outbound::channel();
     exec_gateway::task::spawn(
