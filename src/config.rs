@@ -146,6 +146,13 @@ pub struct KeyConfig {
     pub jwks_file: Option<PathBuf>,
     /// A JWK set fetched over HTTP(S), cached by `kid`.
     pub jwks_url: Option<String>,
+    /// Bind this key to one tenant: its tokens may omit the tenant claim
+    /// (Codex's own `signed-bearer-token` JWTs carry none) and may not name
+    /// another tenant. Default: none (the tenant claim is required).
+    pub tenant: Option<String>,
+    /// With `tenant`: the scopes of tokens that carry no scope claim.
+    /// Default: every scope.
+    pub scopes: Option<Vec<String>>,
 }
 
 /// `[tenants.NAME]`
@@ -320,6 +327,10 @@ pub struct KeySettings {
     pub algorithm: KeyAlgorithm,
     pub kid: Option<String>,
     pub source: KeySource,
+    /// The tenant this key is bound to, if any (see [`KeyConfig::tenant`]).
+    pub tenant: Option<String>,
+    /// Scopes of a bound key's tokens that carry none (`None`: all).
+    pub scopes: Option<Vec<String>>,
 }
 
 /// Limits applied to a tenant's cgroup.
@@ -512,6 +523,15 @@ impl Config {
             })?),
         };
         let auth = validate_auth(self.auth)?;
+        for (i, k) in auth.keys.iter().enumerate() {
+            if let Some(t) = &k.tenant
+                && !self.tenants.contains_key(t)
+            {
+                return Err(ConfigError(format!(
+                    "auth.keys[{i}]: tenant `{t}` is not configured"
+                )));
+            }
+        }
         if self.tenants.is_empty() {
             return Err(ConfigError(
                 "no tenants configured: add at least one [tenants.NAME] with a root".to_owned(),
@@ -639,10 +659,15 @@ fn validate_key(k: KeyConfig) -> Result<KeySettings, String> {
             }
         ));
     }
+    if k.scopes.is_some() && k.tenant.is_none() {
+        return Err("scopes applies only to a key bound to a tenant".to_owned());
+    }
     Ok(KeySettings {
         algorithm,
         kid: k.kid,
         source,
+        tenant: k.tenant,
+        scopes: k.scopes,
     })
 }
 

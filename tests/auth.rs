@@ -420,6 +420,13 @@ async fn a_bad_config_exits_64_with_one_line() {
             ),
         ),
         (
+            "key bound to an unknown tenant",
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/long\"\ntenant = \"nope\"\n[tenants.a]\nroot = \"/\"\n",
+                dir.path().display()
+            ),
+        ),
+        (
             "leeway too large",
             format!(
                 "[auth]\nleeway = \"5m\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/short\"\n[tenants.a]\nroot = \"/\"\n",
@@ -428,6 +435,7 @@ async fn a_bad_config_exits_64_with_one_line() {
         ),
     ];
     std::fs::write(dir.path().join("short"), "tooshort").unwrap();
+    std::fs::write(dir.path().join("long"), "k".repeat(40)).unwrap();
     for (name, text) in cases {
         let config = dir.path().join("c.toml");
         std::fs::write(&config, text).unwrap();
@@ -504,4 +512,67 @@ async fn embedded_default_serves_tenant_default_with_a_minted_token() {
     assert_eq!(code, -32600, "the default tenant is confined to its root");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A key bound to a tenant accepts the JWTs a Codex `signed-bearer-token`
+/// server would (HS256, `exp` and optional `iss`/`aud`, no tenant or scope
+/// claim) as that tenant, and refuses tokens naming another tenant.
+#[tokio::test]
+async fn a_key_bound_to_a_tenant_accepts_codex_tokens_for_it_only() {
+    let codex_secret = common::random_secret();
+    let gw = Gateway::start_with(|dir| {
+        std::fs::write(dir.join("codex.key"), &codex_secret).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/codex.key\"\ntenant = \"t2\"\n\
+             [tenants.t1]\nroot = \"/\"\n[tenants.t2]\nroot = \"/\"\n",
+            dir.display()
+        )
+    });
+    let key = EncodingKey::from_secret(&codex_secret);
+    // What Codex mints: exp (and iss/aud when configured), nothing else.
+    let codex = sign(Algorithm::HS256, None, &key, &json!({"exp": now() + 600}));
+    let mut c = gw.connect_as(&codex).await;
+    c.initialize().await;
+    // Every scope: a process runs and a file is read.
+    let out = c.start("p", &["echo", "bound"]).await;
+    assert!(out.get("error").is_none(), "{out}");
+    assert_eq!(c.collect("p").await.stdout, b"bound\n");
+    let meta = c.call("fs/getMetadata", json!({"path": "/"})).await;
+    assert_eq!(meta["isDirectory"], true, "{meta}");
+    // A token of this key naming another tenant is refused.
+    let forged = sign(
+        Algorithm::HS256,
+        None,
+        &key,
+        &json!({"exp": now() + 600, "tenant": "t1", "scope": "exec"}),
+    );
+    let (status, body) = gw.handshake("/", Some(&format!("Bearer {forged}"))).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("may not sign for"), "{body}");
+    // A scope claim, when present, still narrows the token.
+    let narrow = sign(
+        Algorithm::HS256,
+        None,
+        &key,
+        &json!({"exp": now() + 600, "scope": "fs:read"}),
+    );
+    let mut n = gw.connect_as(&narrow).await;
+    n.initialize().await;
+    let (code, _) = n
+        .call_err(
+            "process/start",
+            json!({"processId":"x","argv":["true"],"cwd":"/","env":{},"tty":false}),
+        )
+        .await;
+    assert_eq!(code, -32003);
+    // Tokens of the unbound key still need their tenant claim.
+    let unbound = sign(
+        Algorithm::HS256,
+        None,
+        &EncodingKey::from_secret(&gw.secret),
+        &json!({"exp": now() + 600, "scope": "exec"}),
+    );
+    let (status, body) = gw.handshake("/", Some(&format!("Bearer {unbound}"))).await;
+    assert_eq!(status, 401, "{body}");
 }

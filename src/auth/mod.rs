@@ -106,6 +106,8 @@ pub enum AuthError {
     MissingClaim(String),
     #[error("unknown tenant")]
     UnknownTenant,
+    #[error("the token names a tenant its key may not sign for")]
+    TenantMismatch,
     #[error("token grants no scope")]
     NoScope,
 }
@@ -125,6 +127,7 @@ impl AuthError {
             AuthError::Audience => "audience",
             AuthError::MissingClaim(_) => "missing_claim",
             AuthError::UnknownTenant => "unknown_tenant",
+            AuthError::TenantMismatch => "tenant_mismatch",
             AuthError::NoScope => "no_scope",
         }
     }
@@ -161,6 +164,40 @@ struct Key {
     kid: Option<String>,
     alg: Algorithm,
     key: DecodingKey,
+    binding: Option<Arc<Binding>>,
+}
+
+/// A key bound to one tenant (`[[auth.keys]] tenant = ...`).
+#[derive(Debug)]
+struct Binding {
+    tenant: String,
+    /// For tokens without a scope claim.
+    scopes: Scopes,
+}
+
+impl Binding {
+    fn new(k: &KeySettings) -> Result<Option<Arc<Binding>>, String> {
+        let Some(tenant) = &k.tenant else {
+            return Ok(None);
+        };
+        let scopes = match &k.scopes {
+            None => Scopes::ALL,
+            Some(names) => {
+                let mut s = Scopes::default();
+                for n in names {
+                    if Scope::parse(n).is_none() {
+                        return Err(format!("unknown scope `{n}` (exec, fs:read, fs:write)"));
+                    }
+                    s.add(n);
+                }
+                s
+            }
+        };
+        Ok(Some(Arc::new(Binding {
+            tenant: tenant.clone(),
+            scopes,
+        })))
+    }
 }
 
 /// A JWKS fetched over HTTP(S): cached, refreshed on an unknown `kid` at
@@ -168,6 +205,7 @@ struct Key {
 struct RemoteJwks {
     url: String,
     alg: Algorithm,
+    binding: Option<Arc<Binding>>,
     state: tokio::sync::Mutex<RemoteState>,
 }
 
@@ -195,7 +233,7 @@ fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-fn keys_from_jwks(set: &JwkSet, alg: Algorithm) -> Vec<Key> {
+fn keys_from_jwks(set: &JwkSet, alg: Algorithm, binding: Option<&Arc<Binding>>) -> Vec<Key> {
     set.keys
         .iter()
         .filter_map(|jwk| {
@@ -210,6 +248,7 @@ fn keys_from_jwks(set: &JwkSet, alg: Algorithm) -> Vec<Key> {
                 kid: jwk.common.key_id.clone(),
                 alg,
                 key,
+                binding: binding.cloned(),
             })
         })
         .collect()
@@ -225,6 +264,7 @@ fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
 
 fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
     let alg = jwt_algorithm(k.algorithm);
+    let binding = Binding::new(k)?;
     let key = match &k.source {
         KeySource::Secret(p) => {
             let secret = read_secret(p)?;
@@ -248,7 +288,7 @@ fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
         KeySource::JwksFile(p) => {
             let set: JwkSet = serde_json::from_slice(&read_file(p)?)
                 .map_err(|e| format!("{}: not a JWK set: {e}", p.display()))?;
-            return Ok(keys_from_jwks(&set, alg));
+            return Ok(keys_from_jwks(&set, alg, binding.as_ref()));
         }
         KeySource::JwksUrl(_) => return Ok(Vec::new()),
     };
@@ -256,6 +296,7 @@ fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
         kid: k.kid.clone(),
         alg,
         key,
+        binding,
     }])
 }
 
@@ -271,6 +312,7 @@ impl Authenticator {
                 remote.push(RemoteJwks {
                     url: url.clone(),
                     alg: jwt_algorithm(k.algorithm),
+                    binding: Binding::new(k)?,
                     state: tokio::sync::Mutex::new(RemoteState {
                         keys: Vec::new(),
                         last_fetch: None,
@@ -317,7 +359,7 @@ impl Authenticator {
             body.extend_from_slice(&chunk);
         }
         let set: JwkSet = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        Ok(keys_from_jwks(&set, r.alg))
+        Ok(keys_from_jwks(&set, r.alg, r.binding.as_ref()))
     }
 
     /// Keys of remote sets matching `kid`, refreshing once per interval.
@@ -383,7 +425,7 @@ impl Authenticator {
         let mut last = AuthError::BadSignature;
         for key in &candidates {
             match self.decode(token, key) {
-                Ok(claims) => return self.principal(&claims),
+                Ok(claims) => return self.principal(&claims, key.binding.as_deref()),
                 Err(e) => last = e,
             }
         }
@@ -426,10 +468,26 @@ impl Authenticator {
             })
     }
 
-    fn principal(&self, claims: &Map<String, Value>) -> Result<Principal, AuthError> {
-        let tenant = match claims.get(&self.settings.tenant_claim) {
-            Some(Value::String(t)) => t,
-            _ => return Err(AuthError::MissingClaim(self.settings.tenant_claim.clone())),
+    /// The principal of verified `claims`. A key bound to a tenant fills
+    /// in a missing tenant claim (and scope claim) and refuses any other
+    /// tenant.
+    fn principal(
+        &self,
+        claims: &Map<String, Value>,
+        binding: Option<&Binding>,
+    ) -> Result<Principal, AuthError> {
+        let claimed = match claims.get(&self.settings.tenant_claim) {
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(_) => return Err(AuthError::MissingClaim(self.settings.tenant_claim.clone())),
+            None => None,
+        };
+        let tenant = match (claimed, binding) {
+            (Some(t), Some(b)) if t != b.tenant => return Err(AuthError::TenantMismatch),
+            (Some(t), _) => t,
+            (None, Some(b)) => b.tenant.as_str(),
+            (None, None) => {
+                return Err(AuthError::MissingClaim(self.settings.tenant_claim.clone()));
+            }
         };
         if !self.tenants.contains(tenant) {
             return Err(AuthError::UnknownTenant);
@@ -441,13 +499,17 @@ impl Authenticator {
                 .iter()
                 .filter_map(Value::as_str)
                 .for_each(|s| scopes.add(s)),
-            _ => {}
+            _ => {
+                if let Some(b) = binding {
+                    scopes = b.scopes;
+                }
+            }
         }
         if scopes.is_empty() {
             return Err(AuthError::NoScope);
         }
         Ok(Principal {
-            tenant: Arc::from(tenant.as_str()),
+            tenant: Arc::from(tenant),
             subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
             scopes,
         })
