@@ -79,7 +79,8 @@ pub struct ServerConfig {
     pub listen: Option<String>,
     /// gRPC listener, `HOST:PORT`. Default: none.
     pub grpc_listen: Option<String>,
-    /// How long a disconnected session waits for a resume. Default: `10s`.
+    /// How long a disconnected session waits for a resume. Default: each
+    /// revision's reference (`10s` for 0.130.0 sessions, `80s` for 0.169.0).
     pub detach_ttl: Option<String>,
     /// Open connections (websocket + HTTP). Default: 16384.
     pub max_connections: Option<usize>,
@@ -97,6 +98,12 @@ pub struct ServerConfig {
     pub slow_client_timeout: Option<String>,
     /// On SIGTERM, how long running processes may finish before being killed. Default: `5s`.
     pub shutdown_grace: Option<String>,
+    /// `Origin` values a websocket upgrade may carry. Exec-server clients
+    /// send none; a browser always does, so by default any `Origin` is
+    /// refused (403): a web page cannot drive the gateway with a token it
+    /// got hold of. Default: none.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 /// `[exec]`: gateway-wide process settings.
@@ -105,7 +112,8 @@ pub struct ServerConfig {
 pub struct ExecConfig {
     /// Running processes over all tenants; past it, starts are shed (-32001). Default: 4096.
     pub max_processes: Option<usize>,
-    /// How long a closed process stays readable (and its id taken). Default: `30s`.
+    /// How long a closed process stays readable (and its id taken).
+    /// Default: each revision's reference (`30s` for 0.130.0, `80s` for 0.169.0).
     pub exited_retention: Option<String>,
 }
 
@@ -208,7 +216,8 @@ pub struct TenantConfig {
 pub struct Settings {
     pub listen: SocketAddr,
     pub grpc_listen: Option<SocketAddr>,
-    pub detach_ttl: Duration,
+    /// `None`: the session revision's.
+    pub detach_ttl: Option<Duration>,
     pub max_connections: usize,
     pub max_sessions: usize,
     pub max_in_flight_per_connection: usize,
@@ -217,8 +226,10 @@ pub struct Settings {
     pub max_message_bytes: usize,
     pub slow_client_timeout: Duration,
     pub shutdown_grace: Duration,
+    pub allowed_origins: Vec<String>,
     pub max_processes: usize,
-    pub exited_retention: Duration,
+    /// `None`: the session revision's.
+    pub exited_retention: Option<Duration>,
     pub auth: AuthSettings,
     pub tenants: BTreeMap<String, TenantSettings>,
     pub isolation: IsolationSettings,
@@ -372,9 +383,6 @@ pub struct TenantSettings {
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
 /// The name of the embedded configuration's tenant.
 pub const DEFAULT_TENANT: &str = "default";
-/// How long a closed process stays readable by default (the reference's
-/// retention).
-pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// Largest leeway accepted on `exp`/`nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(30);
 /// Shortest accepted HS* secret.
@@ -402,6 +410,12 @@ fn duration(name: &str, value: Option<&str>, default: Duration) -> Result<Durati
     }
 }
 
+fn optional_duration(name: &str, value: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    value
+        .map(|v| duration(name, Some(v), Duration::ZERO))
+        .transpose()
+}
+
 fn positive(name: &str, value: Option<usize>, default: usize) -> Result<usize, ConfigError> {
     match value.unwrap_or(default) {
         0 => Err(ConfigError(format!("{name} must be at least 1"))),
@@ -416,7 +430,14 @@ fn default_base_env(home: &Path) -> HashMap<String, String> {
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         ),
         ("LANG", "C.UTF-8"),
-        ("SHELL", "/bin/sh"),
+        (
+            "SHELL",
+            if Path::new("/bin/bash").exists() {
+                "/bin/bash"
+            } else {
+                "/bin/sh"
+            },
+        ),
         ("TMPDIR", "/tmp"),
     ]
     .into_iter()
@@ -552,11 +573,7 @@ impl Config {
         Ok(Settings {
             listen,
             grpc_listen,
-            detach_ttl: duration(
-                "server.detach_ttl",
-                s.detach_ttl.as_deref(),
-                Duration::from_secs(10),
-            )?,
+            detach_ttl: optional_duration("server.detach_ttl", s.detach_ttl.as_deref())?,
             max_connections: positive("server.max_connections", s.max_connections, 16384)?,
             max_sessions: positive("server.max_sessions", s.max_sessions, 16384)?,
             max_in_flight_per_connection: positive(
@@ -585,11 +602,11 @@ impl Config {
                 s.shutdown_grace.as_deref(),
                 Duration::from_secs(5),
             )?,
+            allowed_origins: s.allowed_origins,
             max_processes: positive("exec.max_processes", self.exec.max_processes, 4096)?,
-            exited_retention: duration(
+            exited_retention: optional_duration(
                 "exec.exited_retention",
                 self.exec.exited_retention.as_deref(),
-                EXITED_PROCESS_RETENTION,
             )?,
             auth,
             tenants,
@@ -837,7 +854,7 @@ mod tests {
     fn defaults() {
         let s: Config = toml::from_str(&minimal("")).unwrap();
         let s = s.validate().unwrap();
-        assert_eq!(s.detach_ttl, Duration::from_secs(10));
+        assert_eq!(s.detach_ttl, None);
         assert_eq!(s.listen.to_string(), "127.0.0.1:8765");
         let t = &s.tenants["a"];
         assert_eq!(t.root.as_deref(), Some(Path::new("/tmp")));

@@ -26,6 +26,8 @@ pub mod code {
     pub const DEADLINE_EXCEEDED: i64 = -32005;
     /// Ours: a tenant quota is exhausted.
     pub const QUOTA_EXCEEDED: i64 = -32006;
+    /// 0.169.0: the session is attached to another connection.
+    pub const SESSION_ATTACHED: i64 = -32010;
 }
 
 /// Wire-independent classification of an error.
@@ -39,6 +41,10 @@ pub enum ErrorKind {
     MethodNotFound,
     InvalidParams,
     NotFound,
+    /// A path outside the tenant root: "not found" to a client, counted apart.
+    OutsideRoot,
+    /// Resuming a session that another connection holds.
+    SessionAttached,
     Internal,
     Overloaded,
     Unauthenticated,
@@ -67,6 +73,13 @@ pub enum GatewayError {
     /// -32004: a path that does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// -32004: a path outside the tenant root (the message says so).
+    #[error("{0}")]
+    OutsideRoot(String),
+    /// Resuming a session another connection holds: -32010 for a 0.169.0
+    /// session, -32600 for a 0.130.0 one (each reference's code).
+    #[error("session {id} is already attached to another connection")]
+    SessionAttached { id: String, current: bool },
     /// -32603 with a message safe to show (OS error text).
     #[error("{0}")]
     Internal(String),
@@ -104,6 +117,8 @@ impl GatewayError {
             GatewayError::MethodNotFound(_) => ErrorKind::MethodNotFound,
             GatewayError::InvalidParams(_) => ErrorKind::InvalidParams,
             GatewayError::NotFound(_) => ErrorKind::NotFound,
+            GatewayError::OutsideRoot(_) => ErrorKind::OutsideRoot,
+            GatewayError::SessionAttached { .. } => ErrorKind::SessionAttached,
             GatewayError::Internal(_) => ErrorKind::Internal,
             GatewayError::Overloaded | GatewayError::RateLimited { .. } => ErrorKind::Overloaded,
             GatewayError::MissingScope(_) => ErrorKind::Forbidden,
@@ -124,6 +139,8 @@ impl GatewayError {
             ErrorKind::MethodNotFound => "method_not_found",
             ErrorKind::InvalidParams => "invalid_params",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::OutsideRoot => "outside_root",
+            ErrorKind::SessionAttached => "session_attached",
             ErrorKind::Internal => "internal",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -142,7 +159,11 @@ impl GatewayError {
             }
             ErrorKind::MethodNotFound => code::METHOD_NOT_FOUND,
             ErrorKind::InvalidParams => code::INVALID_PARAMS,
-            ErrorKind::NotFound => code::NOT_FOUND,
+            ErrorKind::NotFound | ErrorKind::OutsideRoot => code::NOT_FOUND,
+            ErrorKind::SessionAttached => match self {
+                GatewayError::SessionAttached { current: true, .. } => code::SESSION_ATTACHED,
+                _ => code::INVALID_REQUEST,
+            },
             ErrorKind::Internal => code::INTERNAL,
             ErrorKind::Overloaded => code::OVERLOADED,
             ErrorKind::Unauthenticated => code::UNAUTHENTICATED,
@@ -180,7 +201,8 @@ impl GatewayError {
         use tonic::Code;
         let code = match self.kind() {
             ErrorKind::InvalidRequest | ErrorKind::InvalidParams => Code::InvalidArgument,
-            ErrorKind::UnknownId | ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::UnknownId | ErrorKind::NotFound | ErrorKind::OutsideRoot => Code::NotFound,
+            ErrorKind::SessionAttached => Code::FailedPrecondition,
             ErrorKind::AlreadyExists => Code::AlreadyExists,
             ErrorKind::MethodNotFound => Code::Unimplemented,
             ErrorKind::Internal => Code::Internal,
@@ -210,7 +232,8 @@ impl GatewayError {
             ErrorKind::Overloaded | ErrorKind::Draining => 503,
             ErrorKind::DeadlineExceeded => 504,
             ErrorKind::QuotaExceeded => 429,
-            ErrorKind::NotFound | ErrorKind::UnknownId => 404,
+            ErrorKind::NotFound | ErrorKind::UnknownId | ErrorKind::OutsideRoot => 404,
+            ErrorKind::SessionAttached => 409,
             ErrorKind::Internal => 500,
             ErrorKind::InvalidRequest
             | ErrorKind::AlreadyExists

@@ -23,17 +23,25 @@ use tokio::sync::mpsc;
 use crate::auth::Scope;
 use crate::error::GatewayError;
 use crate::protocol::Empty;
+use crate::protocol::environment::{
+    ConfigReadParams, ConfigReadResponse, DiscoverParams, DiscoverResponse, EnvironmentInfo,
+    RootsParams, RootsResponse, StatusResponse,
+};
 use crate::protocol::fs::{
-    CopyParams, CreateDirectoryParams, MetadataResponse, PathParams, ReadDirectoryResponse,
-    ReadFileResponse, RemoveParams, WriteFileParams,
+    CanonicalizeResponse, CopyParams, CreateDirectoryParams, HandleParams, MetadataResponse,
+    OpenMode, OpenParams, PathParams, ReadBlockParams, ReadBlockResponse, ReadDirectoryResponse,
+    ReadFileResponse, RemoveParams, WalkParams, WalkResponse, WatchMissingParams,
+    WatchMissingResponse, WriteBlockParams, WriteFileParams,
 };
 use crate::protocol::jsonrpc::decode_params;
 use crate::protocol::methods as m;
+use crate::protocol::path::{PathField, WirePath};
 use crate::protocol::process::{
     ExecParams, ExecResponse, InitializeParams, InitializeResponse, ListResponse, MAX_READ_WAIT,
     ProcessEvent, ProcessIdParams, ReadParams, ReadResponse, ResizeParams, SignalParams,
     TerminateResponse, WriteParams, WriteResponse,
 };
+use crate::protocol::revision::Revision;
 use crate::protocol::v0::{
     CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
 };
@@ -45,6 +53,10 @@ pub enum MethodFamily {
     Exec,
     Filesystem,
     Http,
+    EnvironmentInfo,
+    EnvironmentStatus,
+    EnvironmentConfig,
+    CapabilityDiscovery,
 }
 
 impl MethodFamily {
@@ -55,6 +67,10 @@ impl MethodFamily {
             MethodFamily::Exec => "exec",
             MethodFamily::Filesystem => "filesystem",
             MethodFamily::Http => "http",
+            MethodFamily::EnvironmentInfo => "environment info",
+            MethodFamily::EnvironmentStatus => "environment status",
+            MethodFamily::EnvironmentConfig => "environment config",
+            MethodFamily::CapabilityDiscovery => "capability discovery",
         }
     }
 }
@@ -96,8 +112,8 @@ macro_rules! method_table {
                 }
             }
 
-            /// The scope this call requires; `None` for session management.
-            pub fn scope(&self) -> Option<Scope> {
+            /// The scope the table gives the method.
+            fn table_scope(&self) -> Option<Scope> {
                 match self {
                     $( Call::$variant(_) => $scope, )*
                 }
@@ -138,6 +154,87 @@ method_table! {
     CommandExec(CommandExecParams) = m::COMMAND_EXEC, Exec, Some(Scope::Exec);
     CommandExecWrite(CommandExecWriteParams) = m::COMMAND_EXEC_WRITE, Exec, Some(Scope::Exec);
     CommandExecTerminate(ProcessIdParams) = m::COMMAND_EXEC_TERMINATE, Exec, Some(Scope::Exec);
+    FsCanonicalize(PathParams) = m::FS_CANONICALIZE, Filesystem, Some(Scope::FsRead);
+    FsWalk(WalkParams) = m::FS_WALK, Filesystem, Some(Scope::FsRead);
+    // `replace` needs fs:write (see `Call::scope`).
+    FsOpen(OpenParams) = m::FS_OPEN, Filesystem, Some(Scope::FsRead);
+    FsReadBlock(ReadBlockParams) = m::FS_READ_BLOCK, Filesystem, Some(Scope::FsRead);
+    FsWriteBlock(WriteBlockParams) = m::FS_WRITE_BLOCK, Filesystem, Some(Scope::FsWrite);
+    FsClose(HandleParams) = m::FS_CLOSE, Filesystem, Some(Scope::FsRead);
+    FsWatchMissing(WatchMissingParams) = m::FS_WATCH_MISSING, Filesystem, Some(Scope::FsRead);
+    EnvironmentInfo(NoParams) = m::ENVIRONMENT_INFO, EnvironmentInfo, None;
+    EnvironmentStatus(NoParams) = m::ENVIRONMENT_STATUS, EnvironmentStatus, None;
+    EnvironmentConfigRead(ConfigReadParams) = m::ENVIRONMENT_CONFIG_READ, EnvironmentConfig, Some(Scope::FsRead);
+    CapabilitiesDiscover(DiscoverParams) = m::CAPABILITIES_DISCOVER_V2, CapabilityDiscovery, Some(Scope::FsRead);
+    CapabilityRootsDiscover(RootsParams) = m::CAPABILITY_ROOTS_DISCOVER_V1, CapabilityDiscovery, Some(Scope::FsRead);
+}
+
+impl Call {
+    /// The scope this call requires; `None` for session management and
+    /// environment description.
+    pub fn scope(&self) -> Option<Scope> {
+        match self {
+            Call::FsOpen(p) if p.mode == OpenMode::Replace => Some(Scope::FsWrite),
+            other => other.table_scope(),
+        }
+    }
+
+    /// The path fields of the call, with how the reference words an error
+    /// in each.
+    pub fn paths(&self) -> Vec<(&WirePath, PathField)> {
+        fn one(p: &WirePath) -> Vec<(&WirePath, PathField)> {
+            vec![(p, PathField::Path)]
+        }
+        match self {
+            Call::ProcessStart(p) => vec![(&p.cwd, PathField::Cwd)],
+            Call::CommandExec(p) => vec![(&p.cwd, PathField::Cwd)],
+            Call::FsReadFile(p)
+            | Call::FsGetMetadata(p)
+            | Call::FsReadDirectory(p)
+            | Call::FsCanonicalize(p) => one(&p.path),
+            Call::FsWriteFile(p) => one(&p.path),
+            Call::FsCreateDirectory(p) => one(&p.path),
+            Call::FsRemove(p) => one(&p.path),
+            Call::FsCopy(p) => vec![
+                (&p.source_path, PathField::Path),
+                (&p.destination_path, PathField::Path),
+            ],
+            Call::FsWalk(p) => one(&p.path),
+            Call::FsOpen(p) => one(&p.path),
+            Call::FsWatchMissing(p) => p
+                .missing
+                .iter()
+                .chain(p.present.iter())
+                .map(|w| (w, PathField::Path))
+                .collect(),
+            Call::EnvironmentConfigRead(p) => vec![(&p.cwd, PathField::Cwd)],
+            Call::CapabilitiesDiscover(p) => vec![(&p.cwd, PathField::Cwd)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The revision a call tells by itself: its paths, or a method only the
+    /// newer revision has.
+    pub fn tells(&self) -> Option<Revision> {
+        if let Some(r) = self.paths().iter().find_map(|(p, _)| p.tells()) {
+            return Some(r);
+        }
+        match self {
+            Call::FsCanonicalize(_)
+            | Call::FsWalk(_)
+            | Call::FsOpen(_)
+            | Call::FsReadBlock(_)
+            | Call::FsWriteBlock(_)
+            | Call::FsClose(_)
+            | Call::FsWatchMissing(_)
+            | Call::EnvironmentInfo(_)
+            | Call::EnvironmentStatus(_)
+            | Call::EnvironmentConfigRead(_)
+            | Call::CapabilitiesDiscover(_)
+            | Call::CapabilityRootsDiscover(_) => Some(Revision::Nov2026),
+            _ => None,
+        }
+    }
 }
 
 /// A typed result; serialises to exactly the wire `result`.
@@ -155,6 +252,16 @@ pub enum Reply {
     FsReadDirectory(ReadDirectoryResponse),
     CommandExec(CommandExecResponse),
     CommandExecWrite(CommandExecWriteResponse),
+    FsCanonicalize(CanonicalizeResponse),
+    FsWalk(WalkResponse),
+    FsOpen(HandleParams),
+    FsReadBlock(ReadBlockResponse),
+    FsWatchMissing(WatchMissingResponse),
+    EnvironmentInfo(Box<EnvironmentInfo>),
+    EnvironmentStatus(StatusResponse),
+    EnvironmentConfigRead(ConfigReadResponse),
+    CapabilitiesDiscover(DiscoverResponse),
+    CapabilityRootsDiscover(RootsResponse),
     Empty(Empty),
 }
 

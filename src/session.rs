@@ -15,7 +15,18 @@ use parking_lot::Mutex;
 use crate::backend::SessionBackend;
 use crate::error::GatewayError;
 use crate::outbound::{AttachToken, Attachment, Outbound};
+use crate::protocol::revision::{Revision, RevisionCell};
+use crate::rpc::Call;
 use crate::tenant::Tenant;
+
+/// How long a detached session waits for a resume in each revision's
+/// reference server.
+pub fn default_detach_ttl(revision: Revision) -> Duration {
+    match revision {
+        Revision::May2026 => Duration::from_secs(10),
+        Revision::Nov2026 => Duration::from_secs(80),
+    }
+}
 
 /// One session, owned by one tenant.
 pub struct Session {
@@ -23,6 +34,8 @@ pub struct Session {
     pub tenant: Arc<Tenant>,
     /// Where the session's processes and file operations run.
     pub backend: Arc<dyn SessionBackend>,
+    /// The protocol revision its client speaks, once a request told it.
+    pub revision: Arc<RevisionCell>,
     attachment: Arc<Attachment>,
     /// Bumped on every attach; a TTL timer only fires for the detach it saw.
     epoch: AtomicU64,
@@ -33,6 +46,44 @@ pub struct Session {
 }
 
 impl Session {
+    /// Check a call against the session's revision, learning the revision
+    /// from it if it tells: every path must be in the revision's form, and
+    /// 0.169.0 requires a non-empty `writeId`. Errors are worded as that
+    /// revision's reference server words them.
+    pub fn admit_call(&self, call: &Call) -> Result<Revision, GatewayError> {
+        let revision = match call.tells() {
+            Some(r) => self.revision.observe(r),
+            None => self.revision.or_default(),
+        };
+        for (path, field) in call.paths() {
+            path.check(revision, field).map_err(|e| {
+                if e.invalid_params {
+                    GatewayError::InvalidParams(e.message)
+                } else {
+                    GatewayError::InvalidRequest(e.message)
+                }
+            })?;
+        }
+        if revision == Revision::Nov2026
+            && let Call::ProcessWrite(w) = call
+        {
+            match w.write_id.as_deref() {
+                None => {
+                    return Err(GatewayError::InvalidParams(
+                        "missing field `writeId`".to_owned(),
+                    ));
+                }
+                Some("") => {
+                    return Err(GatewayError::InvalidParams(
+                        "writeId must not be empty".to_owned(),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(revision)
+    }
+
     /// Note activity: a detached session lives `detach_ttl` past its last use.
     pub fn touch(&self) {
         *self.last_active.lock() = tokio::time::Instant::now();
@@ -58,13 +109,14 @@ impl Drop for StreamGuard {
 /// All sessions of one gateway process.
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    detach_ttl: Duration,
+    /// `None`: the session revision's.
+    detach_ttl: Option<Duration>,
     max_sessions: usize,
     next_generation: AtomicU64,
 }
 
 impl SessionRegistry {
-    pub fn new(detach_ttl: Duration, max_sessions: usize) -> Arc<Self> {
+    pub fn new(detach_ttl: Option<Duration>, max_sessions: usize) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detach_ttl,
@@ -90,9 +142,10 @@ impl SessionRegistry {
                 return Err(unknown());
             }
             if session.attachment.is_attached() {
-                return Err(GatewayError::InvalidRequest(format!(
-                    "session {id} is already attached to another connection"
-                )));
+                return Err(GatewayError::SessionAttached {
+                    id: id.to_owned(),
+                    current: session.revision.get() == Some(Revision::Nov2026),
+                });
             }
             session.epoch.fetch_add(1, Ordering::Relaxed);
             let token = session.attachment.attach(generation, outbound);
@@ -111,7 +164,11 @@ impl SessionRegistry {
             });
         }
         let attachment = Arc::new(Attachment::default());
-        let backend = match tenant.backend.open_session(attachment.clone()) {
+        let revision = Arc::new(RevisionCell::default());
+        let backend = match tenant
+            .backend
+            .open_session(attachment.clone(), revision.clone())
+        {
             Ok(b) => b,
             Err(e) => {
                 tenant.remove_session();
@@ -123,6 +180,7 @@ impl SessionRegistry {
             id: uuid::Uuid::new_v4().to_string(),
             tenant: tenant.clone(),
             backend,
+            revision,
             attachment,
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
@@ -166,7 +224,9 @@ impl SessionRegistry {
         let epoch = session.epoch.load(Ordering::Relaxed);
         let registry = Arc::downgrade(self);
         let session = session.clone();
-        let ttl = self.detach_ttl;
+        let ttl = self
+            .detach_ttl
+            .unwrap_or_else(|| default_detach_ttl(session.revision.or_default()));
         crate::task::spawn("session-ttl", async move {
             loop {
                 let deadline = *session.last_active.lock() + ttl;

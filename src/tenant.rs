@@ -13,7 +13,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::Semaphore;
 
 use crate::backend::Backend;
-use crate::backend::local::{LocalBackend, Runner};
+use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
 use crate::config::{ConfigError, Settings, TenantSettings};
 use crate::exec::ExecSettings;
 use crate::fs::FsRoot;
@@ -121,7 +121,21 @@ impl Tenants {
             };
             exec.spawned_in_worker = layers.workers;
             exec.cgroup = cgroup;
-            let backend = LocalBackend::new(Arc::new(fs), Arc::new(exec), runner);
+            let root = fs.path().to_path_buf();
+            let env_var = |k: &str, default: &str| {
+                t.base_env
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| default.to_owned())
+            };
+            let environment = EnvironmentSpec {
+                tenant: name.clone(),
+                home: env_var("HOME", &root.display().to_string()),
+                tmp: env_var("TMPDIR", "/tmp"),
+                shell: env_var("SHELL", "/bin/sh"),
+                root,
+            };
+            let backend = LocalBackend::new(Arc::new(fs), Arc::new(exec), runner, environment);
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(

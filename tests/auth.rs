@@ -506,10 +506,13 @@ async fn embedded_default_serves_tenant_default_with_a_minted_token() {
         std::fs::read(root.path().join("hello.txt")).unwrap(),
         b"hi\n"
     );
-    let (code, _) = c
+    let (code, msg) = c
         .call_err("fs/readFile", json!({"path": "/etc/hostname"}))
         .await;
-    assert_eq!(code, -32600, "the default tenant is confined to its root");
+    // Outside the root reads as "not found" (clients such as Codex then
+    // carry on), while the message says why.
+    assert_eq!(code, -32004, "the default tenant is confined to its root");
+    assert_eq!(msg, "path `/etc/hostname` is outside the tenant root");
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -241,6 +241,7 @@ async fn confined_root_refuses_escapes() {
         .call("fs/readFile", json!({"path": format!("{r}/ok")}))
         .await;
     assert_eq!(unb64(ok["dataBase64"].as_str().unwrap()), b"fine");
+    // Every escape reads as "not found" (-32004), saying why.
     for path in [
         format!("{r}/../secret"),
         format!("{r}/abs-out"),
@@ -249,15 +250,21 @@ async fn confined_root_refuses_escapes() {
         "/etc/passwd".to_owned(),
     ] {
         let resp = c.call_raw("fs/readFile", json!({"path": path})).await;
-        assert!(resp.get("error").is_some(), "escape via {path}: {resp}");
+        assert_eq!(resp["error"]["code"], -32004, "escape via {path}: {resp}");
+        let msg = resp["error"]["message"].as_str().unwrap();
+        assert!(msg.ends_with("is outside the tenant root"), "{path}: {msg}");
     }
-    let (code, _) = c
+    let (code, msg) = c
         .call_err(
             "process/start",
             json!({"processId":"p","argv":["true"],"cwd":"/tmp","env":{},"tty":false}),
         )
         .await;
-    assert_eq!(code, -32600, "cwd outside the root");
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32004, "path `/tmp` is outside the tenant root"),
+        "cwd outside the root"
+    );
     c.call(
         "process/start",
         json!({"processId":"p","argv":["true"],"cwd": r,"env":{},"tty":false}),

@@ -1,9 +1,16 @@
 //! The local backend: a tenant's processes run in its worker pool (or, with
 //! workers off, are spawned by the gateway under the tenant's sandbox), and
 //! its file operations run in a worker (or on the gateway's blocking pool).
+//!
+//! Answers follow the session's protocol revision: paths in its form, the
+//! fields each revision has, each reference's error for the same failure.
 
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, OpFuture, SessionBackend};
@@ -12,14 +19,34 @@ use crate::exec::{Api, ExecSettings, ProcessTable, StartOptions};
 use crate::fs::{FsDone, FsError, FsOp, FsRoot};
 use crate::isolation::sandbox::Sandbox;
 use crate::outbound::Attachment;
-use crate::protocol::Empty;
-use crate::protocol::fs::{PathParams, ReadFileResponse, WriteFileParams};
-use crate::protocol::process::{ExecParams, ExecResponse};
+use crate::protocol::environment::{
+    ConfigLayers, ConfigReadParams, ConfigReadResponse, DiscoverResponse, EnvironmentInfo,
+    RootsResponse, Shell, StatusResponse,
+};
+use crate::protocol::fs::{
+    CanonicalizeResponse, HandleParams, OpenMode, OpenParams, PathParams, ReadBlockParams,
+    ReadBlockResponse, ReadFileResponse, WalkResponse, WatchMissingParams, WatchMissingResponse,
+    WriteBlockParams, WriteFileParams,
+};
+use crate::protocol::path::{WirePath, to_wire};
+use crate::protocol::process::{ExecParams, ExecResponse, SandboxType};
+use crate::protocol::revision::{Revision, RevisionCell};
 use crate::protocol::v0::{CommandExecParams, CommandExecResponse, CommandExecWriteResponse};
-use crate::protocol::{ByteChunk, base64_decode};
+use crate::protocol::{ByteChunk, Empty, base64_decode, notify};
 use crate::rpc::{Call, Op, Open, Opened, Outcome, Reply};
 use crate::spawn::{LocalSpawner, Spawner};
 use crate::worker::WorkerPool;
+
+/// Open `fs/open` handles per session.
+pub const MAX_FILE_HANDLES: usize = 64;
+/// Largest `fs/readBlock` (the reference's limit).
+pub const MAX_READ_BLOCK_BYTES: u64 = 1024 * 1024;
+/// Paths one `fs/watchMissing` may watch.
+pub const MAX_WATCHED_PATHS: usize = 1024;
+/// A watch checks its paths this often at first, backing off to
+/// [`WATCH_POLL_MAX`] while nothing changes.
+const WATCH_POLL_MIN: Duration = Duration::from_millis(100);
+const WATCH_POLL_MAX: Duration = Duration::from_secs(2);
 
 /// Where a tenant's processes and file operations run.
 pub enum Runner {
@@ -28,6 +55,17 @@ pub enum Runner {
     /// In the gateway: each child confines itself with `sandbox`; file
     /// operations run on the blocking pool (as the tenant's uid, if any).
     Here(Option<Arc<Sandbox>>),
+}
+
+/// What a tenant's commands run in, as `environmentInfo` describes it.
+#[derive(Debug, Clone)]
+pub struct EnvironmentSpec {
+    pub tenant: String,
+    /// The tenant root (commands' default cwd).
+    pub root: PathBuf,
+    pub home: String,
+    pub tmp: String,
+    pub shell: String,
 }
 
 /// A tenant on this gateway's own machinery.
@@ -40,12 +78,23 @@ struct Shared {
     root: Arc<FsRoot>,
     exec: Arc<ExecSettings>,
     runner: Runner,
+    env: EnvironmentSpec,
 }
 
 impl LocalBackend {
-    pub fn new(root: Arc<FsRoot>, exec: Arc<ExecSettings>, runner: Runner) -> LocalBackend {
+    pub fn new(
+        root: Arc<FsRoot>,
+        exec: Arc<ExecSettings>,
+        runner: Runner,
+        env: EnvironmentSpec,
+    ) -> LocalBackend {
         LocalBackend {
-            shared: Arc::new(Shared { root, exec, runner }),
+            shared: Arc::new(Shared {
+                root,
+                exec,
+                runner,
+                env,
+            }),
         }
     }
 }
@@ -54,6 +103,7 @@ impl Backend for LocalBackend {
     fn open_session(
         &self,
         attachment: Arc<Attachment>,
+        revision: Arc<RevisionCell>,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
         let spawner: Box<dyn Spawner> = match &self.shared.runner {
             Runner::Workers(pool) => Box::new(pool.session()),
@@ -62,20 +112,31 @@ impl Backend for LocalBackend {
             }),
         };
         Ok(Arc::new(LocalSession {
-            table: ProcessTable::new(attachment, self.shared.exec.clone(), spawner),
+            table: ProcessTable::new(
+                attachment.clone(),
+                self.shared.exec.clone(),
+                spawner,
+                revision.clone(),
+            ),
             shared: self.shared.clone(),
+            revision,
+            attachment,
+            handles: Mutex::new(HashMap::new()),
+            watch: Mutex::new(None),
         }))
     }
 
     fn run_sessionless(&self, op: Op) -> OpFuture {
         let shared = self.shared.clone();
         Box::pin(async move {
+            // gRPC: plain paths, the older revision's shapes.
+            let revision = Revision::May2026;
             match op {
                 Op::Call(call) if is_file_call(&call) => {
-                    shared.file_call(call).await.map(Outcome::Reply)
+                    shared.file_call(call, revision).await.map(Outcome::Reply)
                 }
                 Op::Open(open @ (Open::ReadFile(_) | Open::WriteFile(_))) => {
-                    shared.open_file(open).await
+                    shared.open_file(open, revision).await
                 }
                 _ => Err(GatewayError::InvalidRequest(
                     "this call needs a session".to_owned(),
@@ -101,6 +162,8 @@ fn is_file_call(call: &Call) -> bool {
             | Call::FsReadDirectory(_)
             | Call::FsRemove(_)
             | Call::FsCopy(_)
+            | Call::FsCanonicalize(_)
+            | Call::FsWalk(_)
     )
 }
 
@@ -110,30 +173,32 @@ fn empty() -> Reply {
 
 impl Shared {
     /// Run a file operation where the tenant's file operations run.
-    async fn fs(&self, op: FsOp) -> Result<FsDone, GatewayError> {
-        let done = match &self.runner {
+    async fn fs(&self, op: FsOp) -> Result<FsDone, FsError> {
+        match &self.runner {
             Runner::Workers(pool) => pool.fs(op).await,
             Runner::Here(_) => {
                 let root = self.root.clone();
                 blocking(move || crate::fs::run(&root, op)).await
             }
-        };
-        Ok(done?)
+        }
     }
 
-    async fn fs_file(&self, op: FsOp) -> Result<std::fs::File, GatewayError> {
+    async fn fs_file(&self, op: FsOp) -> Result<std::fs::File, FsError> {
         match self.fs(op).await? {
             FsDone::File(f) => Ok(f),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn file_call(&self, call: Call) -> Result<Reply, GatewayError> {
-        let done = |op| async { self.fs(op).await };
+    async fn file_call(&self, call: Call, revision: Revision) -> Result<Reply, GatewayError> {
+        let err = |e: FsError| e.into_gateway_error(revision);
+        let done = |op| async { self.fs(op).await.map_err(err) };
         Ok(match call {
             Call::FsReadFile(p) => {
-                let file = self.fs_file(FsOp::OpenRead(p)).await?;
-                let data = blocking(move || crate::fs::read_whole(file)).await?;
+                let file = self.fs_file(FsOp::OpenRead(p)).await.map_err(err)?;
+                let data = blocking(move || crate::fs::read_whole(file))
+                    .await
+                    .map_err(err)?;
                 // Encoded later, straight into the response frame.
                 Reply::FsReadFile(ReadFileResponse {
                     data_base64: ByteChunk(data),
@@ -141,10 +206,14 @@ impl Shared {
             }
             Call::FsWriteFile(p) => {
                 let data = write_data(&p)?;
-                let file = self
-                    .fs_file(FsOp::OpenWrite(PathParams { path: p.path }))
-                    .await?;
-                blocking(move || crate::fs::write_whole(&file, &data)).await?;
+                let open = PathParams {
+                    path: p.path,
+                    follow_symlinks: p.follow_symlinks,
+                };
+                let file = self.fs_file(FsOp::OpenWrite(open)).await.map_err(err)?;
+                blocking(move || crate::fs::write_whole(&file, &data))
+                    .await
+                    .map_err(err)?;
                 empty()
             }
             Call::FsCreateDirectory(p) => {
@@ -152,12 +221,17 @@ impl Shared {
                 empty()
             }
             Call::FsGetMetadata(p) => match done(FsOp::GetMetadata(p)).await? {
-                FsDone::Metadata(m) => Reply::FsGetMetadata(m),
-                other => return Err(unexpected(&other)),
+                FsDone::Metadata(mut m) => {
+                    if revision == Revision::May2026 {
+                        m.size = None;
+                    }
+                    Reply::FsGetMetadata(m)
+                }
+                other => return Err(unexpected(&other).into()),
             },
             Call::FsReadDirectory(p) => match done(FsOp::ReadDirectory(p)).await? {
                 FsDone::Directory(d) => Reply::FsReadDirectory(d),
-                other => return Err(unexpected(&other)),
+                other => return Err(unexpected(&other).into()),
             },
             Call::FsRemove(p) => {
                 done(FsOp::Remove(p)).await?;
@@ -167,6 +241,19 @@ impl Shared {
                 done(FsOp::Copy(p)).await?;
                 empty()
             }
+            Call::FsCanonicalize(p) => match done(FsOp::Canonicalize(p)).await? {
+                FsDone::Path(path) => Reply::FsCanonicalize(CanonicalizeResponse {
+                    path: to_wire(&path, revision),
+                }),
+                other => return Err(unexpected(&other).into()),
+            },
+            Call::FsWalk(p) => match done(FsOp::Walk(p)).await? {
+                FsDone::Walk(mut w) => {
+                    rewrite_walk(&mut w, revision);
+                    Reply::FsWalk(w)
+                }
+                other => return Err(unexpected(&other).into()),
+            },
             other => {
                 return Err(GatewayError::Internal(format!(
                     "{} is not a file call",
@@ -176,7 +263,7 @@ impl Shared {
         })
     }
 
-    async fn open_file(&self, open: Open) -> Result<Outcome, GatewayError> {
+    async fn open_file(&self, open: Open, revision: Revision) -> Result<Outcome, GatewayError> {
         let op = match open {
             Open::ReadFile(p) => FsOp::OpenRead(p),
             Open::WriteFile(p) => FsOp::OpenWrite(p),
@@ -184,16 +271,79 @@ impl Shared {
                 return Err(GatewayError::Internal("not a file stream".to_owned()));
             }
         };
-        Ok(Outcome::Opened(Opened::File(self.fs_file(op).await?)))
+        let file = self
+            .fs_file(op)
+            .await
+            .map_err(|e| e.into_gateway_error(revision))?;
+        Ok(Outcome::Opened(Opened::File(file)))
     }
 
-    fn check_cwd(&self, cwd: &str) -> Result<(), GatewayError> {
-        Ok(self.root.check_cwd(cwd)?)
+    fn check_cwd(&self, cwd: &WirePath) -> Result<(), GatewayError> {
+        Ok(self.root.check_cwd(cwd.as_str())?)
+    }
+
+    /// `environmentInfo`: the tenant's root, home, temporary directory and
+    /// shell, and only the capabilities the gateway really has.
+    fn environment(&self) -> EnvironmentInfo {
+        use sha2::Digest as _;
+        let uri = |p: &str| to_wire(p, Revision::Nov2026);
+        let env = &self.env;
+        let digest = sha2::Sha256::digest(format!("exec-gateway/tenant/{}", env.tenant));
+        let provider: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let shell_name = Path::new(&env.shell)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sh".to_owned());
+        let capabilities = [
+            ("fsWatchMissing", true),
+            ("capabilityDiscoveryV2", true),
+            ("environmentConfigRead", true),
+            ("fileWriteStreaming", true),
+            ("sandboxedFileStreaming", false),
+            ("networkProxyLaunch", false),
+            ("networkProxyReviewDomains", false),
+            ("credentialMasking", false),
+            ("credentialMaskingCustomProviders", false),
+            ("capabilityDiscoverySandbox", false),
+            ("httpHeaderEnvVars", false),
+            ("shellSnapshotV2", false),
+            ("windowsMxc", false),
+            ("linuxRootWritePreservesDevices", false),
+            ("linuxApprovedRootWritePreservesRestrictions", false),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect::<BTreeMap<_, _>>();
+        EnvironmentInfo {
+            shell: Shell {
+                name: shell_name,
+                path: env.shell.clone(),
+            },
+            executor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            provider_id: format!("sha256:{provider}"),
+            cwd: uri(&env.root.display().to_string()),
+            user_home_dir: uri(&env.home),
+            platform_os: "linux".to_owned(),
+            prepend_path_dirs: Vec::new(),
+            temporary_directories: Vec::new(),
+            temp_dir: uri(&env.tmp),
+            capabilities,
+        }
     }
 }
 
-fn unexpected(done: &FsDone) -> GatewayError {
-    GatewayError::Internal(format!("unexpected file operation result: {done:?}"))
+/// A walk's host paths in the session's form.
+fn rewrite_walk(w: &mut WalkResponse, revision: Revision) {
+    for e in &mut w.entries {
+        e.path = to_wire(&e.path, revision);
+    }
+    for e in &mut w.errors {
+        e.path = to_wire(&e.path, revision);
+    }
+}
+
+fn unexpected(done: &FsDone) -> FsError {
+    FsError::Io(format!("unexpected file operation result: {done:?}"))
 }
 
 /// Decode `fs/writeFile` data (bad base64 is the reference's -32600).
@@ -216,10 +366,31 @@ where
         .map_err(|e| FsError::Io(format!("fs task failed: {e}")))?
 }
 
-/// One session on the local backend: its process table.
+/// An `fs/open` handle.
+struct Handle {
+    file: Arc<std::fs::File>,
+}
+
+/// The session's `fs/watchMissing` watch.
+struct Watch {
+    id: u64,
+    stop: CancellationToken,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One session on the local backend.
 struct LocalSession {
     table: Arc<ProcessTable>,
     shared: Arc<Shared>,
+    revision: Arc<RevisionCell>,
+    attachment: Arc<Attachment>,
+    handles: Mutex<HashMap<String, Handle>>,
+    watch: Mutex<Option<Watch>>,
 }
 
 const PROCESS: StartOptions = StartOptions {
@@ -230,6 +401,8 @@ const PROCESS: StartOptions = StartOptions {
 
 impl LocalSession {
     async fn call(&self, call: Call, evicted: CancellationToken) -> Result<Reply, GatewayError> {
+        let revision = self.revision.or_default();
+        let current = revision == Revision::Nov2026;
         let table = &self.table;
         Ok(match call {
             Call::Initialize(_) => {
@@ -241,8 +414,14 @@ impl LocalSession {
             Call::ProcessStart(p) => {
                 self.shared.check_cwd(&p.cwd)?;
                 let process_id = p.process_id.clone();
+                // The tenant's confinement applies whatever the client asks;
+                // no sandbox of the client's is applied on top.
+                let sandbox_type = current.then_some(SandboxType::None);
                 table.start(p, PROCESS)?;
-                Reply::ProcessStart(ExecResponse { process_id })
+                Reply::ProcessStart(ExecResponse {
+                    process_id,
+                    sandbox_type,
+                })
             }
             Call::ProcessRead(p) => Reply::ProcessRead(table.read(p, &evicted).await?),
             Call::ProcessWrite(p) => Reply::ProcessWrite(table.write(p).await?),
@@ -278,7 +457,34 @@ impl LocalSession {
             | Call::FsGetMetadata(_)
             | Call::FsReadDirectory(_)
             | Call::FsRemove(_)
-            | Call::FsCopy(_)) => self.shared.file_call(file).await?,
+            | Call::FsCopy(_)
+            | Call::FsCanonicalize(_)
+            | Call::FsWalk(_)) => self.shared.file_call(file, revision).await?,
+            Call::FsOpen(p) => self.open_handle(p, revision).await?,
+            Call::FsReadBlock(p) => self.read_block(p).await?,
+            Call::FsWriteBlock(p) => self.write_block(p).await?,
+            Call::FsClose(p) => {
+                self.handles.lock().remove(&p.handle_id);
+                empty()
+            }
+            Call::FsWatchMissing(p) => self.watch_missing(p).await?,
+            Call::EnvironmentInfo(_) => Reply::EnvironmentInfo(Box::new(self.shared.environment())),
+            Call::EnvironmentStatus(_) => Reply::EnvironmentStatus(StatusResponse {
+                status: "ready".to_owned(),
+            }),
+            Call::EnvironmentConfigRead(p) => self.config_read(&p)?,
+            Call::CapabilitiesDiscover(p) => {
+                self.shared.check_cwd(&p.cwd)?;
+                // No plugins or skills are installed on a gateway.
+                Reply::CapabilitiesDiscover(DiscoverResponse {
+                    plugins: Vec::new(),
+                    skills: Vec::new(),
+                    warnings: Vec::new(),
+                })
+            }
+            Call::CapabilityRootsDiscover(_) => {
+                Reply::CapabilityRootsDiscover(RootsResponse { roots: Vec::new() })
+            }
         })
     }
 
@@ -296,6 +502,7 @@ impl LocalSession {
             pipe_stdin: false,
             arg0: p.arg0,
             env_policy: None,
+            sandbox: None,
         };
         self.table.start(
             exec,
@@ -314,6 +521,187 @@ impl LocalSession {
         }))
     }
 
+    /// `fs/open`: `read` opens a regular file; `replace` creates or
+    /// truncates at once. Handles live as long as the session (bounded).
+    async fn open_handle(&self, p: OpenParams, revision: Revision) -> Result<Reply, GatewayError> {
+        let exists = || {
+            GatewayError::InvalidRequest(format!("file handle `{}` already exists", p.handle_id))
+        };
+        {
+            let handles = self.handles.lock();
+            if handles.contains_key(&p.handle_id) {
+                return Err(exists());
+            }
+            if handles.len() >= MAX_FILE_HANDLES {
+                return Err(GatewayError::InvalidRequest(format!(
+                    "too many open file handles (limit {MAX_FILE_HANDLES}); close some first"
+                )));
+            }
+        }
+        let path = PathParams {
+            path: p.path.clone(),
+            follow_symlinks: None,
+        };
+        let op = match p.mode {
+            OpenMode::Read => FsOp::OpenRead(path),
+            OpenMode::Replace => FsOp::OpenWrite(path),
+        };
+        let file = self
+            .shared
+            .fs_file(op)
+            .await
+            .map_err(|e| e.into_gateway_error(revision))?;
+        let mut handles = self.handles.lock();
+        if handles.contains_key(&p.handle_id) {
+            return Err(exists());
+        }
+        handles.insert(
+            p.handle_id.clone(),
+            Handle {
+                file: Arc::new(file),
+            },
+        );
+        Ok(Reply::FsOpen(HandleParams {
+            handle_id: p.handle_id,
+        }))
+    }
+
+    fn handle(&self, id: &str) -> Result<Arc<std::fs::File>, GatewayError> {
+        self.handles
+            .lock()
+            .get(id)
+            .map(|h| h.file.clone())
+            .ok_or_else(|| GatewayError::NotFound(format!("unknown file handle `{id}`")))
+    }
+
+    async fn read_block(&self, p: ReadBlockParams) -> Result<Reply, GatewayError> {
+        if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
+            )));
+        }
+        let file = self.handle(&p.handle_id)?;
+        let (data, eof) = blocking(move || {
+            use std::os::unix::fs::FileExt as _;
+            let io = |e: std::io::Error| FsError::from_io(&e);
+            let mut buf = vec![0u8; usize::try_from(p.len).unwrap_or(0)];
+            let n = file.read_at(&mut buf, p.offset).map_err(io)?;
+            buf.truncate(n);
+            let size = file.metadata().map_err(io)?.len();
+            Ok((buf, p.offset.saturating_add(n as u64) >= size))
+        })
+        .await?;
+        Ok(Reply::FsReadBlock(ReadBlockResponse {
+            chunk: ByteChunk(data),
+            eof,
+        }))
+    }
+
+    async fn write_block(&self, p: WriteBlockParams) -> Result<Reply, GatewayError> {
+        let file = self.handle(&p.handle_id)?;
+        blocking(move || {
+            use std::os::unix::fs::FileExt as _;
+            file.write_all_at(&p.chunk.0, p.offset)
+                .map_err(|e| FsError::from_io(&e))
+        })
+        .await?;
+        Ok(empty())
+    }
+
+    /// `fs/watchMissing`: one watch per session; a higher id replaces the
+    /// current one, a lower or equal one is ignored. It fires
+    /// `fs/missingChanged` once, when a missing path appears or the
+    /// present one disappears.
+    async fn watch_missing(&self, p: WatchMissingParams) -> Result<Reply, GatewayError> {
+        let not_watching = Reply::FsWatchMissing(WatchMissingResponse { watching: false });
+        if p.missing.len() + usize::from(p.present.is_some()) > MAX_WATCHED_PATHS {
+            return Err(GatewayError::InvalidParams(format!(
+                "too many paths to watch (limit {MAX_WATCHED_PATHS})"
+            )));
+        }
+        if self
+            .watch
+            .lock()
+            .as_ref()
+            .is_some_and(|w| p.watch_id <= w.id)
+        {
+            return Ok(not_watching);
+        }
+        let mut paths = p.missing.clone();
+        paths.extend(p.present.iter().cloned());
+        let before = exist(&self.shared.root, paths.clone()).await?;
+        let present_gone = p.present.is_some() && before.last() != Some(&true);
+        let nothing_missing = before[..p.missing.len()].iter().all(|e| *e);
+        let stop = CancellationToken::new();
+        {
+            let mut current = self.watch.lock();
+            if current.as_ref().is_some_and(|w| p.watch_id <= w.id) {
+                return Ok(not_watching);
+            }
+            // The new id replaces the old watch even when it does not watch.
+            *current = Some(Watch {
+                id: p.watch_id,
+                stop: stop.clone(),
+            });
+        }
+        if present_gone || nothing_missing {
+            return Ok(not_watching);
+        }
+        let (root, attachment, id) = (
+            self.shared.root.clone(),
+            self.attachment.clone(),
+            p.watch_id,
+        );
+        crate::task::spawn("fs-watch", async move {
+            let mut every = WATCH_POLL_MIN;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                let Ok(now) = exist(&root, paths.clone()).await else {
+                    return;
+                };
+                if now != before {
+                    attachment.notify(notify::fs_missing_changed(id)).await;
+                    return;
+                }
+                every = (every * 2).min(WATCH_POLL_MAX);
+            }
+        });
+        Ok(Reply::FsWatchMissing(WatchMissingResponse {
+            watching: true,
+        }))
+    }
+
+    /// `environmentConfig/read`: no configuration layers are kept on a
+    /// gateway; the homes are the tenant's.
+    fn config_read(&self, p: &ConfigReadParams) -> Result<Reply, GatewayError> {
+        if p.config_paths.is_empty() && p.requirements_paths.is_empty() {
+            return Err(GatewayError::InvalidParams(
+                "at least one config or requirements path is required".to_owned(),
+            ));
+        }
+        self.shared.check_cwd(&p.cwd)?;
+        let env = &self.shared.env;
+        let none = || ConfigLayers {
+            layers: Vec::new(),
+            cloud_insertion_index: 0,
+        };
+        Ok(Reply::EnvironmentConfigRead(ConfigReadResponse {
+            user_home_dir: to_wire(&env.home, Revision::Nov2026),
+            codex_home_dir: to_wire(
+                &Path::new(&env.home).join(".codex").display().to_string(),
+                Revision::Nov2026,
+            ),
+            hostname: nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            config: none(),
+            requirements: none(),
+        }))
+    }
+
     async fn open(&self, open: Open) -> Result<Outcome, GatewayError> {
         Ok(Outcome::Opened(match open {
             Open::Events(p) => Opened::Events(self.table.events(&p.process_id)?),
@@ -329,9 +717,22 @@ impl LocalSession {
                 Opened::Events(process)
             }
             file @ (Open::ReadFile(_) | Open::WriteFile(_)) => {
-                return self.shared.open_file(file).await;
+                return self
+                    .shared
+                    .open_file(file, self.revision.or_default())
+                    .await;
             }
         }))
+    }
+}
+
+/// Which of `paths` exist, checked by the gateway (confined to the root;
+/// existence is all that is learned).
+async fn exist(root: &Arc<FsRoot>, paths: Vec<WirePath>) -> Result<Vec<bool>, GatewayError> {
+    let root = root.clone();
+    match blocking(move || crate::fs::run(&root, FsOp::Exist(paths))).await? {
+        FsDone::Exist(v) => Ok(v),
+        other => Err(unexpected(&other).into()),
     }
 }
 
@@ -347,9 +748,15 @@ impl SessionBackend for LocalSession {
 
     fn kill_all(&self) {
         self.table.kill_all();
+        self.watch.lock().take();
+        self.handles.lock().clear();
     }
 
     fn live_processes(&self) -> usize {
         self.table.live_count()
+    }
+
+    fn environment(&self) -> EnvironmentInfo {
+        self.shared.environment()
     }
 }

@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
 use crate::outbound::Attachment;
+use crate::protocol::environment::EnvironmentInfo;
+use crate::protocol::revision::RevisionCell;
 use crate::rpc::{Op, Outcome};
 
 /// A boxed, sendable future of an operation's outcome.
@@ -26,10 +28,12 @@ pub type OpFuture = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> +
 
 /// A tenant's backend: opens sessions and serves session-less operations.
 pub trait Backend: Send + Sync {
-    /// The runtime of a new session, whose notifications go to `attachment`.
+    /// The runtime of a new session, whose notifications go to
+    /// `attachment` and whose client speaks `revision` (once known).
     fn open_session(
         &self,
         attachment: Arc<Attachment>,
+        revision: Arc<RevisionCell>,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError>;
 
     /// Run an operation that belongs to no session.
@@ -50,4 +54,8 @@ pub trait SessionBackend: Send + Sync {
 
     /// Processes that have not closed yet.
     fn live_processes(&self) -> usize;
+
+    /// What the session's commands run in (`initialize`, `environment/info`),
+    /// paths as `file://` URIs.
+    fn environment(&self) -> EnvironmentInfo;
 }

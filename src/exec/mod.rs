@@ -36,6 +36,7 @@ use tokio::sync::Semaphore;
 use crate::isolation::cgroup::TenantCgroup;
 use crate::isolation::reaper::Reaper;
 use crate::metrics::TenantMetrics;
+use crate::protocol::revision::Revision;
 
 pub use process::Process;
 pub use table::{ProcessTable, StartOptions};
@@ -56,7 +57,9 @@ pub enum Api {
 #[derive(Debug, Clone)]
 pub struct ExecSettings {
     pub retained_output_bytes: usize,
-    pub exited_retention: Duration,
+    /// How long a closed process stays readable; `None`: the session
+    /// revision's (30 s for 0.130.0, 80 s for 0.169.0, as each reference).
+    pub exited_retention: Option<Duration>,
     /// Base environment for `envPolicy` (the tenant's, never the gateway's).
     pub base_env: HashMap<String, String>,
     /// Running-process slots; a permit lives as long as its process.
@@ -80,11 +83,25 @@ pub struct ExecSettings {
     pub spawned_in_worker: bool,
 }
 
+/// Retention of a closed process in each revision's reference server.
+pub fn default_retention(revision: Revision) -> Duration {
+    match revision {
+        Revision::May2026 => Duration::from_secs(30),
+        Revision::Nov2026 => Duration::from_secs(80),
+    }
+}
+
 impl ExecSettings {
+    /// The retention of a closed process in a session of `revision`.
+    pub fn retention(&self, revision: Revision) -> Duration {
+        self.exited_retention
+            .unwrap_or_else(|| default_retention(revision))
+    }
+
     pub fn new(max_processes: usize, base_env: HashMap<String, String>) -> Self {
         Self {
             retained_output_bytes: output::RETAINED_OUTPUT_BYTES_PER_PROCESS,
-            exited_retention: crate::config::EXITED_PROCESS_RETENTION,
+            exited_retention: None,
             base_env,
             process_slots: Arc::new(Semaphore::new(max_processes)),
             max_processes,

@@ -148,20 +148,33 @@ impl OutputLog {
 
     /// Select chunks with `seq > after_seq` under the `max_bytes` budget: the
     /// first chunk always goes in; stop before a chunk that would pass the
-    /// budget, or once the budget is reached.
-    pub fn select(&self, after_seq: u64, max_bytes: Option<usize>) -> ReadSelection {
+    /// budget, or once the budget is reached. `nextSeq` follows the last
+    /// chunk; with `past_close` (0.169.0), a read that reaches the end of a
+    /// closed process moves it past `exited` and `closed`.
+    pub fn select(
+        &self,
+        after_seq: u64,
+        max_bytes: Option<usize>,
+        past_close: bool,
+    ) -> ReadSelection {
         let budget = max_bytes.unwrap_or(usize::MAX);
         let start = self.chunks.partition_point(|c| c.seq <= after_seq);
         let mut chunks = Vec::new();
         let mut total = 0usize;
+        let mut truncated = false;
         for c in self.chunks.iter().skip(start) {
             if !chunks.is_empty() && (total >= budget || total + c.data.len() > budget) {
+                truncated = true;
                 break;
             }
             total += c.data.len();
             chunks.push(c.clone());
         }
-        let next_seq = chunks.last().map_or(self.next_seq, |c| c.seq + 1);
+        let next_seq = match chunks.last() {
+            Some(_) if past_close && self.closed && !truncated => self.next_seq,
+            Some(c) => c.seq + 1,
+            None => self.next_seq,
+        };
         ReadSelection {
             chunks,
             next_seq,
@@ -215,11 +228,27 @@ mod tests {
         assert_eq!(log.exit(0), 2);
         assert_eq!(log.close(), 3);
         // After `echo hi` closed, afterSeq:1 gives nextSeq 4 (reference).
-        let s = log.select(1, None);
+        let s = log.select(1, None, false);
         assert!(s.chunks.is_empty());
         assert_eq!(s.next_seq, 4);
         // A read past the end is not clamped.
-        assert_eq!(log.select(99, None).next_seq, 4);
+        assert_eq!(log.select(99, None, false).next_seq, 4);
+    }
+
+    #[test]
+    fn the_current_revision_moves_next_seq_past_the_close() {
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
+        log.push(StreamName::Stdout, chunk(3));
+        log.push(StreamName::Stderr, chunk(3));
+        log.exit(0);
+        // Not closed yet: the last chunk decides.
+        assert_eq!(log.select(0, None, true).next_seq, 3);
+        log.close();
+        assert_eq!(log.select(0, None, false).next_seq, 3);
+        assert_eq!(log.select(0, None, true).next_seq, 5);
+        assert_eq!(log.select(1, None, true).next_seq, 5);
+        // Truncated by maxBytes: still the last chunk + 1.
+        assert_eq!(log.select(0, Some(1), true).next_seq, 2);
     }
 
     #[test]
@@ -228,14 +257,14 @@ mod tests {
         for _ in 0..4 {
             log.push(StreamName::Stdout, chunk(4096));
         }
-        let s = log.select(0, Some(1));
+        let s = log.select(0, Some(1), false);
         assert_eq!(s.chunks.len(), 1);
         assert_eq!(s.next_seq, 2);
-        let s = log.select(0, Some(8192));
+        let s = log.select(0, Some(8192), false);
         assert_eq!(s.chunks.len(), 2);
-        let s = log.select(0, Some(8191));
+        let s = log.select(0, Some(8191), false);
         assert_eq!(s.chunks.len(), 1);
-        let s = log.select(2, None);
+        let s = log.select(2, None, false);
         assert_eq!(
             s.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(),
             vec![3, 4]
@@ -251,7 +280,7 @@ mod tests {
         // 256 chunks of 4 KiB are 1 MiB: the oldest kept is seq 478.
         assert_eq!(log.first_retained_seq(), Some(478));
         assert_eq!(log.retained_bytes(), 1024 * 1024);
-        let s = log.select(0, None);
+        let s = log.select(0, None, false);
         assert_eq!(s.chunks[0].seq, 478);
     }
 
@@ -261,11 +290,11 @@ mod tests {
         log.push(StreamName::Stdout, chunk(1));
         log.exit(0);
         // exited and caller has not seen the exit (seq 2) yet.
-        assert!(log.select(1, None).is_ready(1));
+        assert!(log.select(1, None, false).is_ready(1));
         // caller has seen everything up to the exit: wait for close.
-        assert!(!log.select(2, None).is_ready(2));
+        assert!(!log.select(2, None, false).is_ready(2));
         log.close();
-        assert!(log.select(3, None).is_ready(3));
+        assert!(log.select(3, None, false).is_ready(3));
     }
 
     #[test]

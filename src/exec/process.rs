@@ -19,6 +19,7 @@ use crate::isolation::signal;
 use crate::outbound::Attachment;
 use crate::protocol::notify;
 use crate::protocol::process::{ProcessEvent, ProcessState, StreamName};
+use crate::protocol::revision::{Revision, RevisionCell};
 use crate::rpc::EventSource;
 use crate::spawn::Pty;
 
@@ -55,6 +56,8 @@ pub struct Process {
     first_subscriber: Notify,
     /// The process's own cgroup (killed with it; reused when evicted).
     pub cgroup: Option<ProcessCgroup>,
+    /// The session's protocol revision (exit codes, notification shapes).
+    pub revision: Arc<RevisionCell>,
 }
 
 /// Everything of a process but what its spawn yields.
@@ -67,6 +70,7 @@ pub struct NewProcess {
     pub output_bytes: prometheus_client::metrics::counter::Counter,
     pub subscriber_timeout: Duration,
     pub cgroup: Option<ProcessCgroup>,
+    pub revision: Arc<RevisionCell>,
 }
 
 impl NewProcess {
@@ -89,6 +93,7 @@ impl NewProcess {
             hold_output: self.hold_output,
             first_subscriber: Notify::new(),
             cgroup: self.cgroup,
+            revision: self.revision,
         })
     }
 }
@@ -182,9 +187,36 @@ impl Process {
         self.changed.notify_waiters();
         self.publish(ProcessEvent::Exited { seq, code }).await;
         if self.api == Api::Process {
+            let sandbox_denied = match self.revision.or_default() {
+                Revision::May2026 => None,
+                Revision::Nov2026 => Some(false),
+            };
             attachment
-                .notify(notify::process_exited(&self.id_json, seq, code))
+                .notify(notify::process_exited(
+                    &self.id_json,
+                    seq,
+                    code,
+                    sandbox_denied,
+                ))
                 .await;
+        }
+    }
+
+    /// The exit code a process that ended so reports: its own code, or,
+    /// when killed, -1 (0.130.0) or 128 + the signal (0.169.0) for a pipe
+    /// process and 1 under a PTY (both references).
+    pub fn exit_code(&self, ended: crate::spawn::Ended) -> i32 {
+        use crate::spawn::Ended;
+        let signal = match ended {
+            Ended::Code(c) => return c,
+            Ended::Signal(s) => s,
+            // It was SIGKILLed with its worker.
+            Ended::WorkerDied => libc::SIGKILL,
+        };
+        match (self.tty, self.revision.or_default()) {
+            (true, _) => 1,
+            (false, Revision::May2026) => -1,
+            (false, Revision::Nov2026) => 128 + signal,
         }
     }
 

@@ -97,7 +97,6 @@ impl Pump {
             permits,
             table,
         } = self;
-        let tty = process.tty;
         let (stdout, stderr, pty) = match output {
             Output::Pipes { stdout, stderr } => (Some(stdout), Some(stderr), None),
             Output::Pty(p) => (None, None, Some(p)),
@@ -116,17 +115,10 @@ impl Pump {
                 r = pty.read(), if pty.open() => emit(&process, &attachment, &mut pty.reader, &mut pty.buf, pty.stream, r).await,
                 ended = exit.wait(), if !exited => {
                     exited = true;
-                    let code = match ended {
-                        Ended::Code(c) => c,
-                        // Killed by a signal (terminate included): -1 for a
-                        // pipe process, 1 under a PTY, as the reference.
-                        Ended::Signal(_) => if tty { 1 } else { -1 },
-                        Ended::WorkerDied => {
-                            process.worker_gone();
-                            -1
-                        }
-                    };
-                    process.emit_exit(&attachment, code).await;
+                    if ended == Ended::WorkerDied {
+                        process.worker_gone();
+                    }
+                    process.emit_exit(&attachment, process.exit_code(ended)).await;
                 }
             }
         }

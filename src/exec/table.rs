@@ -23,6 +23,7 @@ use crate::protocol::process::{
     ReadParams, ReadResponse, ResizeParams, SignalParams, TerminateResponse, WriteParams,
     WriteResponse, WriteStatus,
 };
+use crate::protocol::revision::{Revision, RevisionCell};
 use crate::rpc::EventSource;
 use crate::spawn::{ChildIo, SpawnSpec, Spawner};
 
@@ -52,6 +53,8 @@ pub struct ProcessTable {
     attachment: Arc<Attachment>,
     settings: Arc<ExecSettings>,
     spawner: Box<dyn Spawner>,
+    /// The session's protocol revision.
+    revision: Arc<RevisionCell>,
 }
 
 fn invalid(msg: String) -> GatewayError {
@@ -63,6 +66,7 @@ impl ProcessTable {
         attachment: Arc<Attachment>,
         settings: Arc<ExecSettings>,
         spawner: Box<dyn Spawner>,
+        revision: Arc<RevisionCell>,
     ) -> Arc<Self> {
         Arc::new(Self {
             entries: Mutex::new(HashMap::new()),
@@ -70,6 +74,7 @@ impl ProcessTable {
             attachment,
             settings,
             spawner,
+            revision,
         })
     }
 
@@ -91,7 +96,7 @@ impl ProcessTable {
     }
 
     pub(super) fn mark_closed(&self, process: &Arc<Process>) {
-        let at = tokio::time::Instant::now() + self.settings.exited_retention;
+        let at = tokio::time::Instant::now() + self.settings.retention(self.revision.or_default());
         self.closed.lock().push_back((at, process.clone()));
     }
 
@@ -148,7 +153,10 @@ impl ProcessTable {
             return Err(GatewayError::QuotaExceeded {
                 quota: "retained_output_bytes",
                 limit: settings.max_retained_bytes as u64,
-                retry_after_ms: u64::try_from(settings.exited_retention.as_millis()).ok(),
+                retry_after_ms: u64::try_from(
+                    settings.retention(self.revision.or_default()).as_millis(),
+                )
+                .ok(),
             });
         }
         let tenant = settings
@@ -194,7 +202,7 @@ impl ProcessTable {
         let spec = SpawnSpec {
             env: env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env),
             argv: params.argv,
-            cwd: params.cwd,
+            cwd: params.cwd.as_str().to_owned(),
             arg0: params.arg0,
             tty: params.tty,
             pipe_stdin: params.pipe_stdin && !params.tty,
@@ -222,6 +230,7 @@ impl ProcessTable {
             output_bytes: settings.metrics.output_bytes.clone(),
             subscriber_timeout: settings.subscriber_timeout,
             cgroup,
+            revision: self.revision.clone(),
         };
         let started = std::time::Instant::now();
         let child = self
@@ -282,11 +291,15 @@ impl ProcessTable {
         let after_seq = params.after_seq.unwrap_or(0);
         let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
+        let current = self.revision.or_default() == Revision::Nov2026;
         loop {
             let notified = process.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let sel = process.log.lock().select(after_seq, params.max_bytes);
+            let sel = process
+                .log
+                .lock()
+                .select(after_seq, params.max_bytes, current);
             if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
                 return Ok(ReadResponse {
                     chunks: sel
@@ -303,6 +316,7 @@ impl ProcessTable {
                     exit_code: sel.exit_code,
                     closed: sel.closed,
                     failure: process.failure(),
+                    sandbox_denied: current.then_some(false),
                 });
             }
             tokio::select! {
@@ -359,10 +373,19 @@ impl ProcessTable {
         TerminateResponse { running: true }
     }
 
-    /// `process/signal` (extension): to the process group.
+    /// `process/signal`: to the process group. 0.169.0 answers `{}` for
+    /// an unknown or closed process too; the 0.130.0 extension says why.
     pub fn signal(&self, params: &SignalParams) -> Result<(), GatewayError> {
-        let process = self.get(&params.process_id)?;
+        let lenient = self.revision.or_default() == Revision::Nov2026;
+        let process = match self.get(&params.process_id) {
+            Ok(p) => p,
+            Err(_) if lenient => return Ok(()),
+            Err(e) => return Err(e),
+        };
         if process.log.lock().closed() {
+            if lenient {
+                return Ok(());
+            }
             return Err(invalid(format!(
                 "process {} has already closed",
                 params.process_id
@@ -497,6 +520,7 @@ mod tests {
             attachment,
             Arc::new(settings),
             Box::new(LocalSpawner { sandbox: None }),
+            Arc::default(),
         );
         (t, rx)
     }
@@ -505,12 +529,13 @@ mod tests {
         ExecParams {
             process_id: id.to_owned(),
             argv: vec!["sh".into(), "-c".into(), script.into()],
-            cwd: "/".into(),
+            cwd: crate::protocol::path::WirePath::plain("/"),
             env: HashMap::new(),
             tty: false,
             pipe_stdin: false,
             arg0: None,
             env_policy: None,
+            sandbox: None,
         }
     }
 
@@ -586,7 +611,7 @@ mod tests {
     #[tokio::test]
     async fn closed_processes_are_forgotten_after_retention() {
         let mut s = ExecSettings::new(4, HashMap::new());
-        s.exited_retention = Duration::from_millis(50);
+        s.exited_retention = Some(Duration::from_millis(50));
         let (t, _rx) = table(s);
         t.start(params("p", "true"), PROCESS).unwrap();
         read_until_closed(&t, "p").await;

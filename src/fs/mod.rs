@@ -24,8 +24,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::GatewayError;
 use crate::protocol::fs::{
     CopyParams, CreateDirectoryParams, DirectoryEntry, MetadataResponse, PathParams,
-    ReadDirectoryResponse, RemoveParams,
+    ReadDirectoryResponse, RemoveParams, WalkEntry, WalkError, WalkKind, WalkParams, WalkResponse,
 };
+use crate::protocol::path::WirePath;
+use crate::protocol::revision::Revision;
 
 /// Why a file operation failed, classified as the reference's
 /// `map_fs_error` does (it crosses the worker link as is).
@@ -43,6 +45,17 @@ pub enum FsError {
     /// Any other OS error: -32603 with its text.
     #[error("{0}")]
     Io(String),
+    /// A path outside the tenant root: "not found" to a client (-32004),
+    /// while the message says why.
+    #[error("path `{0}` is outside the tenant root")]
+    OutsideRoot(String),
+    /// A file operation on a directory or a special file. The revisions
+    /// word it differently (see [`FsError::into_gateway_error`]).
+    #[error("path `{path}` is not a file")]
+    NotAFile { path: String, is_dir: bool },
+    /// `followSymlinks: false` and the path goes through a symbolic link.
+    #[error("path contains a symbolic link")]
+    SymlinkInPath,
 }
 
 impl FsError {
@@ -61,6 +74,28 @@ impl FsError {
     }
 }
 
+impl FsError {
+    /// As a call error in a session of `revision`: 0.169.0 says a
+    /// directory or special file "is not a file" (-32600), 0.130.0 gave the
+    /// OS error (-32603 for a directory, -32600 for a special file).
+    pub fn into_gateway_error(self, revision: Revision) -> GatewayError {
+        match self {
+            FsError::NotAFile { path, is_dir } => match (revision, is_dir) {
+                (Revision::Nov2026, _) => {
+                    GatewayError::InvalidRequest(format!("path `{path}` is not a file"))
+                }
+                (Revision::May2026, true) => {
+                    GatewayError::Internal(io::Error::from_raw_os_error(libc::EISDIR).to_string())
+                }
+                (Revision::May2026, false) => {
+                    GatewayError::InvalidRequest("not a regular file".to_owned())
+                }
+            },
+            other => other.into(),
+        }
+    }
+}
+
 impl From<FsError> for GatewayError {
     fn from(e: FsError) -> GatewayError {
         match e {
@@ -68,12 +103,18 @@ impl From<FsError> for GatewayError {
             FsError::InvalidRequest(m) => GatewayError::InvalidRequest(m),
             FsError::InvalidParams(m) => GatewayError::InvalidParams(m),
             FsError::Io(m) => GatewayError::Internal(m),
+            outside @ FsError::OutsideRoot(_) => GatewayError::OutsideRoot(outside.to_string()),
+            not_a_file @ FsError::NotAFile { .. } => {
+                not_a_file.into_gateway_error(Revision::May2026)
+            }
+            symlink @ FsError::SymlinkInPath => GatewayError::InvalidRequest(symlink.to_string()),
         }
     }
 }
 
 /// A file operation. Contents are not part of it: `OpenRead`/`OpenWrite`
-/// return the opened file and the caller moves the bytes.
+/// return the opened file and the caller moves the bytes. Results name
+/// paths on the host; the caller writes them in the session's form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FsOp {
     OpenRead(PathParams),
@@ -83,6 +124,10 @@ pub enum FsOp {
     ReadDirectory(PathParams),
     Remove(RemoveParams),
     Copy(CopyParams),
+    Canonicalize(PathParams),
+    Walk(WalkParams),
+    /// Which of the paths exist (a path outside the root does not).
+    Exist(Vec<WirePath>),
 }
 
 /// What an [`FsOp`] produced.
@@ -92,32 +137,103 @@ pub enum FsDone {
     Metadata(MetadataResponse),
     Directory(ReadDirectoryResponse),
     File(std::fs::File),
+    Path(String),
+    Walk(WalkResponse),
+    Exist(Vec<bool>),
 }
 
 /// Run one operation against `root`, as its credentials (blocking).
 pub fn run(root: &FsRoot, op: FsOp) -> Result<FsDone, FsError> {
     let _as = root.creds.map(FsCreds::assume);
+    let path = op.path().map(|p| p.as_str().to_owned()).unwrap_or_default();
     match op {
-        FsOp::OpenRead(p) => open(root, &p.path, |t| t.open_read()),
-        FsOp::OpenWrite(p) => open(root, &p.path, |t| t.open_write()),
+        FsOp::OpenRead(p) => open(root, &p, |t| t.open_read()),
+        FsOp::OpenWrite(p) => open(root, &p, |t| t.open_write()),
         FsOp::CreateDirectory(p) => create_directory(root, p).map(|()| FsDone::Done),
         FsOp::GetMetadata(p) => get_metadata(root, p).map(FsDone::Metadata),
         FsOp::ReadDirectory(p) => read_directory(root, p).map(FsDone::Directory),
         FsOp::Remove(p) => remove(root, p).map(|()| FsDone::Done),
         FsOp::Copy(p) => copy(root, p).map(|()| FsDone::Done),
+        FsOp::Canonicalize(p) => canonicalize(root, &p).map(FsDone::Path),
+        FsOp::Walk(p) => walk(root, p).map(FsDone::Walk),
+        FsOp::Exist(paths) => Ok(FsDone::Exist(
+            paths
+                .iter()
+                .map(|p| {
+                    root.resolve(p.as_str())
+                        .is_ok_and(|t| t.symlink_metadata().is_ok())
+                })
+                .collect(),
+        )),
     }
     .map_err(|e| match e {
         Failed::Fs(e) => e,
+        // A symbolic link that leads out of the root (cap-std's refusal;
+        // an absolute link counts, even one that points back inside).
+        Failed::Io(e) if is_escape(&e) => FsError::OutsideRoot(path),
         Failed::Io(e) => FsError::from_io(&e),
     })
 }
 
+/// cap-std refuses a resolution that would leave the root with this error
+/// (it has no error type of its own for it).
+fn is_escape(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
+        && e.to_string() == "a path led outside of the filesystem"
+}
+
+impl FsOp {
+    /// The path the operation is about (the source of a copy).
+    fn path(&self) -> Option<&WirePath> {
+        match self {
+            FsOp::OpenRead(p)
+            | FsOp::OpenWrite(p)
+            | FsOp::GetMetadata(p)
+            | FsOp::ReadDirectory(p)
+            | FsOp::Canonicalize(p) => Some(&p.path),
+            FsOp::CreateDirectory(p) => Some(&p.path),
+            FsOp::Remove(p) => Some(&p.path),
+            FsOp::Copy(p) => Some(&p.source_path),
+            FsOp::Walk(p) => Some(&p.path),
+            FsOp::Exist(paths) => paths.first(),
+        }
+    }
+}
+
+/// Resolve `path`; with `follow: Some(false)`, refuse one that goes
+/// through a symbolic link (the last component included).
+fn resolve_following<'r>(
+    root: &'r FsRoot,
+    path: &WirePath,
+    follow: Option<bool>,
+) -> Result<Target<'r>, Failed> {
+    let target = root.resolve(path.as_str())?;
+    if follow == Some(false) && target.has_symlink()? {
+        return Err(FsError::SymlinkInPath.into());
+    }
+    Ok(target)
+}
+
 fn open(
     root: &FsRoot,
-    path: &str,
+    p: &PathParams,
     how: fn(&Target<'_>) -> io::Result<std::fs::File>,
 ) -> Result<FsDone, Failed> {
-    Ok(FsDone::File(how(&root.resolve(path)?)?))
+    let target = resolve_following(root, &p.path, p.follow_symlinks)?;
+    match how(&target) {
+        Ok(f) => Ok(FsDone::File(f)),
+        Err(e) if e.raw_os_error() == Some(libc::EISDIR) => Err(FsError::NotAFile {
+            path: target.abs().display().to_string(),
+            is_dir: true,
+        }
+        .into()),
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => Err(FsError::NotAFile {
+            path: target.abs().display().to_string(),
+            is_dir: false,
+        }
+        .into()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// An operation's failure before classification.
@@ -230,9 +346,9 @@ impl FsRoot {
         match &self.kind {
             RootKind::Host => Ok(Target::Host(norm)),
             RootKind::Confined { path: root, dir } => {
-                let rel = norm.strip_prefix(root).map_err(|_| {
-                    FsError::InvalidRequest(format!("path `{raw}` is outside the tenant root"))
-                })?;
+                let rel = norm
+                    .strip_prefix(root)
+                    .map_err(|_| FsError::OutsideRoot(raw.to_owned()))?;
                 let rel = if rel.as_os_str().is_empty() {
                     PathBuf::from(".")
                 } else {
@@ -270,7 +386,7 @@ enum Target<'a> {
     },
 }
 
-impl Target<'_> {
+impl<'a> Target<'a> {
     fn abs(&self) -> &Path {
         match self {
             Target::Host(p) => p,
@@ -278,7 +394,7 @@ impl Target<'_> {
         }
     }
 
-    fn join(&self, name: &std::ffi::OsStr) -> Target<'_> {
+    fn join(&self, name: &std::ffi::OsStr) -> Target<'a> {
         match self {
             Target::Host(p) => Target::Host(p.join(name)),
             Target::Confined { dir, rel, norm } => Target::Confined {
@@ -286,6 +402,48 @@ impl Target<'_> {
                 rel: rel.join(name),
                 norm: norm.join(name),
             },
+        }
+    }
+
+    /// True if any component below the root (the last included) is a
+    /// symbolic link.
+    fn has_symlink(&self) -> io::Result<bool> {
+        let (base, rel): (Option<&Dir>, &Path) = match self {
+            Target::Host(p) => (None, p),
+            Target::Confined { dir, rel, .. } => (Some(dir), rel),
+        };
+        let mut prefix = PathBuf::new();
+        for c in rel.components() {
+            prefix.push(c);
+            let is_link = match base {
+                None => std::fs::symlink_metadata(&prefix).map(|m| m.file_type().is_symlink()),
+                Some(d) => d
+                    .symlink_metadata(&prefix)
+                    .map(|m| m.file_type().is_symlink()),
+            };
+            match is_link {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                // A missing component: the operation reports it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    fn canonicalize(&self) -> io::Result<PathBuf> {
+        match self {
+            Target::Host(p) => std::fs::canonicalize(p),
+            Target::Confined { dir, rel, norm } => {
+                let real = dir.canonicalize(rel)?;
+                // The root's own path, plus the resolved path beneath it.
+                let root = norm
+                    .ancestors()
+                    .nth(rel.components().filter(|c| *c != Component::CurDir).count())
+                    .unwrap_or(Path::new("/"));
+                Ok(normalize(&root.join(real)))
+            }
         }
     }
 
@@ -439,6 +597,21 @@ impl Meta {
             Meta::Cap(m) => m.file_type().is_symlink(),
         }
     }
+    fn len(&self) -> u64 {
+        match self {
+            Meta::Std(m) => m.len(),
+            Meta::Cap(m) => m.len(),
+        }
+    }
+    /// Device and inode: a directory's identity (walks visit each once).
+    fn id(&self) -> (u64, u64) {
+        use cap_std::fs::MetadataExt as _;
+        use std::os::unix::fs::MetadataExt as _;
+        match self {
+            Meta::Std(m) => (m.dev(), m.ino()),
+            Meta::Cap(m) => (m.dev(), m.ino()),
+        }
+    }
     fn created(&self) -> Option<SystemTime> {
         match self {
             Meta::Std(m) => m.created().ok(),
@@ -527,12 +700,13 @@ pub fn write_whole(mut file: &std::fs::File, data: &[u8]) -> Result<(), FsError>
 }
 
 fn create_directory(root: &FsRoot, p: CreateDirectoryParams) -> Result<(), Failed> {
-    Ok(root.resolve(&p.path)?.create_dir(p.recursive)?)
+    Ok(resolve_following(root, &p.path, p.follow_symlinks)?.create_dir(p.recursive)?)
 }
 
-/// `fs/getMetadata`: `is*` follow symlinks except `isSymlink`.
+/// `fs/getMetadata`: `is*` follow symlinks except `isSymlink`; `size` is
+/// the followed file's (a 0.130.0 session does not get it).
 fn get_metadata(root: &FsRoot, p: PathParams) -> Result<MetadataResponse, Failed> {
-    let target = root.resolve(&p.path)?;
+    let target = resolve_following(root, &p.path, p.follow_symlinks)?;
     let meta = target.metadata()?;
     let is_symlink = target
         .symlink_metadata()
@@ -542,14 +716,112 @@ fn get_metadata(root: &FsRoot, p: PathParams) -> Result<MetadataResponse, Failed
         is_directory: meta.is_dir(),
         is_file: meta.is_file(),
         is_symlink,
+        size: Some(meta.len()),
         created_at_ms: millis(meta.created()),
         modified_at_ms: millis(meta.modified()),
     })
 }
 
+/// `fs/canonicalize`: symlinks resolved (within the root), `..` removed.
+fn canonicalize(root: &FsRoot, p: &PathParams) -> Result<String, Failed> {
+    let target = root.resolve(p.path.as_str())?;
+    Ok(target.canonicalize()?.display().to_string())
+}
+
+/// Most entries a walk returns and directories it reads, whatever a
+/// client asks.
+pub const MAX_WALK_ENTRIES: u64 = 100_000;
+
+/// `fs/walk`: breadth first, entries sorted by name within a directory,
+/// the root's entries at depth 0; directories below `maxDepth` are read,
+/// `.hidden` ones listed but not read when pruning, symbolic links to
+/// directories listed (and read once per directory) only when following,
+/// other symbolic links and special files skipped.
+fn walk(root: &FsRoot, p: WalkParams) -> Result<WalkResponse, Failed> {
+    let o = p.options;
+    if o.max_depth == 0 || o.max_directories == 0 || o.max_entries == 0 {
+        return Err(FsError::InvalidRequest(
+            "filesystem walk limits must be greater than zero".to_owned(),
+        )
+        .into());
+    }
+    let (max_entries, max_dirs) = (
+        o.max_entries.min(MAX_WALK_ENTRIES) as usize,
+        o.max_directories.min(MAX_WALK_ENTRIES) as usize,
+    );
+    let start = root.resolve(p.path.as_str())?;
+    let mut out = WalkResponse {
+        entries: Vec::new(),
+        errors: Vec::new(),
+        truncated: false,
+    };
+    if !start.metadata()?.is_dir() {
+        return Ok(out);
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Ok(m) = start.metadata() {
+        seen.insert(m.id());
+    }
+    let mut queue = std::collections::VecDeque::from([(start, 0u64)]);
+    let mut dirs_read = 0usize;
+    'walk: while let Some((dir, depth)) = queue.pop_front() {
+        if dirs_read >= max_dirs {
+            out.truncated = true;
+            break;
+        }
+        dirs_read += 1;
+        let mut names = match dir.list() {
+            Ok(n) => n,
+            Err(e) => {
+                out.errors.push(WalkError {
+                    path: dir.abs().display().to_string(),
+                    message: e.to_string(),
+                });
+                continue;
+            }
+        };
+        names.sort();
+        for name in names {
+            let child = dir.join(&name);
+            let Ok(lmeta) = child.symlink_metadata() else {
+                continue;
+            };
+            let kind = if lmeta.is_symlink() {
+                match child.metadata() {
+                    Ok(m) if m.is_dir() && o.follow_directory_symlinks => WalkKind::Directory,
+                    _ => continue,
+                }
+            } else if lmeta.is_dir() {
+                WalkKind::Directory
+            } else if lmeta.is_file() {
+                WalkKind::File
+            } else {
+                continue;
+            };
+            if out.entries.len() >= max_entries {
+                out.truncated = true;
+                break 'walk;
+            }
+            out.entries.push(WalkEntry {
+                path: child.abs().display().to_string(),
+                kind,
+            });
+            let hidden = name.to_string_lossy().starts_with('.');
+            if kind == WalkKind::Directory
+                && depth < o.max_depth
+                && !(hidden && o.prune_hidden_directories)
+                && child.metadata().is_ok_and(|m| seen.insert(m.id()))
+            {
+                queue.push_back((child, depth + 1));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// `fs/readDirectory`: readdir order; entries whose stat fails are skipped.
 fn read_directory(root: &FsRoot, p: PathParams) -> Result<ReadDirectoryResponse, Failed> {
-    let target = root.resolve(&p.path)?;
+    let target = root.resolve(p.path.as_str())?;
     let entries = target
         .list()?
         .into_iter()
@@ -567,7 +839,7 @@ fn read_directory(root: &FsRoot, p: PathParams) -> Result<ReadDirectoryResponse,
 
 /// `fs/remove`: a symlink itself is removed, never its target.
 fn remove(root: &FsRoot, p: RemoveParams) -> Result<(), Failed> {
-    let target = root.resolve(&p.path)?;
+    let target = resolve_following(root, &p.path, p.follow_symlinks)?;
     if matches!(target, Target::Confined { ref rel, .. } if rel == Path::new(".")) {
         return Err(
             FsError::InvalidRequest("refusing to remove the tenant root".to_owned()).into(),
@@ -587,8 +859,8 @@ fn remove(root: &FsRoot, p: RemoveParams) -> Result<(), Failed> {
 /// `fs/copy` with the reference's rules.
 fn copy(root: &FsRoot, p: CopyParams) -> Result<(), Failed> {
     let refuse = |m: &str| Err(Failed::Fs(FsError::InvalidRequest(m.to_owned())));
-    let src = root.resolve(&p.source_path)?;
-    let dst = root.resolve(&p.destination_path)?;
+    let src = root.resolve(p.source_path.as_str())?;
+    let dst = root.resolve(p.destination_path.as_str())?;
     let meta = src.symlink_metadata()?;
     if meta.is_dir() {
         if !p.recursive {
@@ -670,7 +942,7 @@ mod tests {
         let root = FsRoot::confined(tmp.path()).unwrap();
         let outside = format!("{}/../etc/passwd", tmp.path().display());
         let e = root.resolve(&outside).err().unwrap();
-        assert!(matches!(e, FsError::InvalidRequest(_)), "{e:?}");
+        assert!(matches!(e, FsError::OutsideRoot(_)), "{e:?}");
         let e = root.resolve("relative").err().unwrap();
         assert!(matches!(e, FsError::InvalidParams(_)), "{e:?}");
         assert!(root.resolve(&tmp.path().display().to_string()).is_ok());

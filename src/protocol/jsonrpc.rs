@@ -43,6 +43,10 @@ pub enum Inbound<'a> {
     },
     Notification {
         method: String,
+        /// An `id` was present but is not an integer or a string (null,
+        /// fractional): 0.130.0 reads such a frame as a notification,
+        /// 0.169.0 refuses it.
+        bad_id: bool,
     },
     /// A response or error sent by the client: ignored and logged.
     ClientResponse,
@@ -63,9 +67,32 @@ struct RawMessage<'a> {
 }
 
 /// Why a frame could not be decoded; the text follows serde's wording.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct MalformedMessage(pub String);
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedMessage {
+    /// Not JSON at all (serde's text).
+    #[error("{0}")]
+    Json(String),
+    /// Valid JSON that is not an object (a batch, a number...).
+    #[error("{NO_VARIANT}")]
+    NotAnObject,
+    /// An object that is neither a request, a notification nor a response.
+    #[error("{NO_VARIANT}")]
+    NoVariant,
+}
+
+impl MalformedMessage {
+    /// The text 0.169.0 gives for the same frame ("expected a JSON-RPC
+    /// object" for a non-object; otherwise as 0.130.0).
+    pub fn current_text(&self) -> String {
+        match self {
+            MalformedMessage::NotAnObject => "expected a JSON-RPC object".to_owned(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The bad-id message of 0.169.0.
+pub const BAD_REQUEST_ID: &str = "data did not match any variant of untagged enum RequestId";
 
 const NO_VARIANT: &str = "data did not match any variant of untagged enum JSONRPCMessage";
 
@@ -75,12 +102,12 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
     // reference's untagged enum does not, so a batch is malformed.
     if !text.trim_start().starts_with('{') {
         return match serde_json::from_str::<&RawValue>(text) {
-            Err(e) => Err(MalformedMessage(e.to_string())),
-            Ok(_) => Err(MalformedMessage(NO_VARIANT.to_owned())),
+            Err(e) => Err(MalformedMessage::Json(e.to_string())),
+            Ok(_) => Err(MalformedMessage::NotAnObject),
         };
     }
     let raw: RawMessage<'_> =
-        serde_json::from_str(text).map_err(|e| MalformedMessage(e.to_string()))?;
+        serde_json::from_str(text).map_err(|e| MalformedMessage::Json(e.to_string()))?;
     let id = raw.id.and_then(parse_id);
     match (raw.method, id) {
         (Some(method), Some(id)) => Ok(Inbound::Request {
@@ -90,11 +117,14 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
         }),
         // An id that is null, fractional or of another type does not match
         // Request; the reference then decodes the frame as a notification.
-        (Some(method), None) => Ok(Inbound::Notification { method }),
+        (Some(method), None) => Ok(Inbound::Notification {
+            method,
+            bad_id: raw.id.is_some(),
+        }),
         (None, _) if raw.id.is_some() && (raw.result.is_some() || raw.error.is_some()) => {
             Ok(Inbound::ClientResponse)
         }
-        (None, _) => Err(MalformedMessage(NO_VARIANT.to_owned())),
+        (None, _) => Err(MalformedMessage::NoVariant),
     }
 }
 
@@ -235,7 +265,9 @@ mod tests {
     #[test]
     fn batches_and_garbage_are_malformed() {
         let e = decode(r#"[{"id":1,"method":"m"}]"#).unwrap_err();
-        assert_eq!(e.0, NO_VARIANT);
+        assert_eq!(e, MalformedMessage::NotAnObject);
+        assert_eq!(e.to_string(), NO_VARIANT);
+        assert_eq!(e.current_text(), "expected a JSON-RPC object");
         assert!(decode("{not json").is_err());
         assert!(decode(r#"{"foo":1}"#).is_err());
         assert!(matches!(

@@ -26,6 +26,24 @@ pub const FS_READ_DIRECTORY: &str = "fs/readDirectory";
 pub const FS_REMOVE: &str = "fs/remove";
 pub const FS_COPY: &str = "fs/copy";
 
+/// 0.169.0's file methods.
+pub const FS_CANONICALIZE: &str = "fs/canonicalize";
+pub const FS_WALK: &str = "fs/walk";
+pub const FS_OPEN: &str = "fs/open";
+pub const FS_READ_BLOCK: &str = "fs/readBlock";
+pub const FS_WRITE_BLOCK: &str = "fs/writeBlock";
+pub const FS_CLOSE: &str = "fs/close";
+pub const FS_WATCH_MISSING: &str = "fs/watchMissing";
+/// Notification, server → client.
+pub const FS_MISSING_CHANGED: &str = "fs/missingChanged";
+
+/// 0.169.0's environment methods.
+pub const ENVIRONMENT_INFO: &str = "environment/info";
+pub const ENVIRONMENT_STATUS: &str = "environment/status";
+pub const ENVIRONMENT_CONFIG_READ: &str = "environmentConfig/read";
+pub const CAPABILITIES_DISCOVER_V2: &str = "capabilities/discoverV2";
+pub const CAPABILITY_ROOTS_DISCOVER_V1: &str = "capabilityRoots/discoverV1";
+
 pub const HTTP_REQUEST: &str = "http/request";
 
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").

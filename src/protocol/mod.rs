@@ -6,11 +6,14 @@
 //! it; unknown param fields are ignored (newer clients add fields); every
 //! struct is camelCase.
 
+pub mod environment;
 pub mod fs;
 pub mod jsonrpc;
 pub mod methods;
 pub mod notify;
+pub mod path;
 pub mod process;
+pub mod revision;
 pub mod v0;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

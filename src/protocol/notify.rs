@@ -30,11 +30,30 @@ pub fn process_output(id_json: &str, seq: u64, stream: StreamName, data: &[u8]) 
     s
 }
 
-/// `process/exited`.
-pub fn process_exited(id_json: &str, seq: u64, exit_code: i32) -> String {
+/// `process/exited`; 0.169.0 adds `sandboxDenied`.
+pub fn process_exited(
+    id_json: &str,
+    seq: u64,
+    exit_code: i32,
+    sandbox_denied: Option<bool>,
+) -> String {
+    match sandbox_denied {
+        None => format!(
+            r#"{{"method":"{}","params":{{"processId":{id_json},"seq":{seq},"exitCode":{exit_code}}}}}"#,
+            methods::PROCESS_EXITED
+        ),
+        Some(d) => format!(
+            r#"{{"method":"{}","params":{{"processId":{id_json},"seq":{seq},"exitCode":{exit_code},"sandboxDenied":{d}}}}}"#,
+            methods::PROCESS_EXITED
+        ),
+    }
+}
+
+/// `fs/missingChanged` (0.169.0).
+pub fn fs_missing_changed(watch_id: u64) -> String {
     format!(
-        r#"{{"method":"{}","params":{{"processId":{id_json},"seq":{seq},"exitCode":{exit_code}}}}}"#,
-        methods::PROCESS_EXITED
+        r#"{{"method":"{}","params":{{"watchId":{watch_id}}}}}"#,
+        methods::FS_MISSING_CHANGED
     )
 }
 
@@ -112,15 +131,18 @@ mod tests {
                     &encode_notification(methods::PROCESS_OUTPUT, &typed),
                 );
             }
-            let typed = ExitedNotification {
-                process_id: id.to_owned(),
-                seq: 3,
-                exit_code: -1,
-            };
-            same(
-                &process_exited(&j, 3, -1),
-                &encode_notification(methods::PROCESS_EXITED, &typed),
-            );
+            for denied in [None, Some(false)] {
+                let typed = ExitedNotification {
+                    process_id: id.to_owned(),
+                    seq: 3,
+                    exit_code: -1,
+                    sandbox_denied: denied,
+                };
+                same(
+                    &process_exited(&j, 3, -1, denied),
+                    &encode_notification(methods::PROCESS_EXITED, &typed),
+                );
+            }
             let typed = ClosedNotification {
                 process_id: id.to_owned(),
                 seq: 4,
@@ -130,6 +152,15 @@ mod tests {
                 &encode_notification(methods::PROCESS_CLOSED, &typed),
             );
         }
+    }
+
+    #[test]
+    fn missing_changed_matches_its_type() {
+        let typed = crate::protocol::fs::MissingChangedNotification { watch_id: 11 };
+        same(
+            &fs_missing_changed(11),
+            &encode_notification(methods::FS_MISSING_CHANGED, &typed),
+        );
     }
 
     #[test]

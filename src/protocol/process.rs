@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::ByteChunk;
+use super::environment::EnvironmentInfo;
+use super::path::WirePath;
 
 /// Params of `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,11 +18,15 @@ pub struct InitializeParams {
     pub resume_session_id: Option<String>,
 }
 
-/// Result of `initialize`.
+/// Result of `initialize`. Both revisions get `environmentInfo`: the older
+/// client ignores it, the newer one needs it (the two send the same
+/// `initialize`, so the revision is not known yet).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InitializeResponse {
     pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_info: Option<Box<EnvironmentInfo>>,
 }
 
 /// Params of `process/start`.
@@ -30,8 +36,8 @@ pub struct ExecParams {
     /// Client-chosen handle, unique per session. Not an OS pid.
     pub process_id: String,
     pub argv: Vec<String>,
-    /// Working directory; a plain path, not checked for being absolute.
-    pub cwd: String,
+    /// Working directory: a plain absolute path or a `file://` URI.
+    pub cwd: WirePath,
     /// The exact child environment (replaced, not merged) unless `envPolicy` is set.
     pub env: HashMap<String, String>,
     pub tty: bool,
@@ -43,6 +49,10 @@ pub struct ExecParams {
     pub arg0: Option<String>,
     #[serde(default)]
     pub env_policy: Option<EnvPolicy>,
+    /// 0.169.0: the sandbox the client asks for (only its presence is
+    /// used: the tenant's confinement applies either way).
+    #[serde(default)]
+    pub sandbox: Option<serde_json::Value>,
 }
 
 /// Codex shell-environment policy. Every field is required when present.
@@ -69,6 +79,17 @@ pub enum EnvInherit {
 #[serde(rename_all = "camelCase")]
 pub struct ExecResponse {
     pub process_id: String,
+    /// 0.169.0 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_type: Option<SandboxType>,
+}
+
+/// Which sandbox the executor applied at the client's request (0.169.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SandboxType {
+    None,
+    LinuxSeccomp,
 }
 
 /// Longest `waitMs` honoured; longer waits are clamped.
@@ -124,8 +145,13 @@ pub struct ReadResponse {
     pub exited: bool,
     pub exit_code: Option<i32>,
     pub closed: bool,
-    /// Always null from a server (the reference client fills it in).
+    /// Why the process died, when the gateway knows better than its exit
+    /// code (worker death, OOM kill); otherwise null.
     pub failure: Option<String>,
+    /// 0.169.0 only: always false (the gateway does not attribute failures
+    /// to a sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_denied: Option<bool>,
 }
 
 /// Params of `process/write`.
@@ -134,7 +160,8 @@ pub struct ReadResponse {
 pub struct WriteParams {
     pub process_id: String,
     pub chunk: ByteChunk,
-    /// Extension: a repeated id is acknowledged and not written twice.
+    /// A repeated id is acknowledged and not written twice (required and
+    /// non-empty in 0.169.0; optional in 0.130.0).
     #[serde(default)]
     pub write_id: Option<String>,
 }
@@ -244,6 +271,9 @@ pub struct ExitedNotification {
     pub process_id: String,
     pub seq: u64,
     pub exit_code: i32,
+    /// 0.169.0 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_denied: Option<bool>,
 }
 
 /// `process/closed` notification.
@@ -316,6 +346,7 @@ mod tests {
             exit_code: Some(0),
             closed: true,
             failure: None,
+            sandbox_denied: None,
         };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),

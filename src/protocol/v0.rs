@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::ByteChunk;
+use super::path::WirePath;
 
 /// Params of `command/exec`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,7 +14,7 @@ use super::ByteChunk;
 pub struct CommandExecParams {
     pub process_id: String,
     pub argv: Vec<String>,
-    pub cwd: String,
+    pub cwd: WirePath,
     #[serde(default)]
     pub env: HashMap<String, String>,
     pub tty: bool,

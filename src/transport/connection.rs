@@ -23,6 +23,7 @@ use crate::outbound::{AttachToken, Outbound};
 use crate::protocol::jsonrpc::{self, Inbound, RequestId};
 use crate::protocol::methods;
 use crate::protocol::process::{InitializeParams, InitializeResponse};
+use crate::protocol::revision::Revision;
 use crate::rpc::{Call, MethodFamily, Op, Outcome, Reply};
 use crate::session::Session;
 
@@ -107,16 +108,35 @@ where
                 continue;
             }
         };
+        // Envelope errors are worded as the session's revision words them.
+        let current = attached
+            .as_ref()
+            .is_some_and(|a| a.session.revision.get() == Some(Revision::Nov2026));
+        let malformed = |detail: String| {
+            GatewayError::InvalidRequest(format!("{}: {detail}", meta.parse_error_prefix))
+        };
         match jsonrpc::decode(&text) {
             Err(e) => {
-                let e = GatewayError::InvalidRequest(format!("{}: {e}", meta.parse_error_prefix));
-                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
-                    .await;
+                let detail = if current {
+                    e.current_text()
+                } else {
+                    e.to_string()
+                };
+                out.send(jsonrpc::encode_error(
+                    &RequestId::UNKNOWN,
+                    &malformed(detail).to_jsonrpc(),
+                ))
+                .await;
             }
             Ok(Inbound::ClientResponse) => {
                 tracing::debug!("ignoring a response sent by the client");
             }
-            Ok(Inbound::Notification { method }) => {
+            Ok(Inbound::Notification { bad_id: true, .. }) if current => {
+                let e = malformed(jsonrpc::BAD_REQUEST_ID.to_owned());
+                out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                    .await;
+            }
+            Ok(Inbound::Notification { method, .. }) => {
                 if method == methods::INITIALIZED
                     && let Some(a) = attached.as_mut()
                 {
@@ -159,12 +179,17 @@ where
                         family.label()
                     ))),
                     Some(_) if gw.is_draining() => Err(GatewayError::Draining),
-                    Some(a) => Ok(a
-                        .caller
-                        .context(Some(a.session.clone()), a.token.evicted.clone())),
+                    Some(a) => Ok(a),
                 };
-                let call =
-                    ctx.and_then(|ctx| Call::decode(&method, params).map(|call| (call, ctx)));
+                let call = ctx.and_then(|a| {
+                    let call = Call::decode(&method, params)?;
+                    a.session.admit_call(&call)?;
+                    Ok((
+                        call,
+                        a.caller
+                            .context(Some(a.session.clone()), a.token.evicted.clone()),
+                    ))
+                });
                 let (call, ctx) = match call {
                     Ok(v) => v,
                     Err(e) => {
@@ -248,6 +273,7 @@ fn initialize(
     )?;
     let reply = Reply::Initialize(InitializeResponse {
         session_id: session.id.clone(),
+        environment_info: Some(Box::new(session.backend.environment())),
     });
     *attached = Some(Attached {
         caller: caller.clone(),

@@ -114,6 +114,18 @@ async fn handle(
             "websocket upgrade needs GET\n",
         ));
     }
+    // A browser page can open a websocket to any address and always says
+    // where it comes from; exec-server clients send no Origin. Refuse one
+    // that is not allowed, before authentication.
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|o| gw.settings.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            tracing::info!(%peer, "websocket handshake with an Origin header refused");
+            return Ok(response(StatusCode::FORBIDDEN, "origin not allowed\n"));
+        }
+    }
     if req
         .headers()
         .get(header::SEC_WEBSOCKET_VERSION)

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::fs::{FsDone, FsError, FsOp};
-use crate::protocol::fs::{MetadataResponse, ReadDirectoryResponse};
+use crate::protocol::fs::{MetadataResponse, ReadDirectoryResponse, WalkResponse};
 use crate::spawn::{Ended, SpawnSpec};
 
 /// Largest message on the link (the argv and env of one spawn).
@@ -59,6 +59,9 @@ pub enum FsReply {
     Metadata(MetadataResponse),
     Directory(ReadDirectoryResponse),
     File,
+    Path(String),
+    Walk(WalkResponse),
+    Exist(Vec<bool>),
 }
 
 impl FsReply {
@@ -69,6 +72,9 @@ impl FsReply {
             FsDone::Metadata(m) => (FsReply::Metadata(m), None),
             FsDone::Directory(d) => (FsReply::Directory(d), None),
             FsDone::File(f) => (FsReply::File, Some(OwnedFd::from(f))),
+            FsDone::Path(p) => (FsReply::Path(p), None),
+            FsDone::Walk(w) => (FsReply::Walk(w), None),
+            FsDone::Exist(e) => (FsReply::Exist(e), None),
         }
     }
 
@@ -78,6 +84,9 @@ impl FsReply {
             FsReply::Done => FsDone::Done,
             FsReply::Metadata(m) => FsDone::Metadata(m),
             FsReply::Directory(d) => FsDone::Directory(d),
+            FsReply::Path(p) => FsDone::Path(p),
+            FsReply::Walk(w) => FsDone::Walk(w),
+            FsReply::Exist(e) => FsDone::Exist(e),
             FsReply::File => {
                 FsDone::File(std::fs::File::from(fds.into_iter().next().ok_or_else(
                     || FsError::Io("worker: no file came back".to_owned()),

@@ -6,6 +6,7 @@ use tonic::Status;
 
 use super::pb;
 use crate::protocol::fs::{MetadataResponse, ReadDirectoryResponse};
+use crate::protocol::path::WirePath;
 use crate::protocol::process::{
     EnvInherit, EnvPolicy, ExecParams, ListResponse, ProcessEvent, ProcessState, ReadResponse,
     SignalName, StreamName, WriteStatus,
@@ -27,12 +28,13 @@ pub fn spec_to_params(spec: Option<pb::ProcessSpec>) -> Result<ExecParams, Statu
     Ok(ExecParams {
         process_id: spec.process_id,
         argv: spec.argv,
-        cwd: spec.cwd,
+        cwd: WirePath::plain(spec.cwd),
         env: spec.env.into_iter().collect::<HashMap<_, _>>(),
         tty: spec.tty,
         pipe_stdin: spec.pipe_stdin,
         arg0: spec.arg0,
         env_policy,
+        sandbox: None,
     })
 }
 

@@ -21,6 +21,7 @@ use crate::fs::FsError;
 use crate::gateway::Gateway;
 use crate::protocol::ByteChunk;
 use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
+use crate::protocol::path::WirePath;
 use crate::protocol::process::{
     ProcessEvent, ProcessIdParams, ReadParams, ResizeParams, SignalParams, WriteParams, WriteStatus,
 };
@@ -453,9 +454,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<pb::ReadFileRequest>,
     ) -> Result<Response<Self::ReadFileStream>, Status> {
         let caller = caller(&req)?;
-        let open = Open::ReadFile(PathParams {
-            path: req.into_inner().path,
-        });
+        let open = Open::ReadFile(PathParams::plain(req.into_inner().path));
         let Opened::File(file) = self.open(&caller, None, open).await? else {
             return Err(unexpected());
         };
@@ -499,7 +498,7 @@ impl pb::file_service_server::FileService for GrpcApi {
                 "the first message must name the path",
             ));
         };
-        let open = Open::WriteFile(PathParams { path: first.path });
+        let open = Open::WriteFile(PathParams::plain(first.path));
         let Opened::File(file) = self.open(&caller, None, open).await? else {
             return Err(unexpected());
         };
@@ -527,8 +526,9 @@ impl pb::file_service_server::FileService for GrpcApi {
         let caller = caller(&req)?;
         let r = req.into_inner();
         let call = Call::FsCreateDirectory(CreateDirectoryParams {
-            path: r.path,
+            path: WirePath::plain(r.path),
             recursive: r.recursive,
+            follow_symlinks: None,
         });
         self.call(&caller, None, call).await?;
         Ok(Response::new(pb::CreateDirectoryResponse {}))
@@ -539,9 +539,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<pb::GetMetadataRequest>,
     ) -> Result<Response<pb::GetMetadataResponse>, Status> {
         let caller = caller(&req)?;
-        let call = Call::FsGetMetadata(PathParams {
-            path: req.into_inner().path,
-        });
+        let call = Call::FsGetMetadata(PathParams::plain(req.into_inner().path));
         match self.call(&caller, None, call).await? {
             Reply::FsGetMetadata(m) => Ok(Response::new(convert::metadata(m))),
             _ => Err(unexpected()),
@@ -553,9 +551,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<pb::ReadDirectoryRequest>,
     ) -> Result<Response<pb::ReadDirectoryResponse>, Status> {
         let caller = caller(&req)?;
-        let call = Call::FsReadDirectory(PathParams {
-            path: req.into_inner().path,
-        });
+        let call = Call::FsReadDirectory(PathParams::plain(req.into_inner().path));
         match self.call(&caller, None, call).await? {
             Reply::FsReadDirectory(d) => Ok(Response::new(convert::directory(d))),
             _ => Err(unexpected()),
@@ -569,9 +565,10 @@ impl pb::file_service_server::FileService for GrpcApi {
         let caller = caller(&req)?;
         let r = req.into_inner();
         let call = Call::FsRemove(RemoveParams {
-            path: r.path,
+            path: WirePath::plain(r.path),
             recursive: r.recursive,
             force: r.force,
+            follow_symlinks: None,
         });
         self.call(&caller, None, call).await?;
         Ok(Response::new(pb::RemoveResponse {}))
@@ -584,8 +581,8 @@ impl pb::file_service_server::FileService for GrpcApi {
         let caller = caller(&req)?;
         let r = req.into_inner();
         let call = Call::FsCopy(CopyParams {
-            source_path: r.source_path,
-            destination_path: r.destination_path,
+            source_path: WirePath::plain(r.source_path),
+            destination_path: WirePath::plain(r.destination_path),
             recursive: r.recursive,
         });
         self.call(&caller, None, call).await?;
