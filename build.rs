@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "proto/exec_gateway/v1/session.proto",
     "proto/exec_gateway/v1/process.proto",
     "proto/exec_gateway/v1/file.proto",
+    "proto/exec_gateway/v1/environment.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

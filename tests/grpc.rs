@@ -468,7 +468,13 @@ async fn files_stream_in_and_out_beyond_one_message() {
         .into_inner();
     assert_eq!(w.bytes_written, data.len() as u64);
     let mut stream = files
-        .read_file(authed(pb::ReadFileRequest { path: path.clone() }, &token))
+        .read_file(authed(
+            pb::ReadFileRequest {
+                path: path.clone(),
+                ..Default::default()
+            },
+            &token,
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -544,6 +550,133 @@ async fn files_stream_in_and_out_beyond_one_message() {
     let r = ws.call("fs/getMetadata", json!({"path": path})).await;
     assert_eq!(r["isFile"], true);
     let _ = unb64("");
+}
+
+/// 0.169's additions on gRPC: ranged reads, sizes, canonical paths, walks
+/// and the environment description.
+#[tokio::test]
+async fn current_revision_file_and_environment_rpcs() {
+    use pb::environment_service_client::EnvironmentServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"{}\"\n",
+            dir.display(),
+            root.display()
+        )
+    });
+    let token = gw.token("t1");
+    let ch = channel(&gw).await;
+    let mut files = FileServiceClient::new(ch.clone());
+    std::fs::create_dir_all(root.join("d/e")).unwrap();
+    std::fs::write(root.join("d/f.txt"), b"0123456789").unwrap();
+    std::os::unix::fs::symlink("d", root.join("link")).unwrap();
+    let p = |rel: &str| root.join(rel).display().to_string();
+
+    let mut s = files
+        .read_file(authed(
+            pb::ReadFileRequest {
+                path: p("d/f.txt"),
+                offset: 3,
+                length: 4,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = s.next().await {
+        got.extend(m.unwrap().data);
+    }
+    assert_eq!(got, b"3456");
+    let m = files
+        .get_metadata(authed(
+            pb::GetMetadataRequest { path: p("d/f.txt") },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(m.size, 10);
+    let c = files
+        .canonicalize(authed(
+            pb::CanonicalizeRequest {
+                path: p("link/e/../f.txt"),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(c.path, p("d/f.txt"));
+    let w = files
+        .walk(authed(
+            pb::WalkRequest {
+                path: p("d"),
+                max_depth: 8,
+                max_directories: 8,
+                max_entries: 8,
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut entries: Vec<_> = w.entries.iter().map(|e| (e.path.clone(), e.kind)).collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        vec![
+            (p("d/e"), pb::WalkEntryKind::Directory as i32),
+            (p("d/f.txt"), pb::WalkEntryKind::File as i32),
+        ]
+    );
+    assert!(!w.truncated);
+    // Zero limits are refused; paths outside the root look missing.
+    let e = files
+        .walk(authed(
+            pb::WalkRequest {
+                path: p("d"),
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = files
+        .canonicalize(authed(
+            pb::CanonicalizeRequest {
+                path: "/etc/passwd".to_owned(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(e.message().contains("outside the tenant root"), "{e:?}");
+
+    let info = EnvironmentServiceClient::new(ch.clone())
+        .get_info(authed(pb::GetInfoRequest {}, &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.cwd, root.display().to_string());
+    assert_eq!(info.platform_os, "linux");
+    assert_eq!(info.executor_version, env!("CARGO_PKG_VERSION"));
+    assert!(info.shell_path.starts_with('/'), "{info:?}");
+    assert_eq!(info.capabilities.get("fsWatchMissing"), Some(&true));
+    assert_eq!(info.capabilities.get("networkProxyLaunch"), Some(&false));
+    // Unauthenticated: refused before the service.
+    let e = EnvironmentServiceClient::new(ch)
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
 }
 
 #[tokio::test]
@@ -641,6 +774,7 @@ async fn reflection_lists_services_and_health_flips_when_draining() {
         "exec_gateway.v1.ProcessService",
         "exec_gateway.v1.FileService",
         "exec_gateway.v1.SessionService",
+        "exec_gateway.v1.EnvironmentService",
         "grpc.health.v1.Health",
     ] {
         assert!(

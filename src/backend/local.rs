@@ -129,9 +129,12 @@ impl Backend for LocalBackend {
     fn run_sessionless(&self, op: Op) -> OpFuture {
         let shared = self.shared.clone();
         Box::pin(async move {
-            // gRPC: plain paths, the older revision's shapes.
+            // gRPC: plain paths.
             let revision = Revision::May2026;
             match op {
+                Op::Call(Call::EnvironmentInfo(_)) => Ok(Outcome::Reply(Reply::EnvironmentInfo(
+                    Box::new(shared.environment(revision)),
+                ))),
                 Op::Call(call) if is_file_call(&call) => {
                     shared.file_call(call, revision).await.map(Outcome::Reply)
                 }
@@ -221,12 +224,7 @@ impl Shared {
                 empty()
             }
             Call::FsGetMetadata(p) => match done(FsOp::GetMetadata(p)).await? {
-                FsDone::Metadata(mut m) => {
-                    if revision == Revision::May2026 {
-                        m.size = None;
-                    }
-                    Reply::FsGetMetadata(m)
-                }
+                FsDone::Metadata(m) => Reply::FsGetMetadata(m),
                 other => return Err(unexpected(&other).into()),
             },
             Call::FsReadDirectory(p) => match done(FsOp::ReadDirectory(p)).await? {
@@ -283,10 +281,11 @@ impl Shared {
     }
 
     /// `environmentInfo`: the tenant's root, home, temporary directory and
-    /// shell, and only the capabilities the gateway really has.
-    fn environment(&self) -> EnvironmentInfo {
+    /// shell, and only the capabilities the gateway really has; paths in
+    /// `revision`'s form.
+    fn environment(&self, revision: Revision) -> EnvironmentInfo {
         use sha2::Digest as _;
-        let uri = |p: &str| to_wire(p, Revision::Nov2026);
+        let uri = |p: &str| to_wire(p, revision);
         let env = &self.env;
         let digest = sha2::Sha256::digest(format!("exec-gateway/tenant/{}", env.tenant));
         let provider: String = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -459,7 +458,14 @@ impl LocalSession {
             | Call::FsRemove(_)
             | Call::FsCopy(_)
             | Call::FsCanonicalize(_)
-            | Call::FsWalk(_)) => self.shared.file_call(file, revision).await?,
+            | Call::FsWalk(_)) => {
+                let mut reply = self.shared.file_call(file, revision).await?;
+                if let (Revision::May2026, Reply::FsGetMetadata(m)) = (revision, &mut reply) {
+                    // May's getMetadata has no size.
+                    m.size = None;
+                }
+                reply
+            }
             Call::FsOpen(p) => self.open_handle(p, revision).await?,
             Call::FsReadBlock(p) => self.read_block(p).await?,
             Call::FsWriteBlock(p) => self.write_block(p).await?,
@@ -468,7 +474,9 @@ impl LocalSession {
                 empty()
             }
             Call::FsWatchMissing(p) => self.watch_missing(p).await?,
-            Call::EnvironmentInfo(_) => Reply::EnvironmentInfo(Box::new(self.shared.environment())),
+            Call::EnvironmentInfo(_) => {
+                Reply::EnvironmentInfo(Box::new(self.shared.environment(Revision::Nov2026)))
+            }
             Call::EnvironmentStatus(_) => Reply::EnvironmentStatus(StatusResponse {
                 status: "ready".to_owned(),
             }),
@@ -757,6 +765,6 @@ impl SessionBackend for LocalSession {
     }
 
     fn environment(&self) -> EnvironmentInfo {
-        self.shared.environment()
+        self.shared.environment(Revision::Nov2026)
     }
 }

@@ -80,7 +80,7 @@ def stubs(tmp_path_factory):
     assert rc == 0, "protoc failed"
     sys.path.insert(0, str(out))
     mods = {}
-    for name in ["session", "process", "file"]:
+    for name in ["session", "process", "file", "environment"]:
         mods[name] = importlib.import_module(f"exec_gateway.v1.{name}_pb2")
         mods[name + "_grpc"] = importlib.import_module(f"exec_gateway.v1.{name}_pb2_grpc")
     return mods

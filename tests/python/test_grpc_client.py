@@ -70,3 +70,22 @@ def test_process_and_files_over_grpc(gateway, stubs, tmp_path):
         with pytest.raises(grpc.RpcError) as e:
             sessions.CreateSession(s.CreateSessionRequest(), timeout=20)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_environment_and_ranged_reads_over_grpc(gateway, stubs, tmp_path):
+    e, f = stubs["environment"], stubs["file"]
+    (tmp_path / "digits").write_bytes(b"0123456789")
+    with grpc.insecure_channel(gateway.grpc_target) as ch:
+        env = stubs["environment_grpc"].EnvironmentServiceStub(ch)
+        files = stubs["file_grpc"].FileServiceStub(ch)
+        info = env.GetInfo(e.GetInfoRequest(), metadata=meta(gateway), timeout=20)
+        assert info.platform_os == "linux"
+        assert info.cwd == "/"  # the fixture's tenants are host-rooted
+        assert info.capabilities["fsWatchMissing"] is True
+        part = b"".join(m.data for m in files.ReadFile(
+            f.ReadFileRequest(path=str(tmp_path / "digits"), offset=2, length=5),
+            metadata=meta(gateway), timeout=20))
+        assert part == b"23456"
+        with pytest.raises(grpc.RpcError) as err:
+            env.GetInfo(e.GetInfoRequest(), timeout=20)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use tonic::Status;
 
 use super::pb;
-use crate::protocol::fs::{MetadataResponse, ReadDirectoryResponse};
+use crate::protocol::environment::EnvironmentInfo;
+use crate::protocol::fs::{
+    MetadataResponse, ReadDirectoryResponse, WalkKind, WalkOptions, WalkParams, WalkResponse,
+};
 use crate::protocol::path::WirePath;
 use crate::protocol::process::{
     EnvInherit, EnvPolicy, ExecParams, ListResponse, ProcessEvent, ProcessState, ReadResponse,
@@ -136,6 +139,61 @@ pub fn metadata(m: MetadataResponse) -> pb::GetMetadataResponse {
         is_symlink: m.is_symlink,
         created_at_ms: m.created_at_ms,
         modified_at_ms: m.modified_at_ms,
+        size: m.size.unwrap_or(0),
+    }
+}
+
+pub fn walk_request(r: pb::WalkRequest) -> WalkParams {
+    WalkParams {
+        path: WirePath::plain(r.path),
+        options: WalkOptions {
+            max_depth: r.max_depth,
+            max_directories: r.max_directories,
+            max_entries: r.max_entries,
+            follow_directory_symlinks: r.follow_directory_symlinks,
+            prune_hidden_directories: r.prune_hidden_directories,
+        },
+    }
+}
+
+pub fn walk(w: WalkResponse) -> pb::WalkResponse {
+    pb::WalkResponse {
+        entries: w
+            .entries
+            .into_iter()
+            .map(|e| pb::WalkEntry {
+                path: e.path,
+                kind: (match e.kind {
+                    WalkKind::File => pb::WalkEntryKind::File,
+                    WalkKind::Directory => pb::WalkEntryKind::Directory,
+                }) as i32,
+            })
+            .collect(),
+        errors: w
+            .errors
+            .into_iter()
+            .map(|e| pb::WalkError {
+                path: e.path,
+                message: e.message,
+            })
+            .collect(),
+        truncated: w.truncated,
+    }
+}
+
+pub fn environment(e: EnvironmentInfo) -> pb::GetInfoResponse {
+    pb::GetInfoResponse {
+        shell_name: e.shell.name,
+        shell_path: e.shell.path,
+        executor_version: e.executor_version,
+        provider_id: e.provider_id,
+        cwd: e.cwd,
+        user_home_dir: e.user_home_dir,
+        platform_os: e.platform_os,
+        prepend_path_dirs: e.prepend_path_dirs,
+        temporary_directories: e.temporary_directories,
+        temp_dir: e.temp_dir,
+        capabilities: e.capabilities.into_iter().collect(),
     }
 }
 

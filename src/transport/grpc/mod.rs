@@ -1,7 +1,7 @@
 //! The gRPC door (proto/exec_gateway/v1): the same tenants, sessions,
 //! process tables and tower stack as JSON-RPC, plus health and reflection.
 //!
-//! Every request to the three services first passes [`Authenticate`], a
+//! Every request to the four services first passes [`Authenticate`], a
 //! tower layer on the tonic server that admits the caller from its
 //! `authorization: Bearer` metadata (module `transport::admit`): no method
 //! can be reached unauthenticated. Streams are bounded: each server stream
@@ -115,6 +115,7 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
 /// stops.
 pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
+    use pb::environment_service_server::EnvironmentServiceServer;
     use pb::file_service_server::FileServiceServer;
     use pb::process_service_server::ProcessServiceServer;
     use pb::session_service_server::SessionServiceServer;
@@ -123,6 +124,9 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
     health.set_serving::<ProcessServiceServer<GrpcApi>>().await;
     health.set_serving::<FileServiceServer<GrpcApi>>().await;
     health.set_serving::<SessionServiceServer<GrpcApi>>().await;
+    health
+        .set_serving::<EnvironmentServiceServer<GrpcApi>>()
+        .await;
     let reflection = match tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -145,6 +149,9 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
             health.set_not_serving::<FileServiceServer<GrpcApi>>().await;
             health
                 .set_not_serving::<SessionServiceServer<GrpcApi>>()
+                .await;
+            health
+                .set_not_serving::<EnvironmentServiceServer<GrpcApi>>()
                 .await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
@@ -182,10 +189,11 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
                 .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
         .add_service(
-            FileServiceServer::new(api)
+            FileServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
+        .add_service(EnvironmentServiceServer::new(api))
         .serve_with_incoming_shutdown(incoming, gw.stopped())
         .await;
     if let Err(e) = result {

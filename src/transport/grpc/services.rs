@@ -1,4 +1,4 @@
-//! The three gRPC services: each method converts its message into an
+//! The four gRPC services: each method converts its message into an
 //! operation, runs it through the stack and converts the result back. The
 //! caller was admitted by the server's authentication layer
 //! ([`super::Authenticate`]); a method only reads it from the request.
@@ -36,7 +36,7 @@ pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// The three services; cheap to clone.
+/// The four services; cheap to clone.
 #[derive(Clone)]
 pub struct GrpcApi {
     gw: Arc<Gateway>,
@@ -454,7 +454,8 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<pb::ReadFileRequest>,
     ) -> Result<Response<Self::ReadFileStream>, Status> {
         let caller = caller(&req)?;
-        let open = Open::ReadFile(PathParams::plain(req.into_inner().path));
+        let r = req.into_inner();
+        let open = Open::ReadFile(PathParams::plain(r.path));
         let Opened::File(file) = self.open(&caller, None, open).await? else {
             return Err(unexpected());
         };
@@ -462,14 +463,24 @@ impl pb::file_service_server::FileService for GrpcApi {
         // Blocking reads on the blocking pool; the bounded channel is the
         // back-pressure (a slow reader holds one thread, not memory).
         tokio::task::spawn_blocking(move || {
-            use std::io::Read as _;
+            use std::io::{Read as _, Seek as _};
             let mut f = &file;
-            loop {
-                let mut buf = vec![0u8; FILE_CHUNK_BYTES];
+            if r.offset > 0
+                && let Err(e) = f.seek(std::io::SeekFrom::Start(r.offset))
+            {
+                let _ = tx.blocking_send(Err(status(FsError::from_io(&e).into())));
+                return;
+            }
+            let mut left = if r.length == 0 { u64::MAX } else { r.length };
+            while left > 0 {
+                let want =
+                    usize::try_from(left).map_or(FILE_CHUNK_BYTES, |l| l.min(FILE_CHUNK_BYTES));
+                let mut buf = vec![0u8; want];
                 match f.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
                         buf.truncate(n);
+                        left = left.saturating_sub(n as u64);
                         if tx
                             .blocking_send(Ok(pb::ReadFileResponse { data: buf.into() }))
                             .is_err()
@@ -587,5 +598,48 @@ impl pb::file_service_server::FileService for GrpcApi {
         });
         self.call(&caller, None, call).await?;
         Ok(Response::new(pb::CopyResponse {}))
+    }
+
+    async fn canonicalize(
+        &self,
+        req: Request<pb::CanonicalizeRequest>,
+    ) -> Result<Response<pb::CanonicalizeResponse>, Status> {
+        let caller = caller(&req)?;
+        let call = Call::FsCanonicalize(PathParams::plain(req.into_inner().path));
+        match self.call(&caller, None, call).await? {
+            Reply::FsCanonicalize(c) => {
+                Ok(Response::new(pb::CanonicalizeResponse { path: c.path }))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn walk(
+        &self,
+        req: Request<pb::WalkRequest>,
+    ) -> Result<Response<pb::WalkResponse>, Status> {
+        let caller = caller(&req)?;
+        let call = Call::FsWalk(convert::walk_request(req.into_inner()));
+        match self.call(&caller, None, call).await? {
+            Reply::FsWalk(w) => Ok(Response::new(convert::walk(w))),
+            _ => Err(unexpected()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::environment_service_server::EnvironmentService for GrpcApi {
+    async fn get_info(
+        &self,
+        req: Request<pb::GetInfoRequest>,
+    ) -> Result<Response<pb::GetInfoResponse>, Status> {
+        let caller = caller(&req)?;
+        match self
+            .call(&caller, None, Call::EnvironmentInfo(NoParams))
+            .await?
+        {
+            Reply::EnvironmentInfo(e) => Ok(Response::new(convert::environment(*e))),
+            _ => Err(unexpected()),
+        }
     }
 }
