@@ -578,4 +578,28 @@ async fn a_key_bound_to_a_tenant_accepts_codex_tokens_for_it_only() {
     );
     let (status, body) = gw.handshake("/", Some(&format!("Bearer {unbound}"))).await;
     assert_eq!(status, 401, "{body}");
+    // With two keys of one algorithm, the key that verifies the signature
+    // gives the verdict: an expired Codex token says so.
+    let expired = sign(Algorithm::HS256, None, &key, &json!({"exp": now() - 600}));
+    let (status, body) = gw.handshake("/", Some(&format!("Bearer {expired}"))).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("expired"), "{body}");
+    // A `kid` no configured key names still verifies against a kid-less key.
+    let with_kid = sign(
+        Algorithm::HS256,
+        Some("codex-2026"),
+        &key,
+        &json!({"exp": now() + 600}),
+    );
+    let mut k = gw.connect_as(&with_kid).await;
+    k.initialize().await;
+    // ... but not against the wrong secret.
+    let wrong = sign(
+        Algorithm::HS256,
+        Some("codex-2026"),
+        &EncodingKey::from_secret(&common::random_secret()),
+        &json!({"exp": now() + 600}),
+    );
+    let (status, body) = gw.handshake("/", Some(&format!("Bearer {wrong}"))).await;
+    assert_eq!(status, 401, "{body}");
 }

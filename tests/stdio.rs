@@ -255,6 +255,46 @@ fn stdio_errors_and_eof_kills_the_session() {
 }
 
 #[test]
+fn an_over_long_line_is_answered_and_the_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = common::random_secret();
+    std::fs::write(dir.path().join("k"), &secret).unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nmax_message_bytes = 1000\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let token = common::mint(&secret, "t1", common::ALL_SCOPES);
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Stdio1::start_with(&config, Some(&token), d);
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"t"}}"#);
+    s.response(json!(1));
+    s.send(r#"{"method":"initialized"}"#);
+    s.send(&format!(
+        r#"{{"id":2,"method":"process/list","pad":"{}"}}"#,
+        "x".repeat(5000)
+    ));
+    let e = s.response(json!(-1));
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1000-byte"),
+        "{e}"
+    );
+    // The rest of the long line was discarded; the next line is served.
+    s.send(r#"{"id":3,"method":"process/list"}"#);
+    let r = s.response(json!(3));
+    assert!(r["result"]["processes"].is_array(), "{r}");
+}
+
+#[test]
 fn stdio_without_a_valid_token_fails_initialize_with_32002() {
     let dir = tempfile::tempdir().unwrap();
     let secret = common::random_secret();

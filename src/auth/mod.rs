@@ -413,6 +413,16 @@ impl Authenticator {
         if candidates.is_empty() {
             candidates = self.remote_keys(kid, header.alg).await;
         }
+        if candidates.is_empty() && kid.is_some() {
+            // A `kid` no key claims (Codex's tokens may carry one): a
+            // configured key without a kid of its own may still verify it.
+            candidates = self
+                .keys
+                .iter()
+                .filter(|k| k.alg == header.alg && k.kid.is_none())
+                .cloned()
+                .collect();
+        }
         if candidates.is_empty() {
             let alg_known = self.keys.iter().any(|k| k.alg == header.alg)
                 || self.remote.iter().any(|r| r.alg == header.alg);
@@ -422,14 +432,17 @@ impl Authenticator {
                 AuthError::UnsupportedAlgorithm
             });
         }
-        let mut last = AuthError::BadSignature;
         for key in &candidates {
             match self.decode(token, key) {
                 Ok(claims) => return self.principal(&claims, key.binding.as_deref()),
-                Err(e) => last = e,
+                // Another key may sign it.
+                Err(AuthError::BadSignature) => continue,
+                // The signature held: this key's claims verdict is the answer
+                // (expired, not yet valid, wrong issuer...).
+                Err(e) => return Err(e),
             }
         }
-        Err(last)
+        Err(AuthError::BadSignature)
     }
 
     fn decode(&self, token: &str, key: &Key) -> Result<Map<String, Value>, AuthError> {

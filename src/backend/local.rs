@@ -474,8 +474,9 @@ impl LocalSession {
                 empty()
             }
             Call::FsWatchMissing(p) => self.watch_missing(p).await?,
+            // Paths in the session's form (a May session learnt plain paths).
             Call::EnvironmentInfo(_) => {
-                Reply::EnvironmentInfo(Box::new(self.shared.environment(Revision::Nov2026)))
+                Reply::EnvironmentInfo(Box::new(self.shared.environment(revision)))
             }
             Call::EnvironmentStatus(_) => Reply::EnvironmentStatus(StatusResponse {
                 status: "ready".to_owned(),

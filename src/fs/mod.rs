@@ -739,7 +739,8 @@ pub const MAX_WALK_ENTRIES: u64 = 100_000;
 /// other symbolic links and special files skipped.
 fn walk(root: &FsRoot, p: WalkParams) -> Result<WalkResponse, Failed> {
     let o = p.options;
-    if o.max_depth == 0 || o.max_directories == 0 || o.max_entries == 0 {
+    // A zero depth lists the directory's own entries (as 0.169.0 does).
+    if o.max_directories == 0 || o.max_entries == 0 {
         return Err(FsError::InvalidRequest(
             "filesystem walk limits must be greater than zero".to_owned(),
         )

@@ -205,7 +205,7 @@ pub struct WriteBlockParams {
     pub chunk: ByteChunk,
 }
 
-/// Params of `fs/watchMissing` (0.169.0): one watch per connection; a
+/// Params of `fs/watchMissing` (0.169.0): one watch per session; a
 /// higher `watchId` replaces the current one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -54,7 +54,9 @@ pub enum Inbound<'a> {
 
 #[derive(Deserialize)]
 struct RawMessage<'a> {
-    #[serde(borrow, default)]
+    /// `Some` whenever the key is present, `null` included (a plain
+    /// `Option` would read `"id":null` as absent).
+    #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(default)]
     method: Option<String>,
@@ -126,6 +128,13 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
         }
         (None, _) => Err(MalformedMessage::NoVariant),
     }
+}
+
+fn present<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <&RawValue as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 fn parse_id(raw: &RawValue) -> Option<RequestId> {
@@ -257,9 +266,13 @@ mod tests {
         for text in [r#"{"id":null,"method":"m"}"#, r#"{"id":1.5,"method":"m"}"#] {
             assert!(matches!(
                 decode(text).unwrap(),
-                Inbound::Notification { .. }
+                Inbound::Notification { bad_id: true, .. }
             ));
         }
+        assert!(matches!(
+            decode(r#"{"method":"m"}"#).unwrap(),
+            Inbound::Notification { bad_id: false, .. }
+        ));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Wire types of the exec-server protocol: plain data, no behaviour.
 //!
-//! The contract is docs/protocol.md (the exec-server protocol of
-//! `@openai/codex@0.130.0`, plus the gateway's additive extensions).
+//! The contract is docs/protocol.md: the exec-server protocol of
+//! `@openai/codex@0.130.0` and of `0.169.0` (module `revision` says how a
+//! session's revision is told), plus the gateway's additive extensions.
 //! Decisions recorded here: we accept `"jsonrpc"` on input and never emit
 //! it; unknown param fields are ignored (newer clients add fields); every
 //! struct is camelCase.
@@ -55,7 +56,15 @@ pub fn base64_encode(bytes: &[u8]) -> String {
 pub fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
     base64_simd::STANDARD
         .decode_to_vec(text.as_bytes())
-        .map_err(|e| e.to_string())
+        .map_err(|_| {
+            // The SIMD codec only says "Base64Error"; the reference's codec
+            // says where and why ("Invalid symbol 33, offset 0.").
+            use base64::Engine as _;
+            match base64::engine::general_purpose::STANDARD.decode(text) {
+                Err(e) => e.to_string(),
+                Ok(_) => "invalid base64".to_owned(),
+            }
+        })
 }
 
 /// An empty result object, `{}`.
@@ -78,6 +87,18 @@ mod tests {
             assert_eq!(s, format!("x{want}"));
             assert_eq!(base64_decode(&want).unwrap(), data);
         }
+        assert_eq!(
+            base64_decode("!AAA").unwrap_err(),
+            "Invalid symbol 33, offset 0."
+        );
+        assert_eq!(
+            base64_decode("AA=A").unwrap_err(),
+            "Invalid symbol 61, offset 2."
+        );
+        assert_eq!(
+            base64_decode("AA==AA==").unwrap_err(),
+            "Invalid symbol 61, offset 2."
+        );
         assert!(base64_decode("***").is_err());
         assert!(base64_decode("aGk").is_err(), "padding is required");
     }

@@ -87,15 +87,22 @@ where
         }
         let evicted = attached.as_ref().map(|a| a.token.evicted.clone());
         let frame = tokio::select! {
-            f = inbound.next() => f,
-            () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
-                out.close(4000, "session has been resumed by another connection").await;
-                break;
-            }
+            // Shutdown first: it also evicts every session, and its close
+            // code must win.
+            biased;
             () = gw.stopped() => {
                 out.close(1001, "server shutting down").await;
                 break;
             }
+            () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
+                if gw.is_stopped() {
+                    out.close(1001, "server shutting down").await;
+                } else {
+                    out.close(4000, "session has been resumed by another connection").await;
+                }
+                break;
+            }
+            f = inbound.next() => f,
         };
         let Some(frame) = frame else { break };
         let text = match frame {

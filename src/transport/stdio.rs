@@ -4,15 +4,50 @@
 
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use futures_util::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 
 use super::admit::Caller;
 use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
+
+/// One line of input, or the news that a line was too long.
+enum Line {
+    Text(String),
+    TooLong,
+}
+
+/// `LinesCodec` whose over-long lines are items, not errors: `FramedRead`
+/// ends the stream after a decoder error, and one bad line must not end
+/// the session. `LinesCodec` itself discards the rest of such a line.
+struct Lines(LinesCodec);
+
+impl Lines {
+    fn map(r: Result<Option<String>, LinesCodecError>) -> std::io::Result<Option<Line>> {
+        match r {
+            Ok(line) => Ok(line.map(Line::Text)),
+            Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
+            Err(LinesCodecError::Io(e)) => Err(e),
+        }
+    }
+}
+
+impl Decoder for Lines {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        Self::map(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        Self::map(self.0.decode_eof(buf))
+    }
+}
 
 /// Serve one session over a reader/writer pair (stdin/stdout in production,
 /// a duplex pipe in tests).
@@ -26,16 +61,16 @@ pub async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let max = gw.settings.max_message_bytes;
-    let lines = FramedRead::new(reader, LinesCodec::new_with_max_length(max));
+    let lines = FramedRead::new(reader, Lines(LinesCodec::new_with_max_length(max)));
     let inbound = lines
         .filter_map(move |line| async move {
             match line {
-                Ok(l) if l.trim().is_empty() => None,
-                Ok(l) => Some(InFrame::Text(l)),
-                Err(LinesCodecError::MaxLineLengthExceeded) => Some(InFrame::TooLarge(format!(
+                Ok(Line::Text(l)) if l.trim().is_empty() => None,
+                Ok(Line::Text(l)) => Some(InFrame::Text(l)),
+                Ok(Line::TooLong) => Some(InFrame::TooLarge(format!(
                     "line exceeds the {max}-byte message limit"
                 ))),
-                Err(LinesCodecError::Io(e)) => {
+                Err(e) => {
                     tracing::debug!(error = %e, "stdin read failed");
                     None
                 }
