@@ -119,6 +119,7 @@ fn usage_error(e: &ConfigError) -> ExitCode {
 
 /// Run the parsed command.
 pub fn run(cli: Cli) -> ExitCode {
+    crate::isolation::fds::close_inherited_on_exec();
     match cli.command {
         Command::Serve(args) => {
             telemetry::init(args.common.log_format);

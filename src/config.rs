@@ -570,6 +570,10 @@ impl Config {
         for (name, t) in self.tenants {
             tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
         }
+        let keys = key_files(&auth.keys);
+        for (name, t) in &tenants {
+            refuse_exposed_keys(name, t, &keys)?;
+        }
         Ok(Settings {
             listen,
             grpc_listen,
@@ -792,14 +796,70 @@ fn validate_tenant(
     })
 }
 
+/// The gateway's key files, absolute (as written and resolved through
+/// symlinks): no tenant may reach them.
+pub fn key_files(keys: &[KeySettings]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for k in keys {
+        if let Some(p) = k.source.file() {
+            let abs = if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                std::env::current_dir()
+                    .map(|d| d.join(p))
+                    .unwrap_or_else(|_| p.to_path_buf())
+            };
+            if let Ok(real) = abs.canonicalize() {
+                out.push(real);
+            }
+            out.push(crate::fs::normalize(&abs));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A key file inside a tenant's root or its extra writable paths would let
+/// that tenant read it (fs/readFile, or its processes) and mint tokens for
+/// every tenant: such a configuration is refused. A root of `/` is the
+/// documented "no confinement" setting and is not checked.
+fn refuse_exposed_keys(
+    name: &str,
+    t: &TenantSettings,
+    keys: &[PathBuf],
+) -> Result<(), ConfigError> {
+    let reachable = t
+        .root
+        .iter()
+        .filter(|r| r.as_path() != Path::new("/"))
+        .cloned()
+        .chain(t.landlock_write.iter().cloned())
+        .map(|p| {
+            p.canonicalize()
+                .unwrap_or_else(|_| crate::fs::normalize(&p))
+        });
+    for dir in reachable {
+        if let Some(key) = keys.iter().find(|k| k.starts_with(&dir)) {
+            return Err(ConfigError(format!(
+                "tenants.{name}: key file {} lies inside {}, which the tenant can read; \
+                 move the key (for example to /run/exec-gateway) or choose another root",
+                key.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn minimal(extra: &str) -> String {
-        let dir = std::env::temp_dir();
-        let key = dir.join("exec-gateway-config-test.key");
-        std::fs::write(&key, "k".repeat(40)).unwrap();
+        // Outside the tenant root (/tmp), or the key would be refused.
+        let key = Path::new("/var/tmp/exec-gateway-config-test.key");
+        std::fs::write(key, "k".repeat(40)).unwrap();
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n[tenants.a]\nroot = \"/tmp\"\n{extra}",
             key.display()
@@ -848,6 +908,15 @@ mod tests {
         assert!(c.validate().unwrap_err().0.contains("public key"));
         let c: Config = toml::from_str(&minimal("[tenants.b]\nmax_sessions = 1")).unwrap();
         assert!(c.validate().unwrap_err().0.contains("tenants.b.root"));
+        // A key inside a tenant's root is refused, naming both.
+        let c: Config = toml::from_str(&minimal("[tenants.c]\nroot = \"/var/tmp\"")).unwrap();
+        let e = c.validate().unwrap_err().0;
+        assert!(
+            e.contains(
+                "tenants.c: key file /var/tmp/exec-gateway-config-test.key lies inside /var/tmp"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -160,7 +160,7 @@ method_table! {
     FsOpen(OpenParams) = m::FS_OPEN, Filesystem, Some(Scope::FsRead);
     FsReadBlock(ReadBlockParams) = m::FS_READ_BLOCK, Filesystem, Some(Scope::FsRead);
     FsWriteBlock(WriteBlockParams) = m::FS_WRITE_BLOCK, Filesystem, Some(Scope::FsWrite);
-    FsClose(HandleParams) = m::FS_CLOSE, Filesystem, Some(Scope::FsRead);
+    FsClose(HandleParams) = m::FS_CLOSE, Filesystem, None;
     FsWatchMissing(WatchMissingParams) = m::FS_WATCH_MISSING, Filesystem, Some(Scope::FsRead);
     EnvironmentInfo(NoParams) = m::ENVIRONMENT_INFO, EnvironmentInfo, None;
     EnvironmentStatus(NoParams) = m::ENVIRONMENT_STATUS, EnvironmentStatus, None;

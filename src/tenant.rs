@@ -69,7 +69,7 @@ impl Tenants {
         global_slots: Arc<Semaphore>,
         layers: Layers,
     ) -> Result<Tenants, ConfigError> {
-        let hidden = gateway_files(settings);
+        let hidden = crate::config::key_files(&settings.auth.keys);
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
             let fs = match &t.root {
@@ -98,18 +98,6 @@ impl Tenants {
             } else {
                 None
             };
-            if let Some(rw) = &spec.landlock_rw {
-                for secret in hidden
-                    .iter()
-                    .filter(|h| rw.iter().any(|p| h.starts_with(p)))
-                {
-                    tracing::warn!(
-                        tenant = %name,
-                        path = %secret.display(),
-                        "a gateway key file lies where this tenant's processes may read and write; move it (for example to /run/exec-gateway)"
-                    );
-                }
-            }
             let runner = if layers.workers {
                 Runner::Workers(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?)
             } else if spec.is_empty() {
@@ -228,28 +216,4 @@ fn start_workers(
         metrics: Some(metrics),
     })
     .map_err(|e| err(e.to_string()))
-}
-
-/// The gateway's own files that no tenant process may read: its key files
-/// (as configured and as resolved through symlinks).
-fn gateway_files(settings: &Settings) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for k in &settings.auth.keys {
-        if let Some(p) = k.source.file() {
-            let abs = if p.is_absolute() {
-                p.to_path_buf()
-            } else {
-                std::env::current_dir()
-                    .map(|d| d.join(p))
-                    .unwrap_or_else(|_| p.to_path_buf())
-            };
-            if let Ok(real) = abs.canonicalize() {
-                out.push(real);
-            }
-            out.push(crate::fs::normalize(&abs));
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
 }

@@ -427,6 +427,20 @@ async fn a_bad_config_exits_64_with_one_line() {
             ),
         ),
         (
+            "key file inside a tenant root",
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/long\"\n[tenants.a]\nroot = \"{0}\"\n",
+                dir.path().display()
+            ),
+        ),
+        (
+            "key file inside a tenant's writable path",
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/long\"\n[tenants.a]\nroot = \"/\"\nlandlock_write = [\"{0}\"]\n",
+                dir.path().display()
+            ),
+        ),
+        (
             "leeway too large",
             format!(
                 "[auth]\nleeway = \"5m\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/short\"\n[tenants.a]\nroot = \"/\"\n",

@@ -51,6 +51,10 @@ impl Stdio1 {
             Some(t) => cmd.env("EXEC_GATEWAY_TOKEN", t),
             None => cmd.env_remove("EXEC_GATEWAY_TOKEN"),
         };
+        Self::spawn(cmd, dir)
+    }
+
+    fn spawn(mut cmd: Command, dir: tempfile::TempDir) -> Stdio1 {
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -292,6 +296,54 @@ fn an_over_long_line_is_answered_and_the_session_goes_on() {
     s.send(r#"{"id":3,"method":"process/list"}"#);
     let r = s.response(json!(3));
     assert!(r["result"]["processes"].is_array(), "{r}");
+}
+
+/// A descriptor the gateway inherited (here fd 7, a "key file") never
+/// reaches a tenant process.
+#[test]
+fn inherited_descriptors_do_not_reach_tenant_processes() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = common::random_secret();
+    std::fs::write(dir.path().join("k"), &secret).unwrap();
+    std::fs::write(dir.path().join("leak"), "inherited-secret\n").unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let leak = std::fs::File::open(dir.path().join("leak")).unwrap();
+    let leak_fd = leak.as_raw_fd();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-gateway"));
+    cmd.arg("stdio").arg("--config").arg(&config).env(
+        "EXEC_GATEWAY_TOKEN",
+        common::mint(&secret, "t1", common::ALL_SCOPES),
+    );
+    // SAFETY: dup2 only, after fork.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(leak_fd, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut s = Stdio1::spawn(cmd, tempfile::tempdir().unwrap());
+    drop(leak);
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"t"}}"#);
+    s.response(json!(1));
+    s.send(r#"{"method":"initialized"}"#);
+    s.send(r#"{"id":2,"method":"process/start","params":{"processId":"p","argv":["sh","-c","cat <&7 || echo no-fd-7; ls /proc/self/fd | tr '\n' ' '; echo END"],"cwd":"/","env":{"PATH":"/usr/bin:/bin"},"tty":false}}"#);
+    s.response(json!(2));
+    let out = output_until(&mut s, "process/output", "p", "END");
+    assert!(!out.contains("inherited-secret"), "{out}");
+    assert!(out.contains("no-fd-7"), "{out}");
 }
 
 #[test]

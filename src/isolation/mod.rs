@@ -5,6 +5,7 @@
 //! probed by module `probe`.
 
 pub mod cgroup;
+pub mod fds;
 pub mod reaper;
 pub mod sandbox;
 pub mod signal;
