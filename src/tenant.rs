@@ -100,9 +100,8 @@ impl Tenants {
             };
             let runner = if layers.workers {
                 Runner::Workers(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?)
-            } else if spec.is_empty() {
-                Runner::Here(None)
             } else {
+                // Always a sandbox: even with every layer off, capabilities go.
                 let sb = Sandbox::new(spec)
                     .map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
                 Runner::Here(Some(Arc::new(sb)))
@@ -196,11 +195,7 @@ fn start_workers(
     if spec.landlock_rw.is_some() {
         spec.landlock_ro.push(exe.clone());
     }
-    let sandbox = if spec.is_empty() {
-        None
-    } else {
-        Some(Arc::new(Sandbox::new(spec).map_err(err)?))
-    };
+    let sandbox = Some(Arc::new(Sandbox::new(spec).map_err(err)?));
     let cgroups = match cgroup {
         Some(cg) => cg.tenant_procs().map_err(|e| err(e.to_string()))?,
         None => Vec::new(),

@@ -315,3 +315,47 @@ async fn the_gateways_key_files_stay_hidden_under_readable_system_dirs() {
     let (_, msg) = c.call_err("fs/readFile", json!({"path": key})).await;
     assert!(msg.contains("outside the tenant root"), "{msg}");
 }
+
+/// No tenant process holds a capability, with or without a uid, in a
+/// worker or spawned by the gateway itself, with every layer off too: all
+/// five sets are empty, and a setuid-root binary gains nothing.
+#[tokio::test]
+async fn tenant_processes_hold_no_capabilities() {
+    let r = roots();
+    for isolation in [
+        "",
+        "workers = \"off\"",
+        "workers = \"off\"\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nuid = \"off\"",
+    ] {
+        let gw = gateway(&r, isolation, "", "");
+        let (mut c, _) = gw.session_of("a").await;
+        let (out, err, code) = sh(
+            &mut c,
+            "caps",
+            &r.a,
+            "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status; id -u",
+        )
+        .await;
+        assert_eq!(code, Some(0), "{isolation}: {err}");
+        let caps: Vec<&str> = out.lines().filter(|l| l.starts_with("Cap")).collect();
+        assert_eq!(caps.len(), 5, "{isolation}: {out}");
+        for line in caps {
+            assert!(
+                line.ends_with("0000000000000000"),
+                "{isolation}: a capability is held: {line}"
+            );
+        }
+        // Root-only operations fail even as uid 0 (when no uid is set).
+        let (out, _, _) = sh(
+            &mut c,
+            "root-ops",
+            &r.a,
+            "hostname gw-test 2>/dev/null && echo CHANGED-HOSTNAME; \
+             renice -n -5 $$ >/dev/null 2>&1 && echo RAISED-PRIORITY; echo END",
+        )
+        .await;
+        assert!(out.ends_with("END\n"), "{isolation}: {out}");
+        assert!(!out.contains("CHANGED"), "{isolation}: {out}");
+        assert!(!out.contains("RAISED"), "{isolation}: {out}");
+    }
+}

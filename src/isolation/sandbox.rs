@@ -66,13 +66,6 @@ pub struct SandboxSpec {
     pub hidden: Vec<PathBuf>,
 }
 
-impl SandboxSpec {
-    /// True when nothing would be applied.
-    pub fn is_empty(&self) -> bool {
-        self.uid.is_none() && self.landlock_rw.is_none() && !self.seccomp
-    }
-}
-
 /// A tenant's sandbox, ready to apply after fork.
 #[derive(Debug)]
 pub struct Sandbox {
@@ -132,6 +125,40 @@ impl Sandbox {
     }
 }
 
+/// Highest capability number any kernel may define (dropping one the
+/// running kernel lacks fails with EINVAL, harmlessly).
+const CAP_LAST_POSSIBLE: libc::c_ulong = 63;
+/// Securebits: uid 0 gains nothing on exec (`NOROOT`), a uid change always
+/// clears capabilities (`NO_SETUID_FIXUP` locked off), `KEEP_CAPS` locked
+/// off, no ambient raise; every bit locked.
+const LOCKED_SECUREBITS: libc::c_ulong = 1 // SECBIT_NOROOT
+    | 1 << 1 // SECBIT_NOROOT_LOCKED
+    | 1 << 3 // SECBIT_NO_SETUID_FIXUP_LOCKED
+    | 1 << 5 // SECBIT_KEEP_CAPS_LOCKED
+    | 1 << 6 // SECBIT_NO_CAP_AMBIENT_RAISE
+    | 1 << 7; // SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct` (two of them for version 3).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
 /// Apply the sandbox to the calling (single-threaded, post-fork) process.
 unsafe fn apply(
     uid: Option<(u32, u32)>,
@@ -162,11 +189,42 @@ unsafe fn apply(
             files.rlim_cur = files.rlim_cur.min(MAX_OPEN_FILES);
             check(libc::setrlimit(libc::RLIMIT_NOFILE, &files).into())?;
         }
+        // No capability, ever: empty the bounding set, lock uid 0 out of
+        // regaining capabilities on exec, clear ambient; after the uid
+        // change, empty effective/permitted/inheritable too. Without
+        // CAP_SETPCAP (an unprivileged gateway) the first two fail with
+        // EPERM, and there is nothing to drop.
+        for cap in 0..=CAP_LAST_POSSIBLE {
+            let r = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            if r < 0 && errno() == libc::EPERM {
+                break;
+            }
+        }
+        let r = libc::prctl(libc::PR_SET_SECUREBITS, LOCKED_SECUREBITS, 0, 0, 0);
+        if r < 0 && errno() != libc::EPERM {
+            return Err(io::Error::last_os_error());
+        }
+        check(
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            )
+            .into(),
+        )?;
         if let Some((u, g)) = uid {
             check(libc::setgroups(0, std::ptr::null()).into())?;
             check(libc::setresgid(g, g, g).into())?;
             check(libc::setresuid(u, u, u).into())?;
         }
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let none = [CapData::default(); 2];
+        check(libc::syscall(libc::SYS_capset, &header, none.as_ptr()))?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
         if let Some(fd) = ruleset {
             check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0))?;
