@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use crate::backend::SessionBackend;
 use crate::error::GatewayError;
 use crate::outbound::{AttachToken, Attachment, Outbound};
+use crate::protocol::path::PathErrorKind;
 use crate::protocol::revision::{Revision, RevisionCell};
 use crate::rpc::Call;
 use crate::tenant::Tenant;
@@ -56,12 +57,10 @@ impl Session {
             None => self.revision.or_default(),
         };
         for (path, field) in call.paths() {
-            path.check(revision, field).map_err(|e| {
-                if e.invalid_params {
-                    GatewayError::InvalidParams(e.message)
-                } else {
-                    GatewayError::InvalidRequest(e.message)
-                }
+            path.check(revision, field).map_err(|e| match e.kind {
+                PathErrorKind::InvalidParams => GatewayError::InvalidParams(e.message),
+                PathErrorKind::InvalidRequest => GatewayError::InvalidRequest(e.message),
+                PathErrorKind::Spawn => GatewayError::Internal(e.message),
             })?;
         }
         if revision == Revision::Nov2026

@@ -165,6 +165,21 @@ pub fn spawn_here(
         .current_dir(&spec.cwd)
         .env_clear()
         .envs(&spec.env);
+    // A gateway started from a shell's background job inherits SIGINT and
+    // SIGQUIT ignored, and ignored dispositions survive exec: without this,
+    // `process/signal interrupt` would do nothing. Every child starts with
+    // the default dispositions.
+    // SAFETY: signal() is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in 1..32 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            Ok(())
+        });
+    }
     let joins = spec
         .cgroups
         .iter()

@@ -35,7 +35,15 @@ async fn ids_are_echoed_verbatim_and_no_jsonrpc_field_is_sent() {
 async fn pre_init_errors_use_the_reference_messages() {
     let gw = Gateway::start("");
     let mut c = gw.connect().await;
+    // Params are decoded first (as the reference does), then the gate.
     let (code, msg) = c.call_err("process/start", json!({})).await;
+    assert_eq!((code, msg.as_str()), (-32602, "missing field `processId`"));
+    let (code, msg) = c
+        .call_err(
+            "process/start",
+            json!({"processId":"p","argv":["true"],"cwd":"/","env":{},"tty":false}),
+        )
+        .await;
     assert_eq!(
         (code, msg.as_str()),
         (

@@ -491,9 +491,25 @@ impl LocalSession {
                     warnings: Vec::new(),
                 })
             }
-            Call::CapabilityRootsDiscover(_) => {
-                Reply::CapabilityRootsDiscover(RootsResponse { roots: Vec::new() })
-            }
+            // One empty entry per root: a gateway has no plugins or skills
+            // to find (and scans nothing, inside the root or out).
+            Call::CapabilityRootsDiscover(p) => Reply::CapabilityRootsDiscover(RootsResponse {
+                roots: p
+                    .roots
+                    .into_iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "id": r.id,
+                            "path": r.rest.get("path").cloned().unwrap_or(serde_json::Value::Null),
+                            "plugin": null,
+                            "skills": [],
+                            "namespaceManifests": [],
+                            "warnings": [],
+                            "error": null,
+                        })
+                    })
+                    .collect(),
+            }),
         })
     }
 
@@ -607,6 +623,11 @@ impl LocalSession {
     }
 
     async fn write_block(&self, p: WriteBlockParams) -> Result<Reply, GatewayError> {
+        if p.chunk.0.is_empty() || p.chunk.0.len() as u64 > MAX_READ_BLOCK_BYTES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "file write block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
+            )));
+        }
         let file = self.handle(&p.handle_id)?;
         blocking(move || {
             use std::os::unix::fs::FileExt as _;

@@ -3,8 +3,8 @@
 //!
 //! Invariants: seqs start at 1 and every output chunk, the exit and the close
 //! take exactly one each, in that order of assignment; `closed` implies
-//! `exited`; the retained chunks cover at least the newest `cap` bytes and
-//! hold less than `cap` plus one chunk.
+//! `exited`; the retained chunks hold at most `cap` bytes (as the
+//! reference's do), or the newest chunk alone when it is larger.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -86,18 +86,16 @@ impl OutputLog {
         seq
     }
 
-    /// Append a chunk; evicts whole chunks, oldest first, past the cap.
+    /// Append a chunk; evicts whole chunks, oldest first, until at most the
+    /// cap is held.
     pub fn push(&mut self, stream: StreamName, data: Bytes) -> u64 {
         let seq = self.take_seq();
         self.retained_bytes += data.len();
         self.tenant_retained
             .fetch_add(data.len(), Ordering::Relaxed);
         self.chunks.push_back(RetainedChunk { seq, stream, data });
-        // Drop the oldest chunk only while the rest still covers the cap, so
-        // at least the newest `cap` bytes stay readable (at most cap + one
-        // chunk are held).
         while let Some(front) = self.chunks.front() {
-            if self.retained_bytes - front.data.len() < self.cap_bytes {
+            if self.retained_bytes <= self.cap_bytes || self.chunks.len() == 1 {
                 break;
             }
             self.retained_bytes -= front.data.len();
@@ -321,11 +319,14 @@ mod tests {
         let total = Arc::new(AtomicUsize::new(0));
         let mut log = OutputLog::new(8, total.clone());
         log.push(StreamName::Stdout, chunk(5));
+        log.push(StreamName::Stdout, chunk(2));
+        assert_eq!(total.load(Ordering::Relaxed), 7);
         log.push(StreamName::Stdout, chunk(5));
-        assert_eq!(total.load(Ordering::Relaxed), 10);
-        log.push(StreamName::Stdout, chunk(5));
-        // The oldest chunk is evicted (10 still cover the cap of 8).
-        assert_eq!(total.load(Ordering::Relaxed), 10);
+        // The oldest chunk is evicted: 7 of the cap of 8 stay.
+        assert_eq!(total.load(Ordering::Relaxed), 7);
+        // A chunk larger than the cap stays alone.
+        log.push(StreamName::Stdout, chunk(9));
+        assert_eq!(total.load(Ordering::Relaxed), 9);
         drop(log);
         assert_eq!(total.load(Ordering::Relaxed), 0);
     }

@@ -1,6 +1,7 @@
 //! A process's stdin: a pipe, a PTY, or none.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::unix::pipe;
@@ -12,8 +13,12 @@ pub enum Stdin {
     /// `/dev/null` (no `pipeStdin`), or closed.
     None,
     /// The write end of the stdin pipe; taken (closed) at `closeStdin` and
-    /// when the process closes, so a writer sees EOF.
-    Pipe(tokio::sync::Mutex<Option<pipe::Sender>>),
+    /// when the process closes, so a writer sees EOF. `refused` after
+    /// `closeStdin` or `terminate`: later writes fail.
+    Pipe {
+        tx: tokio::sync::Mutex<Option<pipe::Sender>>,
+        refused: std::sync::atomic::AtomicBool,
+    },
     /// The PTY master; `closed` after the process closes.
     Pty {
         pty: Arc<Pty>,
@@ -22,8 +27,24 @@ pub enum Stdin {
 }
 
 impl Stdin {
+    pub fn pipe(tx: pipe::Sender) -> Stdin {
+        Stdin::Pipe {
+            tx: tokio::sync::Mutex::new(Some(tx)),
+            refused: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     pub fn is_none(&self) -> bool {
         matches!(self, Stdin::None)
+    }
+
+    /// `process/terminate`: later writes fail (as the reference's do).
+    pub fn refuse(&self) {
+        match self {
+            Stdin::None => {}
+            Stdin::Pipe { refused, .. } => refused.store(true, Ordering::Release),
+            Stdin::Pty { closed, .. } => closed.store(true, Ordering::Release),
+        }
     }
 
     /// Write all of `data`.
@@ -31,14 +52,24 @@ impl Stdin {
         let failed = || GatewayError::Internal("failed to write to process stdin".to_owned());
         match self {
             Stdin::None => Err(failed()),
-            Stdin::Pipe(pipe) => {
-                let mut guard = pipe.lock().await;
-                let stdin = guard.as_mut().ok_or_else(failed)?;
-                stdin.write_all(data).await.map_err(|_| failed())?;
-                stdin.flush().await.map_err(|_| failed())
+            Stdin::Pipe { tx, refused } => {
+                if refused.load(Ordering::Acquire) {
+                    return Err(failed());
+                }
+                let mut guard = tx.lock().await;
+                // The process ended, or closed its stdin (EPIPE): the
+                // reference accepts the write and the bytes go nowhere.
+                let Some(stdin) = guard.as_mut() else {
+                    return Ok(());
+                };
+                match stdin.write_all(data).await {
+                    Ok(()) => stdin.flush().await.map_err(|_| failed()),
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                    Err(_) => Err(failed()),
+                }
             }
             Stdin::Pty { pty, closed } => {
-                if closed.load(std::sync::atomic::Ordering::Acquire) {
+                if closed.load(Ordering::Acquire) {
                     return Err(failed());
                 }
                 pty.write_all(data).await.map_err(|_| failed())
@@ -50,8 +81,9 @@ impl Stdin {
     pub async fn close(&self) -> Result<(), GatewayError> {
         match self {
             Stdin::None => Ok(()),
-            Stdin::Pipe(pipe) => {
-                if let Some(mut s) = pipe.lock().await.take() {
+            Stdin::Pipe { tx, refused } => {
+                refused.store(true, Ordering::Release);
+                if let Some(mut s) = tx.lock().await.take() {
                     let _ = s.shutdown().await;
                 }
                 Ok(())
@@ -64,10 +96,10 @@ impl Stdin {
     pub async fn release(&self) {
         match self {
             Stdin::None => {}
-            Stdin::Pipe(pipe) => {
-                pipe.lock().await.take();
+            Stdin::Pipe { tx, .. } => {
+                tx.lock().await.take();
             }
-            Stdin::Pty { closed, .. } => closed.store(true, std::sync::atomic::Ordering::Release),
+            Stdin::Pty { closed, .. } => closed.store(true, Ordering::Release),
         }
     }
 }

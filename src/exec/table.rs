@@ -248,7 +248,7 @@ impl ProcessTable {
                 stderr,
             } => {
                 let stdin = match stdin {
-                    Some(s) => Stdin::Pipe(tokio::sync::Mutex::new(Some(s))),
+                    Some(s) => Stdin::pipe(s),
                     None => Stdin::None,
                 };
                 (
@@ -368,6 +368,7 @@ impl ProcessTable {
         if process.log.lock().exited() {
             return TerminateResponse { running: false };
         }
+        process.stdin.refuse();
         signal::kill_group(process.pgid);
         process.kill_cgroup();
         TerminateResponse { running: true }

@@ -320,16 +320,18 @@ impl FsRoot {
         match &self.kind {
             RootKind::Host => Ok(()),
             RootKind::Confined { .. } => {
+                // A missing or non-directory cwd fails as the reference's
+                // spawn does: -32603 with the OS text.
                 let meta = self
                     .resolve(cwd)?
                     .metadata()
-                    .map_err(|e| FsError::from_io(&e))?;
+                    .map_err(|e| FsError::Io(e.to_string()))?;
                 if meta.is_dir() {
                     Ok(())
                 } else {
-                    Err(FsError::from_io(&io::Error::from_raw_os_error(
-                        libc::ENOTDIR,
-                    )))
+                    Err(FsError::Io(
+                        io::Error::from_raw_os_error(libc::ENOTDIR).to_string(),
+                    ))
                 }
             }
         }

@@ -156,6 +156,14 @@ pub fn decode_params<T: serde::de::DeserializeOwned>(
             {
                 return Ok(v);
             }
+            // The error path only: decode once more from a `Value`, as the
+            // reference does, for its exact wording (a few messages differ
+            // between the two serde_json paths, e.g. enums given a map).
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(text)
+                && let Err(e) = serde_json::from_value::<T>(value)
+            {
+                return Err(e.to_string());
+            }
             Err(strip_position(&e))
         }
     }

@@ -30,9 +30,20 @@ pub enum PathField {
 /// Why a path is refused: the JSON-RPC code and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathError {
-    /// -32602 (malformed) or -32600 (a URI naming another host).
-    pub invalid_params: bool,
+    pub kind: PathErrorKind,
     pub message: String,
+}
+
+/// How a path's error is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathErrorKind {
+    /// -32602: malformed.
+    InvalidParams,
+    /// -32600: a URI naming another host.
+    InvalidRequest,
+    /// -32603: a May cwd that is not absolute, which the reference only
+    /// finds out when the spawn fails.
+    Spawn,
 }
 
 /// A path field as the client sent it.
@@ -124,10 +135,18 @@ impl WirePath {
     /// revision's error when not.
     pub fn check(&self, revision: Revision, field: PathField) -> Result<(), PathError> {
         let invalid = |message: String| PathError {
-            invalid_params: true,
+            kind: PathErrorKind::InvalidParams,
             message,
         };
         match (revision, self.form) {
+            // May's cwd is a plain PathBuf: anything not absolute (a
+            // `file://` URI included) is a relative directory, missing.
+            (Revision::May2026, _) if field == PathField::Cwd && !self.raw.starts_with('/') => {
+                Err(PathError {
+                    kind: PathErrorKind::Spawn,
+                    message: "No such file or directory (os error 2)".to_owned(),
+                })
+            }
             (Revision::May2026, PathForm::Uri) => Err(invalid(ABSOLUTE_REQUIRED.to_owned())),
             (Revision::May2026, PathForm::Plain) if !self.raw.starts_with('/') => {
                 Err(invalid(ABSOLUTE_REQUIRED.to_owned()))
@@ -150,7 +169,7 @@ impl WirePath {
                             self.raw
                         ))),
                         PathField::Path => Err(PathError {
-                            invalid_params: false,
+                            kind: PathErrorKind::InvalidRequest,
                             message: host,
                         }),
                     }
@@ -233,7 +252,7 @@ mod tests {
         let e = wire("file://host/tmp")
             .check(NOV, PathField::Path)
             .unwrap_err();
-        assert!(!e.invalid_params);
+        assert_eq!(e.kind, PathErrorKind::InvalidRequest);
         assert_eq!(e.message, "'file://host/tmp' is invalid on 'linux'");
         assert_eq!(
             msg("file://host/tmp", NOV, PathField::Cwd),

@@ -176,6 +176,15 @@ where
                     out.send(text).await;
                     continue;
                 }
+                // Params are decoded before the initialize gate, as the
+                // reference does: a malformed request says so even then.
+                let call = match Call::decode(&method, params) {
+                    Ok(call) => call,
+                    Err(e) => {
+                        out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                        continue;
+                    }
+                };
                 let ctx = match &attached {
                     None => Err(GatewayError::InvalidRequest(format!(
                         "client must call initialize before using {} methods",
@@ -189,7 +198,6 @@ where
                     Some(a) => Ok(a),
                 };
                 let call = ctx.and_then(|a| {
-                    let call = Call::decode(&method, params)?;
                     a.session.admit_call(&call)?;
                     Ok((
                         call,

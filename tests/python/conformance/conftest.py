@@ -97,7 +97,9 @@ def pytest_pyfunc_call(pyfuncitem):
 # -- servers ----------------------------------------------------------------
 
 def codex_binary(version: str) -> pathlib.Path:
-    return REPO / ".ci" / ".tools" / "codex" / version / "codex"
+    """Where scripts/fetch-codex puts an official binary (CODEX_TOOLS_DIR overrides)."""
+    tools = os.environ.get("CODEX_TOOLS_DIR", str(REPO / ".ci" / ".tools" / "codex"))
+    return pathlib.Path(tools) / version / "codex"
 
 
 def gateway_binary() -> pathlib.Path:
@@ -137,9 +139,11 @@ def _read_lines(proc, count, log_path):
             line, buf = buf.split(b"\n", 1)
             lines.append(line.decode().strip())
     if len(lines) < count:
-        proc.kill()
+        if proc.poll() is None:
+            proc.kill()
+        rc = proc.wait()
         log = pathlib.Path(log_path).read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"server printed {lines!r} before stopping; stderr:\n{log}")
+        raise RuntimeError(f"server exited ({rc}) after printing {lines!r}; stderr:\n{log}")
     return lines
 
 
@@ -155,6 +159,7 @@ class Server:
         self.version = version
         self.codex_home = codex_home
         self.proc = None
+        self.scratch = []  # directories outside pytest's tmp to remove afterwards
         self._counter = itertools.count()
 
     def stop(self):
@@ -186,6 +191,7 @@ def start_reference(revision, base: pathlib.Path) -> Server:
     assert url.startswith("ws://127.0.0.1:"), url
     server = Server("reference", revision, root, url, {}, version, codex_home)
     server.proc = proc
+    server.scratch.append(codex_home)
     return server
 
 
@@ -195,8 +201,8 @@ def start_gateway(revision, base: pathlib.Path) -> Server:
         pytest.skip(f"exec-gateway binary absent at {binary}: build it first")
     root = base / "workspace"
     root.mkdir()
-    conf = base / "conf"
-    conf.mkdir()
+    # The key lies outside everything the tenant may read (its root, /tmp).
+    conf = pathlib.Path(tempfile.mkdtemp(prefix="exec-gateway-conf-", dir="/var/tmp"))
     secret = secrets.token_hex(32)
     (conf / "hs256.key").write_text(secret)
     (conf / "gateway.toml").write_text(
@@ -223,6 +229,7 @@ def start_gateway(revision, base: pathlib.Path) -> Server:
     server = Server("gateway", revision, root, url,
                     {"Authorization": f"Bearer {token}"}, gateway_version())
     server.proc = proc
+    server.scratch.append(conf)
     return server
 
 
@@ -235,8 +242,8 @@ def server(request, tmp_path_factory):
         yield srv
     finally:
         srv.stop()
-        if srv.codex_home:
-            shutil.rmtree(srv.codex_home, ignore_errors=True)
+        for path in srv.scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # -- one check ----------------------------------------------------------------

@@ -55,6 +55,7 @@ class Conn:
         self.closed_rcvd = None  # set once the server has closed
         self.closed = False
         self.process_log = {}    # processId -> its process/* notifications
+        self.binary_frames = 0   # the servers send text frames only
 
     # -- low level ---------------------------------------------------
 
@@ -80,6 +81,7 @@ class Conn:
             self.closed_rcvd = e.rcvd
             raise ServerClosed(e.rcvd) from None
         if isinstance(frame, bytes):
+            self.binary_frames += 1
             frame = frame.decode()
         self.raw.append(frame)
         assert "\n" not in frame, f"frame contains a newline: {frame!r}"
@@ -105,16 +107,6 @@ class Conn:
             m = await self._recv(left)
             if pred(m):
                 return m
-            self.inbox.append(m)
-
-    async def drain(self, quiet=0.3):
-        """Collect whatever arrives until the connection has been quiet for
-        `quiet` seconds (no assertion on timing: only to gather stragglers)."""
-        while True:
-            try:
-                m = await self._recv(quiet)
-            except asyncio.TimeoutError:
-                return
             self.inbox.append(m)
 
     async def wait_closed(self, timeout=WAIT):

@@ -91,6 +91,7 @@ async def test_ids_fields_and_params_forms(t):
     await c.notify("initialized", {"x": 1})
     assert await c.call("process/terminate", params) == {"running": False}
     assert all('"jsonrpc"' not in frame for frame in c.raw)
+    assert c.binary_frames == 0
 
 
 async def test_batch_refused(t):

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from .conftest import gateway_version
-from .harness import Run, b64, unb64
+from .harness import Run, b64
 
 REVISIONS = ("nov",)
 
@@ -38,7 +38,7 @@ def walk_tree(t):
     os.symlink("a", t.dir / "alink")
 
 
-def walked(t, result, kinds=True):
+def walked(t, result):
     return [(str(t.unwire(e["path"])[len(str(t.dir)) + 1:]), e["kind"]) for e in result["entries"]]
 
 
@@ -231,13 +231,23 @@ async def test_file_handles_replace(t):
                                           "chunk": b64("world")}) == {}
     assert await c.error("fs/readBlock", {"handleId": "w2", "offset": 0, "len": 3}) == {
         "code": -32603, "message": "Bad file descriptor (os error 9)"}
-    assert await c.error("fs/writeBlock", {"handleId": "w2", "offset": 0, "chunk": ""}) == {
-        "code": -32600, "message": "file write block length must be between 1 and 1048576"}
     assert await c.call("fs/close", {"handleId": "w2"}) == {}
     assert (t.dir / "new.bin").read_bytes() == b"hello \0\0\0\0world"
     await c.call("fs/close", {"handleId": "w1"})
     assert await c.error("fs/open", {"handleId": "w3", "path": t.p("nodir/x"),
                                      "mode": "replace"}) == ENOENT
+
+
+async def test_write_block_length_limits(t):
+    c = await t.session()
+    await c.call("fs/open", {"handleId": "w", "path": t.p("new.bin"), "mode": "replace"})
+    limits = {"code": -32600, "message": "file write block length must be between 1 and 1048576"}
+    for size in (0, 1048577):
+        params = {"handleId": "w", "offset": 0, "chunk": b64(b"x" * size)}
+        assert await c.error("fs/writeBlock", params) == limits, size
+    assert await c.call("fs/writeBlock", {"handleId": "w", "offset": 0,
+                                          "chunk": b64(b"x" * 1048576)}) == {}
+    assert (t.dir / "new.bin").stat().st_size == 1048576
 
 
 async def test_open_mode_must_be_a_variant_name(t):

@@ -3,7 +3,7 @@ both revisions (paths, writeId and the revision's exit codes and nextSeq)."""
 
 import pytest
 
-from .harness import Run, b64, unb64
+from .harness import Run, unb64
 
 REVISIONS = ("may", "nov")
 
