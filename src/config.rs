@@ -51,6 +51,10 @@ pub struct IsolationConfig {
     /// makes `tenants.NAME.uid` mandatory; `optional` (default) uses it where
     /// set; `off` ignores it.
     pub uid: Option<LayerPolicy>,
+    /// Mount, IPC and UTS namespaces per confined tenant: a private `/tmp`,
+    /// other tenants' roots under `/tmp` gone; needed by `network = "none"`.
+    /// Default: `optional`.
+    pub namespaces: Option<LayerPolicy>,
 }
 
 /// Validated `[isolation]`.
@@ -61,6 +65,7 @@ pub struct IsolationSettings {
     pub landlock: LayerPolicy,
     pub seccomp: LayerPolicy,
     pub uid: LayerPolicy,
+    pub namespaces: LayerPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -209,6 +214,18 @@ pub struct TenantConfig {
     /// Extra paths the tenant's processes may write (Landlock). Default: none.
     #[serde(default)]
     pub landlock_write: Vec<PathBuf>,
+    /// `host` (default) or `none`: a network namespace with only loopback
+    /// (needs the namespaces layer; refused at start when it is inactive).
+    pub network: Option<Network>,
+}
+
+/// A tenant's network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    #[default]
+    Host,
+    None,
 }
 
 /// Validated gateway-wide settings.
@@ -378,6 +395,7 @@ pub struct TenantSettings {
     pub workers_max: usize,
     pub landlock_read: Vec<PathBuf>,
     pub landlock_write: Vec<PathBuf>,
+    pub network: Network,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
@@ -565,6 +583,7 @@ impl Config {
             landlock: layer(self.isolation.landlock),
             seccomp: layer(self.isolation.seccomp),
             uid: layer(self.isolation.uid),
+            namespaces: layer(self.isolation.namespaces),
         };
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {
@@ -793,6 +812,7 @@ fn validate_tenant(
             .max(t.workers_min.unwrap_or(1)),
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
+        network: t.network.unwrap_or_default(),
     })
 }
 

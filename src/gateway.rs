@@ -85,7 +85,7 @@ impl Gateway {
             .filter(|t| t.uid.is_some())
             .count();
         format!(
-            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
             on(
                 l.workers,
                 "per tenant; processes spawned by a confined worker"
@@ -99,6 +99,10 @@ impl Gateway {
             on(
                 l.uid,
                 &format!("{uids} of {} tenants", self.settings.tenants.len())
+            ),
+            on(
+                l.namespaces,
+                "mount (private /tmp), IPC, UTS per confined tenant; network where `none`"
             ),
             if self.reaper.is_some() {
                 "active"

@@ -5,6 +5,7 @@
 //! fails stops the gateway (fail closed).
 
 use crate::config::{ConfigError, LayerPolicy, Settings};
+use crate::isolation::namespace::NamespaceSpec;
 use crate::isolation::sandbox::{SandboxSpec, probe};
 use crate::isolation::{Layers, cgroup};
 use crate::metrics::{LayerLabel, Metrics};
@@ -93,11 +94,26 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 ..SandboxSpec::default()
             })
         })?;
+    let namespaces = probe_layer("namespaces", iso.namespaces, metrics, || {
+        let dir = std::env::temp_dir().join(format!("exec-gateway-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let result = probe(SandboxSpec {
+            namespace: Some(NamespaceSpec {
+                tmp: Some(dir.clone()),
+                root: std::path::PathBuf::from("/"),
+                isolate_network: true,
+            }),
+            ..SandboxSpec::default()
+        });
+        let _ = std::fs::remove_dir(&dir);
+        result
+    })?;
     Ok(Layers {
         workers,
         cgroups,
         landlock,
         seccomp,
         uid,
+        namespaces,
     })
 }

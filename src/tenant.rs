@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,11 +15,12 @@ use tokio::sync::Semaphore;
 
 use crate::backend::Backend;
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
-use crate::config::{ConfigError, Settings, TenantSettings};
+use crate::config::{ConfigError, Network, Settings, TenantSettings};
 use crate::exec::ExecSettings;
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::namespace::NamespaceSpec;
 use crate::isolation::reaper::Reaper;
 use crate::isolation::sandbox::{Sandbox, SandboxSpec};
 use crate::metrics::{Metrics, TenantMetrics};
@@ -87,7 +89,7 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let spec = sandbox_spec(t, layers, &hidden);
+            let spec = sandbox_spec(name, t, layers, &hidden)?;
             let cgroup = if layers.cgroups {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
@@ -156,25 +158,81 @@ impl Tenants {
 /// What confines a tenant's processes, given the active layers: Landlock
 /// read-write in the root (or everything for an unconfined tenant), its
 /// `TMPDIR` and the configured extras.
-fn sandbox_spec(t: &TenantSettings, layers: Layers, hidden: &[std::path::PathBuf]) -> SandboxSpec {
+fn sandbox_spec(
+    name: &str,
+    t: &TenantSettings,
+    layers: Layers,
+    hidden: &[PathBuf],
+) -> Result<SandboxSpec, ConfigError> {
+    let uid = if layers.uid { t.uid } else { None };
+    if t.network == Network::None && !layers.namespaces {
+        return Err(ConfigError(format!(
+            "tenants.{name}.network = \"none\" needs the namespaces layer, which is off or unavailable on this host"
+        )));
+    }
+    // A confined tenant gets its own /tmp (a root of / means unconfined).
+    let private_tmp = match (&t.root, layers.namespaces) {
+        (Some(_), true) => Some(private_tmp(name, uid)?),
+        _ => None,
+    };
+    let namespace =
+        (layers.namespaces && (t.root.is_some() || t.network == Network::None)).then(|| {
+            NamespaceSpec {
+                tmp: private_tmp.clone(),
+                root: t.root.clone().unwrap_or_else(|| PathBuf::from("/")),
+                isolate_network: t.network == Network::None,
+            }
+        });
     let landlock_rw = layers.landlock.then(|| {
-        let root = t
-            .root
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from("/"));
-        let tmp = t.base_env.get("TMPDIR").map(std::path::PathBuf::from);
+        let root = t.root.clone().unwrap_or_else(|| PathBuf::from("/"));
+        // Where TMPDIR lies under /tmp, Landlock grants the private
+        // directory mounted there (rules follow inodes, not paths).
+        let tmp = t.base_env.get("TMPDIR").map(PathBuf::from).map(|p| {
+            match (&private_tmp, p.strip_prefix("/tmp")) {
+                (Some(private), Ok(rest)) => private.join(rest),
+                _ => p,
+            }
+        });
         std::iter::once(root)
             .chain(tmp)
+            .chain(private_tmp.clone())
             .chain(t.landlock_write.iter().cloned())
             .collect()
     });
-    SandboxSpec {
-        uid: if layers.uid { t.uid } else { None },
+    Ok(SandboxSpec {
+        uid,
         landlock_rw,
         landlock_ro: t.landlock_read.clone(),
         seccomp: layers.seccomp,
         hidden: hidden.to_vec(),
+        namespace,
+    })
+}
+
+/// The host directory a confined tenant sees as `/tmp`:
+/// `<state dir>/tenants/NAME/tmp`, owned by the tenant's uid when it has
+/// one, mode 0700; it persists across restarts like a host's /tmp.
+fn private_tmp(name: &str, uid: Option<(u32, u32)>) -> Result<PathBuf, ConfigError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let err = |e: std::io::Error, p: &std::path::Path| {
+        ConfigError(format!("tenants.{name}: private /tmp {}: {e}", p.display()))
+    };
+    let parent = crate::config::state_dir()?.join("tenants").join(name);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&parent)
+        .map_err(|e| err(e, &parent))?;
+    let dir = parent.join("tmp");
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(e, &dir)),
     }
+    if let Some((u, g)) = uid {
+        std::os::unix::fs::chown(&dir, Some(u), Some(g)).map_err(|e| err(e, &dir))?;
+    }
+    Ok(dir)
 }
 
 /// Start a tenant's worker pool: each worker joins the tenant's cgroups and

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod fds;
+pub mod namespace;
 pub mod reaper;
 pub mod sandbox;
 pub mod signal;
@@ -18,4 +19,5 @@ pub struct Layers {
     pub landlock: bool,
     pub seccomp: bool,
     pub uid: bool,
+    pub namespaces: bool,
 }

@@ -17,6 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use super::namespace::{Namespace, NamespaceSpec};
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
     RulesetAttr as _, RulesetCreatedAttr as _, Scope,
@@ -64,6 +65,8 @@ pub struct SandboxSpec {
     /// The gateway's key files: never granted by the read-only rules, even
     /// where they sit under a system directory.
     pub hidden: Vec<PathBuf>,
+    /// The tenant's own namespaces (private `/tmp`, IPC, UTS, network).
+    pub namespace: Option<NamespaceSpec>,
 }
 
 /// A tenant's sandbox, ready to apply after fork.
@@ -71,6 +74,7 @@ pub struct SandboxSpec {
 pub struct Sandbox {
     pub spec: SandboxSpec,
     ruleset: Option<OwnedFd>,
+    namespace: Option<std::sync::Arc<Namespace>>,
     /// Deny-list (EPERM) and `clone3` (ENOSYS, so libc falls back to
     /// `clone`, whose flags the deny-list can see), in the kernel's layout,
     /// converted once and shared by every hook.
@@ -82,6 +86,12 @@ impl Sandbox {
     pub fn new(spec: SandboxSpec) -> Result<Sandbox, String> {
         let ruleset = match &spec.landlock_rw {
             Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro, &spec.hidden)?),
+            None => None,
+        };
+        let namespace = match &spec.namespace {
+            Some(ns) => Some(std::sync::Arc::new(
+                Namespace::new(ns).map_err(|e| format!("namespaces: {e}"))?,
+            )),
             None => None,
         };
         let programs = if spec.seccomp {
@@ -105,6 +115,7 @@ impl Sandbox {
         Ok(Sandbox {
             spec,
             ruleset,
+            namespace,
             filters: std::sync::Arc::new(filters),
         })
     }
@@ -116,11 +127,17 @@ impl Sandbox {
         let uid = self.spec.uid;
         let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
         let filters = self.filters.clone();
+        let namespace = self.namespace.clone();
         move || {
             // SAFETY: async-signal-safe syscalls on values computed before
             // fork; the fd and programs outlive the call (owned by the
             // closure or the parent's `Sandbox`, which the child shares).
-            unsafe { apply(uid, ruleset, &filters) }
+            unsafe {
+                if let Some(ns) = &namespace {
+                    ns.enter()?;
+                }
+                apply(uid, ruleset, &filters)
+            }
         }
     }
 }

@@ -102,6 +102,9 @@ impl Gateway {
             .arg("127.0.0.1:0")
             .arg("--config")
             .arg(&config)
+            // Its own state dir (tenants' private /tmp): gateways of
+            // concurrent tests must not share one.
+            .env("XDG_STATE_HOME", dir.path().join("state"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

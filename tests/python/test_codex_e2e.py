@@ -99,7 +99,8 @@ class TenantGateway:
             [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0",
              "--config", str(scratch / "gateway.toml")],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"),
+                 "XDG_STATE_HOME": str(scratch / "state")},
         )
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("ws://127.0.0.1:"):

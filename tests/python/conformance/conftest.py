@@ -218,6 +218,9 @@ def start_gateway(revision, base: pathlib.Path) -> Server:
     proc = subprocess.Popen(
         [str(binary), "serve", "--listen", "ws://127.0.0.1:0",
          "--grpc-listen", "127.0.0.1:0", "--config", str(conf / "gateway.toml")],
+        # Its own state dir: the tenant's private /tmp is not shared with
+        # other gateways.
+        env={**os.environ, "XDG_STATE_HOME": str(conf / "state")},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log, "wb"),
         preexec_fn=_default_signals, start_new_session=True)
     url, grpc = _read_lines(proc, 2, log)

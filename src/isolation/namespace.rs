@@ -1,0 +1,221 @@
+//! A tenant's own namespaces (docs/isolation.md, "Namespaces"): mount, IPC,
+//! UTS and optionally network. In the mount namespace `/tmp` is the
+//! tenant's private directory, and a tenant root that lies under `/tmp`
+//! is bound back at its own path, so the tenant still sees it (and no
+//! other tenant's). The worker enters them once and its children inherit
+//! them; with workers off, every child enters its own.
+//!
+//! Everything is prepared before fork: the private directory and the root
+//! are held as `O_PATH` descriptors and attached with `open_tree` +
+//! `move_mount`, so nothing a tenant may have planted in its `/tmp` (a
+//! symlink where a mount point should be) is ever followed.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+/// What a tenant's namespaces look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceSpec {
+    /// Host directory mounted on `/tmp` (none: `/tmp` stays the host's, for
+    /// an unconfined tenant that only wants its own network).
+    pub tmp: Option<PathBuf>,
+    /// The tenant root (bound back at its path when it lies under `/tmp`).
+    pub root: PathBuf,
+    /// A network namespace with only loopback (`network = "none"`).
+    pub isolate_network: bool,
+}
+
+/// A [`NamespaceSpec`] made ready to enter after fork.
+#[derive(Debug)]
+pub struct Namespace {
+    flags: libc::c_int,
+    tmp: Option<OwnedFd>,
+    /// The root and its path below `/tmp`, when it lies there.
+    root: Option<(OwnedFd, Vec<CString>)>,
+    isolate_network: bool,
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+fn path_fd(p: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a plain open of a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Namespace {
+    pub fn new(spec: &NamespaceSpec) -> io::Result<Namespace> {
+        let tmp = spec.tmp.as_deref().map(path_fd).transpose()?;
+        let root = match spec.root.strip_prefix("/tmp") {
+            _ if tmp.is_none() => None,
+            Ok(rel) if rel.as_os_str().is_empty() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a tenant root cannot be /tmp itself",
+                ));
+            }
+            Ok(rel) => {
+                let components = rel
+                    .components()
+                    .map(|c| match c {
+                        Component::Normal(n) => CString::new(n.as_encoded_bytes())
+                            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput)),
+                        _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+                    })
+                    .collect::<io::Result<Vec<_>>>()?;
+                Some((path_fd(&spec.root)?, components))
+            }
+            Err(_) => None,
+        };
+        let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        if spec.isolate_network {
+            flags |= libc::CLONE_NEWNET;
+        }
+        Ok(Namespace {
+            flags,
+            tmp,
+            root,
+            isolate_network: spec.isolate_network,
+        })
+    }
+
+    /// Enter the namespaces and arrange the mounts. Post-fork, before the
+    /// capabilities go: raw syscalls on data prepared in [`Namespace::new`].
+    ///
+    /// # Safety
+    /// Call only in a single-threaded child between fork and exec.
+    pub unsafe fn enter(&self) -> io::Result<()> {
+        let check = |r: libc::c_long| {
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r)
+            }
+        };
+        // SAFETY (whole body): raw syscalls with valid, NUL-terminated
+        // arguments; descriptors opened here are closed here.
+        unsafe {
+            let clone = |fd: libc::c_int, flags: libc::c_uint| {
+                check(libc::syscall(
+                    libc::SYS_open_tree,
+                    fd,
+                    c"".as_ptr(),
+                    flags
+                        | OPEN_TREE_CLONE
+                        | libc::O_CLOEXEC as libc::c_uint
+                        | libc::AT_EMPTY_PATH as libc::c_uint,
+                ))
+                .map(|fd| fd as libc::c_int)
+            };
+            // Detached copies of the trees, taken while their mounts are
+            // still in this (the host's) namespace: a mount of another
+            // namespace cannot be cloned.
+            let root_tree = match &self.root {
+                Some((fd, _)) => Some(clone(fd.as_raw_fd(), AT_RECURSIVE)?),
+                None => None,
+            };
+            let tmp_tree = match &self.tmp {
+                Some(fd) => Some(clone(fd.as_raw_fd(), 0)?),
+                None => None,
+            };
+            check(libc::unshare(self.flags).into())?;
+            // Nothing mounted here propagates back to the host.
+            check(
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+                .into(),
+            )?;
+            if let Some(tmp_tree) = tmp_tree {
+                check(libc::syscall(
+                    libc::SYS_move_mount,
+                    tmp_tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    c"/tmp".as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ))?;
+                libc::close(tmp_tree);
+            }
+            if let (Some(tree), Some((_, components))) = (root_tree, &self.root) {
+                // Walk (and create) the mount point without following links.
+                let mut dir = check(
+                    libc::open(
+                        c"/tmp".as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    )
+                    .into(),
+                )? as libc::c_int;
+                for c in components {
+                    libc::mkdirat(dir, c.as_ptr(), 0o755);
+                    let next = libc::openat(
+                        dir,
+                        c.as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    );
+                    libc::close(dir);
+                    dir = check(next.into())? as libc::c_int;
+                }
+                check(libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    dir,
+                    c"".as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+                ))?;
+                libc::close(dir);
+                libc::close(tree);
+            }
+            if self.isolate_network {
+                loopback_up()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bring `lo` up in a fresh network namespace (it starts down).
+unsafe fn loopback_up() -> io::Result<()> {
+    // SAFETY: a socket and two ioctls on a stack `ifreq`.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req);
+        if r == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = io::Error::last_os_error();
+        libc::close(s);
+        if r < 0 { Err(err) } else { Ok(()) }
+    }
+}
