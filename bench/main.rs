@@ -111,15 +111,25 @@ impl Server {
 struct Conn {
     ws: Ws,
     next_id: i64,
+    /// Working directory of the processes it starts.
+    cwd: String,
 }
 
 impl Conn {
     async fn open(url: &str) -> BenchResult<Conn> {
+        Self::open_in(url, "/tmp").await
+    }
+
+    async fn open_in(url: &str, cwd: &str) -> BenchResult<Conn> {
         let (ws, _) = tokio_tungstenite::connect_async(url).await.map_err(err)?;
         if let MaybeTlsStream::Plain(s) = ws.get_ref() {
             let _ = s.set_nodelay(true);
         }
-        let mut c = Conn { ws, next_id: 1 };
+        let mut c = Conn {
+            ws,
+            next_id: 1,
+            cwd: cwd.to_owned(),
+        };
         c.call("initialize", json!({"clientName": "bench"})).await?;
         c.ws.send(Message::text(r#"{"method":"initialized"}"#))
             .await
@@ -164,7 +174,7 @@ impl Conn {
         let id = self
             .send(
                 "process/start",
-                json!({"processId": pid, "argv": argv, "cwd": "/tmp",
+                json!({"processId": pid, "argv": argv, "cwd": self.cwd,
                        "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
             )
             .await?;
@@ -230,7 +240,11 @@ fn ms(d: Duration) -> String {
 }
 
 async fn spawn_latency(url: &str, n: usize) -> BenchResult<(Duration, Duration)> {
-    let mut c = Conn::open(url).await?;
+    spawn_latency_in(url, n, "/tmp").await
+}
+
+async fn spawn_latency_in(url: &str, n: usize, cwd: &str) -> BenchResult<(Duration, Duration)> {
+    let mut c = Conn::open_in(url, cwd).await?;
     let mut lat = Vec::with_capacity(n);
     for i in 0..n + 20 {
         let t = Instant::now();
@@ -522,6 +536,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     };
     let dir = tempfile_dir()?;
     let config = dir.join("bench.toml");
+    // A confined tenant (root under /tmp): what namespaces cost.
+    let jail = dir.join("jail");
+    std::fs::create_dir_all(&jail).map_err(err)?;
     let key = dir.join("hs256.key");
     let secret: String = (0..64)
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
@@ -538,9 +555,11 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
              [tenants.bench]\nroot = \"/\"\nmax_sessions = {0}\nmax_processes = 4096\n\
              requests_per_second = 1000000\nburst = 1000000\nmax_in_flight = 4096\n\
              [tenants.flood]\nroot = \"/\"\n\
-             [tenants.victim]\nroot = \"/\"\nrequests_per_second = 1000000\nburst = 1000000\n",
+             [tenants.victim]\nroot = \"/\"\nrequests_per_second = 1000000\nburst = 1000000\n\
+             [tenants.jail]\nroot = \"{2}\"\nrequests_per_second = 1000000\nburst = 1000000\n",
             args.sessions + 1024,
-            key.display()
+            key.display(),
+            jail.display()
         ),
     )
     .map_err(err)?;
@@ -569,8 +588,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             "bench",
         )
     };
-    let (bench_token, flood_token, victim_token) =
-        (token("bench")?, token("flood")?, token("victim")?);
+    let (bench_token, flood_token, victim_token, jail_token) = (
+        token("bench")?,
+        token("flood")?,
+        token("victim")?,
+        token("jail")?,
+    );
 
     let mut gw = Server::start(
         &exe,
@@ -710,6 +733,33 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     let (p50, p99) = spawn_latency(&plain.url, n).await?;
     let plain_rate = spawns_per_second(&plain.url, 8, args.seconds).await?;
     drop(plain);
+    // 2c. what namespaces cost a confined tenant: entered once per worker,
+    // or (workers off) by every child.
+    let mut ns_p50 = Vec::new();
+    for (workers, namespaces) in [("on", "on"), ("on", "off"), ("off", "on"), ("off", "off")] {
+        let path = dir.join(format!("bench-ns-{workers}-{namespaces}.toml"));
+        let policy = |on: &str| if on == "on" { "optional" } else { "off" };
+        std::fs::write(
+            &path,
+            std::fs::read_to_string(&config).map_err(err)?
+                + &format!(
+                    "[isolation]\nworkers = \"{}\"\nnamespaces = \"{}\"\n",
+                    policy(workers),
+                    policy(namespaces)
+                ),
+        )
+        .map_err(err)?;
+        let path_s = path.display().to_string();
+        let mut s = Server::start(
+            &exe,
+            &["serve", "--listen", "ws://127.0.0.1:0", "--config", &path_s],
+        )
+        .await?;
+        s.url = format!("{}/?access_token={jail_token}", s.url);
+        let (p50, _) = spawn_latency_in(&s.url, n, &jail.display().to_string()).await?;
+        ns_p50.push(p50);
+        drop(s);
+    }
     let layers = readyz(&base_url).await.unwrap_or_default();
     println!(
         "isolation of the measured gateway: {}",
@@ -744,6 +794,20 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         format!("{ours:.0}/s"),
         format!("{plain_rate:.0}/s no layers"),
         format!("{:.0}%", ours / plain_rate * 100.0),
+    ));
+    let delta =
+        |a: Duration, b: Duration| format!("{:+.0} µs", (a.as_secs_f64() - b.as_secs_f64()) * 1e6);
+    rows.push(Row::reported(
+        "namespaces cost: confined `true` p50, workers",
+        ms(ns_p50[0]),
+        format!("{} without", ms(ns_p50[1])),
+        delta(ns_p50[0], ns_p50[1]),
+    ));
+    rows.push(Row::reported(
+        "namespaces cost: confined `true` p50, no workers",
+        ms(ns_p50[2]),
+        format!("{} without", ms(ns_p50[3])),
+        delta(ns_p50[2], ns_p50[3]),
     ));
 
     // 3. output throughput: best of 3 for each side, since one run on a
