@@ -281,8 +281,22 @@ impl From<std::process::ExitStatus> for Ended {
 /// A spawned process as the process table sees it.
 pub struct Child {
     pub pid: i32,
+    /// A pidfd of the child, taken before it could be reaped: signals go
+    /// through it (module `isolation::signal`), never through `pid`.
+    pub pidfd: OwnedFd,
     pub io: ChildIo,
     pub exit: ExitWait,
+}
+
+/// `pidfd_open` for a child that cannot have been reaped yet.
+pub fn pidfd_open(pid: i32, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// A child's streams, ready for async I/O.
@@ -339,20 +353,20 @@ pub struct LocalExit {
 }
 
 impl LocalExit {
-    fn new(child: std::process::Child) -> io::Result<LocalExit> {
+    /// Also returns a second pidfd, for signals.
+    fn new(child: std::process::Child) -> io::Result<(LocalExit, OwnedFd)> {
         let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
-        // SAFETY: pidfd_open on our own unreaped child; the fd is owned below.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::O_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just returned this fd.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        Ok(LocalExit {
-            child,
-            pidfd: register(fd, tokio::io::Interest::READABLE)?,
-            ended: None,
-        })
+        // Our own child, not reaped until `wait` (nothing else here reaps).
+        let fd = pidfd_open(pid, libc::O_NONBLOCK)?;
+        let for_signals = fd.try_clone()?;
+        Ok((
+            LocalExit {
+                child,
+                pidfd: register(fd, tokio::io::Interest::READABLE)?,
+                ended: None,
+            },
+            for_signals,
+        ))
     }
 
     async fn wait(&mut self) -> Ended {
@@ -394,10 +408,12 @@ impl Spawner for LocalSpawner {
     fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
         let (child, fds) = spawn_here(&spec, self.sandbox.as_deref())?;
         let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+        let (exit, pidfd) = LocalExit::new(child)?;
         Ok(Child {
             pid,
+            pidfd,
             io: ChildIo::from_fds(fds)?,
-            exit: ExitWait::Local(LocalExit::new(child)?),
+            exit: ExitWait::Local(exit),
         })
     }
 }

@@ -312,3 +312,71 @@ async fn rate_and_concurrency_shed_one_tenant_only() {
     );
     let _ = a2.call_raw("process/list", json!({})).await;
 }
+
+/// Pid reuse: a process leaves a `setsid` child holding its output open and
+/// exits, so it stays "exited, not closed" while its leader is reaped and
+/// its group is empty. The test recycles the leader's pid for a process
+/// of its own (a group leader, like another tenant's process would be),
+/// then signals the old process: the recycled one survives. Signals go
+/// through the leader's pidfd, never its number.
+#[tokio::test]
+async fn a_signal_never_reaches_a_recycled_pid() {
+    use std::os::unix::process::CommandExt as _;
+    let last_pid = Path::new("/proc/sys/kernel/ns_last_pid");
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open(last_pid)
+        .is_err()
+    {
+        eprintln!("SKIPPED: /proc/sys/kernel/ns_last_pid is not writable (needs root)");
+        return;
+    }
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    c.start("old", &["sh", "-c", "setsid sleep 300 & echo $$"])
+        .await;
+    let pid: u32 = c.first_line("old").await.trim().parse().unwrap();
+    c.wait_for("the leader's exit", |v| {
+        v["method"] == "process/exited" && v["params"]["processId"] == "old"
+    })
+    .await;
+    // Recycle the number: ask the kernel for it until it is ours.
+    let mut victim = None;
+    for _ in 0..200 {
+        std::fs::write(last_pid, format!("{}", pid - 1)).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        if child.id() == pid {
+            victim = Some(child);
+            break;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let Some(mut victim) = victim else {
+        eprintln!("SKIPPED: could not recycle pid {pid} (a busy host took it)");
+        return;
+    };
+    for signal in ["kill", "terminate", "interrupt"] {
+        let r = c
+            .call_raw(
+                "process/signal",
+                json!({"processId": "old", "signal": signal}),
+            )
+            .await;
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    // The session's end kills what it started: still not the recycled pid.
+    drop(c);
+    let (mut other, _) = gw.session().await;
+    other.call("process/list", json!({})).await;
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the recycled pid {pid} was signalled"
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
+}

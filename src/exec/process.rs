@@ -35,7 +35,11 @@ pub struct Process {
     pub id_json: String,
     pub api: Api,
     pub tty: bool,
+    /// The leader's pid (also its group's id): for the reaper and logs
+    /// only; signals go through `group`.
     pub pgid: i32,
+    /// The process group, addressed through the leader's pidfd.
+    pub group: signal::Group,
     pub log: Mutex<OutputLog>,
     /// Woken on every log change (long-poll readers).
     pub changed: Notify,
@@ -74,13 +78,20 @@ pub struct NewProcess {
 }
 
 impl NewProcess {
-    pub fn spawned(self, pgid: i32, stdin: Stdin, pty: Option<Arc<Pty>>) -> Arc<Process> {
+    pub fn spawned(
+        self,
+        pgid: i32,
+        group: signal::Group,
+        stdin: Stdin,
+        pty: Option<Arc<Pty>>,
+    ) -> Arc<Process> {
         Arc::new(Process {
             id_json: notify::json_string(&self.id),
             id: self.id,
             api: self.api,
             tty: self.tty,
             pgid,
+            group,
             log: Mutex::new(self.log),
             changed: Notify::new(),
             stdin,
@@ -103,7 +114,7 @@ impl Process {
     /// the process survives (the worker's children are orphans now).
     pub fn worker_gone(self: &Arc<Self>) {
         self.worker_died.store(true, Ordering::Relaxed);
-        signal::kill_group(self.pgid);
+        self.group.kill();
         self.kill_cgroup();
     }
 

@@ -97,6 +97,7 @@ impl Pump {
             permits,
             table,
         } = self;
+        let mut guard = Some(guard);
         let (stdout, stderr, pty) = match output {
             Output::Pipes { stdout, stderr } => (Some(stdout), Some(stderr), None),
             Output::Pty(p) => (None, None, Some(p)),
@@ -115,6 +116,10 @@ impl Pump {
                 r = pty.read(), if pty.open() => emit(&process, &attachment, &mut pty.reader, &mut pty.buf, pty.stream, r).await,
                 ended = exit.wait(), if !exited => {
                     exited = true;
+                    // The leader is reaped: its number may be reused once its
+                    // group empties, so the reaper must forget it now (the
+                    // cgroup still reaches what is left).
+                    guard.take();
                     if ended == Ended::WorkerDied {
                         process.worker_gone();
                     }
@@ -124,7 +129,6 @@ impl Pump {
         }
         process.stdin.release().await;
         process.emit_closed(&attachment).await;
-        drop(guard);
         drop(permits);
         if let Some(table) = table.upgrade() {
             table.mark_closed(&process);

@@ -241,6 +241,7 @@ impl ProcessTable {
             .metrics
             .spawn_seconds
             .observe(started.elapsed().as_secs_f64());
+        let group = signal::Group::new(child.pidfd);
         let (process, output) = match child.io {
             ChildIo::Pipes {
                 stdin,
@@ -252,7 +253,7 @@ impl ProcessTable {
                     None => Stdin::None,
                 };
                 (
-                    new.spawned(child.pid, stdin, None),
+                    new.spawned(child.pid, group, stdin, None),
                     Output::Pipes { stdout, stderr },
                 )
             }
@@ -262,7 +263,7 @@ impl ProcessTable {
                     closed: Default::default(),
                 };
                 (
-                    new.spawned(child.pid, stdin, Some(pty.clone())),
+                    new.spawned(child.pid, group, stdin, Some(pty.clone())),
                     Output::Pty(pty),
                 )
             }
@@ -369,7 +370,7 @@ impl ProcessTable {
             return TerminateResponse { running: false };
         }
         process.stdin.refuse();
-        signal::kill_group(process.pgid);
+        process.group.kill();
         process.kill_cgroup();
         TerminateResponse { running: true }
     }
@@ -392,7 +393,9 @@ impl ProcessTable {
                 params.process_id
             )));
         }
-        signal::signal_group(process.pgid, signal::to_signal(params.signal))
+        process
+            .group
+            .signal(signal::to_signal(params.signal))
             .map_err(|e| GatewayError::Internal(e.to_string()))
     }
 
@@ -472,7 +475,7 @@ impl ProcessTable {
             .collect();
         for p in all {
             if !p.log.lock().closed() {
-                signal::kill_group(p.pgid);
+                p.group.kill();
             }
             // Escapers outlive their group: the cgroup reaches them.
             p.kill_cgroup();

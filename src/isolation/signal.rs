@@ -1,8 +1,13 @@
 //! Signals to process groups: the only place that sends signals to children.
 //!
 //! Every child is its own session and process-group leader (setsid at spawn),
-//! so signalling `-pgid` reaches its whole tree except `setsid` escapers
-//! (those need a cgroup: `isolation::cgroup`).
+//! so signalling its group reaches its whole tree except `setsid` escapers
+//! (those need a cgroup: `isolation::cgroup`). A group is addressed through
+//! its leader's pidfd ([`Group`]), never by number: once the leader is
+//! reaped and its group empty, the number may belong to another tenant's
+//! process, and a pidfd still names the old one (the kernel answers ESRCH).
+
+#![allow(unsafe_code)]
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -21,7 +26,63 @@ pub fn to_signal(name: SignalName) -> Signal {
     }
 }
 
-/// Signal a process group. ESRCH (group already gone) is not an error.
+/// `pidfd_send_signal` flag: the pidfd's process group (Linux 6.9).
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
+
+/// A child's process group, held by its leader's pidfd.
+pub struct Group {
+    pidfd: std::os::fd::OwnedFd,
+}
+
+impl Group {
+    pub fn new(pidfd: std::os::fd::OwnedFd) -> Group {
+        Group { pidfd }
+    }
+
+    /// Signal every member of the group the leader led. ESRCH (the group is
+    /// gone) is not an error. Kernels before 6.9 lack group signalling by
+    /// pidfd: the leader alone is signalled then (its cgroup still reaches
+    /// the rest on kill).
+    pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let send = |flags: libc::c_uint| {
+            // SAFETY: a syscall on a pidfd we own, with no siginfo.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    self.pidfd.as_raw_fd(),
+                    signal as libc::c_int,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    flags,
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        let result = match send(PIDFD_SIGNAL_PROCESS_GROUP) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => send(0),
+            other => other,
+        };
+        match result {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// SIGKILL the whole group.
+    pub fn kill(&self) {
+        if let Err(e) = self.signal(Signal::SIGKILL) {
+            tracing::warn!(error = %e, "killing a process group failed");
+        }
+    }
+}
+
+/// Signal a process group by number: only for groups the caller knows are
+/// alive (the reaper, whose groups are registered while they run). ESRCH
+/// (group already gone) is not an error.
 pub fn signal_group(pgid: i32, signal: Signal) -> std::io::Result<()> {
     if pgid <= 1 {
         // Never signal "every process" or init by accident.

@@ -110,9 +110,15 @@ impl WorkerConn {
                 return Err(io::Error::other("the tenant's worker did not answer"));
             }
         };
+        // The worker sends the child's pidfd first, then its streams.
+        let mut fds = fds.into_iter();
+        let pidfd = fds
+            .next()
+            .ok_or_else(|| io::Error::other("the worker sent no pidfd"))?;
         Ok(Child {
             pid,
-            io: ChildIo::from_fds(ChildFds::from_vec(tty, fds)?)?,
+            pidfd,
+            io: ChildIo::from_fds(ChildFds::from_vec(tty, fds.collect())?)?,
             exit: ExitWait::Worker(exit),
         })
     }

@@ -125,15 +125,18 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
             }
             ToWorker::Spawn { id, spec } => {
                 let _g = link.lock.lock();
-                let (reply, fds) = match spawn_here(&spec, None) {
-                    Ok((child, fds)) => match i32::try_from(child.id()) {
-                        // The reap thread waits for it; the std handle goes.
-                        Ok(pid) => (FromWorker::Spawned { id, pid }, fds.into_vec()),
-                        Err(_) => (
-                            failed(id, &io::Error::other("pid out of range")),
-                            Vec::new(),
-                        ),
-                    },
+                let spawned = spawn_here(&spec, None).and_then(|(child, fds)| {
+                    let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+                    // Not reaped yet: the reap thread takes the lock we hold
+                    // before it reaps, so this pidfd names our child.
+                    let pidfd = crate::spawn::pidfd_open(pid, 0)?;
+                    let mut all = vec![pidfd];
+                    all.extend(fds.into_vec());
+                    Ok((pid, all))
+                });
+                let (reply, fds) = match spawned {
+                    // The reap thread waits for it; the std handle goes.
+                    Ok((pid, fds)) => (FromWorker::Spawned { id, pid }, fds),
                     Err(e) => (failed(id, &e), Vec::new()),
                 };
                 let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -155,14 +158,18 @@ fn failed(id: u64, e: &io::Error) -> FromWorker {
     }
 }
 
-/// Reap every child and report its exit.
+/// Reap every child and report its exit. A child is seen exited first
+/// (`WNOWAIT`), then reaped under the link lock: a spawn in progress has
+/// taken its child's pidfd by then, so no pidfd ever names a reused pid.
 fn reap_loop(link: &Link, wake: &std::sync::mpsc::Receiver<()>) {
-    use nix::sys::wait::{WaitStatus, waitpid};
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
     loop {
-        let (pid, ended) = match waitpid(None, None) {
-            Ok(WaitStatus::Exited(pid, code)) => (pid, Ended::Code(code)),
-            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, Ended::Signal(sig as i32)),
-            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+        let pid = match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Ok(status) => match status.pid() {
+                Some(pid) => pid,
+                None => continue,
+            },
+            Err(nix::errno::Errno::EINTR) => continue,
             // No children: wait for the next spawn.
             Err(_) => {
                 if wake.recv().is_err() {
@@ -171,7 +178,14 @@ fn reap_loop(link: &Link, wake: &std::sync::mpsc::Receiver<()>) {
                 continue;
             }
         };
-        let _ = link.send(
+        let _g = link.lock.lock();
+        let ended = match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => Ended::Code(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Ended::Signal(sig as i32),
+            Ok(_) | Err(_) => continue,
+        };
+        let _ = link::send(
+            &link.sock,
             &FromWorker::Exited {
                 pid: pid.as_raw(),
                 ended,
