@@ -593,6 +593,7 @@ impl Config {
         for (name, t) in &tenants {
             refuse_exposed_keys(name, t, &keys)?;
         }
+        refuse_nested_roots(&tenants)?;
         Ok(Settings {
             listen,
             grpc_listen,
@@ -814,6 +815,41 @@ fn validate_tenant(
         landlock_write: t.landlock_write,
         network: t.network.unwrap_or_default(),
     })
+}
+
+/// Tenant roots must be disjoint: a root inside (or equal to) another
+/// tenant's would hand one tenant the other's files, and the gateway's
+/// state directory (every tenant's private /tmp) must lie in no root.
+fn refuse_nested_roots(tenants: &BTreeMap<String, TenantSettings>) -> Result<(), ConfigError> {
+    let roots: Vec<(&String, PathBuf)> = tenants
+        .iter()
+        .filter_map(|(n, t)| {
+            let r = t.root.as_ref()?;
+            Some((n, r.canonicalize().unwrap_or_else(|_| r.clone())))
+        })
+        .collect();
+    for (i, (a, ra)) in roots.iter().enumerate() {
+        for (b, rb) in &roots[i + 1..] {
+            if ra.starts_with(rb) || rb.starts_with(ra) {
+                return Err(ConfigError(format!(
+                    "tenants.{a}.root {} and tenants.{b}.root {} overlap; tenant roots must be disjoint",
+                    ra.display(),
+                    rb.display()
+                )));
+            }
+        }
+        if let Ok(state) = state_dir() {
+            let state = state.canonicalize().unwrap_or(state);
+            if state.starts_with(ra) {
+                return Err(ConfigError(format!(
+                    "tenants.{a}.root {} holds the gateway's state directory {}; choose another root or set XDG_STATE_HOME",
+                    ra.display(),
+                    state.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The gateway's key files, absolute (as written and resolved through

@@ -441,6 +441,14 @@ async fn a_bad_config_exits_64_with_one_line() {
             ),
         ),
         (
+            "a tenant root inside another's",
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/long\"\n\
+                 [tenants.a]\nroot = \"{0}/roots\"\n[tenants.b]\nroot = \"{0}/roots/b\"\n",
+                dir.path().display()
+            ),
+        ),
+        (
             "leeway too large",
             format!(
                 "[auth]\nleeway = \"5m\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/short\"\n[tenants.a]\nroot = \"/\"\n",
@@ -450,6 +458,7 @@ async fn a_bad_config_exits_64_with_one_line() {
     ];
     std::fs::write(dir.path().join("short"), "tooshort").unwrap();
     std::fs::write(dir.path().join("long"), "k".repeat(40)).unwrap();
+    std::fs::create_dir_all(dir.path().join("roots/b")).unwrap();
     for (name, text) in cases {
         let config = dir.path().join("c.toml");
         std::fs::write(&config, text).unwrap();

@@ -195,3 +195,53 @@ async fn a_worker_stopped_by_its_own_tenant_is_replaced_and_others_carry_on() {
     a.start("after", &["sh", "-c", "echo a-ok"]).await;
     assert_eq!(a.collect("after").await.stdout, b"a-ok\n");
 }
+
+/// An upgrade replaces the binary under a running gateway: a worker
+/// started afterwards still runs the gateway's own executable (held open
+/// since start), not whatever now lies at the path.
+#[tokio::test]
+async fn a_binary_replaced_on_disk_does_not_change_new_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("exec-gateway");
+    std::fs::copy(env!("CARGO_BIN_EXE_exec-gateway"), &bin).unwrap();
+    let gw = Gateway::start_binary(&bin, |d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    if !require_workers(&gw).await {
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (_, worker) = sleeper(&mut a, "s1").await;
+    // The upgrade: another program now lies at the path.
+    let other = dir.path().join("other");
+    std::fs::copy("/bin/true", &other).unwrap();
+    std::fs::rename(&other, &bin).unwrap();
+    assert_eq!(kill9(worker), 0);
+    common::eventually("the worker to die", || !common::pid_alive(worker)).await;
+    // A new worker serves the next spawn (a spawn racing the gateway's
+    // notice of the death fails and is retried).
+    for i in 0..20 {
+        let id = format!("s2-{i}");
+        let r = a
+            .call_raw(
+                "process/start",
+                json!({"processId": id, "argv": ["sh", "-c", "echo $$; exec sleep 60"],
+                       "cwd": "/", "env": {}, "tty": false}),
+            )
+            .await;
+        if r.get("error").is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
+        let pid: i32 = a.first_line(&id).await.trim().parse().unwrap();
+        let new_worker: i32 = status_field(pid, "PPid").parse().unwrap();
+        assert_ne!(new_worker, worker);
+        assert!(common::pid_alive(pid));
+        return;
+    }
+    panic!("no new worker served a spawn");
+}

@@ -351,7 +351,14 @@ impl WorkerPool {
     fn launch_one(&self) -> io::Result<Arc<WorkerConn>> {
         use std::os::unix::process::CommandExt as _;
         let (ours, theirs) = link::pair()?;
-        let mut cmd = std::process::Command::new(&self.launch.exe);
+        let mut cmd = match own_executable() {
+            Some(fd) => {
+                let mut c = std::process::Command::new(format!("/proc/self/fd/{fd}"));
+                c.arg0(&self.launch.exe);
+                c
+            }
+            None => std::process::Command::new(&self.launch.exe),
+        };
         cmd.arg("worker").arg("--tenant").arg(&self.launch.tenant);
         if let Some(root) = &self.launch.root {
             cmd.arg("--root").arg(root);
@@ -471,6 +478,23 @@ impl Drop for SessionWorker {
             self.pool.release(&w);
         }
     }
+}
+
+/// The gateway's own executable, opened at the first worker launch (at
+/// start): workers are executed from this descriptor, so a binary replaced
+/// on disk under a running gateway (an upgrade) never changes what a new
+/// worker runs, and the Landlock rule taken for the file at start still
+/// names it. `None` (no /proc): launched by path.
+fn own_executable() -> Option<RawFd> {
+    static EXE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        std::env::current_exe()
+            .and_then(std::fs::File::open)
+            .ok()
+            .filter(|_| std::path::Path::new("/proc/self/fd").is_dir())
+    })
+    .as_ref()
+    .map(|f| f.as_raw_fd())
 }
 
 #[cfg(test)]

@@ -88,13 +88,18 @@ impl Gateway {
 
     /// Start with a config written by `config(dir)`; `dir/hs256.key` holds the secret.
     pub fn start_with(config: impl FnOnce(&Path) -> String) -> Gateway {
+        Self::start_binary(Path::new(env!("CARGO_BIN_EXE_exec-gateway")), config)
+    }
+
+    /// [`Gateway::start_with`], running the gateway binary at `binary`.
+    pub fn start_binary(binary: &Path, config: impl FnOnce(&Path) -> String) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let secret = random_secret();
         std::fs::write(dir.path().join("hs256.key"), &secret).expect("write key");
         let text = config(dir.path());
         let config = dir.path().join("gateway.toml");
         std::fs::write(&config, text).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+        let mut child = Command::new(binary)
             .arg("serve")
             .arg("--listen")
             .arg("ws://127.0.0.1:0")
