@@ -192,7 +192,8 @@ pub struct TenantConfig {
     pub base_env: Option<HashMap<String, String>>,
     /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
     pub pids_max: Option<u64>,
-    /// cgroup memory limit over all the tenant's processes. Default: none.
+    /// cgroup memory limit over all the tenant's processes (kernel memory of
+    /// their open files included). Default: 4 GiB.
     pub memory_max_bytes: Option<u64>,
     /// cgroup `cpu.shares` (1024 = equal share with other tenants). Default: 1024.
     pub cpu_shares: Option<u64>,
@@ -397,6 +398,9 @@ pub struct TenantSettings {
     pub landlock_write: Vec<PathBuf>,
     pub network: Network,
 }
+
+/// A tenant's memory limit when its config names none.
+pub const DEFAULT_TENANT_MEMORY_BYTES: u64 = 4 << 30;
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
 /// The name of the embedded configuration's tenant.
@@ -790,7 +794,7 @@ fn validate_tenant(
         )?,
         cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
-            memory_max_bytes: t.memory_max_bytes,
+            memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),
             cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
             cpu_quota_us: match t.cpu_max_cores {
                 None => None,

@@ -245,3 +245,44 @@ async fn a_binary_replaced_on_disk_does_not_change_new_workers() {
     }
     panic!("no new worker served a spawn");
 }
+
+/// A tenant that keeps killing its own worker gets its replacements
+/// spaced out (refused with "restarting" meanwhile) instead of making the
+/// gateway fork workers flat out; the other tenant is served throughout.
+#[tokio::test]
+async fn a_tenant_killing_its_worker_is_backed_off_and_others_are_served() {
+    let gw = gateway();
+    if !require_workers(&gw).await {
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    let (mut refused, mut killed) = (0, 0);
+    for i in 0..30 {
+        let r = a
+            .call_raw(
+                "process/start",
+                json!({"processId": format!("k{i}"), "argv": ["sh", "-c", "kill -9 $PPID"],
+                       "cwd": "/", "env": {}, "tty": false}),
+            )
+            .await;
+        match r.get("error") {
+            Some(e) if e["message"].as_str().unwrap_or("").contains("restarting") => refused += 1,
+            Some(_) => {}
+            None => killed += 1,
+        }
+        let out = b
+            .call(
+                "process/start",
+                json!({"processId": format!("b{i}"), "argv": ["true"],
+                                           "cwd": "/", "env": {}, "tty": false}),
+            )
+            .await;
+        assert!(out.get("error").is_none(), "{out}");
+    }
+    assert!(killed >= 1, "no worker was ever killed");
+    assert!(
+        refused >= 1,
+        "replacements were never backed off ({killed} kills)"
+    );
+}

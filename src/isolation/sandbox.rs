@@ -29,8 +29,10 @@ use seccompiler::{
 
 /// Landlock ABI the ruleset is written for (scopes need 6).
 const LANDLOCK_ABI: ABI = ABI::V6;
-/// `RLIMIT_NOFILE` ceiling for tenant processes.
-pub const MAX_OPEN_FILES: u64 = 65_536;
+/// `RLIMIT_NOFILE` ceiling for tenant processes (each process; the
+/// tenant's memory limit bounds the total, file structures being charged
+/// to it).
+pub const MAX_OPEN_FILES: u64 = 4096;
 
 /// System directories tenant processes may read and execute.
 const SYSTEM_RX: &[&str] = &[

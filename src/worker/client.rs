@@ -48,6 +48,7 @@ pub struct WorkerConn {
     retiring: AtomicBool,
     metrics: Option<TenantMetrics>,
     sessions: AtomicUsize,
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for WorkerConn {
@@ -276,6 +277,21 @@ pub struct WorkerLaunch {
 pub struct WorkerPool {
     launch: WorkerLaunch,
     workers: Mutex<Vec<Arc<WorkerConn>>>,
+    /// Replacements of workers that died young wait longer each time.
+    backoff: Mutex<Backoff>,
+}
+
+/// A worker that dies within this of its start counts as killed on
+/// purpose (by its own tenant): its replacement backs off.
+pub const WORKER_MIN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10);
+/// First and longest wait before replacing a worker that died young.
+pub const WORKER_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+pub const WORKER_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct Backoff {
+    delay: std::time::Duration,
+    not_before: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -291,6 +307,7 @@ impl WorkerPool {
         let pool = Arc::new(WorkerPool {
             launch,
             workers: Mutex::new(Vec::new()),
+            backoff: Mutex::new(Backoff::default()),
         });
         for _ in 0..pool.launch.min.max(1) {
             let w = pool.launch_one()?;
@@ -304,7 +321,35 @@ impl WorkerPool {
     /// a replacement when the pool has none alive.
     fn pick(&self) -> io::Result<Arc<WorkerConn>> {
         let mut ws = self.workers.lock();
+        let lived: Vec<bool> = ws
+            .iter()
+            .filter(|w| w.is_dead())
+            .map(|w| w.started.elapsed() >= WORKER_MIN_LIFETIME)
+            .collect();
         ws.retain(|w| !w.is_dead());
+        if ws.is_empty() {
+            // A tenant that keeps killing its worker must not make the
+            // gateway fork workers flat out (other tenants' spawns pay).
+            let mut b = self.backoff.lock();
+            let now = std::time::Instant::now();
+            if let Some(t) = b.not_before
+                && now < t
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "the tenant's worker is restarting; retry in {} ms",
+                        (t - now).as_millis()
+                    ),
+                ));
+            }
+            if lived.contains(&false) {
+                b.delay = (b.delay * 2).clamp(WORKER_BACKOFF_FIRST, WORKER_BACKOFF_MAX);
+                b.not_before = Some(now + b.delay);
+            } else if lived.contains(&true) {
+                *b = Backoff::default();
+            }
+        }
         let least = ws
             .iter()
             .min_by_key(|w| w.sessions.load(Ordering::Relaxed))
@@ -422,6 +467,7 @@ impl WorkerPool {
             retiring: AtomicBool::new(false),
             metrics: self.launch.metrics.clone(),
             sessions: AtomicUsize::new(0),
+            started: std::time::Instant::now(),
         });
         let reader = conn.clone();
         std::thread::Builder::new()
