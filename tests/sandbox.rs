@@ -447,3 +447,96 @@ async fn network_none_leaves_only_loopback() {
         "{out}"
     );
 }
+
+/// What the host keeps from other users under /etc (no read bit for
+/// others) is kept from tenants too, even one running as uid 0 without
+/// capabilities; world-readable files stay readable.
+#[tokio::test]
+async fn files_others_may_not_read_stay_hidden_under_etc() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let secret = PathBuf::from(format!("/etc/exec-gateway-test-{}.key", std::process::id()));
+    if std::fs::write(&secret, "host-only-secret\n").is_err() {
+        eprintln!("SKIPPED: cannot write under /etc (needs root)");
+        return;
+    }
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let r = roots();
+    let gw = gateway(&r, "", "", "");
+    let ready = skip_reason(&gw, "landlock").await;
+    if let Some(reason) = ready {
+        let _ = std::fs::remove_file(&secret);
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (out, err, _) = sh(
+        &mut a,
+        "etc",
+        &r.a,
+        &format!(
+            "id -u; cat {}; cat /etc/shadow >/dev/null && echo SHADOW-READ; head -n1 /etc/passwd",
+            secret.display()
+        ),
+    )
+    .await;
+    let _ = std::fs::remove_file(&secret);
+    assert!(!out.contains("host-only-secret"), "{out}");
+    assert!(!out.contains("SHADOW-READ"), "/etc/shadow was read: {out}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("root:x:0:0")),
+        "{out} {err}"
+    );
+}
+
+/// A key mounted the way Kubernetes mounts a Secret (`hs.key ->
+/// ..data/hs.key`, `..data -> ..TIMESTAMP/`) stays hidden: the symlinks
+/// are never granted, so no path reaches the real file.
+#[tokio::test]
+async fn a_key_behind_secret_volume_symlinks_stays_hidden() {
+    let base = PathBuf::from(format!(
+        "/etc/exec-gateway-test-secret-{}",
+        std::process::id()
+    ));
+    let stamp = base.join("..2026_11_23_00_00_00.1");
+    if std::fs::create_dir_all(&stamp).is_err() {
+        eprintln!("SKIPPED: cannot write under /etc (needs root)");
+        return;
+    }
+    std::os::unix::fs::symlink("..2026_11_23_00_00_00.1", base.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/hs.key", base.join("hs.key")).unwrap();
+    let r = roots();
+    let key = base.join("hs.key");
+    let gw = Gateway::start_with(|dir| {
+        std::fs::copy(dir.join("hs256.key"), stamp.join("hs.key")).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n{}",
+            key.display(),
+            tenant("a", &r.a, "")
+        )
+    });
+    if let Some(reason) = skip_reason(&gw, "landlock").await {
+        let _ = std::fs::remove_dir_all(&base);
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (out, _, _) = sh(
+        &mut a,
+        "k",
+        &r.a,
+        &format!(
+            "cat {k}; cat {b}/..data/hs.key; cat {s}/hs.key; echo END",
+            k = key.display(),
+            b = base.display(),
+            s = stamp.display()
+        ),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(out.ends_with("END\n"), "{out}");
+    assert!(
+        !out.contains(&String::from_utf8_lossy(&gw.secret).into_owned()),
+        "the key was read: {out}"
+    );
+}

@@ -310,6 +310,15 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
     for p in SYSTEM_RX {
         around_hidden(Path::new(p), read, hidden, 0, &mut ro_grants);
     }
+    // Under the read-only system dirs, what the host keeps from other
+    // users (no read bit for others: /etc/shadow, TLS and SSH host keys)
+    // is kept from every tenant too, whatever its uid (uid 0 without
+    // capabilities would still read a root-owned 0600 file).
+    let mut hidden = hidden.to_vec();
+    for p in SYSTEM_RO_SCANNED {
+        private_entries(Path::new(p), 0, &mut 0, &mut hidden);
+    }
+    let hidden = &hidden[..];
     for p in SYSTEM_RO {
         around_hidden(Path::new(p), read_no_exec, hidden, 0, &mut ro_grants);
     }
@@ -340,6 +349,39 @@ const HIDE_DEPTH: usize = 8;
 
 /// `path` with `access`, or, when a hidden path lies beneath it, each of
 /// its entries except the hidden one (recursively).
+/// Read-only system dirs scanned for entries others may not read.
+const SYSTEM_RO_SCANNED: &[&str] = &["/etc"];
+/// Entries visited by that scan, at most.
+const SCAN_LIMIT: usize = 20_000;
+
+/// Collect the entries under `dir` that others may not read (files
+/// without `o+r`, directories without `o+rx`); symlinks are not followed.
+fn private_entries(dir: &Path, depth: usize, seen: &mut usize, out: &mut Vec<PathBuf>) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        *seen += 1;
+        if *seen > SCAN_LIMIT {
+            return;
+        }
+        let Ok(meta) = e.path().symlink_metadata() else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if meta.is_dir() {
+            if mode & 0o005 != 0o005 {
+                out.push(e.path());
+            } else if depth + 1 < HIDE_DEPTH {
+                private_entries(&e.path(), depth + 1, seen, out);
+            }
+        } else if meta.is_file() && mode & 0o004 == 0 {
+            out.push(e.path());
+        }
+    }
+}
+
 fn around_hidden(
     path: &Path,
     access: BitFlags<AccessFs>,
@@ -348,6 +390,13 @@ fn around_hidden(
     out: &mut Vec<(PathBuf, BitFlags<AccessFs>)>,
 ) {
     if hidden.iter().any(|h| h == path) {
+        return;
+    }
+    // Below the granted top level, a symlink is never granted: a rule is
+    // taken on what the path opens, so granting `hs.key -> ..data/hs.key`
+    // would grant the hidden key itself (a Kubernetes Secret volume is laid
+    // out so). Access through a symlink is checked on its target's own path.
+    if depth > 0 && path.is_symlink() {
         return;
     }
     let beneath = hidden.iter().any(|h| h.starts_with(path));
