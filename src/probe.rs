@@ -102,6 +102,8 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 tmp: Some(dir.clone()),
                 root: std::path::PathBuf::from("/"),
                 isolate_network: true,
+                hide_dirs: Vec::new(),
+                hide_files: Vec::new(),
             }),
             ..SandboxSpec::default()
         });

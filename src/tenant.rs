@@ -72,6 +72,15 @@ impl Tenants {
         layers: Layers,
     ) -> Result<Tenants, ConfigError> {
         let hidden = crate::config::key_files(&settings.auth.keys);
+        let hide = Hide {
+            dirs: settings
+                .tenants
+                .values()
+                .filter_map(|t| t.root.clone())
+                .chain(crate::config::state_dir().ok())
+                .collect(),
+            files: hidden.iter().filter(|p| p.is_file()).cloned().collect(),
+        };
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
             let fs = match &t.root {
@@ -89,7 +98,7 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let spec = sandbox_spec(name, t, layers, &hidden)?;
+            let spec = sandbox_spec(name, t, layers, &hidden, &hide)?;
             let cgroup = if layers.cgroups {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
@@ -158,11 +167,21 @@ impl Tenants {
 /// What confines a tenant's processes, given the active layers: Landlock
 /// read-write in the root (or everything for an unconfined tenant), its
 /// `TMPDIR` and the configured extras.
+/// What a confined tenant's mount namespace covers up.
+struct Hide {
+    /// Every tenant's root (each tenant's own is left out for it) and the
+    /// state directory (every private /tmp, the embedded key).
+    dirs: Vec<PathBuf>,
+    /// The key files.
+    files: Vec<PathBuf>,
+}
+
 fn sandbox_spec(
     name: &str,
     t: &TenantSettings,
     layers: Layers,
     hidden: &[PathBuf],
+    hide: &Hide,
 ) -> Result<SandboxSpec, ConfigError> {
     let uid = if layers.uid { t.uid } else { None };
     if t.network == Network::None && !layers.namespaces {
@@ -181,6 +200,18 @@ fn sandbox_spec(
                 tmp: private_tmp.clone(),
                 root: t.root.clone().unwrap_or_else(|| PathBuf::from("/")),
                 isolate_network: t.network == Network::None,
+                // Only a confined tenant is kept from the others' roots
+                // and the gateway's state (a root of / sees the host).
+                hide_dirs: if t.root.is_some() {
+                    hide.dirs
+                        .iter()
+                        .filter(|d| Some(d.as_path()) != t.root.as_deref())
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+                hide_files: hide.files.clone(),
             }
         });
     let landlock_rw = layers.landlock.then(|| {

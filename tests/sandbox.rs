@@ -307,7 +307,12 @@ async fn the_gateways_key_files_stay_hidden_under_readable_system_dirs() {
         d = keydir.display()
     );
     let (out, _, _) = sh(&mut c, "peek", &r.a, &script).await;
-    assert!(out.contains("key=1"), "{out}");
+    // Refused by Landlock, or (with namespaces) /dev/null bound over it.
+    assert!(
+        !out.contains(&String::from_utf8_lossy(&gw.secret).into_owned()),
+        "the key was read: {out}"
+    );
+    assert!(out.contains("key=1") || out.starts_with("key=0"), "{out}");
     assert!(out.contains("dir=2"), "{out}");
     assert!(
         out.contains("etc=0"),
@@ -538,5 +543,56 @@ async fn a_key_behind_secret_volume_symlinks_stays_hidden() {
     assert!(
         !out.contains(&String::from_utf8_lossy(&gw.secret).into_owned()),
         "the key was read: {out}"
+    );
+}
+
+/// Roots outside /tmp: in a confined tenant's namespace the other
+/// tenant's root is covered by an empty, inaccessible mount, so neither
+/// `stat` nor a unix socket listening there reaches it (Landlock alone
+/// governs neither).
+#[tokio::test]
+async fn other_tenants_roots_do_not_exist_for_a_tenant() {
+    let base = PathBuf::from(format!(
+        "/var/tmp/exec-gateway-test-roots-{}",
+        std::process::id()
+    ));
+    let r = Roots {
+        _dir: tempfile::tempdir().unwrap(),
+        a: base.join("a"),
+        b: base.join("b"),
+    };
+    for root in [&r.a, &r.b] {
+        std::fs::create_dir_all(root.join("tmp")).unwrap();
+    }
+    std::fs::write(r.b.join("secret.txt"), "b-secret\n").unwrap();
+    let sock = r.b.join("svc.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let gw = gateway(&r, "", "", "");
+    if let Some(reason) = skip_reason(&gw, "namespaces").await {
+        let _ = std::fs::remove_dir_all(&base);
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let (out, _, _) = sh(
+        &mut a,
+        "peek",
+        &r.a,
+        &format!(
+            "stat -c %s {b}/secret.txt && echo STAT-OK; \
+             python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{s}'); print('CONNECTED')\" 2>/dev/null; \
+             echo END",
+            b = r.b.display(),
+            s = sock.display()
+        ),
+    )
+    .await;
+    drop(listener);
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(out.ends_with("END\n"), "{out}");
+    assert!(!out.contains("STAT-OK"), "b's file was visible: {out}");
+    assert!(
+        !out.contains("CONNECTED"),
+        "b's socket was reachable: {out}"
     );
 }

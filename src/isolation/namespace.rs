@@ -27,6 +27,13 @@ pub struct NamespaceSpec {
     pub root: PathBuf,
     /// A network namespace with only loopback (`network = "none"`).
     pub isolate_network: bool,
+    /// Directories that must not exist for the tenant (other tenants'
+    /// roots, the gateway's state directory): an empty read-only tmpfs
+    /// with mode 000 is mounted on each.
+    pub hide_dirs: Vec<PathBuf>,
+    /// Files that must not be readable (the gateway's key files, resolved):
+    /// `/dev/null` is bound over each.
+    pub hide_files: Vec<PathBuf>,
 }
 
 /// A [`NamespaceSpec`] made ready to enter after fork.
@@ -37,6 +44,8 @@ pub struct Namespace {
     /// The root and its path below `/tmp`, when it lies there.
     root: Option<(OwnedFd, Vec<CString>)>,
     isolate_network: bool,
+    hide_dirs: Vec<CString>,
+    hide_files: Vec<CString>,
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -89,11 +98,22 @@ impl Namespace {
         if spec.isolate_network {
             flags |= libc::CLONE_NEWNET;
         }
+        let cstrings = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| {
+                    CString::new(p.as_os_str().as_encoded_bytes())
+                        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+                })
+                .collect::<io::Result<Vec<_>>>()
+        };
         Ok(Namespace {
             flags,
             tmp,
             root,
             isolate_network: spec.isolate_network,
+            hide_dirs: cstrings(&spec.hide_dirs)?,
+            hide_files: cstrings(&spec.hide_files)?,
         })
     }
 
@@ -148,6 +168,34 @@ impl Namespace {
                 )
                 .into(),
             )?;
+            // Hide what the tenant must not reach, in the host's view of
+            // the paths (before any tree the tenant writes is attached).
+            // A path that does not exist has nothing to hide.
+            let hidden = |r: libc::c_int| {
+                if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            };
+            for dir in &self.hide_dirs {
+                hidden(libc::mount(
+                    c"exec-gateway-hidden".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,nr_inodes=1,mode=000".as_ptr().cast(),
+                ))?;
+            }
+            for file in &self.hide_files {
+                hidden(libc::mount(
+                    c"/dev/null".as_ptr(),
+                    file.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))?;
+            }
             if let Some(tmp_tree) = tmp_tree {
                 check(libc::syscall(
                     libc::SYS_move_mount,
