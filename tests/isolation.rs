@@ -197,3 +197,62 @@ async fn sigkill_of_the_gateway_leaves_no_escaper_behind() {
     })
     .await;
 }
+
+/// A tenant's own process cannot raise its tenant's limits or leave the
+/// tenant's cgroup; one that moves itself out of its own process cgroup
+/// (to the tenant's `procs`) dies with the next kill. No uid: the tenant
+/// runs as uid 0 without capabilities, the case that could write them.
+/// (A tenant rooted at `/` is unconfined by definition: this one has a root.)
+#[tokio::test]
+async fn a_tenant_cannot_write_its_limits_or_leave_its_cgroup() {
+    let root = tempfile::tempdir().unwrap();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\npids_max = 40\n",
+            dir.display(),
+            root.path().display()
+        )
+    });
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    let t = format!("/sys/fs/cgroup/pids/exec-gateway/gw-{}/a", gw.child.id());
+    let script = format!(
+        "echo max > {t}/pids.max && echo RAISED; \
+         echo $$ > {t}/cgroup.procs && echo LEFT; \
+         setsid sh -c 'echo $$ > {t}/procs/cgroup.procs && echo stray=$$; exec sleep 300' & \
+         sleep 0.5; echo END; exec sleep 300"
+    );
+    let r = a
+        .call(
+            "process/start",
+            json!({"processId": "p", "argv": ["sh", "-c", &script], "cwd": root.path(),
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let mut text = String::new();
+    while !text.contains("END") {
+        let v = a
+            .wait_for("output", |v| {
+                v["method"] == "process/output" && v["params"]["processId"] == "p"
+            })
+            .await;
+        text.push_str(&String::from_utf8_lossy(&unb64(
+            v["params"]["chunk"].as_str().unwrap(),
+        )));
+    }
+    assert!(!text.contains("RAISED"), "{text}");
+    assert!(!text.contains("LEFT"), "{text}");
+    assert_eq!(cgroup_file(&gw, "pids", "a", "pids.max").trim(), "40");
+    let stray: i32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stray="))
+        .map(|p| p.trim().parse().unwrap())
+        .unwrap_or(0);
+    if stray > 0 {
+        assert!(pid_alive(stray));
+        a.call("process/terminate", json!({"processId": "p"})).await;
+        eventually("the stray to die", || !pid_alive(stray)).await;
+    }
+}

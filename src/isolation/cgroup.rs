@@ -4,9 +4,14 @@
 //! everything in it, `setsid` escapers included: SIGKILL every member and
 //! repeat until empty (a killed process cannot fork, so this converges).
 //!
-//! Layout: `/sys/fs/cgroup/<controller>/exec-gateway/gw-<pid>/<tenant>[/p<n>]`:
-//! one subtree per gateway process, so gateways sharing a host never touch
-//! each other's cgroups, and a dead gateway's subtree is recognisable.
+//! Layout: `/sys/fs/cgroup/<controller>/exec-gateway/gw-<pid>/<tenant>`, and
+//! per process `.../pids/.../<tenant>/procs/p<n>`: one subtree per gateway
+//! process, so gateways sharing a host never touch each other's cgroups,
+//! and a dead gateway's subtree is recognisable. The tenant's limits sit
+//! at `<tenant>`, which its processes cannot write; a worker's Landlock
+//! domain (inherited by the tenant's processes) reaches only `procs`, where
+//! raising a limit changes nothing (limits are hierarchical) and a process
+//! that moves itself up to `procs` is killed with the next process.
 //! A child joins between fork and exec by writing "0" to precomputed
 //! `cgroup.procs` paths (no allocation after fork).
 //!
@@ -40,6 +45,9 @@ const SUBTREE: &str = "exec-gateway";
 const CONTROLLERS: &[&str] = &["pids", "memory", "cpu"];
 /// The controller that holds per-process cgroups.
 const MEMBERSHIP: &str = "pids";
+/// The directory under a tenant's membership cgroup holding per-process
+/// cgroups (the only part of the tree a tenant's worker may write).
+const PROCS: &str = "procs";
 /// Emptied per-process cgroups kept for reuse, per tenant: enough that a
 /// burst of evictions does not turn into `rmdir`s, each of which holds the
 /// cgroup mutex (and so every spawn's join) for up to ~10 ms here.
@@ -115,15 +123,19 @@ pub fn remove_instance(pid: u32) -> usize {
     let membership = subtree(MEMBERSHIP).join(&inst);
     if let Ok(tenants) = std::fs::read_dir(&membership) {
         for t in tenants.flatten() {
-            let Ok(procs) = std::fs::read_dir(t.path()) else {
-                continue;
-            };
-            for p in procs.flatten() {
-                if p.file_type().is_ok_and(|f| f.is_dir()) {
-                    killed += kill_dir(&p.path());
-                    let _ = std::fs::remove_dir(p.path());
+            let procs_dir = t.path().join(PROCS);
+            if let Ok(procs) = std::fs::read_dir(&procs_dir) {
+                for p in procs.flatten() {
+                    if p.file_type().is_ok_and(|f| f.is_dir()) {
+                        killed += kill_dir(&p.path());
+                        let _ = std::fs::remove_dir(p.path());
+                    }
                 }
             }
+            // Strays that left their own cgroup, and the workers.
+            killed += kill_dir(&procs_dir);
+            let _ = std::fs::remove_dir(&procs_dir);
+            killed += kill_dir(&t.path());
             for c in CONTROLLERS {
                 let _ = std::fs::remove_dir(subtree(c).join(&inst).join(t.file_name()));
             }
@@ -202,6 +214,7 @@ impl TenantCgroup {
         for c in CONTROLLERS {
             std::fs::create_dir_all(controller_dir(c).join(tenant))?;
         }
+        std::fs::create_dir_all(controller_dir(MEMBERSHIP).join(tenant).join(PROCS))?;
         let set = |c: &str, file: &str, v: u64| {
             std::fs::write(controller_dir(c).join(tenant).join(file), v.to_string())
         };
@@ -252,7 +265,7 @@ impl TenantCgroup {
     /// The tenant's directory in the membership hierarchy (a worker's
     /// Landlock domain must reach its per-process cgroups).
     pub fn membership_dir(&self) -> PathBuf {
-        controller_dir(MEMBERSHIP).join(&self.name)
+        controller_dir(MEMBERSHIP).join(&self.name).join(PROCS)
     }
 
     /// A fresh cgroup for one process: its own under the tenant's in the
@@ -263,7 +276,7 @@ impl TenantCgroup {
             Some(rel) => rel,
             None => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
-                let rel = Path::new(&self.name).join(format!("p{n}"));
+                let rel = Path::new(&self.name).join(PROCS).join(format!("p{n}"));
                 let dir = controller_dir(MEMBERSHIP).join(&rel);
                 std::fs::create_dir(&dir)?;
                 if let Some((u, g)) = self.owner {
@@ -348,17 +361,18 @@ impl ProcessCgroup {
         self.procs_paths().into_iter().next().unwrap_or_default()
     }
 
-    /// Kill everything in the cgroup (escapers included).
+    /// Kill everything in the cgroup (escapers included), and whatever
+    /// moved itself out of its own cgroup into the tenant's `procs`.
     pub fn kill(&self) {
         kill_dir(&controller_dir(MEMBERSHIP).join(&self.rel));
+        kill_dir(&self.tenant.membership_dir());
     }
 
     /// True if the kernel OOM-killed something in the process's tenant
     /// while it ran (the memory limit is the tenant's, so with concurrent
     /// processes this names the limit, not necessarily this process).
     pub fn oom_killed(&self) -> bool {
-        let tenant = self.rel.parent().and_then(Path::to_str).unwrap_or("");
-        self.memory && oom_kills(tenant) > self.oom_base
+        self.memory && oom_kills(&self.tenant.name) > self.oom_base
     }
 }
 
