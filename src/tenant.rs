@@ -191,7 +191,7 @@ fn sandbox_spec(
     }
     // A confined tenant gets its own /tmp (a root of / means unconfined).
     let private_tmp = match (&t.root, layers.namespaces) {
-        (Some(_), true) => Some(private_tmp(name, uid)?),
+        (Some(root), true) => Some(private_tmp(name, uid, Some(root))?),
         _ => None,
     };
     let namespace =
@@ -240,10 +240,46 @@ fn sandbox_spec(
     })
 }
 
+/// A root under /tmp is bound back at its path inside the private /tmp,
+/// whose mount point the namespace setup walks without following links
+/// (and fails on anything but directories). Anything else a tenant left
+/// on that path is moved aside at start, so a planted symlink cannot lock
+/// the tenant out of new workers for good.
+fn clear_mount_point(private: &std::path::Path, root: &std::path::Path) {
+    let Ok(rel) = root.strip_prefix("/tmp") else {
+        return;
+    };
+    let mut at = private.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => {
+                let aside = at.with_file_name(format!(
+                    ".exec-gateway-moved-{}-{}",
+                    std::process::id(),
+                    at.file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                ));
+                if let Err(e) = std::fs::rename(&at, &aside) {
+                    tracing::warn!(path = %at.display(), error = %e, "cannot clear a tenant's mount point");
+                }
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
 /// The host directory a confined tenant sees as `/tmp`:
 /// `<state dir>/tenants/NAME/tmp`, owned by the tenant's uid when it has
 /// one, mode 0700; it persists across restarts like a host's /tmp.
-fn private_tmp(name: &str, uid: Option<(u32, u32)>) -> Result<PathBuf, ConfigError> {
+fn private_tmp(
+    name: &str,
+    uid: Option<(u32, u32)>,
+    root: Option<&std::path::Path>,
+) -> Result<PathBuf, ConfigError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let err = |e: std::io::Error, p: &std::path::Path| {
         ConfigError(format!("tenants.{name}: private /tmp {}: {e}", p.display()))
@@ -262,6 +298,9 @@ fn private_tmp(name: &str, uid: Option<(u32, u32)>) -> Result<PathBuf, ConfigErr
     }
     if let Some((u, g)) = uid {
         std::os::unix::fs::chown(&dir, Some(u), Some(g)).map_err(|e| err(e, &dir))?;
+    }
+    if let Some(root) = root {
+        clear_mount_point(&dir, root);
     }
     Ok(dir)
 }

@@ -57,6 +57,14 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
         }
         OwnedFd::from_raw_fd(WORKER_FD)
     };
+    // The tenant's processes share the worker's uid and Landlock domain:
+    // not dumpable, they cannot read its memory or /proc files. (Its
+    // children are dumpable again after exec.)
+    // SAFETY: a prctl on ourselves.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
     let link = Arc::new(Link {
         sock,
         lock: Mutex::new(()),
