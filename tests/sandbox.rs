@@ -596,3 +596,30 @@ async fn other_tenants_roots_do_not_exist_for_a_tenant() {
         "b's socket was reachable: {out}"
     );
 }
+
+/// seccomp refuses the socket families that reach the hypervisor (vsock)
+/// or raw links; ordinary sockets still work.
+#[tokio::test]
+async fn seccomp_refuses_vsock_and_packet_sockets() {
+    let r = roots();
+    let gw = gateway(&r, "", "", "");
+    require!(gw, "seccomp");
+    let (mut a, _) = gw.session_of("a").await;
+    let script = "import socket\n\
+        for fam in (socket.AF_VSOCK, socket.AF_PACKET):\n\
+        \x20   try:\n\
+        \x20       socket.socket(fam, socket.SOCK_STREAM if fam == socket.AF_VSOCK else socket.SOCK_RAW)\n\
+        \x20       print('OPENED', fam)\n\
+        \x20   except OSError as e:\n\
+        \x20       print('refused', e.errno)\n\
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n\
+        print('inet ok')\n";
+    let (out, err, _) = sh(&mut a, "sock", &r.a, &format!("python3 -c \"{script}\"")).await;
+    if err.contains("not found") {
+        eprintln!("SKIPPED: python3 is not installed");
+        return;
+    }
+    assert!(!out.contains("OPENED"), "{out} {err}");
+    assert_eq!(out.matches("refused 1").count(), 2, "{out} {err}");
+    assert!(out.contains("inet ok"), "{out} {err}");
+}

@@ -411,6 +411,9 @@ fn around_hidden(
     }
 }
 
+/// Socket families refused to tenant processes (`socket(2)`'s domain).
+const DENIED_SOCKET_FAMILIES: &[libc::c_int] = &[libc::AF_VSOCK, libc::AF_PACKET, libc::AF_KEY];
+
 /// Syscalls no tenant process needs: tracing and reading other processes,
 /// kernel attack surface (bpf, io_uring, userfaultfd, perf, keyrings),
 /// mounts and namespaces, modules, kexec, clock and swap control.
@@ -492,6 +495,18 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(e)?;
     deny.insert(libc::SYS_clone, clone_rules);
+    // Socket families that reach past the host's network stack: the
+    // hypervisor (vsock) and the kernel's own configuration (netlink is
+    // kept: `ip` and glibc's getaddrinfo read through it).
+    let socket_rules = DENIED_SOCKET_FAMILIES
+        .iter()
+        .map(|family| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *family as u64)
+                .and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(e)?;
+    deny.insert(libc::SYS_socket, socket_rules);
     let deny = SeccompFilter::new(
         deny,
         SeccompAction::Allow,
