@@ -104,6 +104,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 isolate_network: true,
                 hide_dirs: Vec::new(),
                 hide_files: Vec::new(),
+                private_devpts: true,
             }),
             ..SandboxSpec::default()
         });

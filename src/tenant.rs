@@ -212,6 +212,9 @@ fn sandbox_spec(
                     Vec::new()
                 },
                 hide_files: hide.files.clone(),
+                // Workers enter once; per child (workers off) every spawn
+                // would add Landlock rules to the tenant's ruleset.
+                private_devpts: t.root.is_some() && layers.workers,
             }
         });
     let landlock_rw = layers.landlock.then(|| {

@@ -623,3 +623,49 @@ async fn seccomp_refuses_vsock_and_packet_sockets() {
     assert_eq!(out.matches("refused 1").count(), 2, "{out} {err}");
     assert!(out.contains("inet ok"), "{out} {err}");
 }
+
+/// A confined tenant's terminals live in its own devpts instance: another
+/// terminal on the host (here ones the test opens, as an admin's shell or
+/// another tenant's process would hold) is not there to write to.
+#[tokio::test]
+async fn a_tenant_sees_only_its_own_terminals() {
+    use std::os::fd::AsRawFd as _;
+    // A few host terminals, so the last one's number is not the tenant's 0.
+    let hosts: Vec<_> = (0..3)
+        .map(|_| nix::pty::openpty(None, None).unwrap())
+        .collect();
+    let host = hosts.last().unwrap();
+    let name = std::fs::read_link(format!("/proc/self/fd/{}", host.slave.as_raw_fd())).unwrap();
+    let r = roots();
+    let gw = gateway(&r, "", "", "");
+    require!(gw, "namespaces");
+    require!(gw, "workers");
+    let (mut a, _) = gw.session_of("a").await;
+    let script = format!(
+        "tty; ls /dev/pts | xargs echo pts:; echo injected > {} && echo WROTE; echo END",
+        name.display()
+    );
+    let r0 = a
+        .call(
+            "process/start",
+            json!({"processId": "t", "argv": ["sh", "-c", script], "cwd": r.a,
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": true}),
+        )
+        .await;
+    assert!(r0.get("error").is_none(), "{r0}");
+    let out = String::from_utf8_lossy(&a.collect("t").await.stdout).into_owned();
+    assert!(out.contains("END"), "{out}");
+    assert!(!out.contains("WROTE"), "wrote to {}: {out}", name.display());
+    // Its instance holds its own terminal only.
+    let pts = out.lines().find(|l| l.starts_with("pts:")).unwrap_or("");
+    assert_eq!(pts.trim(), "pts: 0 ptmx", "{out}");
+    // Nothing reached the host terminal.
+    nix::fcntl::fcntl(
+        &host.master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    let got = nix::unistd::read(&host.master, &mut buf).unwrap_or(0);
+    assert!(!String::from_utf8_lossy(&buf[..got]).contains("injected"));
+}

@@ -34,6 +34,21 @@ pub struct NamespaceSpec {
     /// Files that must not be readable (the gateway's key files, resolved):
     /// `/dev/null` is bound over each.
     pub hide_files: Vec<PathBuf>,
+    /// A new devpts instance on `/dev/pts` (its `ptmx` bound on
+    /// `/dev/ptmx`): the tenant's terminals only. For workers, which enter
+    /// once; each entry adds two rules to the tenant's Landlock ruleset.
+    pub private_devpts: bool,
+}
+
+/// Landlock rights for the private devpts, granted in the namespace
+/// (rules name inodes, and the instance's exist only once mounted).
+#[derive(Debug, Clone, Copy)]
+pub struct PtyRights {
+    pub ruleset: libc::c_int,
+    /// On the instance's root (terminals beneath).
+    pub dir: u64,
+    /// On its `ptmx` file, as bound on `/dev/ptmx`.
+    pub file: u64,
 }
 
 /// A [`NamespaceSpec`] made ready to enter after fork.
@@ -46,6 +61,7 @@ pub struct Namespace {
     isolate_network: bool,
     hide_dirs: Vec<CString>,
     hide_files: Vec<CString>,
+    private_devpts: bool,
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -114,6 +130,7 @@ impl Namespace {
             isolate_network: spec.isolate_network,
             hide_dirs: cstrings(&spec.hide_dirs)?,
             hide_files: cstrings(&spec.hide_files)?,
+            private_devpts: spec.private_devpts,
         })
     }
 
@@ -122,7 +139,7 @@ impl Namespace {
     ///
     /// # Safety
     /// Call only in a single-threaded child between fork and exec.
-    pub unsafe fn enter(&self) -> io::Result<()> {
+    pub unsafe fn enter(&self, pty: Option<PtyRights>) -> io::Result<()> {
         let check = |r: libc::c_long| {
             if r < 0 {
                 Err(io::Error::last_os_error())
@@ -237,11 +254,74 @@ impl Namespace {
                 libc::close(dir);
                 libc::close(tree);
             }
+            if self.private_devpts {
+                check(
+                    libc::mount(
+                        c"devpts".as_ptr(),
+                        c"/dev/pts".as_ptr(),
+                        c"devpts".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NOEXEC,
+                        c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+                    )
+                    .into(),
+                )?;
+                check(
+                    libc::mount(
+                        c"/dev/pts/ptmx".as_ptr(),
+                        c"/dev/ptmx".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    )
+                    .into(),
+                )?;
+                if let Some(r) = pty {
+                    add_rule(r.ruleset, c"/dev/pts", libc::O_DIRECTORY, r.dir)?;
+                    add_rule(r.ruleset, c"/dev/ptmx", 0, r.file)?;
+                }
+            }
             if self.isolate_network {
                 loopback_up()?;
             }
         }
         Ok(())
+    }
+}
+
+/// `struct landlock_path_beneath_attr`.
+#[repr(C, packed)]
+struct PathBeneath {
+    allowed_access: u64,
+    parent_fd: libc::c_int,
+}
+
+/// Add a path-beneath rule for `path` (opened `O_PATH` here) to `ruleset`.
+unsafe fn add_rule(
+    ruleset: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    access: u64,
+) -> io::Result<()> {
+    // SAFETY: open/syscall/close with valid arguments.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let attr = PathBeneath {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        let r = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            1, // LANDLOCK_RULE_PATH_BENEATH
+            &attr as *const PathBeneath,
+            0,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if r < 0 { Err(err) } else { Ok(()) }
     }
 }
 

@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::namespace::{Namespace, NamespaceSpec};
+use super::namespace::{Namespace, NamespaceSpec, PtyRights};
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
     RulesetAttr as _, RulesetCreatedAttr as _, Scope,
@@ -130,18 +130,32 @@ impl Sandbox {
         let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
         let filters = self.filters.clone();
         let namespace = self.namespace.clone();
+        let (pty_dir, pty_file) = pty_rights();
         move || {
             // SAFETY: async-signal-safe syscalls on values computed before
             // fork; the fd and programs outlive the call (owned by the
             // closure or the parent's `Sandbox`, which the child shares).
             unsafe {
                 if let Some(ns) = &namespace {
-                    ns.enter()?;
+                    ns.enter(ruleset.map(|fd| PtyRights {
+                        ruleset: fd,
+                        dir: pty_dir,
+                        file: pty_file,
+                    }))?;
                 }
                 apply(uid, ruleset, &filters)
             }
         }
     }
+}
+
+/// The Landlock rights of the terminals (`DEVICES_PTY`), as raw bits: on
+/// a directory, and on the `ptmx` file.
+fn pty_rights() -> (u64, u64) {
+    let read_no_exec = AccessFs::from_read(LANDLOCK_ABI) & !AccessFs::Execute;
+    let file_rw = AccessFs::from_file(LANDLOCK_ABI) & !AccessFs::Execute;
+    let dir = file_rw | AccessFs::IoctlDev | read_no_exec;
+    (dir.bits(), (dir & AccessFs::from_file(LANDLOCK_ABI)).bits())
 }
 
 /// Highest capability number any kernel may define (dropping one the
