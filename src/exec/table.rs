@@ -233,10 +233,18 @@ impl ProcessTable {
             revision: self.revision.clone(),
         };
         let started = std::time::Instant::now();
-        let child = self
-            .spawner
-            .spawn(spec)
-            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let child = self.spawner.spawn(spec).map_err(|e| {
+            // A worker backing off its restart: -32001 with when to retry.
+            match e
+                .get_ref()
+                .and_then(|r| r.downcast_ref::<crate::worker::Restarting>())
+            {
+                Some(r) => GatewayError::RateLimited {
+                    retry_after_ms: r.retry_after_ms,
+                },
+                None => GatewayError::Internal(e.to_string()),
+            }
+        })?;
         settings
             .metrics
             .spawn_seconds

@@ -288,6 +288,14 @@ pub const WORKER_MIN_LIFETIME: std::time::Duration = std::time::Duration::from_s
 pub const WORKER_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
 pub const WORKER_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A spawn refused while the tenant's worker waits out its restart
+/// backoff (inside the `io::Error` of the spawn).
+#[derive(Debug, thiserror::Error)]
+#[error("the tenant's worker is restarting; retry in {retry_after_ms} ms")]
+pub struct Restarting {
+    pub retry_after_ms: u64,
+}
+
 #[derive(Debug, Default)]
 struct Backoff {
     delay: std::time::Duration,
@@ -337,10 +345,9 @@ impl WorkerPool {
             {
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
-                    format!(
-                        "the tenant's worker is restarting; retry in {} ms",
-                        (t - now).as_millis()
-                    ),
+                    Restarting {
+                        retry_after_ms: u64::try_from((t - now).as_millis()).unwrap_or(u64::MAX),
+                    },
                 ));
             }
             if lived.contains(&false) {
