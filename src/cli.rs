@@ -109,7 +109,34 @@ fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, Confi
     if let Some(listen) = listen {
         config.server.listen = Some(listen.to_owned());
     }
-    config.validate()
+    let settings = config.validate()?;
+    if let Some(path) = &common.config {
+        refuse_config_in_reach(path, &settings)?;
+    }
+    Ok(settings)
+}
+
+/// The config file decides what every tenant may do: one a tenant could
+/// write (inside its root or extra writable paths) would let it grant
+/// itself more at the next start. Refused, like a key there.
+fn refuse_config_in_reach(path: &std::path::Path, s: &Settings) -> Result<(), ConfigError> {
+    let real = path
+        .canonicalize()
+        .unwrap_or_else(|_| crate::fs::normalize(&std::path::absolute(path).unwrap_or_default()));
+    for (name, t) in &s.tenants {
+        let reach = t.root.iter().chain(t.landlock_write.iter());
+        for dir in reach {
+            let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+            if real.starts_with(&dir) {
+                return Err(ConfigError(format!(
+                    "tenants.{name}: the config file {} lies inside {}, which the tenant can write; move it",
+                    real.display(),
+                    dir.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn usage_error(e: &ConfigError) -> ExitCode {

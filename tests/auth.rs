@@ -626,3 +626,31 @@ async fn a_key_bound_to_a_tenant_accepts_codex_tokens_for_it_only() {
     let (status, body) = gw.handshake("/", Some(&format!("Bearer {wrong}"))).await;
     assert_eq!(status, 401, "{body}");
 }
+
+/// A config file a tenant could write (inside its root) would let it grant
+/// itself more at the next start: refused with one line naming both.
+#[test]
+fn a_config_file_inside_a_tenant_root_is_refused() {
+    let keys = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(keys.path().join("k"), "k".repeat(40)).unwrap();
+    let config = root.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.a]\nroot = \"{}\"\n",
+            keys.path().display(),
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+        .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("the config file"), "{err}");
+}
