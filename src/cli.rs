@@ -124,9 +124,7 @@ fn refuse_config_in_reach(path: &std::path::Path, s: &Settings) -> Result<(), Co
         .canonicalize()
         .unwrap_or_else(|_| crate::fs::normalize(&std::path::absolute(path).unwrap_or_default()));
     for (name, t) in &s.tenants {
-        let reach = t.root.iter().chain(t.landlock_write.iter());
-        for dir in reach {
-            let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        for dir in t.writable_dirs() {
             if real.starts_with(&dir) {
                 return Err(ConfigError(format!(
                     "tenants.{name}: the config file {} lies inside {}, which the tenant can write; move it",

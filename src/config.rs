@@ -889,17 +889,7 @@ fn refuse_exposed_keys(
     t: &TenantSettings,
     keys: &[PathBuf],
 ) -> Result<(), ConfigError> {
-    let reachable = t
-        .root
-        .iter()
-        .filter(|r| r.as_path() != Path::new("/"))
-        .cloned()
-        .chain(t.landlock_write.iter().cloned())
-        .map(|p| {
-            p.canonicalize()
-                .unwrap_or_else(|_| crate::fs::normalize(&p))
-        });
-    for dir in reachable {
+    for dir in t.writable_dirs() {
         if let Some(key) = keys.iter().find(|k| k.starts_with(&dir)) {
             return Err(ConfigError(format!(
                 "tenants.{name}: key file {} lies inside {}, which the tenant can read; \
@@ -910,6 +900,19 @@ fn refuse_exposed_keys(
         }
     }
     Ok(())
+}
+
+impl TenantSettings {
+    /// Where the tenant may write, resolved: its root (none for `/`, which
+    /// means unconfined) and its extra Landlock write paths. A gateway file
+    /// there is the tenant's to read or rewrite.
+    pub fn writable_dirs(&self) -> Vec<PathBuf> {
+        self.root
+            .iter()
+            .chain(self.landlock_write.iter())
+            .map(|p| p.canonicalize().unwrap_or_else(|_| crate::fs::normalize(p)))
+            .collect()
+    }
 }
 
 #[cfg(test)]

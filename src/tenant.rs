@@ -79,7 +79,19 @@ impl Tenants {
                 .filter_map(|t| t.root.clone())
                 .chain(crate::config::state_dir().ok())
                 .collect(),
-            files: hidden.iter().filter(|p| p.is_file()).cloned().collect(),
+            // `hidden` names each key as written and as resolved: bind over
+            // the resolved file once (a mount follows the written symlink
+            // to the same file).
+            files: {
+                let mut files: Vec<PathBuf> = hidden
+                    .iter()
+                    .filter_map(|p| p.canonicalize().ok())
+                    .filter(|p| p.is_file())
+                    .collect();
+                files.sort();
+                files.dedup();
+                files
+            },
         };
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
