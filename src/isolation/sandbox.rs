@@ -329,9 +329,7 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
     // is kept from every tenant too, whatever its uid (uid 0 without
     // capabilities would still read a root-owned 0600 file).
     let mut hidden = hidden.to_vec();
-    for p in SYSTEM_RO_SCANNED {
-        private_entries(Path::new(p), 0, &mut 0, &mut hidden);
-    }
+    hidden.extend_from_slice(private_system_entries());
     let hidden = &hidden[..];
     for p in SYSTEM_RO {
         around_hidden(Path::new(p), read_no_exec, hidden, 0, &mut ro_grants);
@@ -367,6 +365,19 @@ const HIDE_DEPTH: usize = 8;
 const SYSTEM_RO_SCANNED: &[&str] = &["/etc"];
 /// Entries visited by that scan, at most.
 const SCAN_LIMIT: usize = 20_000;
+
+/// The private entries of [`SYSTEM_RO_SCANNED`], scanned once per process
+/// (every tenant's ruleset and the probes use the same list).
+fn private_system_entries() -> &'static [PathBuf] {
+    static ENTRIES: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    ENTRIES.get_or_init(|| {
+        let mut out = Vec::new();
+        for p in SYSTEM_RO_SCANNED {
+            private_entries(Path::new(p), 0, &mut 0, &mut out);
+        }
+        out
+    })
+}
 
 /// Collect the entries under `dir` that others may not read (files
 /// without `o+r`, directories without `o+rx`); symlinks are not followed.
