@@ -23,20 +23,27 @@ struct Stdio1 {
     _dir: tempfile::TempDir,
 }
 
+/// A config with tenant `t1` (host-rooted) and an HS256 key at `dir/k`,
+/// after `extra`; returns the dir (keep it alive), the secret and the path.
+fn write_config(extra: &str) -> (tempfile::TempDir, Vec<u8>, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = common::random_secret();
+    std::fs::write(dir.path().join("k"), &secret).unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{extra}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    (dir, secret, config)
+}
+
 impl Stdio1 {
     fn start() -> Stdio1 {
-        let dir = tempfile::tempdir().unwrap();
-        let secret = common::random_secret();
-        std::fs::write(dir.path().join("k"), &secret).unwrap();
-        let config = dir.path().join("c.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
-                dir.path().display()
-            ),
-        )
-        .unwrap();
+        let (dir, secret, config) = write_config("");
         Self::start_with(
             &config,
             Some(&common::mint(&secret, "t1", common::ALL_SCOPES)),
@@ -260,19 +267,7 @@ fn stdio_errors_and_eof_kills_the_session() {
 
 #[test]
 fn an_over_long_line_is_answered_and_the_session_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let secret = common::random_secret();
-    std::fs::write(dir.path().join("k"), &secret).unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nmax_message_bytes = 1000\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let (_dir, secret, config) = write_config("[server]\nmax_message_bytes = 1000\n");
     let token = common::mint(&secret, "t1", common::ALL_SCOPES);
     let d = tempfile::tempdir().unwrap();
     let mut s = Stdio1::start_with(&config, Some(&token), d);
@@ -304,19 +299,8 @@ fn an_over_long_line_is_answered_and_the_session_goes_on() {
 fn inherited_descriptors_do_not_reach_tenant_processes() {
     use std::os::fd::AsRawFd as _;
     use std::os::unix::process::CommandExt as _;
-    let dir = tempfile::tempdir().unwrap();
-    let secret = common::random_secret();
-    std::fs::write(dir.path().join("k"), &secret).unwrap();
+    let (dir, secret, config) = write_config("");
     std::fs::write(dir.path().join("leak"), "inherited-secret\n").unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
     let leak = std::fs::File::open(dir.path().join("leak")).unwrap();
     let leak_fd = leak.as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-gateway"));
@@ -348,18 +332,7 @@ fn inherited_descriptors_do_not_reach_tenant_processes() {
 
 #[test]
 fn stdio_without_a_valid_token_fails_initialize_with_32002() {
-    let dir = tempfile::tempdir().unwrap();
-    let secret = common::random_secret();
-    std::fs::write(dir.path().join("k"), &secret).unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let (_dir, _, config) = write_config("");
     let forged = common::mint(&common::random_secret(), "t1", common::ALL_SCOPES);
     for token in [None, Some(forged.as_str())] {
         let d = tempfile::tempdir().unwrap();
