@@ -55,7 +55,17 @@ pub struct IsolationConfig {
     /// other tenants' roots under `/tmp` gone; needed by `network = "none"`.
     /// Default: `optional`.
     pub namespaces: Option<LayerPolicy>,
+    /// `[first, last]`: uids (and gids) allocated to tenants without a
+    /// configured `uid` when the gateway runs as root. A tenant's uid is
+    /// stable (a hash of its name picks the start) and skips ids that name
+    /// a user or group of the host or another tenant's. Default:
+    /// `[40000, 59999]` (inside the 65,536 ids a user-namespaced pod maps,
+    /// above what `adduser` hands out).
+    pub uid_range: Option<[u32; 2]>,
 }
+
+/// Default `[isolation] uid_range`.
+pub const DEFAULT_UID_RANGE: [u32; 2] = [40000, 59999];
 
 /// Validated `[isolation]`.
 #[derive(Debug, Clone, Copy)]
@@ -390,8 +400,12 @@ pub struct TenantSettings {
     pub max_retained_output_bytes: usize,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: CgroupLimits,
-    /// (uid, gid), when configured.
+    /// (uid, gid): configured, or allocated from `[isolation] uid_range`
+    /// when the gateway runs as root.
     pub uid: Option<(u32, u32)>,
+    /// `uid` was allocated (the tenant's root then appears as its own:
+    /// module `isolation::idmap`).
+    pub uid_allocated: bool,
     pub workers_min: usize,
     pub workers_max: usize,
     pub landlock_read: Vec<PathBuf>,
@@ -592,6 +606,18 @@ impl Config {
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {
             tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
+        }
+        if nix::unistd::geteuid().is_root() {
+            if isolation.uid == LayerPolicy::Off {
+                return Err(ConfigError(
+                    "[isolation] uid = \"off\" is refused when the gateway runs as root: tenant processes would run as uid 0".to_owned(),
+                ));
+            }
+            allocate_uids(
+                &mut tenants,
+                self.isolation.uid_range.unwrap_or(DEFAULT_UID_RANGE),
+                &HostIds,
+            )?;
         }
         let keys = key_files(&auth.keys);
         for (name, t) in &tenants {
@@ -809,6 +835,7 @@ fn validate_tenant(
             },
         },
         uid,
+        uid_allocated: false,
         workers_min: t.workers_min.unwrap_or(1).clamp(1, 64),
         workers_max: t
             .workers_max
@@ -819,6 +846,70 @@ fn validate_tenant(
         landlock_write: t.landlock_write,
         network: t.network.unwrap_or_default(),
     })
+}
+
+/// Which ids the host already uses (users and groups, through NSS).
+pub trait IdsInUse {
+    fn uid_used(&self, uid: u32) -> bool;
+    fn gid_used(&self, gid: u32) -> bool;
+}
+
+/// The host's user and group databases.
+pub struct HostIds;
+
+impl IdsInUse for HostIds {
+    fn uid_used(&self, uid: u32) -> bool {
+        // A lookup that fails (not a "no such user") counts as taken.
+        !matches!(nix::unistd::User::from_uid(uid.into()), Ok(None))
+    }
+    fn gid_used(&self, gid: u32) -> bool {
+        !matches!(nix::unistd::Group::from_gid(gid.into()), Ok(None))
+    }
+}
+
+/// Give every tenant without a configured uid one from `[first, last]`:
+/// the FNV-1a hash of its name picks where to start, and the search moves
+/// up (wrapping) past ids that are a host user or group, or any tenant's.
+/// Tenants are taken in name order, so the result depends only on the
+/// configuration and the host's databases: every replica agrees.
+pub fn allocate_uids(
+    tenants: &mut BTreeMap<String, TenantSettings>,
+    [first, last]: [u32; 2],
+    host: &dyn IdsInUse,
+) -> Result<(), ConfigError> {
+    if first == 0 || last < first || last == u32::MAX {
+        return Err(ConfigError(format!(
+            "[isolation] uid_range = [{first}, {last}]: needs 0 < first <= last < {}",
+            u32::MAX
+        )));
+    }
+    let mut taken: std::collections::HashSet<u32> = tenants
+        .values()
+        .filter_map(|t| t.uid)
+        .flat_map(|(u, g)| [u, g])
+        .collect();
+    let count = u64::from(last - first) + 1;
+    for (name, t) in tenants.iter_mut() {
+        if t.uid.is_some() {
+            continue;
+        }
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        let start = hash % count;
+        let found = (0..count)
+            .map(|i| first + ((start + i) % count) as u32)
+            .find(|&id| !taken.contains(&id) && !host.uid_used(id) && !host.gid_used(id));
+        let Some(id) = found else {
+            return Err(ConfigError(format!(
+                "tenants.{name}: no free uid left in [isolation] uid_range = [{first}, {last}]"
+            )));
+        };
+        taken.insert(id);
+        t.uid = Some((id, id));
+        t.uid_allocated = true;
+    }
+    Ok(())
 }
 
 /// Tenant roots must be disjoint: a root inside (or equal to) another
@@ -993,5 +1084,60 @@ mod tests {
         assert_eq!(t.burst, 400);
         assert_eq!(t.base_env["HOME"], "/tmp");
         assert_eq!(s.auth.tenant_claim, "tenant");
+    }
+
+    /// A host whose user database holds `used`.
+    struct Taken(Vec<u32>);
+    impl IdsInUse for Taken {
+        fn uid_used(&self, uid: u32) -> bool {
+            self.0.contains(&uid)
+        }
+        fn gid_used(&self, gid: u32) -> bool {
+            self.0.contains(&gid)
+        }
+    }
+
+    fn tenants(names: &[(&str, Option<u32>)]) -> BTreeMap<String, TenantSettings> {
+        let c: Config = toml::from_str(&minimal("")).unwrap();
+        let t = c.validate().unwrap().tenants["a"].clone();
+        names
+            .iter()
+            .map(|(n, uid)| {
+                let mut t = t.clone();
+                t.uid = uid.map(|u| (u, u));
+                t.uid_allocated = false;
+                (n.to_string(), t)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn allocated_uids_are_stable_distinct_and_skip_what_is_taken() {
+        let range = [1000, 1002];
+        let mut a = tenants(&[("x", None), ("y", None), ("z", Some(1001))]);
+        allocate_uids(&mut a, range, &Taken(vec![])).unwrap();
+        let mut b = tenants(&[("x", None), ("y", None), ("z", Some(1001))]);
+        allocate_uids(&mut b, range, &Taken(vec![])).unwrap();
+        let ids = |m: &BTreeMap<String, TenantSettings>| {
+            m.values().map(|t| t.uid.unwrap()).collect::<Vec<_>>()
+        };
+        // The same configuration gives the same uids.
+        assert_eq!(ids(&a), ids(&b));
+        let mut all: Vec<u32> = ids(&a).iter().map(|(u, _)| *u).collect();
+        all.sort();
+        assert_eq!(all, vec![1000, 1001, 1002]);
+        assert!(a["x"].uid_allocated && !a["z"].uid_allocated);
+        assert_eq!(a["x"].uid.unwrap().0, a["x"].uid.unwrap().1);
+        // A host user in the range is skipped; a full range is refused.
+        let mut c = tenants(&[("x", None)]);
+        allocate_uids(&mut c, range, &Taken(vec![1000, 1001])).unwrap();
+        assert_eq!(c["x"].uid, Some((1002, 1002)));
+        let mut d = tenants(&[("x", None), ("y", None)]);
+        let e = allocate_uids(&mut d, range, &Taken(vec![1000, 1001])).unwrap_err();
+        assert!(e.0.contains("no free uid"), "{}", e.0);
+        for bad in [[0, 10], [10, 9], [1, u32::MAX]] {
+            let mut t = tenants(&[("x", None)]);
+            assert!(allocate_uids(&mut t, bad, &Taken(vec![])).is_err());
+        }
     }
 }

@@ -105,6 +105,8 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 hide_dirs: Vec::new(),
                 hide_files: Vec::new(),
                 private_devpts: true,
+                idmap: None,
+                cover: None,
             }),
             ..SandboxSpec::default()
         });

@@ -20,6 +20,7 @@ use crate::exec::ExecSettings;
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::idmap::IdMap;
 use crate::isolation::namespace::NamespaceSpec;
 use crate::isolation::reaper::Reaper;
 use crate::isolation::sandbox::{Sandbox, SandboxSpec};
@@ -93,11 +94,18 @@ impl Tenants {
                 files
             },
         };
+        if nix::unistd::geteuid().is_root() && !layers.uid {
+            return Err(ConfigError(
+                "the gateway runs as root but cannot give tenants their own uids (setuid failed: see the uid probe above); tenant processes would run as uid 0".to_owned(),
+            ));
+        }
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
-            let fs = match &t.root {
-                None => FsRoot::host(),
-                Some(root) => FsRoot::confined(root).map_err(|e| {
+            let (idmap, tree) = root_idmap(name, t, layers).unzip();
+            let fs = match (&t.root, tree) {
+                (None, _) => FsRoot::host(),
+                (Some(root), Some(tree)) => FsRoot::confined_at(root, tree),
+                (Some(root), None) => FsRoot::confined(root).map_err(|e| {
                     ConfigError(format!("tenants.{name}.root {}: {e}", root.display()))
                 })?,
             }
@@ -110,7 +118,7 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let spec = sandbox_spec(name, t, layers, &hidden, &hide)?;
+            let spec = sandbox_spec(name, t, layers, &hidden, &hide, idmap)?;
             let cgroup = if layers.cgroups {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
@@ -194,6 +202,7 @@ fn sandbox_spec(
     layers: Layers,
     hidden: &[PathBuf],
     hide: &Hide,
+    idmap: Option<IdMap>,
 ) -> Result<SandboxSpec, ConfigError> {
     let uid = if layers.uid { t.uid } else { None };
     if t.network == Network::None && !layers.namespaces {
@@ -227,6 +236,11 @@ fn sandbox_spec(
                 // Workers enter once; per child (workers off) every spawn
                 // would add Landlock rules to the tenant's ruleset.
                 private_devpts: t.root.is_some() && layers.workers,
+                idmap,
+                cover: match (&t.root, uid) {
+                    (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),
+                    _ => None,
+                },
             }
         });
     let landlock_rw = layers.landlock.then(|| {
@@ -253,6 +267,74 @@ fn sandbox_spec(
         hidden: hidden.to_vec(),
         namespace,
     })
+}
+
+/// The idmapping of a tenant's root: a tenant whose uid was allocated
+/// (none configured) works in its root as that root's owner. Needs the
+/// namespaces layer, where its processes see the idmapped root; without
+/// it, and where the root's filesystem cannot be idmapped, the root keeps
+/// its ownership and the tenant writes only what its uid may.
+///
+/// Returns the mapping and the gateway's own idmapped view of the root.
+fn root_idmap(
+    name: &str,
+    t: &TenantSettings,
+    layers: Layers,
+) -> Option<(IdMap, std::os::fd::OwnedFd)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let (root, (uid, gid)) = (t.root.as_ref()?, t.uid?);
+    if !t.uid_allocated || !layers.uid {
+        return None;
+    }
+    let meta = std::fs::metadata(root).ok()?;
+    if meta.uid() == uid && meta.gid() == gid {
+        return None;
+    }
+    let map = IdMap {
+        owner_uid: meta.uid(),
+        owner_gid: meta.gid(),
+        uid,
+        gid,
+    };
+    if !layers.namespaces {
+        tracing::warn!(tenant = name, root = %root.display(), owner = meta.uid(), uid,
+            "the namespaces layer is off: the tenant's processes run as its allocated uid and cannot write its root unless its permissions allow; set tenants.NAME.uid");
+        return None;
+    }
+    match crate::isolation::idmap::idmapped_tree(root, map) {
+        Ok(tree) => Some((map, tree)),
+        Err(e) => {
+            tracing::warn!(tenant = name, root = %root.display(), error = %e,
+                "the root cannot be idmapped: the tenant's processes run as its allocated uid and cannot write its root unless its permissions allow; set tenants.NAME.uid");
+            None
+        }
+    }
+}
+
+/// The topmost ancestor of `root` (below `/`, not `/tmp`'s subtree) that
+/// `uid` cannot search, such as `/root` (mode 0700): the tenant's namespace
+/// covers it with an empty tmpfs holding only the way down to the root.
+fn unsearchable_ancestor(root: &std::path::Path, (uid, gid): (u32, u32)) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    if root.starts_with("/tmp") {
+        return None;
+    }
+    let searchable = |m: &std::fs::Metadata| {
+        let mode = m.mode();
+        if m.uid() == uid {
+            mode & 0o100 != 0
+        } else if m.gid() == gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        }
+    };
+    root.ancestors()
+        .skip(1)
+        .filter(|a| a.parent().is_some())
+        .filter(|a| std::fs::metadata(a).is_ok_and(|m| !searchable(&m)))
+        .last()
+        .map(|a| a.to_path_buf())
 }
 
 /// A root under /tmp is bound back at its path inside the private /tmp,

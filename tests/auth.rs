@@ -462,7 +462,7 @@ async fn a_bad_config_exits_64_with_one_line() {
     for (name, text) in cases {
         let config = dir.path().join("c.toml");
         std::fs::write(&config, text).unwrap();
-        let out = serve_expecting_refusal(&config);
+        let out = common::serve_expecting_refusal(&config);
         assert_eq!(out.status.code(), Some(64), "{name}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
@@ -640,28 +640,9 @@ fn a_config_file_inside_a_tenant_root_is_refused() {
         ),
     )
     .unwrap();
-    let out = serve_expecting_refusal(&config);
+    let out = common::serve_expecting_refusal(&config);
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("the config file"), "{err}");
-}
-
-/// `serve --config FILE` that should exit at once. A gateway that starts
-/// instead would serve forever: it is killed, and the test fails on the
-/// status (not a hang).
-fn serve_expecting_refusal(config: &Path) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
-        .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
-        .arg(config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + common::EVENT_TIMEOUT;
-    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    child.wait_with_output().unwrap()
 }

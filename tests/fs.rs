@@ -12,7 +12,7 @@ use serde_json::json;
 async fn read_write_metadata_and_directories() {
     let gw = Gateway::start("");
     let (mut c, _) = gw.session().await;
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::scratch();
     let dir = tmp.path().display().to_string();
     let file = format!("{dir}/a/b/f.bin");
     // Missing parent → -32004.
@@ -116,7 +116,7 @@ async fn read_write_metadata_and_directories() {
 async fn remove_and_copy_follow_the_reference_rules() {
     let gw = Gateway::start("");
     let (mut c, _) = gw.session().await;
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::scratch();
     let dir = tmp.path().display().to_string();
     std::fs::create_dir_all(format!("{dir}/src/sub")).unwrap();
     std::fs::write(format!("{dir}/src/sub/f"), b"data").unwrap();
@@ -219,7 +219,7 @@ fn nix_mkfifo(path: &str) {
 
 #[tokio::test]
 async fn confined_root_refuses_escapes() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = common::scratch();
     let root = tmp.path().join("root");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(tmp.path().join("secret"), b"s3cret").unwrap();

@@ -450,7 +450,7 @@ async fn files_stream_in_and_out_beyond_one_message() {
     let gw = Gateway::start("");
     let token = gw.token("t1");
     let mut files = FileServiceClient::new(channel(&gw).await);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch();
     let path = dir.path().join("big.bin").display().to_string();
     let data: Vec<u8> = (0..40 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let msgs: Vec<pb::WriteFileRequest> = data
@@ -557,7 +557,7 @@ async fn files_stream_in_and_out_beyond_one_message() {
 #[tokio::test]
 async fn current_revision_file_and_environment_rpcs() {
     use pb::environment_service_client::EnvironmentServiceClient;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch();
     let root = dir.path().canonicalize().unwrap();
     let gw = Gateway::start_with(|dir| {
         format!(

@@ -334,7 +334,7 @@ async fn tenant_processes_hold_no_capabilities() {
     for isolation in [
         "",
         "workers = \"off\"",
-        "workers = \"off\"\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nuid = \"off\"",
+        "workers = \"off\"\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"",
     ] {
         let gw = gateway(&r, isolation, "", "");
         let (mut c, _) = gw.session_of("a").await;
@@ -354,7 +354,10 @@ async fn tenant_processes_hold_no_capabilities() {
                 "{isolation}: a capability is held: {line}"
             );
         }
-        // Root-only operations fail even as uid 0 (when no uid is set).
+        // Never uid 0 (a tenant without a configured uid gets one).
+        let uid: u32 = out.lines().last().unwrap().parse().unwrap();
+        assert_ne!(uid, 0, "{isolation}: {out}");
+        // Root-only operations fail.
         let (out, _, _) = sh(
             &mut c,
             "root-ops",
@@ -668,4 +671,146 @@ async fn a_tenant_sees_only_its_own_terminals() {
     let mut buf = [0u8; 64];
     let got = nix::unistd::read(&host.master, &mut buf).unwrap_or(0);
     assert!(!String::from_utf8_lossy(&buf[..got]).contains("injected"));
+}
+
+/// The uid a tenant's processes run as, and its groups.
+async fn ids(c: &mut Client, root: &Path) -> (u32, String) {
+    let (out, err, code) = sh(c, "ids", root, "id -u; id -G").await;
+    assert_eq!(code, Some(0), "{err}");
+    let mut lines = out.lines();
+    let uid = lines.next().unwrap().parse().unwrap();
+    (uid, lines.next().unwrap_or_default().to_owned())
+}
+
+/// A gateway running as root gives each tenant without a configured uid
+/// its own, from the default range, the same at every start. Its root
+/// (owned by root here, as the directory a user starts the gateway in
+/// would be by that user) appears as the tenant's own: its processes and
+/// the gateway's file operations write there, and what they create stays
+/// the root owner's on disk.
+#[tokio::test]
+async fn tenants_without_a_uid_get_their_own_and_their_root_stays_its_owners() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: allocation applies to a gateway running as root");
+        return;
+    }
+    let r = roots();
+    let (ua, ub) = {
+        let gw = gateway(&r, "", "", "");
+        require!(gw, "namespaces");
+        let (mut a, _) = gw.session_of("a").await;
+        let (mut b, _) = gw.session_of("b").await;
+        let ((ua, ga), (ub, _)) = (ids(&mut a, &r.a).await, ids(&mut b, &r.b).await);
+        assert!((40000..=59999).contains(&ua), "{ua}");
+        assert!((40000..=59999).contains(&ub), "{ub}");
+        assert_ne!(ua, ub);
+        assert_eq!(ga, ua.to_string(), "no other groups");
+        let (out, err, code) = sh(
+            &mut a,
+            "write",
+            &r.a,
+            "stat -c %u own.txt; echo x > new.txt && mkdir d && echo wrote",
+        )
+        .await;
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(out, format!("{ua}\nwrote\n"));
+        a.call(
+            "fs/writeFile",
+            json!({"path": r.a.join("d/fs.txt"), "dataBase64": common::b64(b"y")}),
+        )
+        .await;
+        let meta = a
+            .call("fs/getMetadata", json!({"path": r.a.join("new.txt")}))
+            .await;
+        assert_eq!(meta["isFile"], json!(true), "{meta}");
+        for made in ["new.txt", "d", "d/fs.txt"] {
+            assert_eq!(
+                std::fs::metadata(r.a.join(made)).unwrap().uid(),
+                0,
+                "{made}"
+            );
+        }
+        // Still not the other tenant's files.
+        let (out, _, _) = sh(
+            &mut a,
+            "cross",
+            &r.a,
+            &format!("cat {}/secret.txt; echo rc=$?", r.b.display()),
+        )
+        .await;
+        assert!(!out.contains("b-secret") && !out.contains("rc=0"), "{out}");
+        (ua, ub)
+    };
+    let gw = gateway(&r, "", "", "");
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    assert_eq!(ids(&mut a, &r.a).await.0, ua, "stable across starts");
+    assert_eq!(ids(&mut b, &r.b).await.0, ub);
+}
+
+/// `[isolation] uid = "off"` would run tenants as uid 0: refused.
+#[test]
+fn uid_off_is_refused_for_a_gateway_running_as_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the refusal applies to a gateway running as root");
+        return;
+    }
+    let r = roots();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("k"), "k".repeat(40)).unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[isolation]\nuid = \"off\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n{}",
+            dir.path().display(),
+            tenant("a", &r.a, "")
+        ),
+    )
+    .unwrap();
+    let out = common::serve_expecting_refusal(&config);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("uid = \"off\""), "{err}");
+}
+
+/// A root below a directory only root may search (`/root`, mode 0700, is
+/// the usual case) is still reached by the tenant's uid: that directory is
+/// covered, in the tenant's namespace, by an empty one holding only the
+/// way down to the root. The other tenant's root beside it is not there.
+#[tokio::test]
+async fn a_root_below_a_directory_only_root_may_search_is_reached() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: only a gateway running as root gives tenants another uid");
+        return;
+    }
+    let parent = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (a, b) = (parent.path().join("a"), parent.path().join("b"));
+    std::fs::create_dir_all(a.join("tmp")).unwrap();
+    std::fs::create_dir_all(b.join("tmp")).unwrap();
+    std::fs::write(b.join("secret.txt"), "b-secret\n").unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n{}{}",
+            dir.display(),
+            tenant("a", &a, ""),
+            tenant("b", &b, "")
+        )
+    });
+    require!(gw, "namespaces");
+    let (mut c, _) = gw.session_of("a").await;
+    let (out, err, code) = sh(
+        &mut c,
+        "reach",
+        &a,
+        &format!(
+            "pwd; echo x > made && echo wrote; test -e {b} && echo b-exists || echo b-gone",
+            b = b.display()
+        ),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("{}\nwrote\nb-gone\n", a.display()));
 }

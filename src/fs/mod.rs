@@ -300,6 +300,18 @@ impl FsRoot {
         })
     }
 
+    /// A confined root reached through `tree` (a directory descriptor,
+    /// such as a detached idmapped mount of `path`).
+    pub fn confined_at(path: &Path, tree: std::os::fd::OwnedFd) -> FsRoot {
+        FsRoot {
+            kind: RootKind::Confined {
+                path: path.to_path_buf(),
+                dir: Dir::from_std_file(std::fs::File::from(tree)),
+            },
+            creds: None,
+        }
+    }
+
     /// Run file operations as `creds` (uid, gid).
     pub fn with_creds(mut self, creds: Option<(u32, u32)>) -> FsRoot {
         self.creds = creds;

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod fds;
+pub mod idmap;
 pub mod namespace;
 pub mod reaper;
 pub mod sandbox;

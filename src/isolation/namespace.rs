@@ -16,6 +16,9 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use super::idmap::IdMap;
 
 /// What a tenant's namespaces look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +41,34 @@ pub struct NamespaceSpec {
     /// `/dev/ptmx`): the tenant's terminals only. For workers, which enter
     /// once; each entry adds two rules to the tenant's Landlock ruleset.
     pub private_devpts: bool,
+    /// The root's files appear as the tenant's own (an idmapped mount of
+    /// the root; module `idmap`).
+    pub idmap: Option<IdMap>,
+    /// An ancestor of the root (not under `/tmp`) the tenant's uid cannot
+    /// search, such as `/root`: an empty tmpfs is mounted on it, holding
+    /// only the path down to the root, which is bound back there.
+    pub cover: Option<PathBuf>,
+}
+
+/// Where the root tree is attached in the namespace.
+#[derive(Debug)]
+enum Base {
+    /// Below the private `/tmp`.
+    Tmp,
+    /// Below a fresh tmpfs mounted on this ancestor.
+    Cover(CString),
+    /// On its own path (only its idmapping changes).
+    InPlace(CString),
+}
+
+/// The root's tree, re-attached in the namespace.
+#[derive(Debug)]
+struct RootMount {
+    fd: OwnedFd,
+    base: Base,
+    /// The path from the base down to the root.
+    components: Vec<CString>,
+    userns: Option<Arc<OwnedFd>>,
 }
 
 /// Landlock rights for the private devpts, granted in the namespace
@@ -56,8 +87,9 @@ pub struct PtyRights {
 pub struct Namespace {
     flags: libc::c_int,
     tmp: Option<OwnedFd>,
-    /// The root and its path below `/tmp`, when it lies there.
-    root: Option<(OwnedFd, Vec<CString>)>,
+    /// The root, when it is attached anew (under `/tmp`, a cover, or
+    /// idmapped).
+    root: Option<RootMount>,
     isolate_network: bool,
     hide_dirs: Vec<CString>,
     hide_files: Vec<CString>,
@@ -89,26 +121,50 @@ fn path_fd(p: &Path) -> io::Result<OwnedFd> {
 impl Namespace {
     pub fn new(spec: &NamespaceSpec) -> io::Result<Namespace> {
         let tmp = spec.tmp.as_deref().map(path_fd).transpose()?;
-        let root = match spec.root.strip_prefix("/tmp") {
-            _ if tmp.is_none() => None,
-            Ok(rel) if rel.as_os_str().is_empty() => {
+        let cstring = |p: &Path| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+        };
+        let below = |base: &Path| -> io::Result<Option<Vec<CString>>> {
+            let Ok(rel) = spec.root.strip_prefix(base) else {
+                return Ok(None);
+            };
+            if rel.as_os_str().is_empty() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    "a tenant root cannot be /tmp itself",
+                    format!("a tenant root cannot be {} itself", base.display()),
                 ));
             }
-            Ok(rel) => {
-                let components = rel
-                    .components()
-                    .map(|c| match c {
-                        Component::Normal(n) => CString::new(n.as_encoded_bytes())
-                            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput)),
-                        _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
-                    })
-                    .collect::<io::Result<Vec<_>>>()?;
-                Some((path_fd(&spec.root)?, components))
-            }
-            Err(_) => None,
+            rel.components()
+                .map(|c| match c {
+                    Component::Normal(n) => CString::new(n.as_encoded_bytes())
+                        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput)),
+                    _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+                })
+                .collect::<io::Result<Vec<_>>>()
+                .map(Some)
+        };
+        let placed = match (&tmp, below(Path::new("/tmp"))?) {
+            (Some(_), Some(components)) => Some((Base::Tmp, components)),
+            _ => match spec.cover.as_deref() {
+                Some(cover) => below(cover)?
+                    .map(|c| Ok::<_, io::Error>((Base::Cover(cstring(cover)?), c)))
+                    .transpose()?,
+                None => None,
+            },
+        };
+        let placed = match placed {
+            None if spec.idmap.is_some() => Some((Base::InPlace(cstring(&spec.root)?), Vec::new())),
+            p => p,
+        };
+        let root = match placed {
+            Some((base, components)) => Some(RootMount {
+                fd: path_fd(&spec.root)?,
+                base,
+                components,
+                userns: spec.idmap.map(super::idmap::userns).transpose()?,
+            }),
+            None => None,
         };
         let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         if spec.isolate_network {
@@ -166,7 +222,13 @@ impl Namespace {
             // still in this (the host's) namespace: a mount of another
             // namespace cannot be cloned.
             let root_tree = match &self.root {
-                Some((fd, _)) => Some(clone(fd.as_raw_fd(), AT_RECURSIVE)?),
+                Some(r) => {
+                    let tree = clone(r.fd.as_raw_fd(), AT_RECURSIVE)?;
+                    if let Some(ns) = &r.userns {
+                        super::idmap::set_idmap(tree, ns.as_raw_fd())?;
+                    }
+                    Some(tree)
+                }
                 None => None,
             };
             let tmp_tree = match &self.tmp {
@@ -224,16 +286,34 @@ impl Namespace {
                 ))?;
                 libc::close(tmp_tree);
             }
-            if let (Some(tree), Some((_, components))) = (root_tree, &self.root) {
+            if let (Some(tree), Some(r)) = (root_tree, &self.root) {
+                let base = match &r.base {
+                    Base::Tmp => c"/tmp",
+                    Base::Cover(path) => {
+                        // Only the way down to the root, searchable.
+                        check(
+                            libc::mount(
+                                c"exec-gateway-cover".as_ptr(),
+                                path.as_ptr(),
+                                c"tmpfs".as_ptr(),
+                                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                                c"size=64k,nr_inodes=64,mode=0755".as_ptr().cast(),
+                            )
+                            .into(),
+                        )?;
+                        path.as_c_str()
+                    }
+                    Base::InPlace(path) => path.as_c_str(),
+                };
                 // Walk (and create) the mount point without following links.
                 let mut dir = check(
                     libc::open(
-                        c"/tmp".as_ptr(),
+                        base.as_ptr(),
                         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                     )
                     .into(),
                 )? as libc::c_int;
-                for c in components {
+                for c in &r.components {
                     libc::mkdirat(dir, c.as_ptr(), 0o755);
                     let next = libc::openat(
                         dir,

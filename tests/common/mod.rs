@@ -24,6 +24,17 @@ pub fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
+/// A scratch directory any uid may write (mode 1777, like /tmp): tenants
+/// of [`Gateway::start`] are unconfined (root `/`) but, the gateway running
+/// as root, run as their own allocated uids.
+pub fn scratch() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod scratch");
+    dir
+}
+
 pub fn unb64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(s)
@@ -467,4 +478,23 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let mut f = std::fs::File::create(&p).expect("create");
     f.write_all(text.as_bytes()).expect("write");
     p
+}
+
+/// `serve --config FILE` that should exit at once. A gateway that starts
+/// instead would serve forever: it is killed, and the test fails on the
+/// status (not a hang).
+pub fn serve_expecting_refusal(config: &Path) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+        .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    while child.try_wait().expect("serve").is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("serve")
 }

@@ -35,6 +35,19 @@ class Gateway:
 
 
 @pytest.fixture
+def scratch():
+    """A directory any uid may write (mode 1777, like /tmp): the gateway's
+    host-rooted tenants run as their own allocated uids when it runs as
+    root, and pytest's tmp_path is private to root."""
+    import shutil
+    import tempfile
+    d = pathlib.Path(tempfile.mkdtemp(prefix="exec-gateway-py-"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def gateway(tmp_path):
     """A fresh gateway with tenants t1 and t2 (host-rooted); killed afterwards."""
     secret = secrets.token_hex(32).encode()

@@ -10,7 +10,7 @@ def meta(gateway, **kw):
     return [("authorization", f"Bearer {gateway.token(**kw)}")]
 
 
-def test_process_and_files_over_grpc(gateway, stubs, tmp_path):
+def test_process_and_files_over_grpc(gateway, stubs, scratch):
     s, p, f = stubs["session"], stubs["process"], stubs["file"]
     with grpc.insecure_channel(gateway.grpc_target) as ch:
         sessions = stubs["session_grpc"].SessionServiceStub(ch)
@@ -52,7 +52,7 @@ def test_process_and_files_over_grpc(gateway, stubs, tmp_path):
         assert code == 3
         assert seqs == list(range(1, len(seqs) + 1))
 
-        path = str(tmp_path / "py.bin")
+        path = str(scratch / "py.bin")
         blob = bytes(range(256)) * 20000  # 5 MB, several messages
         chunks = [f.WriteFileRequest(path=path, data=blob[:1 << 20])] + [
             f.WriteFileRequest(data=blob[i:i + (1 << 20)])
@@ -64,7 +64,7 @@ def test_process_and_files_over_grpc(gateway, stubs, tmp_path):
         assert back == blob
 
         with pytest.raises(grpc.RpcError) as e:
-            files.GetMetadata(f.GetMetadataRequest(path=str(tmp_path / "missing")),
+            files.GetMetadata(f.GetMetadataRequest(path=str(scratch / "missing")),
                               metadata=md, timeout=20)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
         with pytest.raises(grpc.RpcError) as e:
@@ -72,9 +72,9 @@ def test_process_and_files_over_grpc(gateway, stubs, tmp_path):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_environment_and_ranged_reads_over_grpc(gateway, stubs, tmp_path):
+def test_environment_and_ranged_reads_over_grpc(gateway, stubs, scratch):
     e, f = stubs["environment"], stubs["file"]
-    (tmp_path / "digits").write_bytes(b"0123456789")
+    (scratch / "digits").write_bytes(b"0123456789")
     with grpc.insecure_channel(gateway.grpc_target) as ch:
         env = stubs["environment_grpc"].EnvironmentServiceStub(ch)
         files = stubs["file_grpc"].FileServiceStub(ch)
@@ -83,7 +83,7 @@ def test_environment_and_ranged_reads_over_grpc(gateway, stubs, tmp_path):
         assert info.cwd == "/"  # the fixture's tenants are host-rooted
         assert info.capabilities["fsWatchMissing"] is True
         part = b"".join(m.data for m in files.ReadFile(
-            f.ReadFileRequest(path=str(tmp_path / "digits"), offset=2, length=5),
+            f.ReadFileRequest(path=str(scratch / "digits"), offset=2, length=5),
             metadata=meta(gateway), timeout=20))
         assert part == b"23456"
         with pytest.raises(grpc.RpcError) as err:

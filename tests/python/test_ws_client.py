@@ -81,13 +81,13 @@ def test_process_roundtrip_with_default_compression_offer(gateway):
     run(body())
 
 
-def test_files_and_errors(gateway, tmp_path):
+def test_files_and_errors(gateway, scratch):
     async def body():
         async with websockets.connect(gateway.url, compression=None, additional_headers=gateway.headers()) as ws:
             c = Client(ws)
             await c.call("initialize", {"clientName": "py"})
             await ws.send(json.dumps({"method": "initialized"}))
-            path = str(tmp_path / "f.txt")
+            path = str(scratch / "f.txt")
             data = bytes(range(256)) * 10
             r = await c.call(
                 "fs/writeFile", {"path": path, "dataBase64": base64.b64encode(data).decode()}
@@ -95,7 +95,7 @@ def test_files_and_errors(gateway, tmp_path):
             assert r["result"] == {}
             r = await c.call("fs/readFile", {"path": path})
             assert base64.b64decode(r["result"]["dataBase64"]) == data
-            r = await c.call("fs/readFile", {"path": str(tmp_path / "missing")})
+            r = await c.call("fs/readFile", {"path": str(scratch / "missing")})
             assert r["error"]["code"] == -32004
             await ws.send("{broken")
             m = await c.wait_for(lambda m: m.get("id") == -1)
