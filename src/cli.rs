@@ -42,6 +42,9 @@ pub enum Command {
     /// Internal: a tenant's worker process (started by the gateway).
     #[command(hide = true)]
     Worker(crate::worker::serve::WorkerArgs),
+    /// Internal: the parent of a tenant PID namespace's init (its worker).
+    #[command(hide = true, name = "pidns-parent")]
+    PidnsParent,
 }
 
 #[derive(Debug, clap::Args)]
@@ -182,6 +185,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Reaper => reaper::run(),
         Command::Worker(args) => crate::worker::serve::serve(args),
+        Command::PidnsParent => crate::isolation::namespace::pid_parent_main(),
         Command::Token(args) => token(&args),
     }
 }

@@ -105,6 +105,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 hide_dirs: Vec::new(),
                 hide_files: Vec::new(),
                 private_devpts: true,
+                pid: true,
                 idmap: None,
                 cover: None,
             }),

@@ -299,6 +299,20 @@ pub fn pidfd_open(pid: i32, flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// The pid (in our PID namespace) of the process a pidfd names, from its
+/// fdinfo; `None` once it has been reaped (or where the kernel does not
+/// say).
+pub fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse::<i32>()
+        .ok()?;
+    (pid > 0).then_some(pid)
+}
+
 /// A child's streams, ready for async I/O.
 pub enum ChildIo {
     Pipes {

@@ -236,6 +236,9 @@ fn sandbox_spec(
                 // Workers enter once; per child (workers off) every spawn
                 // would add Landlock rules to the tenant's ruleset.
                 private_devpts: t.root.is_some() && layers.workers,
+                // The worker is the namespace's init; with workers off,
+                // every child would need a parent process of its own.
+                pid: t.root.is_some() && layers.workers,
                 idmap,
                 cover: match (&t.root, uid) {
                     (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),

@@ -89,10 +89,46 @@ async fn start(c: &mut Client, id: &str, root: &Path, argv: &[&str], env: Value)
     .await
 }
 
-/// Start a long sleeper that prints its pid first; returns the pid.
+/// Start a long sleeper; returns its pid on the host (a confined tenant's
+/// own numbers are its PID namespace's), found by its unique argument.
 async fn sleeper(c: &mut Client, id: &str, root: &Path, env: Value) -> i32 {
-    start(c, id, root, &["sh", "-c", "echo $$; exec sleep 60"], env).await;
-    c.first_line(id).await.trim().parse().unwrap()
+    let secs = unique_seconds();
+    let script = format!("echo up; exec sleep {secs}");
+    start(c, id, root, &["sh", "-c", &script], env).await;
+    c.first_line(id).await;
+    host_pid_of(&["sleep", &secs]).await
+}
+
+/// A sleep length no other test uses ("60.<pid><n>").
+fn unique_seconds() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("60.{}{n}", std::process::id())
+}
+
+/// The host pid of the process whose argv is `argv`.
+async fn host_pid_of(argv: &[&str]) -> i32 {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let deadline = std::time::Instant::now() + common::EVENT_TIMEOUT;
+    loop {
+        if let Some(pid) = host_pids_where(|c| c == want).first() {
+            return *pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no process {argv:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Host pids whose raw `/proc/PID/cmdline` passes `keep`.
+fn host_pids_where(keep: impl Fn(&[u8]) -> bool) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| keep(&c)))
+        .collect()
 }
 
 #[tokio::test]
@@ -813,4 +849,64 @@ async fn a_root_below_a_directory_only_root_may_search_is_reached() {
     .await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, format!("{}\nwrote\nb-gone\n", a.display()));
+}
+
+/// A confined tenant's worker is the init of the tenant's own PID
+/// namespace, with its own `/proc`: the tenant lists only its processes
+/// (not the other tenant's, not the gateway), its numbers name nothing
+/// outside, and it cannot kill its worker (init ignores signals from
+/// inside its namespace).
+#[tokio::test]
+async fn a_tenant_sees_only_its_own_processes() {
+    let r = roots();
+    let gw = gateway(&r, "", "", "");
+    require!(gw, "namespaces");
+    require!(gw, "workers");
+    let (mut a, _) = gw.session_of("a").await;
+    let (mut b, _) = gw.session_of("b").await;
+    let bpid = sleeper(&mut b, "victim", &r.b, json!({})).await;
+    let workers_of_a = || {
+        host_pids_where(|c| {
+            let needle = b"\0worker\0--tenant\0a\0";
+            c.windows(needle.len()).any(|w| w == needle)
+        })
+    };
+    let (out, err, code) = sh(
+        &mut a,
+        "ps",
+        &r.a,
+        "for p in /proc/[0-9]*; do printf '%s ' \"${p#/proc/}\"; tr '\\0' ' ' < $p/cmdline; echo; done",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    // The worker (1), the shell, and what it forked for the listing.
+    assert!(lines.len() <= 4, "{out}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("1 ") && l.contains("worker --tenant a")),
+        "{out}"
+    );
+    assert!(!out.contains("sleep 60."), "b's process is listed: {out}");
+    assert!(!out.contains("serve"), "the gateway is listed: {out}");
+    let workers = workers_of_a();
+    assert!(!workers.is_empty());
+    let (out, _, _) = sh(
+        &mut a,
+        "kill",
+        &r.a,
+        &format!("kill -KILL 1; echo init=$?; kill -KILL {bpid}; echo b=$?"),
+    )
+    .await;
+    assert!(out.contains("b=1"), "{out}");
+    assert!(pid_alive(bpid), "b's process was killed");
+    let (out, _, code) = sh(&mut a, "after", &r.a, "echo still-served").await;
+    assert_eq!((out.as_str(), code), ("still-served\n", Some(0)));
+    // (The listing may also have caught a spawn between fork and exec.)
+    let now = workers_of_a();
+    assert!(
+        !now.is_empty() && now.iter().all(|p| workers.contains(p)),
+        "the worker was replaced: {workers:?} then {now:?}"
+    );
 }

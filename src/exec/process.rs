@@ -300,7 +300,10 @@ pub struct GroupGuard {
 }
 
 impl GroupGuard {
+    /// `pgid` 0 (a process in a PID namespace that has already gone, whose
+    /// host pid is unknown) registers nothing: it dies with its namespace.
     pub fn new(reaper: Option<Arc<Reaper>>, pgid: i32) -> Self {
+        let reaper = reaper.filter(|_| pgid > 1);
         if let Some(r) = &reaper {
             r.register(pgid);
         }

@@ -44,6 +44,11 @@ pub struct NamespaceSpec {
     /// The root's files appear as the tenant's own (an idmapped mount of
     /// the root; module `idmap`).
     pub idmap: Option<IdMap>,
+    /// A PID namespace with its own `/proc` (for workers: the worker is
+    /// its init, so the tenant sees only its own processes, and everything
+    /// in it dies with the worker). Entering forks: the caller's process
+    /// stays outside as the namespace's parent ([`pid_parent_main`]).
+    pub pid: bool,
     /// An ancestor of the root (not under `/tmp`) the tenant's uid cannot
     /// search, such as `/root`: an empty tmpfs is mounted on it, holding
     /// only the path down to the root, which is bound back there.
@@ -71,15 +76,18 @@ struct RootMount {
     userns: Option<Arc<OwnedFd>>,
 }
 
-/// Landlock rights for the private devpts, granted in the namespace
-/// (rules name inodes, and the instance's exist only once mounted).
+/// Landlock rights for what is mounted anew in the namespace (the
+/// private devpts, `/proc`), granted there: rules name inodes, and these
+/// exist only once mounted.
 #[derive(Debug, Clone, Copy)]
-pub struct PtyRights {
+pub struct NsRights {
     pub ruleset: libc::c_int,
-    /// On the instance's root (terminals beneath).
-    pub dir: u64,
+    /// On the devpts instance's root (terminals beneath).
+    pub pty_dir: u64,
     /// On its `ptmx` file, as bound on `/dev/ptmx`.
-    pub file: u64,
+    pub pty_file: u64,
+    /// On the new `/proc`.
+    pub proc: u64,
 }
 
 /// A [`NamespaceSpec`] made ready to enter after fork.
@@ -94,6 +102,7 @@ pub struct Namespace {
     hide_dirs: Vec<CString>,
     hide_files: Vec<CString>,
     private_devpts: bool,
+    pid: bool,
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -170,6 +179,9 @@ impl Namespace {
         if spec.isolate_network {
             flags |= libc::CLONE_NEWNET;
         }
+        if spec.pid {
+            flags |= libc::CLONE_NEWPID;
+        }
         let cstrings = |paths: &[PathBuf]| {
             paths
                 .iter()
@@ -187,7 +199,39 @@ impl Namespace {
             hide_dirs: cstrings(&spec.hide_dirs)?,
             hide_files: cstrings(&spec.hide_files)?,
             private_devpts: spec.private_devpts,
+            pid: spec.pid,
         })
+    }
+
+    /// Whether entering makes a PID namespace (the caller must then fork:
+    /// only its children are in it).
+    pub fn pid(&self) -> bool {
+        self.pid
+    }
+
+    /// In the first child of the PID namespace (its init), after
+    /// [`Namespace::enter`]: mount its own `/proc` and grant it read-only.
+    ///
+    /// # Safety
+    /// Call only in a single-threaded child between fork and exec.
+    pub unsafe fn enter_pid1(&self, rights: Option<NsRights>) -> io::Result<()> {
+        // SAFETY: mount and a Landlock rule on NUL-terminated paths.
+        unsafe {
+            if libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(r) = rights {
+                add_rule(r.ruleset, c"/proc", libc::O_DIRECTORY, r.proc)?;
+            }
+        }
+        Ok(())
     }
 
     /// Enter the namespaces and arrange the mounts. Post-fork, before the
@@ -195,7 +239,7 @@ impl Namespace {
     ///
     /// # Safety
     /// Call only in a single-threaded child between fork and exec.
-    pub unsafe fn enter(&self, pty: Option<PtyRights>) -> io::Result<()> {
+    pub unsafe fn enter(&self, rights: Option<NsRights>) -> io::Result<()> {
         let check = |r: libc::c_long| {
             if r < 0 {
                 Err(io::Error::last_os_error())
@@ -355,9 +399,9 @@ impl Namespace {
                     )
                     .into(),
                 )?;
-                if let Some(r) = pty {
-                    add_rule(r.ruleset, c"/dev/pts", libc::O_DIRECTORY, r.dir)?;
-                    add_rule(r.ruleset, c"/dev/ptmx", 0, r.file)?;
+                if let Some(r) = rights {
+                    add_rule(r.ruleset, c"/dev/pts", libc::O_DIRECTORY, r.pty_dir)?;
+                    add_rule(r.ruleset, c"/dev/ptmx", 0, r.pty_file)?;
                 }
             }
             if self.isolate_network {
@@ -425,5 +469,25 @@ unsafe fn loopback_up() -> io::Result<()> {
         let err = io::Error::last_os_error();
         libc::close(s);
         if r < 0 { Err(err) } else { Ok(()) }
+    }
+}
+
+/// Body of `exec-gateway pidns-parent`: what stays outside a PID namespace
+/// as the parent of its init (exec'd, so it holds nothing of the
+/// gateway's). It waits for its one child and exits as that child did,
+/// so the gateway sees the worker's end in its own.
+pub fn pid_parent_main() -> std::process::ExitCode {
+    use nix::sys::wait::{WaitStatus, wait};
+    loop {
+        match wait() {
+            Ok(WaitStatus::Exited(_, code)) => {
+                return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return std::process::ExitCode::from(128u8.saturating_add(sig as u8));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return std::process::ExitCode::FAILURE,
+        }
     }
 }

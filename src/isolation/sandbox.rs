@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::namespace::{Namespace, NamespaceSpec, PtyRights};
+use super::namespace::{Namespace, NamespaceSpec, NsRights};
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
     RulesetAttr as _, RulesetCreatedAttr as _, Scope,
@@ -77,6 +77,8 @@ pub struct Sandbox {
     pub spec: SandboxSpec,
     ruleset: Option<OwnedFd>,
     namespace: Option<std::sync::Arc<Namespace>>,
+    /// How the parent of a PID namespace's init execs itself.
+    pid_parent: Option<std::sync::Arc<PidParentExec>>,
     /// Deny-list (EPERM) and `clone3` (ENOSYS, so libc falls back to
     /// `clone`, whose flags the deny-list can see), in the kernel's layout,
     /// converted once and shared by every hook.
@@ -95,6 +97,12 @@ impl Sandbox {
                 Namespace::new(ns).map_err(|e| format!("namespaces: {e}"))?,
             )),
             None => None,
+        };
+        let pid_parent = match &namespace {
+            Some(ns) if ns.pid() => Some(std::sync::Arc::new(
+                PidParentExec::new().map_err(|e| format!("namespaces: {e}"))?,
+            )),
+            _ => None,
         };
         let programs = if spec.seccomp {
             seccomp_filters()?
@@ -118,6 +126,7 @@ impl Sandbox {
             spec,
             ruleset,
             namespace,
+            pid_parent,
             filters: std::sync::Arc::new(filters),
         })
     }
@@ -130,18 +139,40 @@ impl Sandbox {
         let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
         let filters = self.filters.clone();
         let namespace = self.namespace.clone();
-        let (pty_dir, pty_file) = pty_rights();
+        let pid_parent = self.pid_parent.clone();
+        let (pty_dir, pty_file, proc) = ns_rights();
         move || {
+            let rights = ruleset.map(|fd| NsRights {
+                ruleset: fd,
+                pty_dir,
+                pty_file,
+                proc,
+            });
             // SAFETY: async-signal-safe syscalls on values computed before
             // fork; the fd and programs outlive the call (owned by the
             // closure or the parent's `Sandbox`, which the child shares).
             unsafe {
                 if let Some(ns) = &namespace {
-                    ns.enter(ruleset.map(|fd| PtyRights {
-                        ruleset: fd,
-                        dir: pty_dir,
-                        file: pty_file,
-                    }))?;
+                    ns.enter(rights)?;
+                    if let Some(parent) = &pid_parent {
+                        // Only children enter the new PID namespace: the
+                        // child goes on (to exec the worker as its init);
+                        // this process becomes its parent, sandboxed the
+                        // same, and execs `pidns-parent` (holding nothing
+                        // of the gateway's).
+                        let child = libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0);
+                        if child < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        if child > 0 {
+                            if apply(uid, ruleset, &filters).is_ok() {
+                                parent.exec();
+                            }
+                            libc::kill(child as libc::pid_t, libc::SIGKILL);
+                            libc::_exit(127);
+                        }
+                        ns.enter_pid1(rights)?;
+                    }
                 }
                 apply(uid, ruleset, &filters)
             }
@@ -149,13 +180,71 @@ impl Sandbox {
     }
 }
 
-/// The Landlock rights of the terminals (`DEVICES_PTY`), as raw bits: on
-/// a directory, and on the `ptmx` file.
-fn pty_rights() -> (u64, u64) {
+/// `exec-gateway pidns-parent`, ready to exec after fork: the binary as an
+/// `O_PATH` descriptor, argv and an empty environment.
+#[derive(Debug)]
+struct PidParentExec {
+    exe: OwnedFd,
+    _args: [std::ffi::CString; 2],
+    argv: [*const libc::c_char; 3],
+    envp: [*const libc::c_char; 1],
+}
+
+// SAFETY: the pointers point into `_args`, owned alongside and never
+// changed; they are only read (by execveat).
+unsafe impl Send for PidParentExec {}
+// SAFETY: as above.
+unsafe impl Sync for PidParentExec {}
+
+impl PidParentExec {
+    fn new() -> io::Result<PidParentExec> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: a plain open; the descriptor is ours.
+        let exe = unsafe {
+            let fd = libc::open(c"/proc/self/exe".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            OwnedFd::from_raw_fd(fd)
+        };
+        let args = [c"exec-gateway".to_owned(), c"pidns-parent".to_owned()];
+        let argv = [args[0].as_ptr(), args[1].as_ptr(), std::ptr::null()];
+        Ok(PidParentExec {
+            exe,
+            _args: args,
+            argv,
+            envp: [std::ptr::null()],
+        })
+    }
+
+    /// Exec it; returns only on failure.
+    unsafe fn exec(&self) {
+        // SAFETY: NUL-terminated argv/envp arrays that outlive the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_execveat,
+                self.exe.as_raw_fd(),
+                c"".as_ptr(),
+                self.argv.as_ptr(),
+                self.envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+        }
+    }
+}
+
+/// The Landlock rights of what a namespace mounts anew, as raw bits: the
+/// terminals (`DEVICES_PTY`: on a directory, and on the `ptmx` file) and
+/// `/proc` (read-only, as in `SYSTEM_RO`).
+fn ns_rights() -> (u64, u64, u64) {
     let read_no_exec = AccessFs::from_read(LANDLOCK_ABI) & !AccessFs::Execute;
     let file_rw = AccessFs::from_file(LANDLOCK_ABI) & !AccessFs::Execute;
     let dir = file_rw | AccessFs::IoctlDev | read_no_exec;
-    (dir.bits(), (dir & AccessFs::from_file(LANDLOCK_ABI)).bits())
+    (
+        dir.bits(),
+        (dir & AccessFs::from_file(LANDLOCK_ABI)).bits(),
+        read_no_exec.bits(),
+    )
 }
 
 /// Highest capability number any kernel may define (dropping one the

@@ -36,7 +36,12 @@ type FsAnswer = (Result<link::FsReply, FsError>, Vec<OwnedFd>);
 
 /// One live worker and its link.
 pub struct WorkerConn {
+    /// Its pid (with a PID namespace: the pid of the namespace's parent,
+    /// whose child the worker is).
     pid: i32,
+    /// The worker is the init of its own PID namespace: the pids it names
+    /// are the namespace's, and the host's are read from the pidfds.
+    pid_ns: bool,
     sock: OwnedFd,
     send_lock: Mutex<()>,
     next_id: AtomicU64,
@@ -205,8 +210,27 @@ impl WorkerConn {
         // Never take a worker's word for a pid: one that is alive must be
         // its child, or the gateway (root) would signal someone else's
         // process group. A pid that fails the check is refused (the spawn
-        // fails; whatever runs is killed with its process cgroup).
-        if let Err(ppid) = check_child(pid, self.pid) {
+        // fails; whatever runs is killed with its process cgroup). In a
+        // PID namespace the number is the namespace's: the host's comes
+        // from the pidfd (0 once gone), and the process must be the child
+        // of the worker, itself the child of the namespace's parent.
+        let host_pid = if self.pid_ns {
+            match fds.first().map(crate::spawn::pidfd_pid) {
+                Some(Some(p)) => p,
+                _ => 0,
+            }
+        } else {
+            pid
+        };
+        let checked = match (self.pid_ns, host_pid) {
+            (true, 0) => Ok(()),
+            (true, p) => match parent_of(p) {
+                Some(worker) => check_child(worker, self.pid),
+                None => Ok(()),
+            },
+            (false, p) => check_child(p, self.pid),
+        };
+        if let Err(ppid) = checked {
             tracing::warn!(
                 worker = self.pid,
                 pid,
@@ -228,8 +252,16 @@ impl WorkerConn {
         };
         let (tx, rx) = oneshot::channel();
         self.exits.lock().insert(pid, tx);
-        let _ = w.send(Ok((pid, fds, rx)));
+        let _ = w.send(Ok((host_pid, fds, rx)));
     }
+}
+
+/// The parent of `pid`, from `/proc/PID/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse::<i32>().ok())
 }
 
 /// `Ok` if `pid` is a child of `parent`, or already gone (reaped: the
@@ -464,6 +496,11 @@ impl WorkerPool {
         drop(child);
         let conn = Arc::new(WorkerConn {
             pid,
+            pid_ns: self
+                .launch
+                .sandbox
+                .as_ref()
+                .is_some_and(|s| s.spec.namespace.as_ref().is_some_and(|n| n.pid)),
             sock: ours,
             send_lock: Mutex::new(()),
             next_id: AtomicU64::new(1),

@@ -64,6 +64,14 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
     #[allow(unsafe_code)]
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        // As the init of the tenant's PID namespace, die with the parent
+        // the gateway holds (which the gateway kills to retire us): set
+        // here, after exec, as a credential change would clear it.
+        // (Only there: it fires when the forking thread exits, and the
+        // gateway's threads come and go.)
+        if libc::getpid() == 1 {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        }
     }
     let link = Arc::new(Link {
         sock,
