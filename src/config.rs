@@ -62,6 +62,21 @@ pub struct IsolationConfig {
     /// `[40000, 59999]` (inside the 65,536 ids a user-namespaced pod maps,
     /// above what `adduser` hands out).
     pub uid_range: Option<[u32; 2]>,
+    /// Which cgroup hierarchy the cgroups layer uses: `auto` (default: the
+    /// unified hierarchy where `/sys/fs/cgroup` is cgroup v2, else the v1
+    /// controllers), `v1`, or `v2` (the first cgroup2 mount, such as
+    /// `/sys/fs/cgroup/unified` on a hybrid host).
+    pub cgroup_version: Option<CgroupVersion>,
+}
+
+/// `[isolation] cgroup_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupVersion {
+    #[default]
+    Auto,
+    V1,
+    V2,
 }
 
 /// Default `[isolation] uid_range`.
@@ -76,6 +91,7 @@ pub struct IsolationSettings {
     pub seccomp: LayerPolicy,
     pub uid: LayerPolicy,
     pub namespaces: LayerPolicy,
+    pub cgroup_version: CgroupVersion,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -602,6 +618,7 @@ impl Config {
             seccomp: layer(self.isolation.seccomp),
             uid: layer(self.isolation.uid),
             namespaces: layer(self.isolation.namespaces),
+            cgroup_version: self.isolation.cgroup_version.unwrap_or_default(),
         };
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {

@@ -50,7 +50,8 @@ fn probe_layer(
 pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigError> {
     let iso = settings.isolation;
     let cgroups = probe_layer("cgroup", iso.cgroups, metrics, || {
-        cgroup::probe()?;
+        cgroup::probe(iso.cgroup_version)?;
+        tracing::info!(hierarchy = %cgroup::describe(), "cgroups");
         let killed = cgroup::cleanup_leftovers();
         if killed > 0 {
             tracing::warn!(killed, "killed processes left by an earlier gateway");

@@ -99,6 +99,11 @@ impl Tenants {
                 "the gateway runs as root but cannot give tenants their own uids (setuid failed: see the uid probe above); tenant processes would run as uid 0".to_owned(),
             ));
         }
+        if layers.cgroups
+            && let (Some(r), Some(dir)) = (&reaper, crate::isolation::cgroup::v2_instance())
+        {
+            r.watch_cgroup(&dir);
+        }
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
             let (idmap, tree) = root_idmap(name, t, layers).unzip();
@@ -123,7 +128,8 @@ impl Tenants {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
                 if layers.workers {
-                    cg.set_owner(spec.uid);
+                    cg.set_owner(spec.uid)
+                        .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
                 }
                 Some(Arc::new(cg))
             } else {

@@ -92,43 +92,11 @@ async fn start(c: &mut Client, id: &str, root: &Path, argv: &[&str], env: Value)
 /// Start a long sleeper; returns its pid on the host (a confined tenant's
 /// own numbers are its PID namespace's), found by its unique argument.
 async fn sleeper(c: &mut Client, id: &str, root: &Path, env: Value) -> i32 {
-    let secs = unique_seconds();
+    let secs = common::unique_seconds();
     let script = format!("echo up; exec sleep {secs}");
     start(c, id, root, &["sh", "-c", &script], env).await;
     c.first_line(id).await;
-    host_pid_of(&["sleep", &secs]).await
-}
-
-/// A sleep length no other test uses ("60.<pid><n>").
-fn unique_seconds() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("60.{}{n}", std::process::id())
-}
-
-/// The host pid of the process whose argv is `argv`.
-async fn host_pid_of(argv: &[&str]) -> i32 {
-    let want: Vec<u8> = argv
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    let deadline = std::time::Instant::now() + common::EVENT_TIMEOUT;
-    loop {
-        if let Some(pid) = host_pids_where(|c| c == want).first() {
-            return *pid;
-        }
-        assert!(std::time::Instant::now() < deadline, "no process {argv:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-/// Host pids whose raw `/proc/PID/cmdline` passes `keep`.
-fn host_pids_where(keep: impl Fn(&[u8]) -> bool) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| keep(&c)))
-        .collect()
+    common::host_pid_of(&["sleep", &secs]).await
 }
 
 #[tokio::test]
@@ -866,7 +834,7 @@ async fn a_tenant_sees_only_its_own_processes() {
     let (mut b, _) = gw.session_of("b").await;
     let bpid = sleeper(&mut b, "victim", &r.b, json!({})).await;
     let workers_of_a = || {
-        host_pids_where(|c| {
+        common::host_pids_where(|c| {
             let needle = b"\0worker\0--tenant\0a\0";
             c.windows(needle.len()).any(|w| w == needle)
         })

@@ -64,6 +64,12 @@ impl Reaper {
         self.send(&format!("-{pgid}\n"));
     }
 
+    /// The gateway's cgroup v2 instance directory: killed (`cgroup.kill`,
+    /// its whole subtree) and removed when the gateway dies.
+    pub fn watch_cgroup(&self, dir: &std::path::Path) {
+        self.send(&format!("c{}\n", dir.display()));
+    }
+
     /// Clean stop: close the pipe (the reaper kills what is left) and reap it.
     pub fn stop(&self) {
         self.pipe.lock().take();
@@ -76,9 +82,14 @@ pub fn run() -> ExitCode {
     // Captured now: once the gateway dies, our parent is init.
     let gateway = std::os::unix::process::parent_id();
     let mut live: HashSet<i32> = HashSet::new();
+    let mut v2: Option<std::path::PathBuf> = None;
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let (op, pgid) = line.split_at(line.len().min(1));
+        if op == "c" {
+            v2 = Some(std::path::PathBuf::from(pgid));
+            continue;
+        }
         let Ok(pgid) = pgid.parse::<i32>() else {
             continue;
         };
@@ -96,6 +107,13 @@ pub fn run() -> ExitCode {
         super::signal::kill_group(pgid);
     }
     // `setsid` escapers left their groups but not their cgroups.
-    super::cgroup::remove_instance(gateway);
+    match v2 {
+        Some(dir) => {
+            super::cgroup::remove_v2_tree(&dir);
+        }
+        None => {
+            super::cgroup::remove_instance(gateway);
+        }
+    }
     ExitCode::SUCCESS
 }

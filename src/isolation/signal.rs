@@ -100,3 +100,30 @@ pub fn kill_group(pgid: i32) {
         tracing::warn!(pgid, error = %e, "killpg failed");
     }
 }
+
+/// SIGKILL process `pid` if, once a pidfd holds it, `still_ours` says it is
+/// the one meant: a number reused before the pidfd fails the check, one
+/// reused after cannot be reached (the pidfd names the old process).
+pub fn kill_checked(pid: i32, still_ours: impl FnOnce() -> bool) -> bool {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: plain syscalls; the descriptor is owned at once.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: the kernel just returned this descriptor.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    if !still_ours() {
+        return false;
+    }
+    // SAFETY: a syscall on a pidfd we own, with no siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}

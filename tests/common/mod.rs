@@ -498,3 +498,35 @@ pub fn serve_expecting_refusal(config: &Path) -> std::process::Output {
     let _ = child.kill();
     child.wait_with_output().expect("serve")
 }
+
+/// A sleep length no other test uses ("60.<pid><n>").
+pub fn unique_seconds() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("60.{}{n}", std::process::id())
+}
+
+/// The host pid of the process whose argv is `argv`.
+pub async fn host_pid_of(argv: &[&str]) -> i32 {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        if let Some(pid) = host_pids_where(|c| c == want).first() {
+            return *pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no process {argv:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Host pids whose raw `/proc/PID/cmdline` passes `keep`.
+pub fn host_pids_where(keep: impl Fn(&[u8]) -> bool) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| keep(&c)))
+        .collect()
+}
