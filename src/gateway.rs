@@ -90,7 +90,7 @@ impl Gateway {
                 l.workers,
                 "per tenant; processes spawned by a confined worker"
             ),
-            on(l.cgroups, "v1: pids, memory, cpu"),
+            on(l.cgroups, &crate::isolation::cgroup::describe()),
             on(
                 l.landlock,
                 "tenant root and tmp read-write; signal and abstract-socket scoping"
@@ -98,11 +98,19 @@ impl Gateway {
             on(l.seccomp, "deny-list, no_new_privs"),
             on(
                 l.uid,
-                &format!("{uids} of {} tenants", self.settings.tenants.len())
+                &format!(
+                    "{uids} of {} tenants ({} allocated)",
+                    self.settings.tenants.len(),
+                    self.settings
+                        .tenants
+                        .values()
+                        .filter(|t| t.uid_allocated)
+                        .count()
+                )
             ),
             on(
                 l.namespaces,
-                "mount (private /tmp), IPC, UTS per confined tenant; network where `none`"
+                "mount (private /tmp), PID (with workers), IPC, UTS per confined tenant; network where `none`"
             ),
             if self.reaper.is_some() {
                 "active"

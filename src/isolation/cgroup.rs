@@ -109,7 +109,7 @@ pub fn v2_instance() -> Option<PathBuf> {
 /// Which hierarchy is in use, for `/readyz` and logs.
 pub fn describe() -> String {
     match hierarchy() {
-        Hierarchy::V1 => "v1".to_owned(),
+        Hierarchy::V1 => "v1: pids, memory, cpu".to_owned(),
         Hierarchy::V2 {
             base, controllers, ..
         } => format!(
@@ -140,7 +140,8 @@ fn cgroup2_mount() -> Option<PathBuf> {
 }
 
 fn is_cgroup2(p: &Path) -> bool {
-    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+    nix::sys::statfs::statfs(p)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
 }
 
 /// `exec-gateway` under a controller (all gateways).
@@ -220,6 +221,20 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
         })
         .ok_or_else(|| "no cgroup v2 membership in /proc/self/cgroup".to_owned())?;
     let own = mount.join(own.trim_start_matches('/'));
+    // A container runtime mounts the cgroup filesystem read-only; in the
+    // container's own mount and cgroup namespaces, with CAP_SYS_ADMIN,
+    // the mount may be made writable (deploy/README.md).
+    if nix::unistd::access(&own, nix::unistd::AccessFlags::W_OK)
+        .is_err_and(|e| e == nix::errno::Errno::EROFS)
+    {
+        remount_writable(&mount).map_err(|err| {
+            e(
+                "the cgroup filesystem is read-only and could not be remounted",
+                &mount,
+                err,
+            )
+        })?;
+    }
     // The hierarchy's real root has no `cgroup.type` and may hold
     // processes; any other cgroup must be emptied into a leaf first.
     let parent = if own.join("cgroup.type").exists() {
@@ -272,6 +287,28 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
         base,
         controllers,
     })
+}
+
+/// Clear the read-only flag of the mount at `mount`.
+fn remount_writable(mount: &Path) -> io::Result<()> {
+    let c = CString::new(mount.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: mount(2) with a NUL-terminated path and no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        tracing::info!(mount = %mount.display(), "cgroup filesystem remounted read-write");
+        Ok(())
+    }
 }
 
 /// Enable `controllers` for `dir`'s children; returns those that took.
