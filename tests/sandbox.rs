@@ -878,3 +878,38 @@ async fn a_tenant_sees_only_its_own_processes() {
         "the worker was replaced: {workers:?} then {now:?}"
     );
 }
+
+/// A tenant's root is idmapped: what it creates is the root owner's on
+/// disk. A setuid or setgid bit on such a file would hand the host a
+/// setuid-root program, so setting either is refused (chmod, creat, open).
+#[tokio::test]
+async fn a_tenant_cannot_leave_a_setuid_file_in_its_root() {
+    let r = roots();
+    let gw = gateway(&r, "", "", "");
+    require!(gw, "seccomp");
+    let (mut a, _) = gw.session_of("a").await;
+    let (out, err, _) = sh(
+        &mut a,
+        "suid",
+        &r.a,
+        "cp /bin/true t; chmod 4755 t; echo u=$?; chmod 2755 t; echo g=$?; chmod u+s t; echo us=$?; \
+         mkdir d; chmod g+s d; echo d=$?; chmod 755 t; echo plain=$?; \
+         python3 -c 'import os; os.open(\"n\", os.O_CREAT|os.O_WRONLY, 0o4755)' 2>/dev/null; echo open=$?",
+    )
+    .await;
+    assert!(
+        out.contains("u=1") && out.contains("g=1") && out.contains("us=1") && out.contains("d=1"),
+        "{out} {err}"
+    );
+    assert!(out.contains("plain=0"), "{out}");
+    assert!(
+        !out.contains("open=0")
+            || !r.a.join("n").exists()
+            || std::fs::metadata(r.a.join("n")).unwrap().mode() & 0o6000 == 0,
+        "{out}"
+    );
+    for f in ["t", "d"] {
+        let mode = std::fs::metadata(r.a.join(f)).unwrap().mode();
+        assert_eq!(mode & 0o6000, 0, "{f}: {mode:o}");
+    }
+}

@@ -621,6 +621,13 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(e)?;
     deny.insert(libc::SYS_socket, socket_rules);
+    // No setuid or setgid bits: a tenant whose root is idmapped creates
+    // files the host sees as the root owner's (root's, typically), so a
+    // setuid file it made would be a setuid-root program for anyone on
+    // the host. (Inside, no_new_privs makes the bits meaningless anyway.)
+    for (nr, rules) in set_id_mode_rules().map_err(e)? {
+        deny.entry(nr).or_default().extend(rules);
+    }
     let deny = SeccompFilter::new(
         deny,
         SeccompAction::Allow,
@@ -628,8 +635,15 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         arch,
     )
     .map_err(e)?;
+    // `openat2` carries its mode in a struct seccomp cannot read: answered
+    // ENOSYS, callers fall back to `openat` (checked above).
     let clone3 = SeccompFilter::new(
-        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        [
+            (libc::SYS_clone3, Vec::new()),
+            (libc::SYS_openat2, Vec::new()),
+        ]
+        .into_iter()
+        .collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
@@ -639,6 +653,53 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         deny.try_into().map_err(e)?,
         clone3.try_into().map_err(e)?,
     ])
+}
+
+/// Rules matching a mode argument with `S_ISUID` or `S_ISGID`, for the
+/// calls that set a mode (open-like ones only when they create).
+fn set_id_mode_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, seccompiler::BackendError> {
+    const SET_ID: u64 = 0o6000;
+    let creating = [libc::O_CREAT as u64, libc::O_TMPFILE as u64];
+    // (syscall, mode argument, flags argument)
+    let calls: &[(i64, u8, Option<u8>)] = &[
+        (libc::SYS_chmod, 1, None),
+        (libc::SYS_fchmod, 1, None),
+        (libc::SYS_fchmodat, 2, None),
+        (libc::SYS_fchmodat2, 2, None),
+        (libc::SYS_creat, 1, None),
+        (libc::SYS_mknod, 1, None),
+        (libc::SYS_mknodat, 2, None),
+        (libc::SYS_open, 2, Some(1)),
+        (libc::SYS_openat, 3, Some(2)),
+    ];
+    let mut out = Vec::new();
+    for &(nr, mode, flags) in calls {
+        let mut rules = Vec::new();
+        for bits in [0o4000, 0o2000, 0o6000] {
+            let m = SeccompCondition::new(
+                mode,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(SET_ID),
+                bits,
+            )?;
+            match flags {
+                None => rules.push(SeccompRule::new(vec![m])?),
+                Some(f) => {
+                    for c in creating {
+                        let f = SeccompCondition::new(
+                            f,
+                            SeccompCmpArgLen::Dword,
+                            SeccompCmpOp::MaskedEq(c),
+                            c,
+                        )?;
+                        rules.push(SeccompRule::new(vec![m.clone(), f])?);
+                    }
+                }
+            }
+        }
+        out.push((nr, rules));
+    }
+    Ok(out)
 }
 
 /// Probe a layer by doing it: run `/bin/true` under a sandbox with only
