@@ -871,10 +871,11 @@ async fn a_tenant_sees_only_its_own_processes() {
     assert!(pid_alive(bpid), "b's process was killed");
     let (out, _, code) = sh(&mut a, "after", &r.a, "echo still-served").await;
     assert_eq!((out.as_str(), code), ("still-served\n", Some(0)));
-    // (The listing may also have caught a spawn between fork and exec.)
+    // Either listing may also catch a spawn between fork and exec (or a
+    // pool's new worker): what matters is that a worker from before lives.
     let now = workers_of_a();
     assert!(
-        !now.is_empty() && now.iter().all(|p| workers.contains(p)),
+        now.iter().any(|p| workers.contains(p)),
         "the worker was replaced: {workers:?} then {now:?}"
     );
 }
@@ -902,12 +903,9 @@ async fn a_tenant_cannot_leave_a_setuid_file_in_its_root() {
         "{out} {err}"
     );
     assert!(out.contains("plain=0"), "{out}");
-    assert!(
-        !out.contains("open=0")
-            || !r.a.join("n").exists()
-            || std::fs::metadata(r.a.join("n")).unwrap().mode() & 0o6000 == 0,
-        "{out}"
-    );
+    // open(O_CREAT, 04755) is refused: nothing is created.
+    assert!(out.contains("open=1"), "{out} {err}");
+    assert!(!r.a.join("n").exists(), "{out}");
     for f in ["t", "d"] {
         let mode = std::fs::metadata(r.a.join(f)).unwrap().mode();
         assert_eq!(mode & 0o6000, 0, "{f}: {mode:o}");

@@ -237,7 +237,7 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
     }
     // The hierarchy's real root has no `cgroup.type` and may hold
     // processes; any other cgroup must be emptied into a leaf first.
-    let parent = if own.join("cgroup.type").exists() {
+    if own.join("cgroup.type").exists() {
         let leaf = own.join(SUPERVISOR);
         match std::fs::create_dir(&leaf) {
             Ok(()) => {}
@@ -248,10 +248,8 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
             std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
                 .map_err(|err| e("cannot move our processes into", &leaf, err))?;
         }
-        own
-    } else {
-        own
-    };
+    }
+    let parent = own;
     let available = std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
     let mut controllers: Vec<&'static str> = CONTROLLERS
         .iter()
