@@ -599,6 +599,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         &exe,
         &[
             "serve",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--listen",
             "ws://127.0.0.1:0",
             "--grpc-listen",
@@ -692,6 +694,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         &exe,
         &[
             "serve",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--listen",
             "ws://127.0.0.1:0",
             "--grpc-listen",
@@ -718,6 +722,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         &exe,
         &[
             "serve",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--listen",
             "ws://127.0.0.1:0",
             "--config",
@@ -1148,7 +1154,8 @@ async fn stack_cost(
     );
     let gw = exec_gateway::gateway::Gateway::new(settings, None).map_err(err)?;
     let tenant = gw.tenants.get("bench").ok_or("no bench tenant")?.clone();
-    let (out, mut rx) = exec_gateway::outbound::Outbound::channel();
+    let (out, mut rx) =
+        exec_gateway::outbound::Outbound::channel(exec_gateway::outbound::ByteBudget::unlimited());
     exec_gateway::task::spawn(
         "bench-drain",
         async move { while rx.recv().await.is_some() {} },
@@ -1167,6 +1174,7 @@ async fn stack_cost(
             tenant: tenant.clone(),
             session: Some(session),
             evicted: token.evicted,
+            reply: None,
         },
     };
     let t = Instant::now();

@@ -88,9 +88,17 @@ pub struct ServeArgs {
     /// Also serve gRPC on `HOST:PORT` (its URL is the second stdout line).
     #[arg(long)]
     pub grpc_listen: Option<String>,
+    /// Serve `/metrics` and the detailed `/readyz` on `HOST:PORT`, or `off`
+    /// (overrides `server.admin_listen`; its URL is the last stdout line).
+    #[arg(long)]
+    pub admin_listen: Option<String>,
 }
 
-fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, ConfigError> {
+fn settings(
+    common: &CommonArgs,
+    listen: Option<&str>,
+    admin_listen: Option<&str>,
+) -> Result<Settings, ConfigError> {
     let mut config = match (&common.config, &common.root) {
         (Some(_), Some(_)) => {
             return Err(ConfigError(
@@ -111,6 +119,9 @@ fn settings(common: &CommonArgs, listen: Option<&str>) -> Result<Settings, Confi
     };
     if let Some(listen) = listen {
         config.server.listen = Some(listen.to_owned());
+    }
+    if let Some(admin) = admin_listen {
+        config.server.admin_listen = Some(admin.to_owned());
     }
     let settings = config.validate()?;
     if let Some(path) = &common.config {
@@ -163,7 +174,11 @@ pub fn run(cli: Cli) -> ExitCode {
             {
                 return usage_error(&e);
             }
-            let mut settings = match settings(&args.common, args.listen.as_deref()) {
+            let mut settings = match settings(
+                &args.common,
+                args.listen.as_deref(),
+                args.admin_listen.as_deref(),
+            ) {
                 Ok(s) => s,
                 Err(e) => return usage_error(&e),
             };
@@ -177,7 +192,14 @@ pub fn run(cli: Cli) -> ExitCode {
                     }
                 }
             }
-            block_on(serve(settings))
+            // Every connection and process pipe is a descriptor: take all
+            // the hard limit allows, then make the caps fit in it.
+            let nofile = raise_nofile_limit();
+            let lowered = match settings.fit_fd_limit(nofile) {
+                Ok(l) => l,
+                Err(e) => return usage_error(&e),
+            };
+            block_on(serve(settings, lowered))
         }
         Command::Stdio(common) => {
             telemetry::init(common.log_format);
@@ -203,8 +225,28 @@ fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
     }
 }
 
-async fn serve(settings: Settings) -> ExitCode {
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit; the limit in force.
+fn raise_nofile_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!(error = %e, soft, hard, "cannot raise RLIMIT_NOFILE");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE");
+            1024
+        }
+    }
+}
+
+async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
     let settings_grpc = settings.grpc_listen;
+    let settings_admin = settings.admin_listen;
     let listener = match tokio::net::TcpListener::bind(settings.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -223,6 +265,10 @@ async fn serve(settings: Settings) -> ExitCode {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
+    // Said once the configuration is known good (a refusal stays one line).
+    if let Some(l) = lowered {
+        tracing::warn!("{l}");
+    }
     let grpc = match settings_grpc {
         None => None,
         Some(a) => match tokio::net::TcpListener::bind(a).await {
@@ -233,32 +279,50 @@ async fn serve(settings: Settings) -> ExitCode {
             }
         },
     };
+    let admin = match settings_admin {
+        None => None,
+        Some(a) => match tokio::net::TcpListener::bind(a).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("exec-gateway: cannot listen on {a} (admin): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     // The first stdout line is the bound URL (harnesses read it); the gRPC
-    // address, when served, is the second.
+    // address, when served, is the second; the admin URL, when served, last.
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "ws://{addr}");
     if let Some(g) = grpc.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(stdout, "grpc://{g}");
     }
+    if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
+        let _ = writeln!(stdout, "admin http://{a}");
+    }
     let _ = stdout.flush();
     tracing::info!(%addr, tenants = gw.settings.tenants.len(), "listening");
-    let listeners = Listeners { ws: listener, grpc };
+    let listeners = Listeners {
+        ws: listener,
+        grpc,
+        admin,
+    };
     server::run(gw, listeners, server::shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 
 fn run_stdio(common: &CommonArgs) -> ExitCode {
-    let settings = match settings(common, None) {
+    let settings = match settings(common, None, Some("off")) {
         Ok(s) => s,
-        Err(e) => return usage_error(&e),
-    };
-    let gw = match Gateway::new(settings, start_reaper()) {
-        Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
     // Read, never logged; children never inherit it (their env is built).
     let token = std::env::var("EXEC_GATEWAY_TOKEN").ok();
     block_on(async move {
+        // Inside the runtime: remote key sets are fetched in the background.
+        let gw = match Gateway::new(settings, start_reaper()) {
+            Ok(g) => g,
+            Err(e) => return usage_error(&e),
+        };
         server::run_stdio(gw, token, server::shutdown_signal()).await;
         ExitCode::SUCCESS
     })
@@ -275,7 +339,7 @@ fn start_reaper() -> Option<std::sync::Arc<Reaper>> {
 }
 
 fn token(args: &TokenArgs) -> ExitCode {
-    let settings = match settings(&args.common, None) {
+    let settings = match settings(&args.common, None, Some("off")) {
         Ok(s) => s,
         Err(e) => return usage_error(&e),
     };

@@ -113,7 +113,8 @@ pub struct ServerConfig {
     /// How long a disconnected session waits for a resume. Default: each
     /// revision's reference (`10s` for 0.130.0 sessions, `80s` for 0.169.0).
     pub detach_ttl: Option<String>,
-    /// Open connections (websocket + HTTP). Default: 16384.
+    /// Authenticated websocket connections. Default: 16384, lowered to
+    /// what the open-file limit allows when not set.
     pub max_connections: Option<usize>,
     /// Sessions in the registry over all tenants. Default: 16384.
     pub max_sessions: Option<usize>,
@@ -135,6 +136,23 @@ pub struct ServerConfig {
     /// got hold of. Default: none.
     #[serde(default)]
     pub allowed_origins: Vec<String>,
+    /// Admin listener (`/metrics`, `/readyz` with details), `HOST:PORT`, or
+    /// `off`. Default: `127.0.0.1:9465`. A non-loopback address needs
+    /// `admin_token_file`.
+    pub admin_listen: Option<String>,
+    /// File holding the bearer token the admin listener requires (at least
+    /// 32 bytes). Default: none (loopback only, no token).
+    pub admin_token_file: Option<PathBuf>,
+    /// Time from accept to an authenticated request (websocket upgrade or
+    /// first authenticated gRPC call); the connection is closed after it.
+    /// Covers the HTTP head and the HTTP/2 preface. Default: `10s`.
+    pub handshake_timeout: Option<String>,
+    /// Connections not yet authenticated, over both doors. Default: 1024.
+    pub max_unauthenticated: Option<usize>,
+    /// Connections not yet authenticated from one source address. Default: 32.
+    pub max_unauthenticated_per_source: Option<usize>,
+    /// Authenticated gRPC connections. Default: 4096.
+    pub grpc_max_connections: Option<usize>,
 }
 
 /// `[exec]`: gateway-wide process settings.
@@ -164,6 +182,11 @@ pub struct AuthConfig {
     pub leeway: Option<String>,
     /// Minimum time between JWKS refreshes caused by an unknown `kid`. Default: `30s`.
     pub jwks_refresh_interval: Option<String>,
+    /// Time allowed for one JWKS fetch (connect, headers and body). Default: `5s`.
+    pub jwks_fetch_timeout: Option<String>,
+    /// How long a handshake naming an unknown `kid` waits for a JWKS refresh
+    /// before it is refused. Default: `1s`.
+    pub jwks_unknown_kid_wait: Option<String>,
     /// Verification keys; the algorithm always comes from here, never from a token.
     #[serde(default)]
     pub keys: Vec<KeyConfig>,
@@ -214,6 +237,15 @@ pub struct TenantConfig {
     /// Output bytes retained over all the tenant's processes; a start past
     /// it gets -32006. Default: 256 MiB.
     pub max_retained_output_bytes: Option<usize>,
+    /// Bytes of replies and notifications held for the tenant's clients
+    /// (built, not yet written to the socket). A reply that does not fit
+    /// waits for room. Default: 256 MiB.
+    pub max_outbound_bytes: Option<usize>,
+    /// Largest file `fs/readFile` returns; larger ones get -32602 (read
+    /// them with `fs/readBlock` or gRPC `ReadFile`). Default: 64 MiB.
+    pub max_read_file_bytes: Option<u64>,
+    /// Authenticated connections (both doors). Default: 1024.
+    pub max_connections: Option<usize>,
     /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
     /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
@@ -271,6 +303,16 @@ pub struct Settings {
     pub slow_client_timeout: Duration,
     pub shutdown_grace: Duration,
     pub allowed_origins: Vec<String>,
+    /// `None`: no admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    pub admin_token: Option<AdminToken>,
+    pub handshake_timeout: Duration,
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_source: usize,
+    pub grpc_max_connections: usize,
+    /// Which descriptor-taking caps the file set: those are never lowered
+    /// to fit the open-file limit (a start that cannot fit them is refused).
+    pub caps_explicit: CapsExplicit,
     pub max_processes: usize,
     /// `None`: the session revision's.
     pub exited_retention: Option<Duration>,
@@ -288,6 +330,8 @@ pub struct AuthSettings {
     pub audience: Option<String>,
     pub leeway: Duration,
     pub jwks_refresh_interval: Duration,
+    pub jwks_fetch_timeout: Duration,
+    pub jwks_unknown_kid_wait: Duration,
     pub keys: Vec<KeySettings>,
 }
 
@@ -414,6 +458,9 @@ pub struct TenantSettings {
     pub burst: u32,
     pub max_in_flight: usize,
     pub max_retained_output_bytes: usize,
+    pub max_outbound_bytes: usize,
+    pub max_read_file_bytes: u64,
+    pub max_connections: usize,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: CgroupLimits,
     /// (uid, gid): configured, or allocated from `[isolation] uid_range`
@@ -433,6 +480,31 @@ pub struct TenantSettings {
 pub const DEFAULT_TENANT_MEMORY_BYTES: u64 = 4 << 30;
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
+/// Where `/metrics` and the detailed `/readyz` are served by default.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9465";
+/// Highest `max_read_file_bytes` accepted (the reference server's limit).
+pub const MAX_READ_FILE_LIMIT: u64 = 512 * 1024 * 1024;
+/// Shortest accepted admin token.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
+/// Default `fs/readFile` limit: Codex reads instruction files (32 KiB),
+/// images for the model (tens of MB at most) and source files through it.
+pub const DEFAULT_MAX_READ_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Default bytes held for one tenant's clients.
+pub const DEFAULT_MAX_OUTBOUND_BYTES: usize = 256 * 1024 * 1024;
+/// Bytes a base64 `fs/readFile` result of `len` file bytes takes on the wire.
+pub fn read_file_reply_bytes(len: u64) -> u64 {
+    len.div_ceil(3).saturating_mul(4).saturating_add(64)
+}
+
+/// The admin listener's bearer token (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub Vec<u8>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
 /// The name of the embedded configuration's tenant.
 pub const DEFAULT_TENANT: &str = "default";
 /// Largest leeway accepted on `exp`/`nbf`.
@@ -641,6 +713,13 @@ impl Config {
             refuse_exposed_keys(name, t, &keys)?;
         }
         refuse_nested_roots(&tenants)?;
+        let caps_explicit = CapsExplicit {
+            connections: s.max_connections.is_some(),
+            grpc: s.grpc_max_connections.is_some(),
+            unauthenticated: s.max_unauthenticated.is_some(),
+            processes: self.exec.max_processes.is_some(),
+        };
+        let (admin_listen, admin_token) = validate_admin(&s)?;
         Ok(Settings {
             listen,
             grpc_listen,
@@ -674,6 +753,29 @@ impl Config {
                 Duration::from_secs(5),
             )?,
             allowed_origins: s.allowed_origins,
+            admin_listen,
+            admin_token,
+            handshake_timeout: duration(
+                "server.handshake_timeout",
+                s.handshake_timeout.as_deref(),
+                Duration::from_secs(10),
+            )?,
+            max_unauthenticated: positive(
+                "server.max_unauthenticated",
+                s.max_unauthenticated,
+                1024,
+            )?,
+            max_unauthenticated_per_source: positive(
+                "server.max_unauthenticated_per_source",
+                s.max_unauthenticated_per_source,
+                32,
+            )?,
+            grpc_max_connections: positive(
+                "server.grpc_max_connections",
+                s.grpc_max_connections,
+                4096,
+            )?,
+            caps_explicit,
             max_processes: positive("exec.max_processes", self.exec.max_processes, 4096)?,
             exited_retention: optional_duration(
                 "exec.exited_retention",
@@ -716,8 +818,184 @@ fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
             a.jwks_refresh_interval.as_deref(),
             Duration::from_secs(30),
         )?,
+        jwks_fetch_timeout: duration(
+            "auth.jwks_fetch_timeout",
+            a.jwks_fetch_timeout.as_deref(),
+            Duration::from_secs(5),
+        )?,
+        jwks_unknown_kid_wait: duration(
+            "auth.jwks_unknown_kid_wait",
+            a.jwks_unknown_kid_wait.as_deref(),
+            Duration::from_secs(1),
+        )?,
         keys,
     })
+}
+
+/// Descriptors kept for everything but connections and process pipes
+/// (listeners, key files, the reaper, cgroup files, logs).
+pub const FD_RESERVE: u64 = 256;
+/// Descriptors one running process may hold in the gateway (stdin, stdout,
+/// stderr, pidfd).
+pub const FDS_PER_PROCESS: u64 = 4;
+/// Descriptors a worker holds in the gateway (its link socket and pidfd).
+pub const FDS_PER_WORKER: u64 = 2;
+
+/// See [`Settings::caps_explicit`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapsExplicit {
+    pub connections: bool,
+    pub grpc: bool,
+    pub unauthenticated: bool,
+    pub processes: bool,
+}
+
+impl Settings {
+    /// (descriptors of each cap, set in the file): websocket, gRPC,
+    /// unauthenticated, processes.
+    fn fd_caps(&self) -> [(u64, bool); 4] {
+        let e = self.caps_explicit;
+        let grpc = if self.grpc_listen.is_some() {
+            self.grpc_max_connections as u64
+        } else {
+            0
+        };
+        [
+            (self.max_connections as u64, e.connections),
+            (grpc, e.grpc),
+            (self.max_unauthenticated as u64, e.unauthenticated),
+            (FDS_PER_PROCESS * self.max_processes as u64, e.processes),
+        ]
+    }
+
+    fn reserved_fds(&self) -> u64 {
+        let workers: u64 = self
+            .tenants
+            .values()
+            .map(|t| t.workers_max as u64 * FDS_PER_WORKER)
+            .sum();
+        FD_RESERVE + workers
+    }
+
+    /// Descriptors the caps may take at once.
+    pub fn fds_needed(&self) -> u64 {
+        self.reserved_fds() + self.fd_caps().iter().map(|(n, _)| n).sum::<u64>()
+    }
+
+    /// Fit the connection and process caps into `limit` open files. Caps
+    /// set in the file are kept, and a start they cannot fit is refused;
+    /// caps left at their defaults are lowered in proportion to fit (the
+    /// returned text says to what).
+    pub fn fit_fd_limit(&mut self, limit: u64) -> Result<Option<String>, ConfigError> {
+        let need = self.fds_needed();
+        if need <= limit {
+            return Ok(None);
+        }
+        let caps = self.fd_caps();
+        let fixed: u64 =
+            self.reserved_fds() + caps.iter().filter(|c| c.1).map(|c| c.0).sum::<u64>();
+        let flexible: u64 = caps.iter().filter(|c| !c.1).map(|c| c.0).sum();
+        // Room for at least a few of each defaulted cap.
+        if flexible == 0 || limit < fixed + 64 {
+            return Err(ConfigError(format!(
+                "connection and process caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} reserved) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
+                self.max_connections,
+                caps[1].0,
+                self.max_unauthenticated,
+                self.max_processes,
+                self.reserved_fds()
+            )));
+        }
+        let room = (limit - fixed) as f64 / flexible as f64;
+        let scale = |n: usize, explicit: bool| {
+            if explicit {
+                n
+            } else {
+                ((n as f64 * room) as usize).max(1)
+            }
+        };
+        let e = self.caps_explicit;
+        self.max_connections = scale(self.max_connections, e.connections);
+        self.grpc_max_connections = scale(self.grpc_max_connections, e.grpc);
+        self.max_unauthenticated = scale(self.max_unauthenticated, e.unauthenticated);
+        self.max_unauthenticated_per_source = self
+            .max_unauthenticated_per_source
+            .min(self.max_unauthenticated);
+        self.max_processes = scale(self.max_processes, e.processes);
+        Ok(Some(format!(
+            "RLIMIT_NOFILE is {limit}: caps left at their defaults lowered to fit: server.max_connections {}, server.grpc_max_connections {}, server.max_unauthenticated {}, exec.max_processes {}",
+            self.max_connections,
+            self.grpc_max_connections,
+            self.max_unauthenticated,
+            self.max_processes
+        )))
+    }
+}
+
+/// A JWKS URL must be `https://` (a key set fetched in the clear can be
+/// replaced on the way); plain `http://` only to a loopback host.
+pub fn check_jwks_url(u: &str) -> Result<(), String> {
+    let url = url::Url::parse(u).map_err(|e| format!("jwks_url `{u}`: {e}"))?;
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" => {
+            let loopback = match url.host() {
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            };
+            if loopback {
+                Ok(())
+            } else {
+                Err(format!(
+                    "jwks_url `{u}` must use https (plain http only to a loopback host)"
+                ))
+            }
+        }
+        other => Err(format!("jwks_url `{u}`: unsupported scheme `{other}`")),
+    }
+}
+
+/// The admin listener: loopback by default; anywhere else only with a token.
+fn validate_admin(
+    s: &ServerConfig,
+) -> Result<(Option<SocketAddr>, Option<AdminToken>), ConfigError> {
+    let token = match &s.admin_token_file {
+        None => None,
+        Some(p) => {
+            let mut t = std::fs::read(p).map_err(|e| {
+                ConfigError(format!(
+                    "server.admin_token_file: cannot read {}: {e}",
+                    p.display()
+                ))
+            })?;
+            while t.last().is_some_and(|b| b.is_ascii_whitespace()) {
+                t.pop();
+            }
+            if t.len() < MIN_ADMIN_TOKEN_BYTES {
+                return Err(ConfigError(format!(
+                    "server.admin_token_file: a token needs at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+                )));
+            }
+            Some(AdminToken(t))
+        }
+    };
+    let listen = s.admin_listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN);
+    if listen == "off" {
+        return Ok((None, token));
+    }
+    let addr: SocketAddr = listen.parse().map_err(|_| {
+        ConfigError(format!(
+            "server.admin_listen: expected HOST:PORT or `off`, got `{listen}`"
+        ))
+    })?;
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(ConfigError(format!(
+            "server.admin_listen = `{listen}` is not loopback: set server.admin_token_file (metrics and readiness details name tenants and isolation gaps)"
+        )));
+    }
+    Ok((Some(addr), token))
 }
 
 fn validate_key(k: KeyConfig) -> Result<KeySettings, String> {
@@ -735,6 +1013,9 @@ fn validate_key(k: KeyConfig) -> Result<KeySettings, String> {
             "give exactly one of secret_file, public_key_file, jwks_file, jwks_url".to_owned(),
         );
     };
+    if let KeySource::JwksUrl(u) = &source {
+        check_jwks_url(u)?;
+    }
     let is_secret = matches!(source, KeySource::Secret(_));
     if algorithm.is_hmac() != is_secret {
         return Err(format!(
@@ -821,6 +1102,21 @@ fn validate_tenant(
     let p = |field: &str, v: Option<usize>, d: usize| {
         positive(&format!("tenants.{name}.{field}"), v, d)
     };
+    let max_outbound_bytes = p(
+        "max_outbound_bytes",
+        t.max_outbound_bytes,
+        DEFAULT_MAX_OUTBOUND_BYTES,
+    )?;
+    let max_read_file_bytes = t
+        .max_read_file_bytes
+        .unwrap_or(DEFAULT_MAX_READ_FILE_BYTES)
+        .min(MAX_READ_FILE_LIMIT);
+    if read_file_reply_bytes(max_read_file_bytes) > max_outbound_bytes as u64 {
+        return Err(ConfigError(format!(
+            "tenants.{name}: an fs/readFile reply of max_read_file_bytes ({max_read_file_bytes}) takes {} bytes base64, more than max_outbound_bytes ({max_outbound_bytes})",
+            read_file_reply_bytes(max_read_file_bytes)
+        )));
+    }
     Ok(TenantSettings {
         name: name.to_owned(),
         base_env: t.base_env.unwrap_or_else(|| default_base_env(&root)),
@@ -835,6 +1131,9 @@ fn validate_tenant(
             t.max_retained_output_bytes,
             256 * 1024 * 1024,
         )?,
+        max_outbound_bytes,
+        max_read_file_bytes,
+        max_connections: p("max_connections", t.max_connections, 1024)?,
         cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),

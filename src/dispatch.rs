@@ -9,8 +9,9 @@ use std::task::{Context, Poll};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principal;
-use crate::backend::OpFuture;
+use crate::backend::{OpFuture, RunScope};
 use crate::error::GatewayError;
+use crate::outbound::Outbound;
 use crate::rpc::{Op, Outcome};
 use crate::session::Session;
 use crate::tenant::Tenant;
@@ -27,6 +28,8 @@ pub struct RequestContext {
     pub session: Option<Arc<Session>>,
     /// Cancelled when another connection takes the session over.
     pub evicted: CancellationToken,
+    /// The connection the reply goes to (JSON-RPC doors).
+    pub reply: Option<Outbound>,
 }
 
 /// An operation plus its context: what flows through the tower stack.
@@ -52,7 +55,13 @@ impl tower::Service<RpcRequest> for Dispatch {
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let RpcRequest { op, ctx } = req;
         match ctx.session {
-            Some(session) => session.backend.clone().run(op, ctx.evicted),
+            Some(session) => session.backend.clone().run(
+                op,
+                RunScope {
+                    evicted: ctx.evicted,
+                    reply: ctx.reply,
+                },
+            ),
             None => ctx.tenant.backend.run_sessionless(op),
         }
     }

@@ -42,8 +42,17 @@ impl Gateway {
         let global_slots = Arc::new(tokio::sync::Semaphore::new(settings.max_processes));
         // Validate keys before touching the host (cgroups): a bad config
         // must fail with one line and leave nothing behind.
-        let auth = Authenticator::new(&settings.auth, settings.tenants.keys().cloned().collect())
-            .map_err(ConfigError)?;
+        let mut auth =
+            Authenticator::new(&settings.auth, settings.tenants.keys().cloned().collect())
+                .map_err(ConfigError)?;
+        let fetches = metrics.jwks_fetches.clone();
+        auth.on_fetch(move |outcome| {
+            fetches
+                .get_or_create(&crate::metrics::OutcomeLabel {
+                    outcome: outcome.to_owned(),
+                })
+                .inc();
+        });
         let layers = crate::probe::layers(&settings, &metrics)?;
         let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots, layers)?;
         let sessions = SessionRegistry::new(settings.detach_ttl, settings.max_sessions);
@@ -54,7 +63,7 @@ impl Gateway {
             },
             metrics.clone(),
         );
-        Ok(Arc::new(Gateway {
+        let gw = Arc::new(Gateway {
             settings: Arc::new(settings),
             auth,
             tenants,
@@ -65,7 +74,10 @@ impl Gateway {
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
             reaper,
-        }))
+        });
+        // Remote key sets are fetched in the background from now on.
+        gw.auth.start(gw.stopped.clone());
+        Ok(gw)
     }
 
     /// `/readyz` detail: one line per isolation layer.

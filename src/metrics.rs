@@ -59,6 +59,33 @@ pub struct Metrics {
     pub workers: Family<TenantLabel, Gauge>,
     pub worker_deaths: Family<TenantLabel, Counter>,
     pub draining: Gauge,
+    pub outbound_bytes: Family<TenantLabel, Gauge>,
+    pub outbound_bytes_peak: Family<TenantLabel, Gauge>,
+    pub outbound_waiting: Family<TenantLabel, Gauge>,
+    pub connections: Family<ConnectionLabels, Gauge>,
+    pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
+    pub jwks_fetches: Family<OutcomeLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// `websocket` or `grpc`.
+    pub door: String,
+    /// `unauthenticated` or `authenticated`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionRefusedLabels {
+    pub door: String,
+    /// `unauthenticated_total`, `unauthenticated_per_source`, `connections`,
+    /// `tenant_connections`, `handshake_timeout`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
 }
 
 fn spawn_histogram() -> Histogram {
@@ -139,6 +166,42 @@ impl Metrics {
             isolation_layer.clone(),
         );
         r.register("draining", "1 while shutting down", draining.clone());
+        let outbound_bytes = Family::<TenantLabel, Gauge>::default();
+        let outbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
+        let outbound_waiting = Family::<TenantLabel, Gauge>::default();
+        let connections = Family::<ConnectionLabels, Gauge>::default();
+        let connections_refused = Family::<ConnectionRefusedLabels, Counter>::default();
+        let jwks_fetches = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "outbound_bytes",
+            "Bytes of replies and notifications held for the tenant's clients (reserved before they are built, released once written)",
+            outbound_bytes.clone(),
+        );
+        r.register(
+            "outbound_bytes_peak",
+            "Highest outbound_bytes since start",
+            outbound_bytes_peak.clone(),
+        );
+        r.register(
+            "outbound_waiting",
+            "Replies and notifications waiting for room in the tenant's or their connection's budget",
+            outbound_waiting.clone(),
+        );
+        r.register(
+            "connections",
+            "Open connections by door and whether they have authenticated",
+            connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed by an admission cap or the handshake timeout",
+            connections_refused.clone(),
+        );
+        r.register(
+            "jwks_fetches",
+            "JWKS fetches by outcome",
+            jwks_fetches.clone(),
+        );
         Self {
             registry: Mutex::new(r),
             sessions,
@@ -153,6 +216,12 @@ impl Metrics {
             workers,
             worker_deaths,
             draining,
+            outbound_bytes,
+            outbound_bytes_peak,
+            outbound_waiting,
+            connections,
+            connections_refused,
+            jwks_fetches,
         }
     }
 
@@ -169,7 +238,29 @@ impl Metrics {
             output_bytes: self.output_bytes.get_or_create(&l).clone(),
             workers: self.workers.get_or_create(&l).clone(),
             worker_deaths: self.worker_deaths.get_or_create(&l).clone(),
+            outbound_bytes: self.outbound_bytes.get_or_create(&l).clone(),
+            outbound_bytes_peak: self.outbound_bytes_peak.get_or_create(&l).clone(),
+            outbound_waiting: self.outbound_waiting.get_or_create(&l).clone(),
         }
+    }
+
+    /// The gauge of open connections of `door` in `state`.
+    pub fn connection_gauge(&self, door: &str, state: &str) -> Gauge {
+        self.connections
+            .get_or_create(&ConnectionLabels {
+                door: door.to_owned(),
+                state: state.to_owned(),
+            })
+            .clone()
+    }
+
+    pub fn connection_refused(&self, door: &str, reason: &str) {
+        self.connections_refused
+            .get_or_create(&ConnectionRefusedLabels {
+                door: door.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn auth_failure(&self, reason: &str) {
@@ -200,6 +291,9 @@ pub struct TenantMetrics {
     pub output_bytes: Counter,
     pub workers: Gauge,
     pub worker_deaths: Counter,
+    pub outbound_bytes: Gauge,
+    pub outbound_bytes_peak: Gauge,
+    pub outbound_waiting: Gauge,
 }
 
 impl TenantMetrics {
@@ -213,6 +307,9 @@ impl TenantMetrics {
             output_bytes: Counter::default(),
             workers: Gauge::default(),
             worker_deaths: Counter::default(),
+            outbound_bytes: Gauge::default(),
+            outbound_bytes_peak: Gauge::default(),
+            outbound_waiting: Gauge::default(),
         }
     }
 }

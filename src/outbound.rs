@@ -9,8 +9,10 @@
 //! and its output is kept for `process/read` within the retention cap.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -21,12 +23,106 @@ pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
 /// queue to drain, then goes alone.
 pub const OUTBOUND_QUEUE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The bytes a tenant's clients may have held for them (built, not yet
+/// written), shared by all its connections. Every frame reserves its size
+/// here (and in its connection's budget) before it is queued; an
+/// `fs/readFile` reply reserves before the file is read.
+#[derive(Debug)]
+pub struct ByteBudget {
+    sem: Arc<Semaphore>,
+    capacity: usize,
+    held: AtomicI64,
+    peak: AtomicI64,
+    held_gauge: Gauge,
+    peak_gauge: Gauge,
+    waiting_gauge: Gauge,
+}
+
+impl ByteBudget {
+    /// A budget of `capacity` bytes reported through the three gauges
+    /// (bytes held, their high-water mark, reservations waiting).
+    pub fn new(capacity: usize, held: Gauge, peak: Gauge, waiting: Gauge) -> Arc<ByteBudget> {
+        Arc::new(ByteBudget {
+            sem: Arc::new(Semaphore::new(capacity.min(Semaphore::MAX_PERMITS))),
+            capacity,
+            held: AtomicI64::new(0),
+            peak: AtomicI64::new(0),
+            held_gauge: held,
+            peak_gauge: peak,
+            waiting_gauge: waiting,
+        })
+    }
+
+    /// An unlimited, unreported budget (tests, internal connections).
+    pub fn unlimited() -> Arc<ByteBudget> {
+        Self::new(
+            Semaphore::MAX_PERMITS,
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        )
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> i64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    fn account(&self, delta: i64) {
+        let now = self.held.fetch_add(delta, Ordering::AcqRel) + delta;
+        self.held_gauge.set(now);
+        if delta > 0 {
+            let peak = self.peak.fetch_max(now, Ordering::AcqRel).max(now);
+            self.peak_gauge.set(peak);
+        }
+    }
+}
+
+/// Bytes reserved in a connection's and its tenant's budgets; released
+/// when dropped (once the frame holding it is written).
+#[derive(Debug)]
+pub struct Reservation {
+    bytes: usize,
+    _conn: Option<OwnedSemaphorePermit>,
+    tenant: Option<(OwnedSemaphorePermit, Arc<ByteBudget>)>,
+}
+
+impl Reservation {
+    /// Bytes this reservation covers.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Take in what `other` reserved as well.
+    fn merge(&mut self, mut other: Reservation) {
+        self.bytes += other.bytes;
+        match (self.tenant.as_mut(), other.tenant.take()) {
+            (Some((mine, _)), Some((theirs, _))) => mine.merge(theirs),
+            (None, theirs) => self.tenant = theirs,
+            (Some(_), None) => {}
+        }
+        // The connection share is clamped to the whole queue: one is enough.
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some((permit, budget)) = &self.tenant {
+            budget.account(-(permit.num_permits() as i64));
+        }
+    }
+}
+
 /// One frame to write.
 #[derive(Debug)]
 pub enum OutFrame {
-    /// A serialised JSON message, holding its share of the byte budget until
-    /// the writer has written it.
-    Text(String, Option<OwnedSemaphorePermit>),
+    /// A serialised JSON message, holding its share of the byte budgets
+    /// until the writer has written it.
+    Text(String, Option<Reservation>),
     /// Close the connection with a websocket close code and reason.
     Close { code: u16, reason: String },
 }
@@ -36,24 +132,78 @@ pub enum OutFrame {
 pub struct Outbound {
     tx: mpsc::Sender<OutFrame>,
     budget: Arc<Semaphore>,
+    tenant: Arc<ByteBudget>,
 }
 
+/// The connection is gone: nothing can be queued for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
 impl Outbound {
-    pub fn channel() -> (Outbound, mpsc::Receiver<OutFrame>) {
+    /// A queue whose frames also count against `tenant`.
+    pub fn channel(tenant: Arc<ByteBudget>) -> (Outbound, mpsc::Receiver<OutFrame>) {
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE_MESSAGES);
         let budget = Arc::new(Semaphore::new(OUTBOUND_QUEUE_BYTES));
-        (Outbound { tx, budget }, rx)
+        (Outbound { tx, budget, tenant }, rx)
+    }
+
+    /// Reserve room for `bytes` of output, waiting until both the
+    /// connection's queue and the tenant's budget have it. A message larger
+    /// than the connection queue takes all of it (it goes alone); one larger
+    /// than the tenant's budget takes all of that.
+    pub async fn reserve(&self, bytes: usize) -> Result<Reservation, Closed> {
+        let conn_want = u32::try_from(bytes.clamp(1, OUTBOUND_QUEUE_BYTES)).unwrap_or(u32::MAX);
+        let tenant_want =
+            u32::try_from(bytes.clamp(1, self.tenant.capacity.max(1))).unwrap_or(u32::MAX);
+        let waiting = WaitingGuard::new(&self.tenant.waiting_gauge);
+        let acquire = async {
+            let conn = self.budget.clone().acquire_many_owned(conn_want).await;
+            let tenant = self
+                .tenant
+                .sem
+                .clone()
+                .acquire_many_owned(tenant_want)
+                .await;
+            (conn.ok(), tenant.ok())
+        };
+        let (conn, tenant) = tokio::select! {
+            p = acquire => p,
+            () = self.tx.closed() => return Err(Closed),
+        };
+        drop(waiting);
+        let tenant = tenant.map(|p| {
+            self.tenant.account(i64::from(tenant_want));
+            (p, self.tenant.clone())
+        });
+        Ok(Reservation {
+            bytes,
+            _conn: conn,
+            tenant,
+        })
     }
 
     /// Queue a message, waiting for room (bytes and slots). False when the
     /// connection is gone.
     pub async fn send(&self, text: String) -> bool {
-        let want = u32::try_from(text.len().clamp(1, OUTBOUND_QUEUE_BYTES)).unwrap_or(u32::MAX);
-        let permit = tokio::select! {
-            p = self.budget.clone().acquire_many_owned(want) => p.ok(),
-            () = self.tx.closed() => return false,
-        };
-        self.tx.send(OutFrame::Text(text, permit)).await.is_ok()
+        match self.reserve(text.len()).await {
+            Ok(r) => self.send_reserved(text, r).await,
+            Err(Closed) => false,
+        }
+    }
+
+    /// Queue a message whose bytes were reserved before it was built,
+    /// reserving whatever it outgrew.
+    pub async fn send_reserved(&self, text: String, mut reserved: Reservation) -> bool {
+        if text.len() > reserved.bytes {
+            match self.reserve(text.len() - reserved.bytes).await {
+                Ok(more) => reserved.merge(more),
+                Err(Closed) => return false,
+            }
+        }
+        self.tx
+            .send(OutFrame::Text(text, Some(reserved)))
+            .await
+            .is_ok()
     }
 
     /// Ask the writer to close the connection.
@@ -69,6 +219,22 @@ impl Outbound {
 
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+}
+
+/// Counts a reservation waiting for room while it lives.
+struct WaitingGuard<'a>(&'a Gauge);
+
+impl<'a> WaitingGuard<'a> {
+    fn new(g: &'a Gauge) -> Self {
+        g.inc();
+        WaitingGuard(g)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -143,5 +309,53 @@ impl Attachment {
         if let Some(a) = self.current.lock().take() {
             a.evicted.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_hold_their_bytes_until_written_and_big_ones_go_alone() {
+        let tenant = ByteBudget::new(
+            10 * 1024 * 1024,
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        );
+        let (out, mut rx) = Outbound::channel(tenant.clone());
+        assert!(out.send("x".repeat(6 * 1024 * 1024)).await);
+        assert_eq!(tenant.held(), 6 * 1024 * 1024);
+        // The connection queue is full (a big frame takes all of it): the
+        // next reservation waits.
+        let pending = crate::task::spawn("test", {
+            let out = out.clone();
+            async move { out.reserve(10).await.map(|r| r.bytes()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!pending.is_finished());
+        let frame = rx.recv().await.unwrap();
+        drop(frame);
+        assert_eq!(pending.await.unwrap(), Ok(10));
+        // Dropped reservations give the bytes back.
+        assert_eq!(tenant.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_budget_is_shared_by_its_connections() {
+        let tenant = ByteBudget::new(100, Gauge::default(), Gauge::default(), Gauge::default());
+        let (a, _ra) = Outbound::channel(tenant.clone());
+        let (b, _rb) = Outbound::channel(tenant.clone());
+        let held = a.reserve(80).await.unwrap();
+        let waiting = crate::task::spawn(
+            "test",
+            async move { b.reserve(30).await.map(|r| r.bytes()) },
+        );
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(held);
+        assert_eq!(waiting.await.unwrap(), Ok(30));
     }
 }

@@ -367,6 +367,18 @@ impl Op {
 pub enum Outcome {
     Reply(Reply),
     Opened(Opened),
+    /// A reply already serialised into its caller's reserved outbound
+    /// bytes (`fs/readFile` on a JSON-RPC connection).
+    Encoded(EncodedReply),
+}
+
+/// A JSON `result`, built in bytes reserved before it was built.
+#[derive(Debug)]
+pub struct EncodedReply {
+    /// The serialised `result` value.
+    pub result: String,
+    /// Its bytes in the connection's and tenant's outbound budgets.
+    pub held: crate::outbound::Reservation,
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 
 use crate::gateway::Gateway;
 use crate::transport;
+use crate::transport::admission::{Admission, AdmissionLimits};
 
 /// How long accept loops get to finish after the stop.
 const LISTENER_STOP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -28,20 +29,45 @@ pub struct Listeners {
     /// Websocket (and HTTP health/metrics).
     pub ws: TcpListener,
     pub grpc: Option<TcpListener>,
+    /// `/metrics` and the detailed `/readyz`.
+    pub admin: Option<TcpListener>,
 }
 
 /// Serve `listeners` until `shutdown` completes, then shut down.
 pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<Output = ()>) {
-    let ws = crate::task::spawn("ws-accept", transport::ws::serve(listeners.ws, gw.clone()));
-    let grpc = listeners
-        .grpc
-        .map(|l| crate::task::spawn("grpc", transport::grpc::serve(l, gw.clone())));
+    let s = &gw.settings;
+    let admission = Admission::new(
+        AdmissionLimits {
+            max_unauthenticated: s.max_unauthenticated,
+            max_unauthenticated_per_source: s.max_unauthenticated_per_source,
+            websocket: s.max_connections,
+            grpc: s.grpc_max_connections,
+            handshake_timeout: s.handshake_timeout,
+        },
+        gw.metrics.clone(),
+    );
+    let ws = crate::task::spawn(
+        "ws-accept",
+        transport::ws::serve(listeners.ws, gw.clone(), admission.clone()),
+    );
+    let grpc = listeners.grpc.map(|l| {
+        crate::task::spawn(
+            "grpc",
+            transport::grpc::serve(l, gw.clone(), admission.clone()),
+        )
+    });
+    let admin = listeners
+        .admin
+        .map(|l| crate::task::spawn("admin", transport::http::serve_admin(l, gw.clone())));
     shutdown.await;
     tracing::info!("shutting down");
     shut_down(&gw, gw.settings.shutdown_grace).await;
     let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, ws).await;
     if let Some(g) = grpc {
         let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, g).await;
+    }
+    if let Some(a) = admin {
+        let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, a).await;
     }
     tokio::time::sleep(CLOSE_FRAMES_GRACE).await;
 }

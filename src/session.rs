@@ -196,7 +196,7 @@ impl SessionRegistry {
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
     ) -> Result<Arc<Session>, GatewayError> {
-        let (out, _rx) = Outbound::channel();
+        let (out, _rx) = Outbound::channel(tenant.outbound.clone());
         let (session, token) = self.initialize(tenant, None, out)?;
         self.detach(&session, &token);
         Ok(session)

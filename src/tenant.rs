@@ -25,6 +25,7 @@ use crate::isolation::namespace::NamespaceSpec;
 use crate::isolation::reaper::Reaper;
 use crate::isolation::sandbox::{Sandbox, SandboxSpec};
 use crate::metrics::{Metrics, TenantMetrics};
+use crate::outbound::ByteBudget;
 use crate::worker::{WorkerLaunch, WorkerPool};
 
 /// One configured tenant.
@@ -38,6 +39,10 @@ pub struct Tenant {
     pub in_flight: Arc<Semaphore>,
     /// Sessions currently registered for this tenant.
     pub sessions: AtomicUsize,
+    /// Bytes held for the tenant's clients (`max_outbound_bytes`).
+    pub outbound: Arc<ByteBudget>,
+    /// Authenticated connections (`max_connections`).
+    pub connections: Arc<Semaphore>,
     pub metrics: TenantMetrics,
 }
 
@@ -159,7 +164,13 @@ impl Tenants {
                 shell: env_var("SHELL", "/bin/sh"),
                 root,
             };
-            let backend = LocalBackend::new(Arc::new(fs), Arc::new(exec), runner, environment);
+            let backend = LocalBackend::new(
+                Arc::new(fs),
+                Arc::new(exec),
+                runner,
+                environment,
+                t.max_read_file_bytes,
+            );
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);
             by_name.insert(
@@ -171,6 +182,13 @@ impl Tenants {
                     limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)),
                     in_flight: Arc::new(Semaphore::new(t.max_in_flight)),
                     sessions: AtomicUsize::new(0),
+                    outbound: ByteBudget::new(
+                        t.max_outbound_bytes,
+                        tm.outbound_bytes.clone(),
+                        tm.outbound_bytes_peak.clone(),
+                        tm.outbound_waiting.clone(),
+                    ),
+                    connections: Arc::new(Semaphore::new(t.max_connections)),
                     metrics: tm,
                 }),
             );

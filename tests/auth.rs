@@ -384,7 +384,7 @@ async fn jwt_matrix() {
     );
 
     // Every refusal was counted by reason; no token appears in the metrics.
-    let (_, metrics) = gw.http_get("/metrics").await;
+    let (_, metrics) = gw.admin_get("/metrics").await;
     for reason in [
         "missing",
         "malformed",
@@ -499,7 +499,14 @@ async fn embedded_default_serves_tenant_default_with_a_minted_token() {
         0o600
     );
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", "ws://127.0.0.1:0", "--root"])
+        .args([
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--root",
+        ])
         .arg(root.path())
         .env("XDG_STATE_HOME", state.path())
         .stdout(std::process::Stdio::piped())

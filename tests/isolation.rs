@@ -31,7 +31,7 @@ fn gateway_with(isolation: &str) -> Gateway {
 
 /// The cgroup layer's state from `/readyz`; `Some(reason)` to skip.
 async fn skip_reason(gw: &Gateway) -> Option<String> {
-    let (_, body) = gw.http_get("/readyz").await;
+    let (_, body) = gw.admin_get("/readyz").await;
     if body.contains("cgroups: active") {
         None
     } else {

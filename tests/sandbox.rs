@@ -56,7 +56,7 @@ fn gateway(r: &Roots, isolation: &str, a_extra: &str, b_extra: &str) -> Gateway 
 
 /// `Some(reason)` when `/readyz` does not list `layer` as active.
 async fn skip_reason(gw: &Gateway, layer: &str) -> Option<String> {
-    let (_, body) = gw.http_get("/readyz").await;
+    let (_, body) = gw.admin_get("/readyz").await;
     (!body.contains(&format!("{layer}: active")))
         .then(|| format!("{layer} layer inactive on this host: {}", body.trim()))
 }

@@ -244,7 +244,7 @@ async fn quotas_answer_32006_while_the_other_tenant_works() {
     for id in ["2", "3"] {
         a.call("process/terminate", json!({"processId": id})).await;
     }
-    let (_, metrics) = t.gw.http_get("/metrics").await;
+    let (_, metrics) = t.gw.admin_get("/metrics").await;
     assert!(
         metrics.contains("exec_gateway_quota_refused_total{tenant=\"a\",quota=\"processes\"} 1"),
         "{metrics}"
@@ -297,7 +297,7 @@ async fn rate_and_concurrency_shed_one_tenant_only() {
     drop(a);
     let (mut a2, _) = t.gw.session_of("a").await;
     let _ = (r1, r2);
-    let (_, metrics) = t.gw.http_get("/metrics").await;
+    let (_, metrics) = t.gw.admin_get("/metrics").await;
     assert!(
         metrics.contains("exec_gateway_shed_total{tenant=\"a\",reason=\"rate\"}"),
         "{metrics}"

@@ -22,7 +22,7 @@ fn gateway() -> Gateway {
 }
 
 async fn require_workers(gw: &Gateway) -> bool {
-    let (_, body) = gw.http_get("/readyz").await;
+    let (_, body) = gw.admin_get("/readyz").await;
     if body.contains("workers: active") {
         true
     } else {
@@ -112,7 +112,7 @@ async fn a_dead_worker_fails_only_its_own_processes() {
         json!("its worker process died; the process was killed")
     );
     eventually("a's process dies with its worker", || !pid_alive(pa)).await;
-    let (_, metrics) = gw.http_get("/metrics").await;
+    let (_, metrics) = gw.admin_get("/metrics").await;
     assert!(
         metrics.contains("exec_gateway_worker_deaths_total{tenant=\"a\"} 1"),
         "{metrics}"

@@ -271,7 +271,7 @@ async fn health_and_readiness_endpoints() {
     let gw = Gateway::start("");
     assert_eq!(gw.http_get("/healthz").await, (200, "ok\n".to_owned()));
     assert_eq!(gw.http_get("/readyz").await.0, 200);
-    let (status, body) = gw.http_get("/metrics").await;
+    let (status, body) = gw.admin_get("/metrics").await;
     assert_eq!(status, 200);
     assert!(
         body.contains("exec_gateway_sessions{tenant=\"t1\"} 0"),
@@ -279,7 +279,7 @@ async fn health_and_readiness_endpoints() {
     );
     let (mut c, _) = gw.session().await;
     c.call("process/list", json!({})).await;
-    let (_, body) = gw.http_get("/metrics").await;
+    let (_, body) = gw.admin_get("/metrics").await;
     assert!(
         body.contains("exec_gateway_sessions{tenant=\"t1\"} 1"),
         "{body}"

@@ -200,33 +200,43 @@ impl Binding {
     }
 }
 
-/// A JWKS fetched over HTTP(S): cached, refreshed on an unknown `kid` at
-/// most once per interval.
+/// A JWKS fetched over HTTPS (plain HTTP only to loopback), never on a
+/// handshake's path: a background task fetches it at start and every
+/// refresh interval; a token naming a `kid` the cached set lacks asks for an
+/// early refresh (at most one in flight, at most one per
+/// [`MIN_KID_REFRESH_GAP`]) and waits for it at most
+/// `jwks_unknown_kid_wait`. Handshakes with known keys never wait.
 struct RemoteJwks {
     url: String,
     alg: Algorithm,
     binding: Option<Arc<Binding>>,
-    state: tokio::sync::Mutex<RemoteState>,
+    keys: parking_lot::RwLock<Arc<Vec<Key>>>,
+    refresh: parking_lot::Mutex<RefreshState>,
+    /// Bumped when a fetch ends (either way).
+    fetched: tokio::sync::watch::Sender<u64>,
 }
 
-struct RemoteState {
-    keys: Vec<Key>,
-    last_fetch: Option<Instant>,
+#[derive(Default)]
+struct RefreshState {
+    in_flight: bool,
+    last_start: Option<Instant>,
 }
 
 /// Largest JWKS document accepted.
 const MAX_JWKS_BYTES: usize = 1024 * 1024;
-/// Time allowed for one JWKS fetch.
-const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Shortest gap between two refreshes asked for by unknown `kid`s: a flood
+/// of made-up kids costs the issuer one fetch per gap.
+const MIN_KID_REFRESH_GAP: Duration = Duration::from_secs(5);
 
 /// Verifies tokens against the configured keys.
 pub struct Authenticator {
     keys: Vec<Key>,
-    remote: Vec<RemoteJwks>,
+    remote: Vec<Arc<RemoteJwks>>,
     settings: AuthSettings,
     tenants: BTreeSet<String>,
-    refresh_interval: Duration,
     http: reqwest::Client,
+    /// Called with each fetch's outcome (`ok`, `error`), for metrics.
+    on_fetch: Arc<dyn Fn(&'static str) + Send + Sync>,
 }
 
 fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
@@ -300,38 +310,134 @@ fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
     }])
 }
 
+/// Start a background fetch of `r` unless one is in flight (or, unless
+/// `scheduled`, one started less than [`MIN_KID_REFRESH_GAP`] ago). True if
+/// one was started.
+fn refresh(
+    r: &Arc<RemoteJwks>,
+    http: &reqwest::Client,
+    on_fetch: &Arc<dyn Fn(&'static str) + Send + Sync>,
+    scheduled: bool,
+) -> bool {
+    {
+        let mut st = r.refresh.lock();
+        let recent = st
+            .last_start
+            .is_some_and(|t| t.elapsed() < MIN_KID_REFRESH_GAP);
+        if st.in_flight || (!scheduled && recent) {
+            return false;
+        }
+        st.in_flight = true;
+        st.last_start = Some(Instant::now());
+    }
+    let (r, http, on_fetch) = (r.clone(), http.clone(), on_fetch.clone());
+    crate::task::spawn("jwks-fetch", async move {
+        match fetch_jwks(&http, &r).await {
+            Ok(keys) => {
+                *r.keys.write() = Arc::new(keys);
+                on_fetch("ok");
+            }
+            Err(e) => {
+                // The URL is configuration, not a secret; the error has no token.
+                tracing::warn!(url = %r.url, error = %e, "JWKS fetch failed; keeping the cached keys");
+                on_fetch("error");
+            }
+        }
+        r.refresh.lock().in_flight = false;
+        r.fetched.send_modify(|g| *g += 1);
+    });
+    true
+}
+
+/// One bounded fetch: a 2xx answer (redirects are not followed), at most
+/// [`MAX_JWKS_BYTES`], within the client's timeout.
+async fn fetch_jwks(http: &reqwest::Client, r: &RemoteJwks) -> Result<Vec<Key>, String> {
+    let mut resp = http.get(&r.url).send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(if status.is_redirection() {
+            format!("HTTP {status}: redirects are not followed")
+        } else {
+            format!("HTTP {status}")
+        });
+    }
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
+    {
+        return Err("JWKS document too large".to_owned());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_JWKS_BYTES {
+            return Err("JWKS document too large".to_owned());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let set: JwkSet = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    Ok(keys_from_jwks(&set, r.alg, r.binding.as_ref()))
+}
+
 impl Authenticator {
     /// Load every key. Fails on unreadable or invalid key files; a JWKS URL
-    /// is fetched lazily (an unreachable issuer must not stop the gateway).
+    /// is fetched in the background (an unreachable issuer must not stop
+    /// the gateway): call [`Authenticator::start`] inside the runtime.
     pub fn new(settings: &AuthSettings, tenants: BTreeSet<String>) -> Result<Self, String> {
         let mut keys = Vec::new();
         let mut remote = Vec::new();
         for k in &settings.keys {
             keys.extend(load_key(k)?);
             if let KeySource::JwksUrl(url) = &k.source {
-                remote.push(RemoteJwks {
+                crate::config::check_jwks_url(url)?;
+                remote.push(Arc::new(RemoteJwks {
                     url: url.clone(),
                     alg: jwt_algorithm(k.algorithm),
                     binding: Binding::new(k)?,
-                    state: tokio::sync::Mutex::new(RemoteState {
-                        keys: Vec::new(),
-                        last_fetch: None,
-                    }),
-                });
+                    keys: parking_lot::RwLock::new(Arc::new(Vec::new())),
+                    refresh: parking_lot::Mutex::new(RefreshState::default()),
+                    fetched: tokio::sync::watch::channel(0).0,
+                }));
             }
         }
         let http = reqwest::Client::builder()
-            .timeout(JWKS_FETCH_TIMEOUT)
+            .timeout(settings.jwks_fetch_timeout)
+            .connect_timeout(settings.jwks_fetch_timeout)
+            // A redirect could lead anywhere (plain http, another host).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("http client: {e}"))?;
         Ok(Self {
             keys,
             remote,
-            refresh_interval: settings.jwks_refresh_interval,
             settings: settings.clone(),
             tenants,
             http,
+            on_fetch: Arc::new(|_| {}),
         })
+    }
+
+    /// Report each JWKS fetch's outcome to `f`.
+    pub fn on_fetch(&mut self, f: impl Fn(&'static str) + Send + Sync + 'static) {
+        self.on_fetch = Arc::new(f);
+    }
+
+    /// Start the background refresh of every JWKS URL (fetch now, then
+    /// every `jwks_refresh_interval`), until `stop` is cancelled.
+    pub fn start(&self, stop: tokio_util::sync::CancellationToken) {
+        for r in &self.remote {
+            let (r, http, on_fetch) = (r.clone(), self.http.clone(), self.on_fetch.clone());
+            let interval = self.settings.jwks_refresh_interval;
+            let stop = stop.clone();
+            crate::task::spawn("jwks-refresh", async move {
+                loop {
+                    refresh(&r, &http, &on_fetch, true);
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+            });
+        }
     }
 
     /// The first HS* secret, for `exec-gateway token`.
@@ -342,58 +448,42 @@ impl Authenticator {
         })
     }
 
-    async fn fetch(&self, r: &RemoteJwks) -> Result<Vec<Key>, String> {
-        let mut resp = self
-            .http
-            .get(&r.url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .error_for_status()
-            .map_err(|e| e.to_string())?;
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
-            if body.len() + chunk.len() > MAX_JWKS_BYTES {
-                return Err("JWKS document too large".to_owned());
-            }
-            body.extend_from_slice(&chunk);
-        }
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        Ok(keys_from_jwks(&set, r.alg, r.binding.as_ref()))
-    }
-
-    /// Keys of remote sets matching `kid`, refreshing once per interval.
+    /// Keys of remote sets matching `kid`. Cached keys answer at once; a
+    /// miss asks for a refresh and waits for it at most
+    /// `jwks_unknown_kid_wait`.
     async fn remote_keys(&self, kid: Option<&str>, alg: Algorithm) -> Vec<Key> {
-        let mut out = Vec::new();
-        for r in &self.remote {
-            if r.alg != alg {
-                continue;
-            }
-            let mut state = r.state.lock().await;
-            let known = state
-                .keys
+        let matching = |r: &RemoteJwks| -> Vec<Key> {
+            r.keys
+                .read()
                 .iter()
-                .any(|k| kid.is_none() || k.kid.as_deref() == kid);
-            let may_refresh = state
-                .last_fetch
-                .is_none_or(|t| t.elapsed() >= self.refresh_interval);
-            if !known && may_refresh {
-                state.last_fetch = Some(Instant::now());
-                match self.fetch(r).await {
-                    Ok(keys) => state.keys = keys,
-                    // The URL is configuration, not a secret; the error text has no token.
-                    Err(e) => tracing::warn!(url = %r.url, error = %e, "JWKS fetch failed"),
-                }
-            }
-            out.extend(
-                state
-                    .keys
-                    .iter()
-                    .filter(|k| kid.is_none() || k.kid.as_deref() == kid)
-                    .cloned(),
-            );
+                .filter(|k| kid.is_none() || k.kid.as_deref() == kid)
+                .cloned()
+                .collect()
+        };
+        let sets: Vec<&Arc<RemoteJwks>> = self.remote.iter().filter(|r| r.alg == alg).collect();
+        let found: Vec<Key> = sets.iter().flat_map(|r| matching(r)).collect();
+        if !found.is_empty() {
+            return found;
         }
-        out
+        let mut waits = Vec::new();
+        for r in &sets {
+            let mut rx = r.fetched.subscribe();
+            rx.mark_unchanged();
+            if refresh(r, &self.http, &self.on_fetch, false) || r.refresh.lock().in_flight {
+                waits.push(async move {
+                    let _ = rx.changed().await;
+                });
+            }
+        }
+        if waits.is_empty() {
+            return Vec::new();
+        }
+        let _ = tokio::time::timeout(
+            self.settings.jwks_unknown_kid_wait,
+            futures_util::future::join_all(waits),
+        )
+        .await;
+        sets.iter().flat_map(|r| matching(r)).collect()
     }
 
     /// Verify a bearer token.

@@ -13,12 +13,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, OpFuture, SessionBackend};
+use super::{Backend, OpFuture, RunScope, SessionBackend};
 use crate::error::GatewayError;
 use crate::exec::{Api, ExecSettings, ProcessTable, StartOptions};
 use crate::fs::{FsDone, FsError, FsOp, FsRoot};
 use crate::isolation::sandbox::Sandbox;
-use crate::outbound::Attachment;
+use crate::outbound::{Attachment, Outbound};
 use crate::protocol::environment::{
     ConfigLayers, ConfigReadParams, ConfigReadResponse, DiscoverResponse, EnvironmentInfo,
     RootsResponse, Shell, StatusResponse,
@@ -33,7 +33,7 @@ use crate::protocol::process::{ExecParams, ExecResponse, SandboxType};
 use crate::protocol::revision::{Revision, RevisionCell};
 use crate::protocol::v0::{CommandExecParams, CommandExecResponse, CommandExecWriteResponse};
 use crate::protocol::{ByteChunk, Empty, base64_decode, notify};
-use crate::rpc::{Call, Op, Open, Opened, Outcome, Reply};
+use crate::rpc::{Call, EncodedReply, Op, Open, Opened, Outcome, Reply};
 use crate::spawn::{LocalSpawner, Spawner};
 use crate::worker::WorkerPool;
 
@@ -79,6 +79,8 @@ struct Shared {
     exec: Arc<ExecSettings>,
     runner: Runner,
     env: EnvironmentSpec,
+    /// `fs/readFile` limit (`max_read_file_bytes`).
+    max_read_file_bytes: u64,
 }
 
 impl LocalBackend {
@@ -87,6 +89,7 @@ impl LocalBackend {
         exec: Arc<ExecSettings>,
         runner: Runner,
         env: EnvironmentSpec,
+        max_read_file_bytes: u64,
     ) -> LocalBackend {
         LocalBackend {
             shared: Arc::new(Shared {
@@ -94,6 +97,7 @@ impl LocalBackend {
                 exec,
                 runner,
                 env,
+                max_read_file_bytes,
             }),
         }
     }
@@ -186,6 +190,45 @@ impl Shared {
         }
     }
 
+    /// `fs/readFile`: over the limit is -32602 naming it; the reply's
+    /// bytes are reserved in the caller's outbound budgets (waiting for
+    /// room) before the file is read, and it is encoded as it is read.
+    async fn read_file(
+        &self,
+        p: PathParams,
+        revision: Revision,
+        reply: Option<Outbound>,
+    ) -> Result<Outcome, GatewayError> {
+        let err = |e: FsError| e.into_gateway_error(revision);
+        let file = self.fs_file(FsOp::OpenRead(p)).await.map_err(err)?;
+        let len = file
+            .metadata()
+            .map_err(|e| err(FsError::from_io(&e)))?
+            .len();
+        let limit = self.max_read_file_bytes;
+        if len > limit {
+            return Err(GatewayError::InvalidParams(format!(
+                "file is {len} bytes, over this gateway's fs/readFile limit of {limit} bytes (max_read_file_bytes); read it in blocks with fs/open and fs/readBlock, or stream it with gRPC FileService/ReadFile"
+            )));
+        }
+        let Some(out) = reply else {
+            let data = blocking(move || crate::fs::read_whole(file, limit))
+                .await
+                .map_err(err)?;
+            return Ok(Outcome::Reply(Reply::FsReadFile(ReadFileResponse {
+                data_base64: ByteChunk(data),
+            })));
+        };
+        let size = usize::try_from(crate::config::read_file_reply_bytes(len)).unwrap_or(usize::MAX);
+        let held = out.reserve(size).await.map_err(|_| {
+            GatewayError::Internal("the connection closed before the reply was sent".to_owned())
+        })?;
+        let result = blocking(move || crate::fs::read_encoded(file, len))
+            .await
+            .map_err(err)?;
+        Ok(Outcome::Encoded(EncodedReply { result, held }))
+    }
+
     async fn fs_file(&self, op: FsOp) -> Result<std::fs::File, FsError> {
         match self.fs(op).await? {
             FsDone::File(f) => Ok(f),
@@ -199,7 +242,8 @@ impl Shared {
         Ok(match call {
             Call::FsReadFile(p) => {
                 let file = self.fs_file(FsOp::OpenRead(p)).await.map_err(err)?;
-                let data = blocking(move || crate::fs::read_whole(file))
+                let limit = self.max_read_file_bytes;
+                let data = blocking(move || crate::fs::read_whole(file, limit))
                     .await
                     .map_err(err)?;
                 // Encoded later, straight into the response frame.
@@ -767,10 +811,14 @@ async fn exist(root: &Arc<FsRoot>, paths: Vec<WirePath>) -> Result<Vec<bool>, Ga
 }
 
 impl SessionBackend for LocalSession {
-    fn run(self: Arc<Self>, op: Op, evicted: CancellationToken) -> OpFuture {
+    fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture {
         Box::pin(async move {
             match op {
-                Op::Call(call) => self.call(call, evicted).await.map(Outcome::Reply),
+                Op::Call(Call::FsReadFile(p)) => {
+                    let revision = self.revision.or_default();
+                    self.shared.read_file(p, revision, scope.reply).await
+                }
+                Op::Call(call) => self.call(call, scope.evicted).await.map(Outcome::Reply),
                 Op::Open(open) => self.open(open).await,
             }
         })

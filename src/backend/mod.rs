@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
-use crate::outbound::Attachment;
+use crate::outbound::{Attachment, Outbound};
 use crate::protocol::environment::EnvironmentInfo;
 use crate::protocol::revision::RevisionCell;
 use crate::rpc::{Op, Outcome};
@@ -43,11 +43,21 @@ pub trait Backend: Send + Sync {
     fn retire(&self);
 }
 
+/// What a session's operation runs with besides itself.
+#[derive(Debug, Clone, Default)]
+pub struct RunScope {
+    /// Cancelled when another connection takes the session over (a
+    /// long-poll then ends).
+    pub evicted: CancellationToken,
+    /// The caller's outbound queue, when the reply goes to one: large
+    /// replies reserve their bytes there before they are built.
+    pub reply: Option<Outbound>,
+}
+
 /// One session's runtime.
 pub trait SessionBackend: Send + Sync {
-    /// Run an operation. `evicted` is cancelled when another connection
-    /// takes the session over (a long-poll then ends).
-    fn run(self: Arc<Self>, op: Op, evicted: CancellationToken) -> OpFuture;
+    /// Run an operation.
+    fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture;
 
     /// Kill every process of the session (session end, shutdown).
     fn kill_all(&self);

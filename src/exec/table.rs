@@ -13,6 +13,7 @@ use super::output::OutputLog;
 use super::process::{GroupGuard, NewProcess, Process, ProcessPermits};
 use super::pump::{Output, Pump};
 use super::stdin::Stdin;
+use super::write_ids::MAX_WRITE_ID_BYTES;
 use super::{Api, ExecSettings, env};
 use crate::error::GatewayError;
 use crate::isolation::signal;
@@ -349,6 +350,14 @@ impl ProcessTable {
     /// `process/write`; unknown ids are a status, not an error.
     pub async fn write(&self, params: WriteParams) -> Result<WriteResponse, GatewayError> {
         let status = |status| Ok(WriteResponse { status });
+        if let Some(id) = &params.write_id
+            && id.len() > MAX_WRITE_ID_BYTES
+        {
+            return Err(GatewayError::InvalidParams(format!(
+                "writeId is {} bytes; at most {MAX_WRITE_ID_BYTES} are accepted",
+                id.len()
+            )));
+        }
         self.sweep();
         let process = match self.entries.lock().get(&params.process_id) {
             Some(Entry::Running(p)) => p.clone(),
@@ -526,7 +535,7 @@ mod tests {
         tokio::sync::mpsc::Receiver<crate::outbound::OutFrame>,
     ) {
         let attachment = Arc::new(Attachment::default());
-        let (out, rx) = Outbound::channel();
+        let (out, rx) = Outbound::channel(crate::outbound::ByteBudget::unlimited());
         let _ = attachment.attach(1, out);
         let t = ProcessTable::new(
             attachment,

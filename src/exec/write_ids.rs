@@ -1,14 +1,23 @@
 //! `writeId` de-duplication: a repeated id is acknowledged, not written twice.
+//!
+//! Bounded in bytes: ids longer than [`MAX_WRITE_ID_BYTES`] are refused
+//! before they get here, and each remembered id is stored once, so a
+//! process's table holds at most [`WRITE_IDS_PER_PROCESS`] ×
+//! [`MAX_WRITE_ID_BYTES`] bytes of ids (1 MiB).
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 /// `writeId`s remembered per process (oldest forgotten first).
 pub const WRITE_IDS_PER_PROCESS: usize = 4096;
+/// Longest `writeId` accepted (Codex sends UUIDs: 36 bytes).
+pub const MAX_WRITE_ID_BYTES: usize = 256;
 
 #[derive(Debug, Default)]
 pub struct WriteIds {
-    order: VecDeque<String>,
-    seen: HashSet<String>,
+    order: VecDeque<Arc<str>>,
+    seen: HashSet<Arc<str>>,
+    bytes: usize,
 }
 
 impl WriteIds {
@@ -20,11 +29,19 @@ impl WriteIds {
         if self.order.len() >= WRITE_IDS_PER_PROCESS
             && let Some(old) = self.order.pop_front()
         {
+            self.bytes -= old.len();
             self.seen.remove(&old);
         }
-        self.order.push_back(id.to_owned());
-        self.seen.insert(id.to_owned());
+        let id: Arc<str> = Arc::from(id);
+        self.bytes += id.len();
+        self.order.push_back(id.clone());
+        self.seen.insert(id);
         true
+    }
+
+    /// Bytes of ids held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -43,5 +60,15 @@ mod tests {
         // "a" was the oldest: forgotten, so new again.
         assert!(ids.insert("a"));
         assert!(!ids.insert(&(WRITE_IDS_PER_PROCESS - 1).to_string()));
+    }
+
+    #[test]
+    fn the_table_is_bounded_in_bytes() {
+        let mut ids = WriteIds::default();
+        for i in 0..3 * WRITE_IDS_PER_PROCESS {
+            let id = format!("{i:0>MAX_WRITE_ID_BYTES$}");
+            assert!(ids.insert(&id));
+        }
+        assert_eq!(ids.bytes(), WRITE_IDS_PER_PROCESS * MAX_WRITE_ID_BYTES);
     }
 }

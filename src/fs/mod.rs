@@ -683,29 +683,64 @@ impl Drop for FsCreds {
     }
 }
 
-/// Largest file `fs/readFile` returns (the reference's limit).
-pub const MAX_READ_FILE_BYTES: u64 = 512 * 1024 * 1024;
-
-/// Read an opened file for `fs/readFile` (up to [`MAX_READ_FILE_BYTES`]).
-pub fn read_whole(mut file: std::fs::File) -> Result<Vec<u8>, FsError> {
-    let too_large = || {
-        FsError::InvalidRequest(format!(
-            "file is too large to read: limit is {MAX_READ_FILE_BYTES} bytes"
-        ))
-    };
+/// Read an opened file for `fs/readFile`, refusing one over `limit` bytes.
+pub fn read_whole(mut file: std::fs::File, limit: u64) -> Result<Vec<u8>, FsError> {
+    let too_large =
+        || FsError::InvalidRequest(format!("file is too large to read: limit is {limit} bytes"));
     let len = file.metadata().map_err(|e| FsError::from_io(&e))?.len();
-    if len > MAX_READ_FILE_BYTES {
+    if len > limit {
         return Err(too_large());
     }
     let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     std::io::Read::by_ref(&mut file)
-        .take(MAX_READ_FILE_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut data)
         .map_err(|e| FsError::from_io(&e))?;
-    if data.len() as u64 > MAX_READ_FILE_BYTES {
+    if data.len() as u64 > limit {
         return Err(too_large());
     }
     Ok(data)
+}
+
+/// Bytes read per step while encoding a file (a multiple of 3, so the
+/// base64 of the steps concatenates).
+const ENCODE_STEP_BYTES: usize = 3 * 256 * 1024;
+
+/// The JSON `result` of `fs/readFile` for an opened file of `len` bytes,
+/// base64-encoded as it is read: only one step of raw bytes is ever held
+/// besides the result. A file that grew past `len` since it was measured
+/// is an error (the reply's bytes were reserved for `len`).
+pub fn read_encoded(mut file: std::fs::File, len: u64) -> Result<String, FsError> {
+    let capacity = usize::try_from(len.div_ceil(3) * 4 + 20).unwrap_or(0);
+    let mut out = String::with_capacity(capacity);
+    out.push_str(r#"{"dataBase64":""#);
+    let mut buf = vec![0u8; ENCODE_STEP_BYTES];
+    let mut total = 0u64;
+    loop {
+        // Fill the step completely (short reads happen) so only the last
+        // step's base64 is padded.
+        let mut filled = 0;
+        while filled < buf.len() {
+            match file.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FsError::from_io(&e)),
+            }
+        }
+        total += filled as u64;
+        if total > len {
+            return Err(FsError::Io(
+                "file grew while it was being read; read it again".to_owned(),
+            ));
+        }
+        crate::protocol::base64_into(&buf[..filled], &mut out);
+        if filled < buf.len() {
+            break;
+        }
+    }
+    out.push_str("\"}");
+    Ok(out)
 }
 
 /// Write all of `data` to an opened file, mapping errors as `fs/writeFile`.

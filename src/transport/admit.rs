@@ -50,6 +50,7 @@ impl Caller {
             tenant: self.tenant.clone(),
             session,
             evicted,
+            reply: None,
         }
     }
 }

@@ -1,13 +1,31 @@
-//! Plain HTTP on the websocket listener: `/healthz` (alive), `/readyz`
-//! (accepting new sessions; 503 while draining) and `/metrics` (Prometheus).
+//! Plain HTTP: on the client port only what a load balancer needs
+//! (`/healthz` alive, `/readyz` accepting sessions, no details); everything
+//! an operator reads (`/metrics`, `/readyz` with the isolation report, any
+//! future admin route) on the admin listener (`server.admin_listen`,
+//! loopback by default, a bearer token required when it is not).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::gateway::Gateway;
+
+const PLAIN: &str = "text/plain; charset=utf-8";
+/// Concurrent admin connections.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Time an admin client has to send its request head.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time an admin connection may stay open.
+const ADMIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -17,28 +35,79 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-/// Answer a non-upgrade request.
-pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
-    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        return text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            PLAIN,
-            "method not allowed\n".into(),
-        );
+fn method_allowed(req: &Request<Incoming>) -> bool {
+    req.method() == hyper::Method::GET || req.method() == hyper::Method::HEAD
+}
+
+fn not_allowed() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        PLAIN,
+        "method not allowed\n".into(),
+    )
+}
+
+fn ready_status(gw: &Gateway) -> (StatusCode, &'static str) {
+    if gw.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
+}
+
+/// Answer a non-upgrade request on the client port: status only.
+pub fn route_public(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
+    if !method_allowed(req) {
+        return not_allowed();
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
         "/readyz" => {
-            if gw.is_draining() {
-                text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "draining\n".into())
+            let (status, body) = ready_status(gw);
+            text(status, PLAIN, body.into())
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            "not found; connect with a websocket client\n".into(),
+        ),
+    }
+}
+
+/// Answer a request on the admin listener.
+fn route_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
+    if !method_allowed(req) {
+        return not_allowed();
+    }
+    if let Some(token) = &gw.settings.admin_token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), &token.0) {
+            let mut r = text(
+                StatusCode::UNAUTHORIZED,
+                PLAIN,
+                "admin token required\n".into(),
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/readyz" => {
+            let (status, head) = ready_status(gw);
+            let body = if status == StatusCode::OK {
+                format!("{head}{}", gw.isolation_report())
             } else {
-                text(
-                    StatusCode::OK,
-                    PLAIN,
-                    format!("ready\n{}", gw.isolation_report()),
-                )
-            }
+                head.to_owned()
+            };
+            text(status, PLAIN, body)
         }
         "/metrics" => text(
             StatusCode::OK,
@@ -48,7 +117,65 @@ pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
         _ => text(
             StatusCode::NOT_FOUND,
             PLAIN,
-            "not found; connect with a websocket client\n".into(),
+            "not found; admin routes: /metrics /readyz /healthz\n".into(),
         ),
+    }
+}
+
+/// Compare without an early exit, so timing does not reveal a prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Serve the admin listener until the gateway stops.
+pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
+    let slots = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = gw.stopped() => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(tcp);
+            continue;
+        };
+        let gw = gw.clone();
+        crate::task::spawn("admin-conn", async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let r = route_admin(&req, &gw);
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), svc);
+            if let Ok(Err(e)) = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, conn).await {
+                tracing::debug!(%peer, error = %e, "admin connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
     }
 }

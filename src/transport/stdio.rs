@@ -77,7 +77,11 @@ pub async fn serve<R, W>(
             }
         })
         .boxed();
-    let (out, mut rx) = Outbound::channel();
+    let budget = match &caller {
+        Ok(c) => c.tenant().outbound.clone(),
+        Err(_) => crate::outbound::ByteBudget::unlimited(),
+    };
+    let (out, mut rx) = Outbound::channel(budget);
     let writer_task = crate::task::spawn("stdio-writer", async move {
         while let Some(frame) = rx.recv().await {
             let OutFrame::Text(t, _permit) = frame else {

@@ -1,7 +1,7 @@
-//! The websocket door: hyper serves HTTP/1 on the listener (with a header
-//! read timeout and a connection cap), answers `/healthz`, `/readyz` and
-//! `/metrics`, and upgrades any other path to a websocket carrying one
-//! JSON-RPC message per frame.
+//! The websocket door: hyper serves HTTP/1 on the listener (admitted and
+//! timed by `transport::admission`), answers `/healthz` and a bare
+//! `/readyz` for load balancers, and upgrades any other path to a
+//! websocket carrying one JSON-RPC message per frame.
 //!
 //! The handshake is ours (not tungstenite's) so that a `Sec-WebSocket-Extensions`
 //! offer such as permessage-deflate is *declined* per RFC 7692 (no extension
@@ -20,28 +20,28 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, Conn, Door, Guarded};
 use super::admit::{Caller, admit};
 use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
 
-/// How long a client may take to send its request head (slowloris defence).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest HTTP request head accepted.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Outbound frames written before one flush.
 const WRITE_BATCH: usize = 32;
 
-/// Accept connections until the gateway stops.
-pub async fn serve(listener: TcpListener, gw: Arc<Gateway>) {
-    let slots = Arc::new(Semaphore::new(gw.settings.max_connections));
+/// Accept connections until the gateway stops. Each is unauthenticated
+/// (bounded by `admission`, closed at the handshake timeout) until its
+/// upgrade authenticates.
+pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -56,8 +56,7 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>) {
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection limit reached; refusing");
+        let Some(conn) = admission.accept(Door::Websocket, peer.ip()) else {
             drop(tcp);
             continue;
         };
@@ -65,16 +64,16 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>) {
             tracing::debug!(error = %e, "set_nodelay failed");
         }
         let gw = gw.clone();
+        let timeout = admission.handshake_timeout;
         crate::task::spawn("http-conn", async move {
-            let permit = Arc::new(permit);
-            let svc = hyper::service::service_fn(move |req| {
-                handle(req, gw.clone(), peer, permit.clone())
-            });
+            let io = Guarded::new(tcp, conn.clone(), Some(peer));
+            let svc =
+                hyper::service::service_fn(move |req| handle(req, gw.clone(), peer, conn.clone()));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(timeout)
                 .max_buf_size(MAX_HEADER_BYTES.max(8192))
-                .serve_connection(TokioIo::new(tcp), svc)
+                .serve_connection(TokioIo::new(io), svc)
                 .with_upgrades();
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "http connection ended");
@@ -101,12 +100,12 @@ async fn handle(
     req: Request<Incoming>,
     gw: Arc<Gateway>,
     peer: SocketAddr,
-    permit: Arc<OwnedSemaphorePermit>,
+    conn: Arc<Conn>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
         && header_has_token(&req, header::UPGRADE, "websocket");
     if !is_upgrade {
-        return Ok(super::http::route(&req, &gw));
+        return Ok(super::http::route_public(&req, &gw));
     }
     if req.method() != hyper::Method::GET {
         return Ok(response(
@@ -170,6 +169,14 @@ async fn handle(
             return Ok(r);
         }
     };
+    if let Err(e) = conn.promote(caller.tenant()) {
+        tracing::info!(%peer, tenant = %caller.tenant().name, "websocket refused: connection cap reached");
+        let _ = e;
+        return Ok(response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection limit reached; retry later\n",
+        ));
+    }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let config = WebSocketConfig::default()
         .max_message_size(Some(gw.settings.max_message_bytes))
@@ -192,7 +199,6 @@ async fn handle(
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
-        drop(permit);
     });
     let mut r = response(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
     let h = r.headers_mut();
@@ -209,15 +215,18 @@ async fn handle(
 const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
 /// Bytes of frames gathered before tungstenite writes to the socket.
 const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
-/// Frames queued in tungstenite beyond which a write fails (never unbounded).
-const WS_MAX_WRITE_BUFFER_BYTES: usize = 8 * 1024 * 1024;
+/// Frames queued in tungstenite beyond which a write fails. A frame is
+/// written whole, so this must exceed the largest reply (an `fs/readFile`
+/// at the highest limit); what is queued is bounded by the outbound
+/// budgets, whose reservations are held until the write is flushed.
+const WS_MAX_WRITE_BUFFER_BYTES: usize = 1024 * 1024 * 1024;
 
 async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr, caller: Caller)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sink, mut stream) = ws.split();
-    let (out, mut rx) = Outbound::channel();
+    let (out, mut rx) = Outbound::channel(caller.tenant().outbound.clone());
     let done = CancellationToken::new();
     let slow_client_timeout = gw.settings.slow_client_timeout;
 
@@ -241,10 +250,15 @@ where
             }
             let write = async {
                 let mut close = None;
+                // Reservations are released once their frames are flushed
+                // to the socket (not when copied into the write buffer).
+                let mut written = Vec::with_capacity(batch.len());
                 for frame in batch.drain(..) {
                     match frame {
-                        // The byte-budget permit is released once written.
-                        OutFrame::Text(t, _permit) => sink.feed(Message::text(t)).await?,
+                        OutFrame::Text(t, held) => {
+                            sink.feed(Message::text(t)).await?;
+                            written.push(held);
+                        }
                         OutFrame::Close { code, reason } => {
                             close = Some(CloseFrame {
                                 code: CloseCode::from(code),
@@ -255,6 +269,7 @@ where
                     }
                 }
                 sink.flush().await?;
+                drop(written);
                 Ok::<_, WsError>(close)
             };
             match tokio::time::timeout(slow_client_timeout, write).await {

@@ -48,6 +48,8 @@ pub struct Gateway {
     pub addr: String,
     /// `http://127.0.0.1:PORT` of the gRPC listener.
     pub grpc: String,
+    /// `127.0.0.1:PORT` of the admin listener (`/metrics`, detailed `/readyz`).
+    pub admin: String,
     /// The HS256 secret of the config's key (tokens are minted with it).
     pub secret: Vec<u8>,
     pub dir: tempfile::TempDir,
@@ -116,6 +118,8 @@ impl Gateway {
             .arg("ws://127.0.0.1:0")
             .arg("--grpc-listen")
             .arg("127.0.0.1:0")
+            .arg("--admin-listen")
+            .arg("127.0.0.1:0")
             .arg("--config")
             .arg(&config)
             // Its own state dir (tenants' private /tmp): gateways of
@@ -129,12 +133,13 @@ impl Gateway {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
-            let (mut ws, mut grpc) = (String::new(), String::new());
+            let (mut ws, mut grpc, mut admin) = (String::new(), String::new(), String::new());
             let _ = r.read_line(&mut ws);
             let _ = r.read_line(&mut grpc);
-            let _ = tx.send((ws, grpc));
+            let _ = r.read_line(&mut admin);
+            let _ = tx.send((ws, grpc, admin));
         });
-        let (line, grpc_line) = rx
+        let (line, grpc_line, admin_line) = rx
             .recv_timeout(EVENT_TIMEOUT)
             .expect("gateway printed its URLs");
         let url = line.trim().to_owned();
@@ -145,11 +150,17 @@ impl Gateway {
             grpc.starts_with("http://127.0.0.1:"),
             "second line: {grpc_line:?}"
         );
+        let admin = admin_line.trim().replace("admin http://", "");
+        assert!(
+            admin.starts_with("127.0.0.1:"),
+            "third line: {admin_line:?}"
+        );
         Gateway {
             child,
             url,
             addr,
             grpc,
+            admin,
             secret,
             dir,
         }
@@ -233,14 +244,29 @@ impl Gateway {
         }
     }
 
-    /// Plain HTTP GET on the gateway port; returns (status, body).
+    /// GET `path` on the client port (websocket listener).
     pub async fn http_get(&self, path: &str) -> (u16, String) {
+        http_get_at(&self.addr, path, None).await
+    }
+
+    /// GET `path` on the admin listener.
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get_at(&self.admin, path, None).await
+    }
+}
+
+/// GET `path` from `addr` (with `authorization`, if given): status and body.
+pub async fn http_get_at(addr: &str, path: &str, authorization: Option<&str>) -> (u16, String) {
+    {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut s = tokio::time::timeout(EVENT_TIMEOUT, TcpStream::connect(&self.addr))
+        let auth = authorization
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        let mut s = tokio::time::timeout(EVENT_TIMEOUT, TcpStream::connect(addr))
             .await
             .expect("connect timeout")
             .expect("connect");
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n");
         s.write_all(req.as_bytes()).await.expect("write");
         let mut buf = Vec::new();
         tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf))

@@ -59,7 +59,7 @@ def gateway(tmp_path):
     )
     proc = subprocess.Popen(
         [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0",
-         "--grpc-listen", "127.0.0.1:0",
+         "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
          "--config", str(tmp_path / "gateway.toml")],
         stdout=subprocess.PIPE,
         text=True,
@@ -69,8 +69,11 @@ def gateway(tmp_path):
         assert url.startswith("ws://127.0.0.1:"), url
         grpc_url = proc.stdout.readline().strip()
         assert grpc_url.startswith("grpc://127.0.0.1:"), grpc_url
+        admin = proc.stdout.readline().strip()
+        assert admin.startswith("admin http://127.0.0.1:"), admin
         gw = Gateway(url, secret)
         gw.grpc_target = grpc_url.removeprefix("grpc://")
+        gw.admin_url = admin.removeprefix("admin ")
         yield gw
     finally:
         proc.terminate()

@@ -97,6 +97,7 @@ class TenantGateway:
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
             [gateway_binary(), "serve", "--listen", "ws://127.0.0.1:0",
+             "--admin-listen", "127.0.0.1:0",
              "--config", str(scratch / "gateway.toml")],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"),
@@ -106,6 +107,7 @@ class TenantGateway:
         if not self.url.startswith("ws://127.0.0.1:"):
             self.close()
             raise AssertionError(f"gateway did not start: {self.url!r}\n{self.log()}")
+        self.admin_url = self.proc.stdout.readline().strip().removeprefix("admin ")
 
     def token(self, **claims) -> str:
         """Like Codex's signed bearer tokens: no tenant, no scope claim."""
@@ -115,8 +117,7 @@ class TenantGateway:
 
     def metrics(self) -> dict[tuple[str, str], float]:
         """exec_gateway_requests_total for t1: (method, outcome) -> count."""
-        http = self.url.replace("ws://", "http://")
-        with urllib.request.urlopen(f"{http}/metrics", timeout=30) as r:
+        with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=30) as r:
             text = r.read().decode()
         out = {}
         for m in re.finditer(r'^exec_gateway_requests_total\{([^}]*)\} (\S+)$', text, re.M):

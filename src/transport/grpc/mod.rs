@@ -16,10 +16,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures_util::StreamExt as _;
 use hyper::http;
 
 use crate::gateway::Gateway;
+use crate::transport::admission::{Admission, ConnInfo, Door, Guarded};
 use crate::transport::admit::admit;
 pub use services::GrpcApi;
 
@@ -90,8 +90,17 @@ where
             None,
         );
         let gw = self.gw.clone();
+        let conn = req.extensions().get::<ConnInfo>().map(|c| c.conn.clone());
         Box::pin(async move {
-            match admit(&gw, token.as_deref()).await {
+            let admitted = admit(&gw, token.as_deref()).await.and_then(|caller| {
+                // The first authenticated call moves the connection into
+                // the authenticated slots (its handshake deadline ends).
+                if let Some(conn) = &conn {
+                    conn.promote(caller.tenant())?;
+                }
+                Ok(caller)
+            });
+            match admitted {
                 Ok(caller) => {
                     req.extensions_mut().insert(caller);
                     inner.call(req).await
@@ -112,9 +121,53 @@ pub const HTTP2_MAX_FRAME_BYTES: u32 = 1024 * 1024;
 /// Concurrent HTTP/2 streams per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 
+/// Connections handed from the accept loop to tonic at once.
+const ACCEPT_QUEUE: usize = 64;
+
+/// Accept connections, admitting each as unauthenticated (module
+/// `transport::admission`): refused ones are dropped at once, admitted ones
+/// are closed at the handshake timeout unless a call authenticates first
+/// (this also bounds the wait for the HTTP/2 preface).
+fn admitted(
+    listener: tokio::net::TcpListener,
+    gw: Arc<Gateway>,
+    admission: Arc<Admission>,
+) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+    crate::task::spawn("grpc-accept", async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = gw.stopped() => break,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Some(conn) = admission.accept(Door::Grpc, peer.ip()) else {
+                drop(tcp);
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            if tx
+                .send(Ok(Guarded::new(tcp, conn, Some(peer))))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
 /// stops.
-pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
+pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
     use pb::environment_service_server::EnvironmentServiceServer;
     use pb::file_service_server::FileServiceServer;
     use pb::process_service_server::ProcessServiceServer;
@@ -158,12 +211,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
                 .await;
         })
     };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
+    let incoming = admitted(listener, gw.clone(), admission);
     let result = tonic::transport::Server::builder()
         // Bulk streams need more than HTTP/2's 64 KiB default windows;
         // adaptive (BDP) windows grow them as the link allows.

@@ -89,7 +89,7 @@ impl GrpcApi {
     ) -> Result<Reply, Status> {
         match self.run(caller, session, Op::Call(call)).await? {
             Outcome::Reply(r) => Ok(r),
-            Outcome::Opened(_) => Err(unexpected()),
+            Outcome::Opened(_) | Outcome::Encoded(_) => Err(unexpected()),
         }
     }
 
@@ -101,7 +101,7 @@ impl GrpcApi {
     ) -> Result<Opened, Status> {
         match self.run(caller, session, Op::Open(open)).await? {
             Outcome::Opened(o) => Ok(o),
-            Outcome::Reply(_) => Err(unexpected()),
+            Outcome::Reply(_) | Outcome::Encoded(_) => Err(unexpected()),
         }
     }
 

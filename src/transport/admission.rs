@@ -1,0 +1,371 @@
+//! Connection admission, the same for both doors: a connection is
+//! *unauthenticated* from accept until its first authenticated request (a
+//! websocket upgrade, a gRPC call), and only then takes one of the
+//! authenticated slots (gateway-wide per door, and its tenant's).
+//!
+//! Unauthenticated connections are cheap and bounded: a total cap, a cap
+//! per source address, and a deadline ([`Guarded`]) after which a
+//! connection that has not authenticated is closed, whatever it is doing
+//! (an HTTP head trickled byte by byte, an HTTP/2 preface never sent,
+//! health checks on a kept-alive connection). Idle sockets of clients that
+//! never authenticate therefore cannot take the slots of those that do.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::tenant::Tenant;
+
+/// Which door a connection came in by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    Websocket,
+    Grpc,
+}
+
+impl Door {
+    pub fn name(self) -> &'static str {
+        match self {
+            Door::Websocket => "websocket",
+            Door::Grpc => "grpc",
+        }
+    }
+}
+
+/// The caps, shared by both doors.
+pub struct Admission {
+    unauthenticated: Arc<Semaphore>,
+    per_source: Mutex<HashMap<IpAddr, usize>>,
+    per_source_max: usize,
+    websocket: Arc<Semaphore>,
+    grpc: Arc<Semaphore>,
+    pub handshake_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+/// The caps' sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionLimits {
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_source: usize,
+    pub websocket: usize,
+    pub grpc: usize,
+    pub handshake_timeout: Duration,
+}
+
+impl Admission {
+    pub fn new(limits: AdmissionLimits, metrics: Arc<Metrics>) -> Arc<Admission> {
+        Arc::new(Admission {
+            unauthenticated: Arc::new(Semaphore::new(limits.max_unauthenticated)),
+            per_source: Mutex::new(HashMap::new()),
+            per_source_max: limits.max_unauthenticated_per_source,
+            websocket: Arc::new(Semaphore::new(limits.websocket)),
+            grpc: Arc::new(Semaphore::new(limits.grpc)),
+            handshake_timeout: limits.handshake_timeout,
+            metrics,
+        })
+    }
+
+    /// Admit a just-accepted connection as unauthenticated, or refuse it
+    /// (the caller drops the socket: refusing costs no more than that).
+    pub fn accept(self: &Arc<Self>, door: Door, source: IpAddr) -> Option<Arc<Conn>> {
+        let refuse = |reason: &str| {
+            self.metrics.connection_refused(door.name(), reason);
+            tracing::debug!(%source, door = door.name(), reason, "connection refused");
+            None
+        };
+        let Ok(total) = self.unauthenticated.clone().try_acquire_owned() else {
+            return refuse("unauthenticated_total");
+        };
+        {
+            let mut per = self.per_source.lock();
+            let n = per.entry(source).or_insert(0);
+            if *n >= self.per_source_max {
+                drop(per);
+                return refuse("unauthenticated_per_source");
+            }
+            *n += 1;
+        }
+        let gauge = self
+            .metrics
+            .connection_gauge(door.name(), "unauthenticated");
+        gauge.inc();
+        Some(Arc::new(Conn {
+            door,
+            admission: self.clone(),
+            state: Mutex::new(State::Pending(Pending {
+                source,
+                _total: total,
+                gauge,
+            })),
+            authenticated: AtomicBool::new(false),
+        }))
+    }
+
+    fn release_source(&self, source: IpAddr) {
+        let mut per = self.per_source.lock();
+        if let Some(n) = per.get_mut(&source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per.remove(&source);
+            }
+        }
+    }
+}
+
+/// One connection's admission state.
+pub struct Conn {
+    door: Door,
+    admission: Arc<Admission>,
+    state: Mutex<State>,
+    /// Set once promoted: the handshake deadline no longer applies.
+    authenticated: AtomicBool,
+}
+
+enum State {
+    Pending(Pending),
+    // Holds the slots until the connection ends.
+    Admitted(#[allow(dead_code)] Slot),
+    /// Promotion failed for want of a slot; the deadline still applies.
+    Closed,
+}
+
+struct Pending {
+    source: IpAddr,
+    _total: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+struct Slot {
+    _door: OwnedSemaphorePermit,
+    _tenant: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("door", &self.door)
+            .field("authenticated", &self.is_authenticated())
+            .finish()
+    }
+}
+
+impl Conn {
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Move the connection into the authenticated slots (door and
+    /// tenant); idempotent. A full cap is -32001 (HTTP 503,
+    /// `RESOURCE_EXHAUSTED`) and the connection stays unauthenticated.
+    pub fn promote(&self, tenant: &Tenant) -> Result<(), GatewayError> {
+        if self.is_authenticated() {
+            return Ok(());
+        }
+        let mut state = self.state.lock();
+        if !matches!(*state, State::Pending(_)) {
+            return match *state {
+                State::Admitted(_) => Ok(()),
+                _ => Err(GatewayError::Overloaded),
+            };
+        }
+        let adm = &self.admission;
+        let door_sem = match self.door {
+            Door::Websocket => &adm.websocket,
+            Door::Grpc => &adm.grpc,
+        };
+        let Ok(door) = door_sem.clone().try_acquire_owned() else {
+            adm.metrics
+                .connection_refused(self.door.name(), "connections");
+            return Err(GatewayError::Overloaded);
+        };
+        let Ok(tenant_slot) = tenant.connections.clone().try_acquire_owned() else {
+            adm.metrics
+                .connection_refused(self.door.name(), "tenant_connections");
+            return Err(GatewayError::Overloaded);
+        };
+        let gauge = adm
+            .metrics
+            .connection_gauge(self.door.name(), "authenticated");
+        gauge.inc();
+        let previous = std::mem::replace(
+            &mut *state,
+            State::Admitted(Slot {
+                _door: door,
+                _tenant: tenant_slot,
+                gauge,
+            }),
+        );
+        if let State::Pending(p) = previous {
+            adm.release_source(p.source);
+        }
+        self.authenticated.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let state = std::mem::replace(self.state.get_mut(), State::Closed);
+        if let State::Pending(p) = state {
+            self.admission.release_source(p.source);
+        }
+    }
+}
+
+/// A connection's socket, closed (reads and writes fail) once the
+/// handshake timeout passes without the connection authenticating.
+pub struct Guarded<T> {
+    io: T,
+    conn: Arc<Conn>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    pub remote: Option<std::net::SocketAddr>,
+}
+
+impl<T> Guarded<T> {
+    pub fn new(io: T, conn: Arc<Conn>, remote: Option<std::net::SocketAddr>) -> Self {
+        let deadline = Some(Box::pin(tokio::time::sleep(
+            conn.admission.handshake_timeout,
+        )));
+        Guarded {
+            io,
+            conn,
+            deadline,
+            remote,
+        }
+    }
+
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
+
+    /// Past the deadline without authenticating: the error to fail with.
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<std::io::Error> {
+        let d = self.deadline.as_mut()?;
+        if self.conn.is_authenticated() {
+            self.deadline = None;
+            return None;
+        }
+        if d.as_mut().poll(cx).is_ready() {
+            self.deadline = None;
+            self.conn
+                .admission
+                .metrics
+                .connection_refused(self.conn.door.name(), "handshake_timeout");
+            // Its unauthenticated slot is free at once; later polls fail.
+            let previous = std::mem::replace(&mut *self.conn.state.lock(), State::Closed);
+            if let State::Pending(p) = previous {
+                self.conn.admission.release_source(p.source);
+            }
+            return Some(timed_out());
+        }
+        None
+    }
+
+    fn closed(&self) -> bool {
+        self.deadline.is_none()
+            && !self.conn.is_authenticated()
+            && matches!(*self.conn.state.lock(), State::Closed)
+    }
+}
+
+fn timed_out() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no authenticated request before the handshake timeout",
+    )
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        if self.closed() {
+            return Poll::Ready(Err(timed_out()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// What a gRPC request knows of its connection (a request extension).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<std::net::SocketAddr>,
+    pub conn: Arc<Conn>,
+}
+
+impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            remote: self.remote,
+            conn: self.conn.clone(),
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! Bounded against anyone: what a tenant, or a client that never
+//! authenticates, can make the gateway hold. Memory claims are read from
+//! the gateway's own accounting (`exec_gateway_outbound_bytes*`), never
+//! from timing.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{EVENT_TIMEOUT, Gateway, scratch, serve_expecting_refusal, write_file};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// The value of metric `name` with exactly `labels`, if exported.
+fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn admin_metric(gw: &Gateway, name: &str, labels: &str) -> Option<f64> {
+    let (_, body) = gw.admin_get("/metrics").await;
+    metric(&body, name, labels)
+}
+
+/// A TCP connection from `source` (any 127/8 address is this host).
+async fn connect_from(source: &str, to: &str) -> TcpStream {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let to: SocketAddr = to.parse().unwrap();
+    tokio::time::timeout(EVENT_TIMEOUT, sock.connect(to))
+        .await
+        .expect("connect timeout")
+        .expect("connect")
+}
+
+/// True once the peer has closed `s` (EOF or reset); false if it is still
+/// open after a short look. Reads nothing of value: these sockets send
+/// nothing and get nothing.
+async fn closed_by_peer(s: &mut TcpStream, wait: Duration) -> bool {
+    // What the server sends first (an HTTP/2 server preface) is skipped.
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+// === 1. Replies are budgeted before they are built ===
+
+#[tokio::test]
+async fn a_client_that_stops_reading_holds_one_reply_not_four() {
+    let dir = scratch();
+    let file = dir.path().join("big.bin");
+    // 9 MiB (12 MiB of base64: under a websocket client's 16 MiB frame
+    // limit), sparse but for a marker at each end.
+    const LEN: usize = 9 * 1024 * 1024;
+    let f = std::fs::File::create(&file).unwrap();
+    f.set_len(LEN as u64).unwrap();
+    use std::os::unix::fs::FileExt as _;
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(b"tail", LEN as u64 - 4).unwrap();
+    let gw = Gateway::start("[server]\nslow_client_timeout = \"10m\"\n");
+    let (mut c, _) = gw.session().await;
+    // Four reads of the same file, and then the client reads nothing.
+    let path = file.display().to_string();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(c.request_id("fs/readFile", json!({"path": path})).await);
+    }
+    let labels = "tenant=\"t1\"";
+    // The first reply is queued (and partly in the socket); the other three
+    // wait for room before a byte of them is read from disk.
+    let mut waiting = 0.0;
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while waiting < 3.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "three replies never waited for room (outbound_waiting {waiting})"
+        );
+        waiting = admin_metric(&gw, "exec_gateway_outbound_waiting", labels)
+            .await
+            .expect("outbound_waiting exported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reply = (LEN as f64 / 3.0).ceil() * 4.0 + 64.0;
+    let held = admin_metric(&gw, "exec_gateway_outbound_bytes", labels)
+        .await
+        .unwrap();
+    let peak = admin_metric(&gw, "exec_gateway_outbound_bytes_peak", labels)
+        .await
+        .unwrap();
+    assert!(held >= reply, "the queued reply is accounted: {held}");
+    assert!(
+        peak < 2.0 * reply,
+        "at most one reply held at a time: peak {peak} for a {reply}-byte reply"
+    );
+    // The client reads again: nothing was lost.
+    for id in ids {
+        let r = c.response(id).await;
+        let data = common::unb64(r["result"]["dataBase64"].as_str().expect("data"));
+        assert_eq!(data.len(), LEN);
+        assert_eq!(&data[..4], b"head");
+        assert_eq!(&data[data.len() - 4..], b"tail");
+    }
+    let mut held = 1.0;
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while held > 0.0 {
+        assert!(tokio::time::Instant::now() < deadline, "still held: {held}");
+        held = admin_metric(&gw, "exec_gateway_outbound_bytes", labels)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_file_over_the_read_limit_is_refused_naming_the_limit() {
+    let dir = scratch();
+    let file = dir.path().join("two-mib.bin");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(2 * 1024 * 1024)
+        .unwrap();
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_read_file_bytes = 1048576\n",
+            d.display()
+        )
+    });
+    let (mut c, _) = gw.session().await;
+    let (code, message) = c
+        .call_err("fs/readFile", json!({"path": file.display().to_string()}))
+        .await;
+    assert_eq!(code, -32602, "{message}");
+    assert!(message.contains("max_read_file_bytes"), "{message}");
+    assert!(message.contains("1048576"), "{message}");
+    // A file under the limit still reads.
+    let small = write_file(dir.path(), "small.txt", "ok\n");
+    let r = c
+        .call("fs/readFile", json!({"path": small.display().to_string()}))
+        .await;
+    assert_eq!(common::unb64(r["dataBase64"].as_str().unwrap()), b"ok\n");
+}
+
+#[test]
+fn a_read_limit_whose_reply_cannot_fit_the_outbound_budget_is_refused() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "gw.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_read_file_bytes = 100000000\nmax_outbound_bytes = 100000000\n",
+            dir.path().display()
+        ),
+    );
+    let out = serve_expecting_refusal(&cfg);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_outbound_bytes"), "{err}");
+}
+
+// === 2. writeId is bounded ===
+
+#[tokio::test]
+async fn an_oversized_write_id_is_refused() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    c.call(
+        "process/start",
+        json!({"processId": "w", "argv": ["cat"], "cwd": "/tmp", "pipeStdin": true,
+               "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    let (code, message) = c
+        .call_err(
+            "process/write",
+            json!({"processId": "w", "chunk": "aGkK", "writeId": "x".repeat(4 * 1024 * 1024)}),
+        )
+        .await;
+    assert_eq!(code, -32602, "{message}");
+    assert!(message.contains("256"), "{message}");
+    // An id of the accepted size still de-duplicates.
+    let id = "y".repeat(256);
+    for _ in 0..2 {
+        let r = c
+            .call(
+                "process/write",
+                json!({"processId": "w", "chunk": "aGkK", "writeId": id}),
+            )
+            .await;
+        assert_eq!(r["status"], "accepted");
+    }
+    c.call("process/terminate", json!({"processId": "w"})).await;
+}
+
+// === 3. Unauthenticated clients are cheap and bounded ===
+
+#[tokio::test]
+async fn idle_sockets_from_one_source_do_not_lock_out_the_others() {
+    let gw = Gateway::start(
+        "[server]\nmax_connections = 8\nmax_unauthenticated_per_source = 4\nhandshake_timeout = \"10m\"\n",
+    );
+    // Twenty idle sockets from one address on each door (the cap counts
+    // both doors: another address for each): four are kept, the rest
+    // closed at once.
+    let grpc_addr = gw.grpc.trim_start_matches("http://").to_owned();
+    let mut kept = Vec::new();
+    for (source, addr) in [("127.0.0.2", gw.addr.clone()), ("127.0.0.3", grpc_addr)] {
+        let mut socks = Vec::new();
+        for _ in 0..20 {
+            socks.push(connect_from(source, &addr).await);
+        }
+        let mut open = 0;
+        for s in &mut socks {
+            if !closed_by_peer(s, Duration::from_millis(200)).await {
+                open += 1;
+            }
+        }
+        assert_eq!(open, 4, "{addr}: sockets kept from one source");
+        kept.extend(socks);
+    }
+    let (_, body) = gw.admin_get("/metrics").await;
+    assert_eq!(
+        metric(
+            &body,
+            "exec_gateway_connections_refused_total",
+            "door=\"websocket\",reason=\"unauthenticated_per_source\""
+        ),
+        Some(16.0),
+        "{body}"
+    );
+    // Clients from another address authenticate and work on both doors,
+    // more of them than the idle sockets left room for.
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let (mut c, _) = gw.session().await;
+        c.call("process/list", json!({})).await;
+        clients.push(c);
+    }
+    let mut grpc =
+        exec_gateway::transport::grpc::pb::session_service_client::SessionServiceClient::connect(
+            gw.grpc.clone(),
+        )
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(exec_gateway::transport::grpc::pb::CreateSessionRequest {
+        client_name: "t".into(),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", gw.token("t1")).parse().unwrap(),
+    );
+    grpc.create_session(req)
+        .await
+        .expect("gRPC client admitted");
+    // The ninth websocket client finds the authenticated cap full: a clear
+    // 503, not a hang.
+    let (status, body) = gw
+        .handshake("/", Some(&format!("Bearer {}", gw.token("t2"))))
+        .await;
+    assert_eq!(status, 503, "{body}");
+}
+
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_on_both_doors() {
+    let gw = Gateway::start("[server]\nhandshake_timeout = \"1s\"\n");
+    let grpc_addr = gw.grpc.trim_start_matches("http://").to_owned();
+    // An idle socket (no HTTP/2 preface), a trickled HTTP head, and a
+    // kept-alive connection asking only for health.
+    let mut idle_grpc = TcpStream::connect(&grpc_addr).await.unwrap();
+    let mut idle_ws = TcpStream::connect(&gw.addr).await.unwrap();
+    let mut health = TcpStream::connect(&gw.addr).await.unwrap();
+    health
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    for (what, s) in [
+        ("idle gRPC socket", &mut idle_grpc),
+        ("idle websocket socket", &mut idle_ws),
+    ] {
+        assert!(
+            closed_by_peer(s, EVENT_TIMEOUT).await,
+            "{what} still open after the handshake timeout"
+        );
+    }
+    // The health answer arrives, then the connection is closed.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(EVENT_TIMEOUT, health.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "kept-alive health connection never closed");
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    let refused = admin_metric(
+        &gw,
+        "exec_gateway_connections_refused_total",
+        "door=\"grpc\",reason=\"handshake_timeout\"",
+    )
+    .await;
+    assert_eq!(refused, Some(1.0));
+    // An authenticated websocket outlives the timeout.
+    let (mut c, _) = gw.session().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.call("process/list", json!({})).await;
+}
+
+#[tokio::test]
+async fn the_open_file_limit_is_raised_and_caps_that_cannot_fit_are_refused() {
+    // Started with a soft limit of 256: the gateway raises it to the hard one.
+    let dir = scratch();
+    let wrapper = dir.path().join("low-nofile.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -Sn 256\nexec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let gw = Gateway::start_binary(&wrapper, |d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", gw.child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[3], fields[4], "soft limit raised to hard: {line}");
+    assert_ne!(fields[3], "256", "{line}");
+    // Caps set in the file that no open-file limit can hold: exit 64.
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "gw.toml",
+        &format!(
+            "[server]\nmax_connections = 5000000\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    );
+    let out = serve_expecting_refusal(&cfg);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("RLIMIT_NOFILE"), "{err}");
+}
+
+// === 4. Admin routes are not on the client port ===
+
+#[tokio::test]
+async fn metrics_and_readiness_details_are_only_on_the_admin_listener() {
+    let gw = Gateway::start("");
+    let (status, _) = gw.http_get("/metrics").await;
+    assert_eq!(status, 404);
+    let (status, body) = gw.http_get("/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    let (status, body) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("exec_gateway_sessions"), "{body}");
+    let (status, body) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("landlock:"), "{body}");
+}
+
+#[tokio::test]
+async fn an_admin_listener_off_loopback_needs_a_token() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let base = format!(
+        "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.t1]\nroot = \"/\"\n",
+        dir.path().display()
+    );
+    let cfg = write_file(
+        dir.path(),
+        "open.toml",
+        &format!("[server]\nadmin_listen = \"0.0.0.0:0\"\n{base}"),
+    );
+    let out = serve_expecting_refusal(&cfg);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token_file"));
+    // With a token, the admin routes ask for it.
+    let gw = Gateway::start_with(|d| {
+        std::fs::write(d.join("admin.token"), "a".repeat(40)).unwrap();
+        format!(
+            "[server]\nadmin_token_file = \"{0}/admin.token\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    assert_eq!(gw.admin_get("/metrics").await.0, 401);
+    let wrong = format!("Bearer {}", "b".repeat(40));
+    assert_eq!(
+        common::http_get_at(&gw.admin, "/metrics", Some(&wrong))
+            .await
+            .0,
+        401
+    );
+    let right = format!("Bearer {}", "a".repeat(40));
+    assert_eq!(
+        common::http_get_at(&gw.admin, "/metrics", Some(&right))
+            .await
+            .0,
+        200
+    );
+}
+
+// === 5. JWKS: https, no redirects, off the handshake path ===
+
+/// What the test JWKS server does with the n-th request (from 0).
+#[derive(Clone, Copy)]
+enum Answer {
+    Jwks,
+    Redirect,
+    Hang,
+}
+
+/// A JWKS endpoint answering request `n` with `plan(n)`; returns its URL and
+/// the count of requests seen.
+async fn jwks_endpoint(
+    body: String,
+    plan: fn(usize) -> Answer,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let resp = match plan(n) {
+                Answer::Jwks => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                ),
+                Answer::Redirect => format!(
+                    "HTTP/1.1 302 Found\r\nLocation: http://{addr}/real.json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                ),
+                Answer::Hang => {
+                    held.push(s);
+                    continue;
+                }
+            };
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+    });
+    (format!("http://{addr}/jwks.json"), seen)
+}
+
+/// An RSA key pair from openssl: (private PEM, JWK of the public half).
+fn rsa_key(dir: &Path, kid: &str) -> (Vec<u8>, Value) {
+    let key = dir.join(format!("{kid}.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl genpkey");
+    let out = std::process::Command::new("openssl")
+        .args(["rsa", "-in"])
+        .arg(&key)
+        .args(["-noout", "-modulus"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let hex = text.trim().trim_start_matches("Modulus=");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    use base64::Engine as _;
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    (
+        std::fs::read(&key).unwrap(),
+        json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": n, "e": "AQAB"}),
+    )
+}
+
+fn rs256(pem: &[u8], kid: &str) -> String {
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    h.kid = Some(kid.to_owned());
+    let claims = json!({"sub": "u", "tenant": "t1", "scope": "exec", "exp": common::now() + 600});
+    jsonwebtoken::encode(
+        &h,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_rsa_pem(pem).unwrap(),
+    )
+    .unwrap()
+}
+
+fn jwks_config(d: &Path, url: &str, extra: &str) -> String {
+    format!(
+        "[auth]\n{extra}\n\
+         [[auth.keys]]\nalgorithm = \"RS256\"\njwks_url = \"{url}\"\n\
+         [tenants.t1]\nroot = \"/\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n",
+        d.display()
+    )
+}
+
+#[tokio::test]
+async fn a_hung_jwks_endpoint_stalls_no_handshake() {
+    let dir = scratch();
+    let (pem, jwk) = rsa_key(dir.path(), "k1");
+    let body = json!({"keys": [jwk]}).to_string();
+    // The first fetch answers; every later one hangs for good.
+    let (url, seen) =
+        jwks_endpoint(body, |n| if n == 0 { Answer::Jwks } else { Answer::Hang }).await;
+    let gw = Gateway::start_with(|d| {
+        jwks_config(
+            d,
+            &url,
+            "jwks_refresh_interval = \"500ms\"\njwks_fetch_timeout = \"1h\"\njwks_unknown_kid_wait = \"200ms\"",
+        )
+    });
+    // The start-up fetch has the key: a handshake with it works.
+    let known = rs256(&pem, "k1");
+    let mut c = common::Client::connect(&gw.url, &known).await;
+    c.initialize().await;
+    // The next refresh hangs for good.
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while seen.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no second fetch");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A made-up kid waits for that refresh only briefly: the handshake is
+    // answered (refused), not held for the fetch.
+    let unknown = rs256(&pem, "made-up");
+    let (status, _) = gw.handshake("/", Some(&format!("Bearer {unknown}"))).await;
+    assert_eq!(status, 401);
+    // While that refresh hangs, known keys keep working.
+    for _ in 0..3 {
+        let mut c = common::Client::connect(&gw.url, &known).await;
+        c.initialize().await;
+    }
+}
+
+#[tokio::test]
+async fn jwks_redirects_are_not_followed() {
+    let dir = scratch();
+    let (pem, jwk) = rsa_key(dir.path(), "k1");
+    let body = json!({"keys": [jwk]}).to_string();
+    // Every request to the configured URL is redirected to a valid set.
+    let (url, _) = jwks_endpoint(body, |n| {
+        if n % 2 == 0 {
+            Answer::Redirect
+        } else {
+            Answer::Jwks
+        }
+    })
+    .await;
+    let gw = Gateway::start_with(|d| jwks_config(d, &url, "jwks_refresh_interval = \"1h\""));
+    let token = rs256(&pem, "k1");
+    let (status, _) = gw.handshake("/", Some(&format!("Bearer {token}"))).await;
+    assert_eq!(status, 401, "a key from a redirect target was trusted");
+    let failed = admin_metric(&gw, "exec_gateway_jwks_fetches_total", "outcome=\"error\"").await;
+    assert!(failed.unwrap_or(0.0) >= 1.0);
+}
+
+#[test]
+fn a_plain_http_jwks_url_off_loopback_is_refused() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "gw.toml",
+        "[[auth.keys]]\nalgorithm = \"RS256\"\njwks_url = \"http://issuer.example.com/jwks.json\"\n\
+         [tenants.t1]\nroot = \"/\"\n",
+    );
+    let out = serve_expecting_refusal(&cfg);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
+}
+
