@@ -20,6 +20,8 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+mod soak;
+
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "exec-gateway-bench",
@@ -45,6 +47,16 @@ pub struct BenchArgs {
     /// Seconds per spawns-per-second run.
     #[arg(long, default_value_t = 3)]
     pub seconds: u64,
+    /// Run the soak instead of the figures: victims next to an abusive
+    /// tenant and idle unauthenticated sockets for this long (e.g. `10m`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub soak: Option<Duration>,
+    /// The soak's first phase, victims alone (their baseline).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+    pub soak_baseline: Duration,
+    /// Internal: the soak's abuser process.
+    #[arg(long, hide = true)]
+    pub soak_abuser: Option<String>,
 }
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -60,6 +72,8 @@ struct Server {
     url: String,
     /// `http://HOST:PORT` when the server printed a `grpc://` second line.
     grpc: Option<String>,
+    /// `HOST:PORT` of the admin listener, when started with one.
+    admin: Option<String>,
 }
 
 impl Server {
@@ -87,10 +101,20 @@ impl Server {
                 .map_err(err)?;
             grpc = Some(second.trim().replace("grpc://", "http://"));
         }
+        let mut admin = None;
+        if args.contains(&"--admin-listen") {
+            let mut third = String::new();
+            tokio::time::timeout(Duration::from_secs(20), reader.read_line(&mut third))
+                .await
+                .map_err(|_| "no admin URL printed".to_owned())?
+                .map_err(err)?;
+            admin = Some(third.trim().trim_start_matches("admin http://").to_owned());
+        }
         Ok(Server {
             child,
             url: line.trim().to_owned(),
             grpc,
+            admin,
         })
     }
 
@@ -528,6 +552,9 @@ fn main() -> ExitCode {
 
 async fn bench(args: BenchArgs) -> BenchResult<()> {
     raise_fd_limit();
+    if let Some(spec) = &args.soak_abuser {
+        return soak::abuser_main(spec).await;
+    }
     let exe = match &args.gateway {
         Some(p) => p.clone(),
         None => std::env::current_exe()
@@ -535,6 +562,17 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             .with_file_name("exec-gateway"),
     };
     let dir = tempfile_dir()?;
+    if let Some(duration) = args.soak {
+        return soak::soak(
+            &exe,
+            &dir,
+            soak::SoakArgs {
+                duration,
+                baseline: args.soak_baseline,
+            },
+        )
+        .await;
+    }
     let config = dir.join("bench.toml");
     // A confined tenant (root under /tmp): what namespaces cost.
     let jail = dir.join("jail");
@@ -766,7 +804,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ns_p50.push(p50);
         drop(s);
     }
-    let layers = readyz(&base_url).await.unwrap_or_default();
+    let layers = readyz(&gw).await.unwrap_or_default();
     println!(
         "isolation of the measured gateway: {}",
         layers.trim().replace('\n', "; ")
@@ -974,12 +1012,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
 }
 
 /// The `/readyz` body of the gateway at `ws_url` (its isolation report).
-async fn readyz(ws_url: &str) -> BenchResult<String> {
+/// The body of `GET path` from `addr` (`HOST:PORT`).
+async fn http_get(addr: &str, path: &str) -> BenchResult<String> {
     use tokio::io::AsyncWriteExt as _;
-    let addr = ws_url.trim_start_matches("ws://").trim_end_matches('/');
     let mut s = TcpStream::connect(addr).await.map_err(err)?;
     s.write_all(
-        format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .map_err(err)?;
@@ -989,6 +1027,12 @@ async fn readyz(ws_url: &str) -> BenchResult<String> {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default())
+}
+
+/// The isolation report of a gateway started with an admin listener.
+async fn readyz(server: &Server) -> BenchResult<String> {
+    let admin = server.admin.as_deref().ok_or("no admin listener")?;
+    http_get(admin, "/readyz").await
 }
 
 fn grpc_spec(id: String, argv: Vec<String>) -> exec_gateway::transport::grpc::pb::ProcessSpec {

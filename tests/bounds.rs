@@ -605,4 +605,3 @@ fn a_plain_http_jwks_url_off_loopback_is_refused() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
 }
-
