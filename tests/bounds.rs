@@ -67,16 +67,39 @@ async fn closed_by_peer(s: &mut TcpStream, wait: Duration) -> bool {
 async fn a_client_that_stops_reading_holds_one_reply_not_four() {
     let dir = scratch();
     let file = dir.path().join("big.bin");
-    // 9 MiB (12 MiB of base64: under a websocket client's 16 MiB frame
-    // limit), sparse but for a marker at each end.
-    const LEN: usize = 9 * 1024 * 1024;
+    // 40 MiB (53 MiB of base64: far more than socket buffers hold), sparse
+    // but for a marker at each end.
+    const LEN: usize = 40 * 1024 * 1024;
     let f = std::fs::File::create(&file).unwrap();
     f.set_len(LEN as u64).unwrap();
     use std::os::unix::fs::FileExt as _;
     f.write_all_at(b"head", 0).unwrap();
     f.write_all_at(b"tail", LEN as u64 - 4).unwrap();
     let gw = Gateway::start("[server]\nslow_client_timeout = \"10m\"\n");
-    let (mut c, _) = gw.session().await;
+    // A client with a small receive buffer that takes frames this large.
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(64 * 1024).unwrap();
+    let tcp = sock.connect(gw.addr.parse().unwrap()).await.unwrap();
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        gw.url.as_str(),
+    )
+    .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", gw.token("t1")).parse().unwrap(),
+    );
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(128 << 20))
+        .max_frame_size(Some(128 << 20));
+    let (ws, _) = tokio_tungstenite::client_async_with_config(
+        req,
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp),
+        Some(config),
+    )
+    .await
+    .unwrap();
+    let mut c = common::Client::from_ws(ws);
+    c.initialize().await;
     // Four reads of the same file, and then the client reads nothing.
     let path = file.display().to_string();
     let mut ids = Vec::new();

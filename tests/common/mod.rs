@@ -318,6 +318,15 @@ impl Client {
         }
     }
 
+    /// A client over an already connected websocket.
+    pub fn from_ws(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Client {
+        Client {
+            ws,
+            next_id: 1,
+            pending: VecDeque::new(),
+        }
+    }
+
     pub async fn send_raw(&mut self, text: &str) {
         tokio::time::timeout(EVENT_TIMEOUT, self.ws.send(Message::text(text.to_owned())))
             .await
