@@ -246,6 +246,9 @@ pub struct TenantConfig {
     pub max_read_file_bytes: Option<u64>,
     /// Authenticated connections (both doors). Default: 1024.
     pub max_connections: Option<usize>,
+    /// Open gRPC server streams (Attach, Exec, ReadFile); past it,
+    /// RESOURCE_EXHAUSTED. Default: 64.
+    pub max_streams: Option<usize>,
     /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
     /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
@@ -461,6 +464,7 @@ pub struct TenantSettings {
     pub max_outbound_bytes: usize,
     pub max_read_file_bytes: u64,
     pub max_connections: usize,
+    pub max_streams: usize,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: CgroupLimits,
     /// (uid, gid): configured, or allocated from `[isolation] uid_range`
@@ -1134,6 +1138,7 @@ fn validate_tenant(
         max_outbound_bytes,
         max_read_file_bytes,
         max_connections: p("max_connections", t.max_connections, 1024)?,
+        max_streams: p("max_streams", t.max_streams, 64)?,
         cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),

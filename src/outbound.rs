@@ -67,6 +67,24 @@ impl ByteBudget {
         self.capacity
     }
 
+    /// Reserve `bytes` here alone (streams that have no outbound queue of
+    /// their own: gRPC), waiting for room.
+    pub async fn reserve(self: &Arc<Self>, bytes: usize) -> Reservation {
+        let want = u32::try_from(bytes.clamp(1, self.capacity.max(1))).unwrap_or(u32::MAX);
+        let waiting = WaitingGuard::new(&self.waiting_gauge);
+        let permit = self.sem.clone().acquire_many_owned(want).await.ok();
+        drop(waiting);
+        let tenant = permit.map(|p| {
+            self.account(i64::from(want));
+            (p, self.clone())
+        });
+        Reservation {
+            bytes,
+            _conn: None,
+            tenant,
+        }
+    }
+
     /// Bytes held now.
     pub fn held(&self) -> i64 {
         self.held.load(Ordering::Relaxed)

@@ -46,6 +46,21 @@ use crate::protocol::v0::{
     CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
 };
 
+/// Longest client-chosen id (`processId`, `handleId`, `writeId`) accepted:
+/// every id is held for the life of what it names.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Refuse a client-chosen id longer than [`MAX_ID_BYTES`] (-32602).
+pub fn check_id_length(field: &str, id: &str) -> Result<(), GatewayError> {
+    if id.len() > MAX_ID_BYTES {
+        return Err(GatewayError::InvalidParams(format!(
+            "{field} is {} bytes; at most {MAX_ID_BYTES} are accepted",
+            id.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Which family a method belongs to; names the pre-init errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MethodFamily {

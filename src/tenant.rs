@@ -43,6 +43,8 @@ pub struct Tenant {
     pub outbound: Arc<ByteBudget>,
     /// Authenticated connections (`max_connections`).
     pub connections: Arc<Semaphore>,
+    /// Open gRPC server streams (`max_streams`).
+    pub streams: Arc<Semaphore>,
     pub metrics: TenantMetrics,
 }
 
@@ -189,6 +191,7 @@ impl Tenants {
                         tm.outbound_waiting.clone(),
                     ),
                     connections: Arc::new(Semaphore::new(t.max_connections)),
+                    streams: Arc::new(Semaphore::new(t.max_streams)),
                     metrics: tm,
                 }),
             );

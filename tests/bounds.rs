@@ -234,6 +234,133 @@ async fn an_oversized_write_id_is_refused() {
     c.call("process/terminate", json!({"processId": "w"})).await;
 }
 
+#[tokio::test]
+async fn a_client_that_sends_pings_and_never_reads_is_cut_off() {
+    let gw = Gateway::start("");
+    // Handshake by hand on a socket with a small receive buffer, then pings
+    // (each answered by a pong the client never reads).
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(gw.addr.parse().unwrap()).await.unwrap();
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        gw.token("t1")
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 1024];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 101"));
+    let mut ping = vec![0x89, 0x80 | 125, 1, 2, 3, 4];
+    ping.extend((0..125u8).map(|i| b'p' ^ [1, 2, 3, 4][usize::from(i % 4)]));
+    let burst: Vec<u8> = ping.repeat(1000);
+    // 200 MB of pings at most: the gateway must end the connection first.
+    let mut cut_off = false;
+    for _ in 0..1600 {
+        match tokio::time::timeout(EVENT_TIMEOUT, s.write_all(&burst)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => {
+                cut_off = true;
+                break;
+            }
+        }
+    }
+    assert!(cut_off, "the gateway kept answering pings nobody reads");
+    // Everyone else is served.
+    let (mut c, _) = gw.session().await;
+    c.call("process/list", json!({})).await;
+}
+
+#[tokio::test]
+async fn client_chosen_ids_are_bounded() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let (code, message) = c
+        .call_err(
+            "process/start",
+            json!({"processId": "p".repeat(1 << 20), "argv": ["true"], "cwd": "/tmp",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await;
+    assert_eq!(code, -32602, "{message}");
+    assert!(message.contains("processId"), "{message}");
+}
+
+#[tokio::test]
+async fn a_large_directory_is_listed_not_left_to_the_deadline() {
+    let dir = scratch();
+    let big = dir.path().join("node_modules");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..6000 {
+        std::fs::File::create(big.join(format!("package-{i:05}-with-a-longish-name"))).unwrap();
+    }
+    let gw = Gateway::start("[server]\nrequest_timeout = \"10m\"\n");
+    let (mut c, _) = gw.session().await;
+    let r = c
+        .call(
+            "fs/readDirectory",
+            json!({"path": big.display().to_string()}),
+        )
+        .await;
+    assert_eq!(r["entries"].as_array().map(Vec::len), Some(6000));
+}
+
+#[tokio::test]
+async fn grpc_streams_are_capped_per_tenant() {
+    use exec_gateway::transport::grpc::pb;
+    let dir = scratch();
+    let file = dir.path().join("f.bin");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(64 * 1024 * 1024)
+        .unwrap();
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_streams = 2\n",
+            d.display()
+        )
+    });
+    let mut files = pb::file_service_client::FileServiceClient::connect(gw.grpc.clone())
+        .await
+        .unwrap();
+    let req = || {
+        let mut r = tonic::Request::new(pb::ReadFileRequest {
+            path: file.display().to_string(),
+            ..Default::default()
+        });
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", gw.token("t1")).parse().unwrap(),
+        );
+        r
+    };
+    // Two streams opened and not read: the third is refused.
+    let a = files.read_file(req()).await.expect("first stream");
+    let b = files.read_file(req()).await.expect("second stream");
+    let e = files.read_file(req()).await.expect_err("third stream");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_streams"), "{e:?}");
+    // Closing one frees its place.
+    drop(a);
+    let mut again = None;
+    for _ in 0..100 {
+        match files.read_file(req()).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(
+        again.is_some(),
+        "a closed stream's place was not given back"
+    );
+    drop(b);
+}
+
 // === 3. Unauthenticated clients are cheap and bounded ===
 
 #[tokio::test]

@@ -466,7 +466,7 @@ impl LocalSession {
                     sandbox_type,
                 })
             }
-            Call::ProcessRead(p) => Reply::ProcessRead(table.read(p, &evicted).await?),
+            Call::ProcessRead(p) => Reply::ProcessRead(table.read(p, &evicted, None).await?.0),
             Call::ProcessWrite(p) => Reply::ProcessWrite(table.write(p).await?),
             Call::ProcessTerminate(p) | Call::CommandExecTerminate(p) => {
                 Reply::ProcessTerminate(table.terminate(&p.process_id))
@@ -593,6 +593,7 @@ impl LocalSession {
     /// `fs/open`: `read` opens a regular file; `replace` creates or
     /// truncates at once. Handles live as long as the session (bounded).
     async fn open_handle(&self, p: OpenParams, revision: Revision) -> Result<Reply, GatewayError> {
+        crate::rpc::check_id_length("handleId", &p.handle_id)?;
         let exists = || {
             GatewayError::InvalidRequest(format!("file handle `{}` already exists", p.handle_id))
         };
@@ -817,6 +818,24 @@ impl SessionBackend for LocalSession {
                 Op::Call(Call::FsReadFile(p)) => {
                     let revision = self.revision.or_default();
                     self.shared.read_file(p, revision, scope.reply).await
+                }
+                // Over a JSON-RPC connection the reply's bytes are reserved
+                // before it is built, and it leaves encoded.
+                Op::Call(Call::ProcessRead(p)) if scope.reply.is_some() => {
+                    let (response, held) = self
+                        .table
+                        .read(p, &scope.evicted, scope.reply.as_ref())
+                        .await?;
+                    let reply = Reply::ProcessRead(response);
+                    match held {
+                        Some(held) => Ok(Outcome::Encoded(EncodedReply {
+                            result: serde_json::to_string(&reply).map_err(|e| {
+                                GatewayError::Internal(format!("encoding a reply: {e}"))
+                            })?,
+                            held,
+                        })),
+                        None => Ok(Outcome::Reply(reply)),
+                    }
                 }
                 Op::Call(call) => self.call(call, scope.evicted).await.map(Outcome::Reply),
                 Op::Open(open) => self.open(open).await,

@@ -4,7 +4,8 @@
 //! Invariants: seqs start at 1 and every output chunk, the exit and the close
 //! take exactly one each, in that order of assignment; `closed` implies
 //! `exited`; the retained chunks hold at most `cap` bytes (as the
-//! reference's do), or the newest chunk alone when it is larger.
+//! reference's do, each chunk charged [`CHUNK_OVERHEAD_BYTES`] on top), or
+//! the newest chunk alone when it is larger.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,6 +17,15 @@ use crate::protocol::process::{ProcessEvent, StreamName};
 
 /// Retained output per process (the reference's `RETAINED_OUTPUT_BYTES_PER_PROCESS`).
 pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
+/// What one retained chunk costs besides its bytes (its entry, its
+/// allocation, its JSON in a `process/read` reply), charged against the
+/// retention cap: a process that writes one byte at a time keeps at most
+/// ~16,000 chunks, not a million.
+pub const CHUNK_OVERHEAD_BYTES: usize = 64;
+
+fn charge(data: &Bytes) -> usize {
+    data.len() + CHUNK_OVERHEAD_BYTES
+}
 
 #[derive(Debug, Clone)]
 pub struct RetainedChunk {
@@ -90,17 +100,17 @@ impl OutputLog {
     /// cap is held.
     pub fn push(&mut self, stream: StreamName, data: Bytes) -> u64 {
         let seq = self.take_seq();
-        self.retained_bytes += data.len();
-        self.tenant_retained
-            .fetch_add(data.len(), Ordering::Relaxed);
+        let cost = charge(&data);
+        self.retained_bytes += cost;
+        self.tenant_retained.fetch_add(cost, Ordering::Relaxed);
         self.chunks.push_back(RetainedChunk { seq, stream, data });
         while let Some(front) = self.chunks.front() {
             if self.retained_bytes <= self.cap_bytes || self.chunks.len() == 1 {
                 break;
             }
-            self.retained_bytes -= front.data.len();
-            self.tenant_retained
-                .fetch_sub(front.data.len(), Ordering::Relaxed);
+            let cost = charge(&front.data);
+            self.retained_bytes -= cost;
+            self.tenant_retained.fetch_sub(cost, Ordering::Relaxed);
             self.chunks.pop_front();
         }
         seq
@@ -213,6 +223,22 @@ impl OutputLog {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn one_byte_chunks_are_charged_their_overhead() {
+        let tenant = Arc::new(AtomicUsize::new(0));
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, tenant.clone());
+        for _ in 0..200_000 {
+            log.push(StreamName::Stdout, Bytes::from_static(b"x"));
+        }
+        let kept = log.chunks.len();
+        assert!(kept <= RETAINED_OUTPUT_BYTES_PER_PROCESS / (1 + CHUNK_OVERHEAD_BYTES));
+        assert!(kept > 10_000, "{kept}");
+        assert_eq!(tenant.load(Ordering::Relaxed), log.retained_bytes());
+        drop(log);
+        assert_eq!(tenant.load(Ordering::Relaxed), 0);
+    }
+
     use super::*;
 
     fn chunk(n: usize) -> Bytes {
@@ -275,11 +301,15 @@ mod tests {
         for _ in 0..733 {
             log.push(StreamName::Stdout, chunk(4096));
         }
-        // 256 chunks of 4 KiB are 1 MiB: the oldest kept is seq 478.
-        assert_eq!(log.first_retained_seq(), Some(478));
-        assert_eq!(log.retained_bytes(), 1024 * 1024);
+        // 252 chunks of 4 KiB (+ overhead each) fit in 1 MiB: the oldest
+        // kept is seq 733 - 252 + 1.
+        let each = 4096 + CHUNK_OVERHEAD_BYTES;
+        let kept = 1024 * 1024 / each;
+        assert_eq!(kept, 252);
+        assert_eq!(log.first_retained_seq(), Some(482));
+        assert_eq!(log.retained_bytes(), kept * each);
         let s = log.select(0, None, false);
-        assert_eq!(s.chunks[0].seq, 478);
+        assert_eq!(s.chunks[0].seq, 482);
     }
 
     #[test]
@@ -316,17 +346,18 @@ mod tests {
 
     #[test]
     fn tenant_budget_is_charged_and_credited() {
+        let o = CHUNK_OVERHEAD_BYTES;
         let total = Arc::new(AtomicUsize::new(0));
-        let mut log = OutputLog::new(8, total.clone());
+        let mut log = OutputLog::new(8 + 2 * o, total.clone());
         log.push(StreamName::Stdout, chunk(5));
         log.push(StreamName::Stdout, chunk(2));
-        assert_eq!(total.load(Ordering::Relaxed), 7);
+        assert_eq!(total.load(Ordering::Relaxed), 7 + 2 * o);
         log.push(StreamName::Stdout, chunk(5));
         // The oldest chunk is evicted: 7 of the cap of 8 stay.
-        assert_eq!(total.load(Ordering::Relaxed), 7);
+        assert_eq!(total.load(Ordering::Relaxed), 7 + 2 * o);
         // A chunk larger than the cap stays alone.
-        log.push(StreamName::Stdout, chunk(9));
-        assert_eq!(total.load(Ordering::Relaxed), 9);
+        log.push(StreamName::Stdout, chunk(9 + 2 * o));
+        assert_eq!(total.load(Ordering::Relaxed), 9 + 3 * o);
         drop(log);
         assert_eq!(total.load(Ordering::Relaxed), 0);
     }

@@ -4,7 +4,7 @@
 use std::io;
 use std::sync::{Arc, Weak};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::unix::pipe;
 
@@ -136,6 +136,9 @@ impl Pump {
     }
 }
 
+/// Reads at least this large are retained in the read buffer itself.
+const SPLIT_AT_BYTES: usize = 64 * 1024;
+
 /// Emit what a read produced; EOF or an error closes that stream.
 async fn emit<R>(
     process: &Process,
@@ -147,7 +150,16 @@ async fn emit<R>(
 ) {
     match read {
         Ok(n) if n > 0 => {
-            let data = buf.split().freeze();
+            // A small read is copied out and the buffer reused: split off,
+            // it would keep the whole read buffer's allocation (and a
+            // resident page) alive for as long as it is retained.
+            let data = if n < SPLIT_AT_BYTES {
+                let d = Bytes::copy_from_slice(&buf[..n]);
+                buf.clear();
+                d
+            } else {
+                buf.split().freeze()
+            };
             process.emit_output(attachment, stream, data).await;
         }
         _ => *reader = None,

@@ -14,6 +14,10 @@ use super::process::{GroupGuard, NewProcess, Process, ProcessPermits};
 use super::pump::{Output, Pump};
 use super::stdin::Stdin;
 use super::write_ids::MAX_WRITE_ID_BYTES;
+use crate::outbound::{Outbound, Reservation};
+
+/// JSON around one chunk of a `process/read` reply (seq, stream, keys).
+const CHUNK_JSON_BYTES: usize = 64;
 use super::{Api, ExecSettings, env};
 use crate::error::GatewayError;
 use crate::isolation::signal;
@@ -121,6 +125,7 @@ impl ProcessTable {
                 "argv must not be empty".to_owned(),
             ));
         }
+        crate::rpc::check_id_length("processId", &params.process_id)?;
         let id = params.process_id.clone();
         self.sweep();
         {
@@ -296,7 +301,8 @@ impl ProcessTable {
         &self,
         params: ReadParams,
         evicted: &CancellationToken,
-    ) -> Result<ReadResponse, GatewayError> {
+        reply: Option<&Outbound>,
+    ) -> Result<(ReadResponse, Option<Reservation>), GatewayError> {
         let process = self.get(&params.process_id)?;
         let after_seq = params.after_seq.unwrap_or(0);
         let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
@@ -311,7 +317,23 @@ impl ProcessTable {
                 .lock()
                 .select(after_seq, params.max_bytes, current);
             if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
-                return Ok(ReadResponse {
+                // The reply's bytes are reserved before its chunks are
+                // copied and encoded (the selection only shares them).
+                let held = match reply {
+                    Some(out) => {
+                        let size = sel
+                            .chunks
+                            .iter()
+                            .map(|c| c.data.len().div_ceil(3) * 4 + CHUNK_JSON_BYTES)
+                            .sum::<usize>()
+                            + 512;
+                        Some(out.reserve(size).await.map_err(|_| {
+                            GatewayError::Internal("the connection closed".to_owned())
+                        })?)
+                    }
+                    None => None,
+                };
+                let response = ReadResponse {
                     chunks: sel
                         .chunks
                         .into_iter()
@@ -327,7 +349,8 @@ impl ProcessTable {
                     closed: sel.closed,
                     failure: process.failure(),
                     sandbox_denied: current.then_some(false),
-                });
+                };
+                return Ok((response, held));
             }
             tokio::select! {
                 () = &mut notified => {}
@@ -580,9 +603,11 @@ mod tests {
                         wait_ms: Some(10_000),
                     },
                     &never,
+                    None,
                 )
                 .await
-                .unwrap();
+                .unwrap()
+                .0;
             chunks.extend(r.chunks.clone());
             after = r.next_seq - 1;
             if r.closed {

@@ -215,11 +215,75 @@ async fn handle(
 const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
 /// Bytes of frames gathered before tungstenite writes to the socket.
 const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
-/// Frames queued in tungstenite beyond which a write fails. A frame is
-/// written whole, so this must exceed the largest reply (an `fs/readFile`
-/// at the highest limit); what is queued is bounded by the outbound
-/// budgets, whose reservations are held until the write is flushed.
-const WS_MAX_WRITE_BUFFER_BYTES: usize = 1024 * 1024 * 1024;
+/// Bytes queued in tungstenite beyond which a write fails and the
+/// connection ends: room for one fragment and what a client that sends
+/// pings and never reads makes us queue in pongs (it is cut off here).
+const WS_MAX_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+/// Messages larger than this go out as fragments of about this size
+/// (RFC 6455 §5.4): a large reply is never copied whole into the write
+/// buffer, and the buffer's bound above stays small.
+const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
+
+/// Ping and pong frames a client may send per second (on average over
+/// [`CONTROL_WINDOW`]) before the connection is closed.
+const MAX_CONTROL_FRAMES_PER_SECOND: u32 = 50;
+const CONTROL_WINDOW: Duration = Duration::from_secs(10);
+
+/// Counts control frames in fixed windows.
+#[derive(Default)]
+struct ControlBudget {
+    window_start: Option<tokio::time::Instant>,
+    count: u32,
+}
+
+impl ControlBudget {
+    /// Count one; true once the window's budget is spent.
+    fn note(&mut self, now: tokio::time::Instant) -> bool {
+        match self.window_start {
+            Some(start) if now.duration_since(start) < CONTROL_WINDOW => self.count += 1,
+            _ => {
+                self.window_start = Some(now);
+                self.count = 1;
+            }
+        }
+        let limit = MAX_CONTROL_FRAMES_PER_SECOND * CONTROL_WINDOW.as_secs() as u32;
+        self.count > limit
+    }
+}
+
+/// Feed one text message, fragmented when large (cut at UTF-8 boundaries).
+async fn feed_text<S>(sink: &mut S, text: String) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    if text.len() <= WS_FRAGMENT_BYTES {
+        return sink.feed(Message::text(text)).await;
+    }
+    let mut cuts = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + WS_FRAGMENT_BYTES).min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        cuts.push((start, end));
+        start = end;
+    }
+    let bytes = Bytes::from(text.into_bytes());
+    let last = cuts.len() - 1;
+    for (i, (a, b)) in cuts.into_iter().enumerate() {
+        let opcode = OpCode::Data(if i == 0 { Data::Text } else { Data::Continue });
+        sink.feed(Message::Frame(Frame::message(
+            bytes.slice(a..b),
+            opcode,
+            i == last,
+        )))
+        .await?;
+    }
+    Ok(())
+}
 
 async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr, caller: Caller)
 where
@@ -256,7 +320,7 @@ where
                 for frame in batch.drain(..) {
                     match frame {
                         OutFrame::Text(t, held) => {
-                            sink.feed(Message::text(t)).await?;
+                            feed_text(&mut sink, t).await?;
                             written.push(held);
                         }
                         OutFrame::Close { code, reason } => {
@@ -302,6 +366,7 @@ where
     let too_large = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader_too_large = too_large.clone();
     let reader = crate::task::spawn("ws-reader", async move {
+        let mut pings = ControlBudget::default();
         loop {
             let msg = tokio::select! {
                 m = stream.next() => m,
@@ -315,6 +380,15 @@ where
                     // Not JSON: let the decoder produce the malformed answer.
                     Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned()),
                 },
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    // Each ping costs a pong; a client may keep a
+                    // connection alive with a few, not flood with them.
+                    if pings.note(tokio::time::Instant::now()) {
+                        tracing::info!(%peer, "closing a client that floods pings");
+                        break;
+                    }
+                    continue;
+                }
                 Some(Ok(_)) => continue,
                 Some(Err(WsError::Capacity(e))) => {
                     reader_too_large.store(true, std::sync::atomic::Ordering::Relaxed);

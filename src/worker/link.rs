@@ -98,13 +98,46 @@ impl FsReply {
 
 /// A connected pair: ours (close-on-exec) and the worker's.
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    nix::sys::socket::socketpair(
+    let (a, b) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
         None,
         SockFlag::SOCK_CLOEXEC,
     )
-    .map_err(io::Error::from)
+    .map_err(io::Error::from)?;
+    // A packet must fit the sender's buffer whole; the default (~208 KiB)
+    // is smaller than a large directory listing.
+    for fd in [&a, &b] {
+        size_buffers(fd);
+    }
+    Ok((a, b))
+}
+
+/// Make room for a [`MAX_MESSAGE_BYTES`] packet: forced when privileged,
+/// else as far as `net.core.wmem_max` allows (a larger reply then fails to
+/// send and the worker answers with an error instead).
+fn size_buffers(fd: &OwnedFd) {
+    let want = libc::c_int::try_from(MAX_MESSAGE_BYTES + 64 * 1024).unwrap_or(libc::c_int::MAX);
+    for (force, plain) in [
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+    ] {
+        let set = |opt| {
+            // SAFETY: a valid socket and a pointer to a c_int of the given length.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&raw const want).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(force) != 0 {
+            let _ = set(plain);
+        }
+    }
 }
 
 /// Send one message with `fds` attached.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::link::{self, FromWorker, FsReply, MAX_MESSAGE_BYTES, Received, ToWorker, WORKER_FD};
-use crate::fs::FsRoot;
+use crate::fs::{FsError, FsRoot};
 use crate::spawn::{Ended, spawn_here};
 
 /// Threads a worker runs blocking file operations on.
@@ -136,7 +136,14 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
                         Err(e) => (Err(e), None),
                     };
                     let raw: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-                    let _ = link.send(&FromWorker::FsDone { id, result }, &raw);
+                    if let Err(e) = link.send(&FromWorker::FsDone { id, result }, &raw) {
+                        // Too large for one packet (a huge directory): say
+                        // so rather than leave the caller to its deadline.
+                        let result = Err(FsError::Io(format!(
+                            "the result is too large to return ({e}); list or walk a smaller directory"
+                        )));
+                        let _ = link.send(&FromWorker::FsDone { id, result }, &[]);
+                    }
                 });
             }
             ToWorker::Spawn { id, spec } => {

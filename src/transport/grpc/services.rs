@@ -19,6 +19,7 @@ use crate::dispatch::RpcRequest;
 use crate::error::GatewayError;
 use crate::fs::FsError;
 use crate::gateway::Gateway;
+use crate::outbound::Reservation;
 use crate::protocol::ByteChunk;
 use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
 use crate::protocol::path::WirePath;
@@ -105,6 +106,21 @@ impl GrpcApi {
         }
     }
 
+    /// A place among the caller's tenant's open streams.
+    fn stream_slot(&self, caller: &Caller) -> Result<StreamSlot, Status> {
+        let tenant = caller.tenant();
+        match tenant.streams.clone().try_acquire_owned() {
+            Ok(permit) => Ok(StreamSlot {
+                permit,
+                stall: self.gw.settings.slow_client_timeout,
+            }),
+            Err(_) => Err(Status::resource_exhausted(format!(
+                "too many open streams for this tenant (max_streams {})",
+                tenant.settings.max_streams
+            ))),
+        }
+    }
+
     async fn session_call(
         &self,
         caller: &Caller,
@@ -119,20 +135,39 @@ impl GrpcApi {
 /// Stream a process's events from `after_seq` until `closed` (or the client
 /// goes away): the retained replay, then live events with back-pressure.
 /// `guard` keeps the session alive; `on_end` runs at the end.
+#[allow(clippy::too_many_arguments)]
 fn follow<T, F>(
     source: Arc<dyn EventSource>,
     after_seq: u64,
     guard: StreamGuard,
     wrap: F,
     on_end: Option<Box<dyn FnOnce() + Send>>,
+    slot: StreamSlot,
 ) -> EventStream<T>
 where
     T: Send + 'static,
     F: Fn(pb::ProcessEvent) -> T + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Result<T, Status>>(STREAM_EVENTS);
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stall = slot.stall;
+    let ended = stalled.clone();
     crate::task::spawn("grpc-follow", async move {
         let _guard = guard;
+        // Sends wait for the client at most the slow-client timeout.
+        let send = |item| {
+            let tx = tx.clone();
+            let stalled = stalled.clone();
+            async move {
+                match tokio::time::timeout(stall, tx.send(item)).await {
+                    Ok(r) => r.is_ok(),
+                    Err(_) => {
+                        stalled.store(true, std::sync::atomic::Ordering::Release);
+                        false
+                    }
+                }
+            }
+        };
         let (replay, mut live) = source.subscribe(after_seq);
         let mut cursor = after_seq;
         let mut replay = replay.into_iter();
@@ -143,11 +178,10 @@ where
             };
             let Some(e) = next else {
                 // The process dropped us (too slow) before `closed`.
-                let _ = tx
-                    .send(Err(Status::aborted(format!(
-                        "reader too slow; attach again with after_seq = {cursor}"
-                    ))))
-                    .await;
+                let _ = send(Err(Status::aborted(format!(
+                    "reader too slow; attach again with after_seq = {cursor}"
+                ))))
+                .await;
                 break;
             };
             if e.seq() <= cursor {
@@ -155,7 +189,7 @@ where
             }
             cursor = e.seq();
             let closed = matches!(e, ProcessEvent::Closed { .. });
-            if tx.send(Ok(wrap(convert::event(e)))).await.is_err() || closed {
+            if !send(Ok(wrap(convert::event(e)))).await || closed {
                 break;
             }
         }
@@ -163,7 +197,34 @@ where
             f();
         }
     });
-    Box::pin(ReceiverStream::new(rx))
+    finish(rx, ended, slot.permit)
+}
+
+/// An open server stream's place in its tenant's `max_streams`, and how
+/// long it may wait for its client.
+pub struct StreamSlot {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    stall: std::time::Duration,
+}
+
+/// The receiving end of a server stream: it ends with DEADLINE_EXCEEDED if
+/// the producer gave up on a client that stopped reading (never a silent
+/// end that looks complete); the slot is held until the stream is dropped.
+fn finish<T: Send + 'static>(
+    rx: mpsc::Receiver<Result<T, Status>>,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> EventStream<T> {
+    let tail = futures_util::stream::once(async move {
+        let _permit = permit;
+        stalled.load(std::sync::atomic::Ordering::Acquire).then(|| {
+            Err(Status::deadline_exceeded(
+                "the client stopped reading for longer than the slow-client timeout",
+            ))
+        })
+    })
+    .filter_map(std::future::ready);
+    Box::pin(ReceiverStream::new(rx).chain(tail))
 }
 
 #[tonic::async_trait]
@@ -222,6 +283,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         req: Request<pb::AttachRequest>,
     ) -> Result<Response<Self::AttachStream>, Status> {
         let caller = caller(&req)?;
+        let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let session = self.session(&caller, &r.session_id)?;
         let open = Open::Events(ProcessIdParams {
@@ -236,6 +298,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
             session.stream_guard(),
             |event| pb::AttachResponse { event: Some(event) },
             None,
+            slot,
         )))
     }
 
@@ -400,6 +463,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         req: Request<pb::ExecRequest>,
     ) -> Result<Response<Self::ExecStream>, Status> {
         let caller = caller(&req)?;
+        let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let params = convert::spec_to_params(r.spec)?;
         // No session given: one just for this call, removed when it ends.
@@ -441,6 +505,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
             session.stream_guard(),
             |event| pb::ExecResponse { event: Some(event) },
             on_end,
+            slot,
         )))
     }
 }
@@ -454,48 +519,80 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<pb::ReadFileRequest>,
     ) -> Result<Response<Self::ReadFileStream>, Status> {
         let caller = caller(&req)?;
+        let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let open = Open::ReadFile(PathParams::plain(r.path));
         let Opened::File(file) = self.open(&caller, None, open).await? else {
             return Err(unexpected());
         };
-        let (tx, rx) = mpsc::channel(4);
-        // Blocking reads on the blocking pool; the bounded channel is the
-        // back-pressure (a slow reader holds one thread, not memory).
+        let (tx, rx) = mpsc::channel::<Result<(pb::ReadFileResponse, Reservation), Status>>(4);
+        let budget = caller.tenant().outbound.clone();
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended = stalled.clone();
+        let stall = slot.stall;
+        let rt = tokio::runtime::Handle::current();
+        // Blocking reads on the blocking pool. Each chunk's bytes are
+        // reserved in the tenant's outbound budget before it is read, until
+        // tonic takes it; a client that stops reading for the slow-client
+        // timeout ends the stream (and frees the file and its thread).
         tokio::task::spawn_blocking(move || {
             use std::io::{Read as _, Seek as _};
+            let send = |item| match rt.block_on(tokio::time::timeout(stall, tx.send(item))) {
+                Ok(r) => r.is_ok(),
+                Err(_) => {
+                    stalled.store(true, std::sync::atomic::Ordering::Release);
+                    false
+                }
+            };
             let mut f = &file;
             if r.offset > 0
                 && let Err(e) = f.seek(std::io::SeekFrom::Start(r.offset))
             {
-                let _ = tx.blocking_send(Err(status(FsError::from_io(&e).into())));
+                send(Err(status(FsError::from_io(&e).into())));
                 return;
             }
             let mut left = if r.length == 0 { u64::MAX } else { r.length };
             while left > 0 {
                 let want =
                     usize::try_from(left).map_or(FILE_CHUNK_BYTES, |l| l.min(FILE_CHUNK_BYTES));
+                let Ok(held) = rt.block_on(tokio::time::timeout(stall, budget.reserve(want)))
+                else {
+                    stalled.store(true, std::sync::atomic::Ordering::Release);
+                    break;
+                };
                 let mut buf = vec![0u8; want];
                 match f.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
                         buf.truncate(n);
                         left = left.saturating_sub(n as u64);
-                        if tx
-                            .blocking_send(Ok(pb::ReadFileResponse { data: buf.into() }))
-                            .is_err()
-                        {
+                        if !send(Ok((pb::ReadFileResponse { data: buf.into() }, held))) {
                             break;
                         }
                     }
                     Err(e) => {
-                        let _ = tx.blocking_send(Err(status(FsError::from_io(&e).into())));
+                        send(Err(status(FsError::from_io(&e).into())));
                         break;
                     }
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // The reservation is released as tonic takes the chunk (h2 then
+        // holds at most its per-stream send buffer).
+        let (data_tx, data_rx) = mpsc::channel(1);
+        crate::task::spawn("grpc-read-file", async move {
+            let mut rx = rx;
+            while let Some(item) = rx.recv().await {
+                let item = item.map(|(chunk, held)| {
+                    drop(held);
+                    chunk
+                });
+                if data_tx.send(item).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(finish(data_rx, ended, slot.permit)))
     }
 
     async fn write_file(
