@@ -430,6 +430,44 @@ async fn idle_sockets_from_one_source_do_not_lock_out_the_others() {
 }
 
 #[tokio::test]
+async fn when_the_unauthenticated_pool_is_full_the_oldest_makes_room() {
+    let gw = Gateway::start(
+        "[server]\nmax_unauthenticated = 8\nmax_unauthenticated_per_source = 8\nhandshake_timeout = \"10m\"\n",
+    );
+    // One source fills the whole pool with idle sockets.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(connect_from("127.0.0.2", &gw.addr).await);
+    }
+    // Wait until the gateway has taken all eight in.
+    let mut held = 0.0;
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while held < 8.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pool never filled: {held}"
+        );
+        held = admin_metric(
+            &gw,
+            "exec_gateway_connections",
+            "door=\"websocket\",state=\"unauthenticated\"",
+        )
+        .await
+        .unwrap_or(0.0);
+    }
+    // A real client still gets in: the oldest idle socket gives way.
+    let (mut c, _) = gw.session().await;
+    c.call("process/list", json!({})).await;
+    assert!(
+        closed_by_peer(&mut idle[0], EVENT_TIMEOUT).await,
+        "the oldest idle socket was not the one closed"
+    );
+    for s in &mut idle[1..] {
+        assert!(!closed_by_peer(s, Duration::from_millis(50)).await);
+    }
+}
+
+#[tokio::test]
 async fn a_connection_that_never_authenticates_is_closed_on_both_doors() {
     let gw = Gateway::start("[server]\nhandshake_timeout = \"1s\"\n");
     let grpc_addr = gw.grpc.trim_start_matches("http://").to_owned();

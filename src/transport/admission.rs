@@ -46,6 +46,12 @@ impl Door {
 /// The caps, shared by both doors.
 pub struct Admission {
     unauthenticated: Arc<Semaphore>,
+    /// Unauthenticated connections, oldest first (some may have moved on:
+    /// skipped when met). When the total cap is full the oldest is closed
+    /// to make room: a flood of idle sockets must then outpace real
+    /// handshakes, which take milliseconds, to keep anyone out.
+    pending: Mutex<std::collections::VecDeque<std::sync::Weak<Conn>>>,
+    unauthenticated_cap: usize,
     per_source: Mutex<HashMap<IpAddr, usize>>,
     per_source_max: usize,
     websocket: Arc<Semaphore>,
@@ -68,6 +74,8 @@ impl Admission {
     pub fn new(limits: AdmissionLimits, metrics: Arc<Metrics>) -> Arc<Admission> {
         Arc::new(Admission {
             unauthenticated: Arc::new(Semaphore::new(limits.max_unauthenticated)),
+            pending: Mutex::new(std::collections::VecDeque::new()),
+            unauthenticated_cap: limits.max_unauthenticated,
             per_source: Mutex::new(HashMap::new()),
             per_source_max: limits.max_unauthenticated_per_source,
             websocket: Arc::new(Semaphore::new(limits.websocket)),
@@ -85,8 +93,26 @@ impl Admission {
             tracing::debug!(%source, door = door.name(), reason, "connection refused");
             None
         };
-        let Ok(total) = self.unauthenticated.clone().try_acquire_owned() else {
-            return refuse("unauthenticated_total");
+        // The per-source cap first: a source at its cap evicts no one.
+        if self
+            .per_source
+            .lock()
+            .get(&source)
+            .is_some_and(|n| *n >= self.per_source_max)
+        {
+            return refuse("unauthenticated_per_source");
+        }
+        let total = match self.unauthenticated.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if !self.evict_oldest(door) {
+                    return refuse("unauthenticated_total");
+                }
+                match self.unauthenticated.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(_) => return refuse("unauthenticated_total"),
+                }
+            }
         };
         {
             let mut per = self.per_source.lock();
@@ -101,7 +127,7 @@ impl Admission {
             .metrics
             .connection_gauge(door.name(), "unauthenticated");
         gauge.inc();
-        Some(Arc::new(Conn {
+        let conn = Arc::new(Conn {
             door,
             admission: self.clone(),
             state: Mutex::new(State::Pending(Pending {
@@ -110,7 +136,31 @@ impl Admission {
                 gauge,
             })),
             authenticated: AtomicBool::new(false),
-        }))
+            waker: futures_util::task::AtomicWaker::new(),
+        });
+        let mut pending = self.pending.lock();
+        // Bounded: drop what has moved on once it outnumbers the cap.
+        if pending.len() >= 2 * self.unauthenticated_cap + 64 {
+            pending.retain(|w| w.upgrade().is_some_and(|c| c.is_pending()));
+        }
+        pending.push_back(Arc::downgrade(&conn));
+        Some(conn)
+    }
+
+    /// Close the oldest connection still unauthenticated; false if none.
+    fn evict_oldest(&self, door: Door) -> bool {
+        loop {
+            let Some(weak) = self.pending.lock().pop_front() else {
+                return false;
+            };
+            if let Some(conn) = weak.upgrade()
+                && conn.close_unauthenticated()
+            {
+                self.metrics
+                    .connection_refused(door.name(), "evicted_oldest");
+                return true;
+            }
+        }
     }
 
     fn release_source(&self, source: IpAddr) {
@@ -131,6 +181,8 @@ pub struct Conn {
     state: Mutex<State>,
     /// Set once promoted: the handshake deadline no longer applies.
     authenticated: AtomicBool,
+    /// The socket's task, woken when the connection is closed from outside.
+    waker: futures_util::task::AtomicWaker,
 }
 
 enum State {
@@ -177,6 +229,28 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     pub fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
+    }
+
+    fn is_pending(&self) -> bool {
+        matches!(*self.state.lock(), State::Pending(_))
+    }
+
+    /// Close a connection that has not authenticated (its slots are free
+    /// at once; its socket fails on the next poll). False if it had
+    /// authenticated or was already closed.
+    fn close_unauthenticated(&self) -> bool {
+        let previous = {
+            let mut state = self.state.lock();
+            if !matches!(*state, State::Pending(_)) {
+                return false;
+            }
+            std::mem::replace(&mut *state, State::Closed)
+        };
+        if let State::Pending(p) = previous {
+            self.admission.release_source(p.source);
+        }
+        self.waker.wake();
+        true
     }
 
     /// Move the connection into the authenticated slots (door and
@@ -270,6 +344,7 @@ impl<T> Guarded<T> {
             self.deadline = None;
             return None;
         }
+        self.conn.waker.register(cx.waker());
         if d.as_mut().poll(cx).is_ready() {
             self.deadline = None;
             self.conn
@@ -277,19 +352,19 @@ impl<T> Guarded<T> {
                 .metrics
                 .connection_refused(self.conn.door.name(), "handshake_timeout");
             // Its unauthenticated slot is free at once; later polls fail.
-            let previous = std::mem::replace(&mut *self.conn.state.lock(), State::Closed);
-            if let State::Pending(p) = previous {
-                self.conn.admission.release_source(p.source);
-            }
+            self.conn.close_unauthenticated();
+            return Some(timed_out());
+        }
+        if self.closed() {
+            // Evicted to make room for a newer connection.
+            self.deadline = None;
             return Some(timed_out());
         }
         None
     }
 
     fn closed(&self) -> bool {
-        self.deadline.is_none()
-            && !self.conn.is_authenticated()
-            && matches!(*self.conn.state.lock(), State::Closed)
+        !self.conn.is_authenticated() && matches!(*self.conn.state.lock(), State::Closed)
     }
 }
 
