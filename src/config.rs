@@ -249,6 +249,9 @@ pub struct TenantConfig {
     /// Open gRPC server streams (Attach, Exec, ReadFile); past it,
     /// RESOURCE_EXHAUSTED. Default: 64.
     pub max_streams: Option<usize>,
+    /// `fs/open` handles over all the tenant's sessions (each an open
+    /// file in the gateway); past it, -32600. Default: 256.
+    pub max_open_files: Option<usize>,
     /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
     /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
@@ -465,6 +468,7 @@ pub struct TenantSettings {
     pub max_read_file_bytes: u64,
     pub max_connections: usize,
     pub max_streams: usize,
+    pub max_open_files: usize,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: CgroupLimits,
     /// (uid, gid): configured, or allocated from `[isolation] uid_range`
@@ -872,13 +876,19 @@ impl Settings {
         ]
     }
 
+    /// Descriptors not scaled by the caps: the reserve, workers, and each
+    /// tenant's `fs/open` handles and gRPC streams (each holds a file).
     fn reserved_fds(&self) -> u64 {
-        let workers: u64 = self
+        let tenants: u64 = self
             .tenants
             .values()
-            .map(|t| t.workers_max as u64 * FDS_PER_WORKER)
+            .map(|t| {
+                t.workers_max as u64 * FDS_PER_WORKER
+                    + t.max_open_files as u64
+                    + t.max_streams as u64
+            })
             .sum();
-        FD_RESERVE + workers
+        FD_RESERVE + tenants
     }
 
     /// Descriptors the caps may take at once.
@@ -902,7 +912,7 @@ impl Settings {
         // Room for at least a few of each defaulted cap.
         if flexible == 0 || limit < fixed + 64 {
             return Err(ConfigError(format!(
-                "connection and process caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} reserved) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
+                "connection and process caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} for the reserve, workers, max_open_files and max_streams) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
                 self.max_connections,
                 caps[1].0,
                 self.max_unauthenticated,
@@ -1139,6 +1149,7 @@ fn validate_tenant(
         max_read_file_bytes,
         max_connections: p("max_connections", t.max_connections, 1024)?,
         max_streams: p("max_streams", t.max_streams, 64)?,
+        max_open_files: p("max_open_files", t.max_open_files, 256)?,
         cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),

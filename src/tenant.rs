@@ -172,6 +172,7 @@ impl Tenants {
                 runner,
                 environment,
                 t.max_read_file_bytes,
+                t.max_open_files,
             );
             let rate = NonZeroU32::new(t.requests_per_second).unwrap_or(NonZeroU32::MIN);
             let burst = NonZeroU32::new(t.burst).unwrap_or(rate);

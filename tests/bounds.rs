@@ -288,6 +288,45 @@ async fn client_chosen_ids_are_bounded() {
 }
 
 #[tokio::test]
+async fn open_file_handles_are_capped_per_tenant() {
+    let dir = scratch();
+    let f = write_file(dir.path(), "f.txt", "x\n");
+    let uri = format!("file://{}", f.display());
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_open_files = 2\n",
+            d.display()
+        )
+    });
+    // Two sessions of the tenant share its two handles.
+    let (mut a, _) = gw.session().await;
+    let (mut b, _) = gw.session().await;
+    for (c, id) in [(&mut a, "h1"), (&mut b, "h2")] {
+        c.call(
+            "fs/open",
+            json!({"handleId": id, "path": uri, "mode": "read"}),
+        )
+        .await;
+    }
+    let (code, message) = a
+        .call_err(
+            "fs/open",
+            json!({"handleId": "h3", "path": uri, "mode": "read"}),
+        )
+        .await;
+    assert_eq!(code, -32600, "{message}");
+    assert!(message.contains("max_open_files"), "{message}");
+    // Closing one gives its place back.
+    b.call("fs/close", json!({"handleId": "h2"})).await;
+    a.call(
+        "fs/open",
+        json!({"handleId": "h3", "path": uri, "mode": "read"}),
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn a_large_directory_is_listed_not_left_to_the_deadline() {
     let dir = scratch();
     let big = dir.path().join("node_modules");

@@ -81,6 +81,8 @@ struct Shared {
     env: EnvironmentSpec,
     /// `fs/readFile` limit (`max_read_file_bytes`).
     max_read_file_bytes: u64,
+    /// `fs/open` handles over all the tenant's sessions (`max_open_files`).
+    open_files: Arc<tokio::sync::Semaphore>,
 }
 
 impl LocalBackend {
@@ -90,6 +92,7 @@ impl LocalBackend {
         runner: Runner,
         env: EnvironmentSpec,
         max_read_file_bytes: u64,
+        max_open_files: usize,
     ) -> LocalBackend {
         LocalBackend {
             shared: Arc::new(Shared {
@@ -98,6 +101,7 @@ impl LocalBackend {
                 runner,
                 env,
                 max_read_file_bytes,
+                open_files: Arc::new(tokio::sync::Semaphore::new(max_open_files)),
             }),
         }
     }
@@ -412,6 +416,8 @@ where
 /// An `fs/open` handle.
 struct Handle {
     file: Arc<std::fs::File>,
+    /// Its place in the tenant's `max_open_files`.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// The session's `fs/watchMissing` watch.
@@ -608,6 +614,17 @@ impl LocalSession {
                 )));
             }
         }
+        let slot = self
+            .shared
+            .open_files
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                GatewayError::InvalidRequest(
+                    "too many open file handles for this tenant (max_open_files); close some first"
+                        .to_owned(),
+                )
+            })?;
         let path = PathParams {
             path: p.path.clone(),
             follow_symlinks: None,
@@ -629,6 +646,7 @@ impl LocalSession {
             p.handle_id.clone(),
             Handle {
                 file: Arc::new(file),
+                _slot: slot,
             },
         );
         Ok(Reply::FsOpen(HandleParams {
