@@ -456,6 +456,30 @@ fn direct_read_file_p50(path: &str, n: usize, simd: bool) -> BenchResult<Duratio
     Ok(percentile(&lat, 0.5))
 }
 
+/// An HS256 token for `tenant` with every scope, as the gateway's own
+/// `token` command mints it.
+fn all_scopes_token(
+    secret: &str,
+    settings: &exec_gateway::config::Settings,
+    tenant: &str,
+    ttl: Duration,
+    subject: &str,
+) -> BenchResult<String> {
+    exec_gateway::auth::mint(
+        jsonwebtoken::Algorithm::HS256,
+        secret.as_bytes(),
+        &settings.auth,
+        tenant,
+        &[
+            "exec".to_owned(),
+            "fs:read".to_owned(),
+            "fs:write".to_owned(),
+        ],
+        ttl,
+        subject,
+    )
+}
+
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
@@ -612,16 +636,10 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         .and_then(exec_gateway::config::Config::validate)
         .map_err(err)?;
     let token = |tenant: &str| {
-        exec_gateway::auth::mint(
-            jsonwebtoken::Algorithm::HS256,
-            secret.as_bytes(),
-            &settings.auth,
+        all_scopes_token(
+            &secret,
+            &settings,
             tenant,
-            &[
-                "exec".to_owned(),
-                "fs:read".to_owned(),
-                "fs:write".to_owned(),
-            ],
             Duration::from_secs(3600),
             "bench",
         )

@@ -142,16 +142,10 @@ pub async fn soak(exe: &Path, dir: &Path, args: SoakArgs) -> BenchResult<()> {
         .and_then(exec_gateway::config::Config::validate)
         .map_err(err)?;
     let token = |tenant: &str| {
-        exec_gateway::auth::mint(
-            jsonwebtoken::Algorithm::HS256,
-            secret.as_bytes(),
-            &settings.auth,
+        super::all_scopes_token(
+            &secret,
+            &settings,
             tenant,
-            &[
-                "exec".to_owned(),
-                "fs:read".to_owned(),
-                "fs:write".to_owned(),
-            ],
             Duration::from_secs(24 * 3600),
             "soak",
         )

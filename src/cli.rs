@@ -160,8 +160,9 @@ fn usage_error(e: &ConfigError) -> ExitCode {
 /// glibc otherwise raises this threshold each time such a buffer is freed
 /// (up to 32 MiB), after which the many large, short-lived buffers of a
 /// gateway (1 MiB output chunks, `fs/readFile` replies, websocket frames)
-/// are carved from its arenas and fragment them: a soak that holds 50 MB
-/// of data grew the process to 2.5 GB RSS; with the threshold fixed, 250 MB.
+/// are carved from its arenas and fragment them: a 20 s soak of victims
+/// alone (a few MiB held for clients) grew the process to 2.3-2.6 GB RSS;
+/// with the threshold fixed, 220-320 MB.
 pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
 
 #[allow(unsafe_code)]

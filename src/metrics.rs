@@ -78,8 +78,8 @@ pub struct ConnectionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConnectionRefusedLabels {
     pub door: String,
-    /// `unauthenticated_total`, `unauthenticated_per_source`, `connections`,
-    /// `tenant_connections`, `handshake_timeout`.
+    /// `unauthenticated_total`, `unauthenticated_per_source`, `evicted_oldest`,
+    /// `connections`, `tenant_connections`, `handshake_timeout`.
     pub reason: String,
 }
 

@@ -13,13 +13,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{Gateway, now};
+use common::{Gateway, keypair, now, rsa, rsa_jwk};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -27,61 +26,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "exec-gateway";
-
-fn openssl(args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Generate a key pair with openssl; returns (private PEM, public PEM path).
-fn keypair(dir: &Path, name: &str, genpkey: &[&str]) -> (Vec<u8>, String) {
-    let key = dir.join(format!("{name}.pem"));
-    let pubkey = dir.join(format!("{name}.pub.pem"));
-    let mut args = vec!["genpkey"];
-    args.extend_from_slice(genpkey);
-    args.extend_from_slice(&["-out", key.to_str().unwrap()]);
-    openssl(&args);
-    openssl(&[
-        "pkey",
-        "-in",
-        key.to_str().unwrap(),
-        "-pubout",
-        "-out",
-        pubkey.to_str().unwrap(),
-    ]);
-    (std::fs::read(&key).unwrap(), pubkey.display().to_string())
-}
-
-fn rsa(dir: &Path, name: &str) -> (Vec<u8>, String) {
-    keypair(
-        dir,
-        name,
-        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-    )
-}
-
-/// An RSA public key as a JWK (n from openssl's modulus, e = 65537).
-fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
-    let out = Command::new("openssl")
-        .args(["rsa", "-pubin", "-in", pub_pem, "-noout", "-modulus"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let hex = text.trim().trim_start_matches("Modulus=");
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-    json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": n, "e": "AQAB"})
-}
 
 fn claims() -> Value {
     json!({"sub": "u", "tenant": "t1", "scope": "exec fs:read", "iss": ISS, "aud": AUD,

@@ -21,6 +21,17 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 
+/// A gateway whose one tenant, `t1` (host-rooted), has `settings`.
+fn t1_with(settings: &str) -> Gateway {
+    Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\n{settings}",
+            d.display()
+        )
+    })
+}
+
 /// The value of metric `name` with exactly `labels`, if exported.
 fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
     let key = format!("{name}{{{labels}}} ");
@@ -159,13 +170,7 @@ async fn a_file_over_the_read_limit_is_refused_naming_the_limit() {
         .unwrap()
         .set_len(2 * 1024 * 1024)
         .unwrap();
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_read_file_bytes = 1048576\n",
-            d.display()
-        )
-    });
+    let gw = t1_with("max_read_file_bytes = 1048576\n");
     let (mut c, _) = gw.session().await;
     let (code, message) = c
         .call_err("fs/readFile", json!({"path": file.display().to_string()}))
@@ -292,13 +297,7 @@ async fn open_file_handles_are_capped_per_tenant() {
     let dir = scratch();
     let f = write_file(dir.path(), "f.txt", "x\n");
     let uri = format!("file://{}", f.display());
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_open_files = 2\n",
-            d.display()
-        )
-    });
+    let gw = t1_with("max_open_files = 2\n");
     // Two sessions of the tenant share its two handles.
     let (mut a, _) = gw.session().await;
     let (mut b, _) = gw.session().await;
@@ -354,13 +353,7 @@ async fn grpc_streams_are_capped_per_tenant() {
         .unwrap()
         .set_len(64 * 1024 * 1024)
         .unwrap();
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_streams = 2\n",
-            d.display()
-        )
-    });
+    let gw = t1_with("max_streams = 2\n");
     let mut files = pb::file_service_client::FileServiceClient::connect(gw.grpc.clone())
         .await
         .unwrap();
@@ -701,41 +694,10 @@ async fn jwks_endpoint(
     (format!("http://{addr}/jwks.json"), seen)
 }
 
-/// An RSA key pair from openssl: (private PEM, JWK of the public half).
+/// An RSA key pair: (private PEM, JWK of the public half).
 fn rsa_key(dir: &Path, kid: &str) -> (Vec<u8>, Value) {
-    let key = dir.join(format!("{kid}.pem"));
-    let ok = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&key)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "openssl genpkey");
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-in"])
-        .arg(&key)
-        .args(["-noout", "-modulus"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let hex = text.trim().trim_start_matches("Modulus=");
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    use base64::Engine as _;
-    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-    (
-        std::fs::read(&key).unwrap(),
-        json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": n, "e": "AQAB"}),
-    )
+    let (pem, public) = common::rsa(dir, kid);
+    (pem, common::rsa_jwk(&public, kid))
 }
 
 fn rs256(pem: &[u8], kid: &str) -> String {

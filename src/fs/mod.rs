@@ -963,6 +963,29 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_file_encoded_as_read_matches_serde_and_refuses_to_grow() {
+        use std::io::Write as _;
+        // Longer than one step, and not a multiple of 3.
+        let data: Vec<u8> = (0..ENCODE_STEP_BYTES * 2 + 7).map(|i| i as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let len = data.len() as u64;
+        let reopen = |f: &std::fs::File| {
+            let mut c = f.try_clone().unwrap();
+            std::io::Seek::rewind(&mut c).unwrap();
+            c
+        };
+        let expected = serde_json::to_string(&crate::protocol::fs::ReadFileResponse {
+            data_base64: crate::protocol::ByteChunk(data),
+        })
+        .unwrap();
+        assert_eq!(read_encoded(reopen(&f), len).unwrap(), expected);
+        // Measured one byte short: the file grew since.
+        assert!(read_encoded(reopen(&f), len - 1).is_err());
+    }
+
+    #[test]
     fn io_errors_map_like_the_reference() {
         let e = FsError::from_io(&io::Error::from_raw_os_error(libc::ENOENT));
         assert_eq!(

@@ -239,7 +239,7 @@ where
                                     drop(permit);
                                     return;
                                 }
-                                Ok(Outcome::Reply(reply)) => encode_reply(&id, &reply),
+                                Ok(Outcome::Reply(reply)) => jsonrpc::encode_response(&id, &reply),
                                 Ok(Outcome::Opened(_)) => jsonrpc::encode_error(
                                     &id,
                                     &GatewayError::Internal("unexpected stream".to_owned())
@@ -332,39 +332,20 @@ fn envelope(id: &RequestId, result: &str) -> String {
     s
 }
 
-/// Serialise a reply. `fs/readFile` results are written directly: base64
-/// never needs JSON escaping, so serde's per-byte escape scan of a payload of
-/// up to 683 MiB is skipped.
-fn encode_reply(id: &RequestId, reply: &Reply) -> String {
-    match reply {
-        Reply::FsReadFile(r) => {
-            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
-            let data = &r.data_base64.0;
-            let mut s = String::with_capacity(data.len().div_ceil(3) * 4 + id_json.len() + 40);
-            s.push_str(r#"{"id":"#);
-            s.push_str(&id_json);
-            s.push_str(r#","result":{"dataBase64":""#);
-            crate::protocol::base64_into(data, &mut s);
-            s.push_str("\"}}");
-            s
-        }
-        other => jsonrpc::encode_response(id, other),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::fs::ReadFileResponse;
 
     #[test]
-    fn read_file_fast_path_matches_serde() {
+    fn an_envelope_around_an_encoded_result_matches_serde() {
         for id in [RequestId::Integer(7), RequestId::String("a\"b".into())] {
             let reply = Reply::FsReadFile(ReadFileResponse {
                 data_base64: crate::protocol::ByteChunk(b"hi\n".to_vec()),
             });
+            let result = serde_json::to_string(&reply).unwrap_or_default();
             assert_eq!(
-                encode_reply(&id, &reply),
+                envelope(&id, &result),
                 jsonrpc::encode_response(&id, &reply)
             );
         }

@@ -133,19 +133,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Serve the admin listener until the gateway stops.
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     let slots = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = gw.stopped() => break,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "admin").await {
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(tcp);
             continue;

@@ -17,3 +17,26 @@ pub mod grpc;
 pub mod http;
 pub mod stdio;
 pub mod ws;
+
+/// The next connection on `listener`, or `None` once the gateway stops.
+/// A failed accept (EMFILE and friends) is logged and retried after a short
+/// pause instead of spinning.
+pub async fn next_connection(
+    listener: &tokio::net::TcpListener,
+    gw: &crate::gateway::Gateway,
+    what: &'static str,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = gw.stopped() => return None,
+        };
+        match accepted {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, listener = what, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

@@ -42,20 +42,7 @@ const WRITE_BATCH: usize = 32;
 /// (bounded by `admission`, closed at the handshake timeout) until its
 /// upgrade authenticates.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = gw.stopped() => break,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(v) => v,
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "websocket").await {
         let Some(conn) = admission.accept(Door::Websocket, peer.ip()) else {
             drop(tcp);
             continue;

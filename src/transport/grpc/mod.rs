@@ -135,19 +135,9 @@ fn admitted(
 ) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     crate::task::spawn("grpc-accept", async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = gw.stopped() => break,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+        while let Some((tcp, peer)) =
+            crate::transport::next_connection(&listener, &gw, "grpc").await
+        {
             let Some(conn) = admission.accept(Door::Grpc, peer.ip()) else {
                 drop(tcp);
                 continue;
