@@ -156,14 +156,15 @@ fn usage_error(e: &ConfigError) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-/// Buffers of 128 KiB and more are mapped and unmapped on their own.
+/// Buffers of 1 MiB and more are mapped and unmapped on their own.
 /// glibc otherwise raises this threshold each time such a buffer is freed
 /// (up to 32 MiB), after which the many large, short-lived buffers of a
-/// gateway (1 MiB output chunks, `fs/readFile` replies, websocket frames)
-/// are carved from its arenas and fragment them: a 20 s soak of victims
-/// alone (a few MiB held for clients) grew the process to 2.3-2.6 GB RSS;
-/// with the threshold fixed, 220-320 MB.
-pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
+/// gateway (`fs/readFile` replies, websocket frames) are carved from its
+/// arenas and fragment them. A 20 s soak of victims alone (a few MiB held
+/// for clients): 2.3-2.6 GB RSS left alone, 624 MB at 1 MiB, 280 MB at
+/// 128 KiB. 128 KiB also maps every 256 KiB output read buffer, which cut
+/// output over websocket from 600 to 244 MB/s; 1 MiB keeps 639 MB/s.
+pub const MMAP_THRESHOLD_BYTES: i32 = 1024 * 1024;
 
 #[allow(unsafe_code)]
 fn tune_allocator() {
