@@ -92,13 +92,26 @@ pub struct ServeArgs {
     /// (overrides `server.admin_listen`; its URL is the last stdout line).
     #[arg(long)]
     pub admin_listen: Option<String>,
+    /// This replica's id in a fleet (overrides `fleet.replica`; the
+    /// environment variable EXEC_GATEWAY_REPLICA does too).
+    #[arg(long)]
+    pub replica: Option<String>,
+    /// The fleet's peer listener, `HOST:PORT` (overrides `fleet.listen`;
+    /// its URL is printed before the admin URL).
+    #[arg(long)]
+    pub fleet_listen: Option<String>,
 }
 
-fn settings(
-    common: &CommonArgs,
-    listen: Option<&str>,
-    admin_listen: Option<&str>,
-) -> Result<Settings, ConfigError> {
+/// Command-line values that override the configuration file.
+#[derive(Debug, Default)]
+struct Overrides<'a> {
+    listen: Option<&'a str>,
+    admin_listen: Option<&'a str>,
+    replica: Option<String>,
+    fleet_listen: Option<&'a str>,
+}
+
+fn settings(common: &CommonArgs, o: Overrides<'_>) -> Result<Settings, ConfigError> {
     let mut config = match (&common.config, &common.root) {
         (Some(_), Some(_)) => {
             return Err(ConfigError(
@@ -117,11 +130,17 @@ fn settings(
             Config::embedded(&root)?
         }
     };
-    if let Some(listen) = listen {
+    if let Some(listen) = o.listen {
         config.server.listen = Some(listen.to_owned());
     }
-    if let Some(admin) = admin_listen {
+    if let Some(admin) = o.admin_listen {
         config.server.admin_listen = Some(admin.to_owned());
+    }
+    if let Some(replica) = o.replica {
+        config.fleet.replica = Some(replica);
+    }
+    if let Some(l) = o.fleet_listen {
+        config.fleet.listen = Some(l.to_owned());
     }
     let settings = config.validate()?;
     if let Some(path) = &common.config {
@@ -195,10 +214,19 @@ pub fn run(cli: Cli) -> ExitCode {
             {
                 return usage_error(&e);
             }
+            let replica = args.replica.clone().or_else(|| {
+                std::env::var("EXEC_GATEWAY_REPLICA")
+                    .ok()
+                    .filter(|r| !r.is_empty())
+            });
             let mut settings = match settings(
                 &args.common,
-                args.listen.as_deref(),
-                args.admin_listen.as_deref(),
+                Overrides {
+                    listen: args.listen.as_deref(),
+                    admin_listen: args.admin_listen.as_deref(),
+                    replica,
+                    fleet_listen: args.fleet_listen.as_deref(),
+                },
             ) {
                 Ok(s) => s,
                 Err(e) => return usage_error(&e),
@@ -268,6 +296,7 @@ fn raise_nofile_limit() -> u64 {
 async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
     let settings_grpc = settings.grpc_listen;
     let settings_admin = settings.admin_listen;
+    let settings_peer = settings.fleet.as_ref().map(|f| f.listen);
     let listener = match tokio::net::TcpListener::bind(settings.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -310,12 +339,26 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
             }
         },
     };
+    let peer = match settings_peer {
+        None => None,
+        Some(a) => match tokio::net::TcpListener::bind(a).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("exec-gateway: cannot listen on {a} (fleet peers): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     // The first stdout line is the bound URL (harnesses read it); the gRPC
-    // address, when served, is the second; the admin URL, when served, last.
+    // address, when served, is the second; the fleet's peer listener next;
+    // the admin URL, when served, last.
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "ws://{addr}");
     if let Some(g) = grpc.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(stdout, "grpc://{g}");
+    }
+    if let Some(p) = peer.as_ref().and_then(|l| l.local_addr().ok()) {
+        let _ = writeln!(stdout, "fleet http://{p}");
     }
     if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(stdout, "admin http://{a}");
@@ -326,13 +369,20 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
         ws: listener,
         grpc,
         admin,
+        peer,
     };
     server::run(gw, listeners, server::shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 
 fn run_stdio(common: &CommonArgs) -> ExitCode {
-    let settings = match settings(common, None, Some("off")) {
+    let settings = match settings(
+        common,
+        Overrides {
+            admin_listen: Some("off"),
+            ..Overrides::default()
+        },
+    ) {
         Ok(s) => s,
         Err(e) => return usage_error(&e),
     };
@@ -360,7 +410,13 @@ fn start_reaper() -> Option<std::sync::Arc<Reaper>> {
 }
 
 fn token(args: &TokenArgs) -> ExitCode {
-    let settings = match settings(&args.common, None, Some("off")) {
+    let settings = match settings(
+        &args.common,
+        Overrides {
+            admin_listen: Some("off"),
+            ..Overrides::default()
+        },
+    ) {
         Ok(s) => s,
         Err(e) => return usage_error(&e),
     };

@@ -28,6 +28,8 @@ pub mod code {
     pub const QUOTA_EXCEEDED: i64 = -32006;
     /// 0.169.0: the session is attached to another connection.
     pub const SESSION_ATTACHED: i64 = -32010;
+    /// Ours: the replica that owns the session cannot be reached.
+    pub const OWNER_UNAVAILABLE: i64 = -32007;
 }
 
 /// Wire-independent classification of an error.
@@ -52,6 +54,10 @@ pub enum ErrorKind {
     DeadlineExceeded,
     QuotaExceeded,
     Draining,
+    /// The session's replica cannot be reached (fleet).
+    OwnerUnavailable,
+    /// The session's replica restarted since: the session is gone.
+    OwnerLost,
 }
 
 /// Every error a call can end in.
@@ -105,6 +111,18 @@ pub enum GatewayError {
     },
     #[error("server is shutting down")]
     Draining,
+    /// The session lives on another replica that cannot be reached.
+    #[error("session {session} is owned by replica {replica}, which is unavailable: {detail}")]
+    OwnerUnavailable {
+        session: String,
+        replica: String,
+        detail: String,
+    },
+    /// The session lived on an earlier run of its replica.
+    #[error(
+        "session {session} was owned by replica {replica}, which has restarted since; its processes are gone"
+    )]
+    OwnerLost { session: String, replica: String },
 }
 
 impl GatewayError {
@@ -127,6 +145,8 @@ impl GatewayError {
             GatewayError::DeadlineExceeded => ErrorKind::DeadlineExceeded,
             GatewayError::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
             GatewayError::Draining => ErrorKind::Draining,
+            GatewayError::OwnerUnavailable { .. } => ErrorKind::OwnerUnavailable,
+            GatewayError::OwnerLost { .. } => ErrorKind::OwnerLost,
         }
     }
 
@@ -148,6 +168,8 @@ impl GatewayError {
             ErrorKind::DeadlineExceeded => "deadline_exceeded",
             ErrorKind::QuotaExceeded => "quota_exceeded",
             ErrorKind::Draining => "draining",
+            ErrorKind::OwnerUnavailable => "owner_unavailable",
+            ErrorKind::OwnerLost => "owner_lost",
         }
     }
 
@@ -172,6 +194,9 @@ impl GatewayError {
             ErrorKind::QuotaExceeded => code::QUOTA_EXCEEDED,
             // The reference client knows draining as an invalid request with a reason.
             ErrorKind::Draining => code::INVALID_REQUEST,
+            ErrorKind::OwnerUnavailable => code::OWNER_UNAVAILABLE,
+            // Like an unknown session (the client starts a new one), with a reason.
+            ErrorKind::OwnerLost => code::INVALID_REQUEST,
         };
         let data = match self {
             GatewayError::QuotaExceeded {
@@ -187,6 +212,12 @@ impl GatewayError {
                 Some(json!({"reason": "rateLimited", "retryAfterMs": retry_after_ms}))
             }
             GatewayError::MissingScope(scope) => Some(json!({"requiredScope": scope})),
+            GatewayError::OwnerUnavailable { replica, .. } => {
+                Some(json!({"reason": "ownerUnavailable", "replica": replica}))
+            }
+            GatewayError::OwnerLost { replica, .. } => {
+                Some(json!({"reason": "ownerRestarted", "replica": replica}))
+            }
             _ => None,
         };
         ErrorObject {
@@ -207,7 +238,10 @@ impl GatewayError {
             ErrorKind::MethodNotFound => Code::Unimplemented,
             ErrorKind::Internal => Code::Internal,
             // Transient: retry (elsewhere); the data says when for rate limits.
-            ErrorKind::Overloaded | ErrorKind::Draining => Code::Unavailable,
+            ErrorKind::Overloaded | ErrorKind::Draining | ErrorKind::OwnerUnavailable => {
+                Code::Unavailable
+            }
+            ErrorKind::OwnerLost => Code::NotFound,
             ErrorKind::Unauthenticated => Code::Unauthenticated,
             ErrorKind::Forbidden => Code::PermissionDenied,
             ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
@@ -234,6 +268,8 @@ impl GatewayError {
             ErrorKind::QuotaExceeded => 429,
             ErrorKind::NotFound | ErrorKind::UnknownId | ErrorKind::OutsideRoot => 404,
             ErrorKind::SessionAttached => 409,
+            ErrorKind::OwnerUnavailable => 502,
+            ErrorKind::OwnerLost => 404,
             ErrorKind::Internal => 500,
             ErrorKind::InvalidRequest
             | ErrorKind::AlreadyExists

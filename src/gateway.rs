@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::{ConfigError, Settings};
+use crate::fleet::{Fleet, Owner};
 use crate::isolation::Layers;
 use crate::isolation::reaper::Reaper;
 use crate::metrics::Metrics;
@@ -25,8 +26,13 @@ pub struct Gateway {
     pub stack: RpcService,
     /// The isolation layers in use.
     pub layers: Layers,
+    /// This replica's fleet identity and peers (`None`: a lone gateway).
+    pub fleet: Option<Arc<Fleet>>,
+    /// Connections and calls relayed from here to the sessions' owners.
+    pub relays: std::sync::atomic::AtomicUsize,
     /// Cancelled when draining starts: `/readyz` turns 503, gRPC health
-    /// NOT_SERVING, new sessions and calls get the draining error.
+    /// NOT_SERVING, new sessions get the draining error (live ones are
+    /// served until the stop).
     draining: CancellationToken,
     /// Cancelled when listeners must stop and connections close.
     stopped: CancellationToken,
@@ -55,7 +61,20 @@ impl Gateway {
         });
         let layers = crate::probe::layers(&settings, &metrics)?;
         let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots, layers)?;
-        let sessions = SessionRegistry::new(settings.detach_ttl, settings.max_sessions);
+        let fleet = settings
+            .fleet
+            .as_ref()
+            .map(Fleet::new)
+            .transpose()?
+            .map(Arc::new);
+        let sessions = SessionRegistry::new(
+            settings.detach_ttl,
+            settings.max_sessions,
+            fleet
+                .as_ref()
+                .map(|f| f.session_prefix())
+                .unwrap_or_default(),
+        );
         let stack = middleware::stack(
             &StackSettings {
                 max_in_flight: settings.max_in_flight,
@@ -71,6 +90,8 @@ impl Gateway {
             sessions,
             stack,
             layers,
+            fleet,
+            relays: std::sync::atomic::AtomicUsize::new(0),
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
             reaper,
@@ -132,6 +153,28 @@ impl Gateway {
         )
     }
 
+    /// Who owns `session_id` (always this replica outside a fleet).
+    pub fn owner<'a>(&self, session_id: &'a str) -> Owner<'a> {
+        match &self.fleet {
+            Some(f) => f.owner(session_id),
+            None => Owner::Local,
+        }
+    }
+
+    /// Relays live through this replica.
+    pub fn live_relays(&self) -> usize {
+        self.relays.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Count a relay while the guard lives.
+    pub fn relay_guard(self: &Arc<Self>) -> RelayGuard {
+        self.relays
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.metrics.relays.inc();
+        self.metrics.relays_started.inc();
+        RelayGuard(self.clone())
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.is_cancelled()
     }
@@ -172,5 +215,17 @@ impl Gateway {
     /// Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
         self.metrics.encode()
+    }
+}
+
+/// A live relay; see [`Gateway::relay_guard`].
+pub struct RelayGuard(Arc<Gateway>);
+
+impl Drop for RelayGuard {
+    fn drop(&mut self) {
+        self.0
+            .relays
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.metrics.relays.dec();
     }
 }

@@ -23,6 +23,8 @@
 //! - [`spawn`]: the one spawn model (spec, child, how it ended).
 //! - [`isolation`]: cgroups, sandbox (uid, Landlock, seccomp), signals, reaper.
 //! - [`rpc`]: the method table: typed calls, replies, stream operations.
+//! - [`fleet`]: this replica's fleet identity: session ids that name their
+//!   owner, peers, the fleet credential.
 //! - [`auth`]: JWT verification (keys, JWKS) into a [`auth::Principal`].
 //! - [`config`]: raw configuration validated into settings.
 //! - below everything: [`fs`] (file operations on a confined root),
@@ -36,6 +38,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod exec;
+pub mod fleet;
 pub mod fs;
 pub mod gateway;
 pub mod isolation;

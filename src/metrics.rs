@@ -59,6 +59,12 @@ pub struct Metrics {
     pub workers: Family<TenantLabel, Gauge>,
     pub worker_deaths: Family<TenantLabel, Counter>,
     pub draining: Gauge,
+    /// Relays to sessions' owner replicas, live (fleet).
+    pub relays: Gauge,
+    /// Relays started from this replica, in all.
+    pub relays_started: Counter,
+    /// Peer requests refused for a bad fleet credential, by reason.
+    pub fleet_auth_failures: Family<ReasonLabel, Counter>,
     pub outbound_bytes: Family<TenantLabel, Gauge>,
     pub outbound_bytes_peak: Family<TenantLabel, Gauge>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
@@ -166,6 +172,24 @@ impl Metrics {
             isolation_layer.clone(),
         );
         r.register("draining", "1 while shutting down", draining.clone());
+        let relays = Gauge::default();
+        r.register(
+            "relays",
+            "Connections and calls relayed from this replica to their sessions' owners",
+            relays.clone(),
+        );
+        let relays_started = Counter::default();
+        r.register(
+            "relays_started",
+            "Connections and calls relayed from this replica to their sessions' owners, in all",
+            relays_started.clone(),
+        );
+        let fleet_auth_failures = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "fleet_auth_failures",
+            "Requests on the peer listener refused for a missing or bad fleet credential",
+            fleet_auth_failures.clone(),
+        );
         let outbound_bytes = Family::<TenantLabel, Gauge>::default();
         let outbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
         let outbound_waiting = Family::<TenantLabel, Gauge>::default();
@@ -216,6 +240,9 @@ impl Metrics {
             workers,
             worker_deaths,
             draining,
+            relays,
+            relays_started,
+            fleet_auth_failures,
             outbound_bytes,
             outbound_bytes_peak,
             outbound_waiting,

@@ -2,9 +2,11 @@
 //! one fixed order, each step bounded in time:
 //!
 //! 1. draining: `/readyz` turns 503, gRPC health NOT_SERVING, new sessions
-//!    and calls get the draining error;
-//! 2. running processes get up to `shutdown_grace` to finish;
-//! 3. listeners stop accepting and connections close (1001);
+//!    get the draining error; live sessions (direct or relayed through
+//!    this replica) are served as before;
+//! 2. running processes and relays get up to `shutdown_grace` to finish;
+//! 3. listeners stop accepting and connections close (1012, "service
+//!    restart"; gRPC connections get GOAWAY);
 //! 4. every remaining process is killed, backends (workers) retired, the
 //!    reaper sidecar told to finish;
 //! 5. `run` returns (the binary exits 0).
@@ -31,6 +33,8 @@ pub struct Listeners {
     pub grpc: Option<TcpListener>,
     /// `/metrics` and the detailed `/readyz`.
     pub admin: Option<TcpListener>,
+    /// The fleet's peer listener.
+    pub peer: Option<TcpListener>,
 }
 
 /// Serve `listeners` until `shutdown` completes, then shut down.
@@ -59,6 +63,9 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
     let admin = listeners
         .admin
         .map(|l| crate::task::spawn("admin", transport::http::serve_admin(l, gw.clone())));
+    let peer = listeners
+        .peer
+        .map(|l| crate::task::spawn("peer", transport::peer::serve(l, gw.clone())));
     shutdown.await;
     tracing::info!("shutting down");
     shut_down(&gw, gw.settings.shutdown_grace).await;
@@ -68,6 +75,9 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
     }
     if let Some(a) = admin {
         let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, a).await;
+    }
+    if let Some(p) = peer {
+        let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, p).await;
     }
     tokio::time::sleep(CLOSE_FRAMES_GRACE).await;
 }
@@ -97,7 +107,11 @@ pub async fn run_stdio(
 async fn shut_down(gw: &Gateway, grace: Duration) {
     gw.start_draining();
     let deadline = tokio::time::Instant::now() + grace;
-    while gw.sessions.live_processes() > 0 && tokio::time::Instant::now() < deadline {
+    // Live work: processes here, and sessions served through relays from
+    // here (their processes run on other replicas).
+    while (gw.sessions.live_processes() > 0 || gw.live_relays() > 0)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.stop();

@@ -112,15 +112,18 @@ pub struct SessionRegistry {
     detach_ttl: Option<Duration>,
     max_sessions: usize,
     next_generation: AtomicU64,
+    /// Prefix of minted ids: the replica and its run (empty outside a fleet).
+    id_prefix: String,
 }
 
 impl SessionRegistry {
-    pub fn new(detach_ttl: Option<Duration>, max_sessions: usize) -> Arc<Self> {
+    pub fn new(detach_ttl: Option<Duration>, max_sessions: usize, id_prefix: String) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detach_ttl,
             max_sessions,
             next_generation: AtomicU64::new(1),
+            id_prefix,
         })
     }
 
@@ -176,7 +179,7 @@ impl SessionRegistry {
         };
         tenant.metrics.sessions.inc();
         let session = Arc::new(Session {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: format!("{}{}", self.id_prefix, uuid::Uuid::new_v4()),
             tenant: tenant.clone(),
             backend,
             revision,

@@ -29,6 +29,7 @@ const ORDER: &[&str] = &[
     "spawn",
     "isolation",
     "rpc",
+    "fleet",
     "auth",
     "config",
     "fs",

@@ -1,4 +1,5 @@
-//! SIGTERM/SIGINT: readiness goes false, new work is refused, process trees
+//! SIGTERM/SIGINT: readiness goes false, new sessions are refused, live ones
+//! served through the grace, then clients are told to reconnect, process trees
 //! are killed, and the gateway exits 0, all within bounded time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -6,6 +7,7 @@
 mod common;
 
 use common::{Gateway, eventually, pid_alive, unb64};
+use futures_util::StreamExt as _;
 use serde_json::json;
 
 async fn pid_of(c: &mut common::Client, id: &str) -> i32 {
@@ -30,7 +32,7 @@ async fn sigterm_drains_kills_trees_and_exits_zero() {
     let grandchild = pid_of(&mut c, "p").await;
     assert!(pid_alive(grandchild));
     gw.signal(15);
-    // During the grace period: not ready, and new calls are refused.
+    // During the grace period: not ready, no new sessions, live ones served.
     let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
     while gw.http_get("/readyz").await.0 != 503 {
         assert!(
@@ -40,7 +42,26 @@ async fn sigterm_drains_kills_trees_and_exits_zero() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let r = c.call_raw("process/list", json!({})).await;
+    assert_eq!(r["result"]["processes"][0]["processId"], "p", "{r}");
+    let mut other = gw.connect().await;
+    let r = other
+        .call_raw("initialize", json!({"clientName": "late"}))
+        .await;
     assert_eq!(r["error"]["data"]["reason"], "serverShuttingDown", "{r}");
+    // At the end of the grace: told to reconnect elsewhere (1012).
+    let close = loop {
+        match tokio::time::timeout(common::EVENT_TIMEOUT, c.ws.next())
+            .await
+            .expect("a close frame")
+        {
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Close(f))) => {
+                break f.map(|f| u16::from(f.code));
+            }
+            Some(Ok(_)) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(close, Some(1012));
     let status = gw.wait_exit();
     assert!(status.success(), "{status:?}");
     eventually("grandchild killed", || !pid_alive(grandchild)).await;

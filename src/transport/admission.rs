@@ -32,6 +32,8 @@ use crate::tenant::Tenant;
 pub enum Door {
     Websocket,
     Grpc,
+    /// The fleet's peer listener (its own [`Admission`]).
+    Peer,
 }
 
 impl Door {
@@ -39,6 +41,7 @@ impl Door {
         match self {
             Door::Websocket => "websocket",
             Door::Grpc => "grpc",
+            Door::Peer => "fleet",
         }
     }
 }
@@ -201,7 +204,7 @@ struct Pending {
 
 struct Slot {
     _door: OwnedSemaphorePermit,
-    _tenant: OwnedSemaphorePermit,
+    _tenant: Option<OwnedSemaphorePermit>,
     gauge: Gauge,
 }
 
@@ -257,6 +260,16 @@ impl Conn {
     /// tenant); idempotent. A full cap is -32001 (HTTP 503,
     /// `RESOURCE_EXHAUSTED`) and the connection stays unauthenticated.
     pub fn promote(&self, tenant: &Tenant) -> Result<(), GatewayError> {
+        self.promote_inner(Some(tenant))
+    }
+
+    /// Move a peer replica's connection into the authenticated slots (it
+    /// carries many tenants' calls: no tenant slot).
+    pub fn promote_peer(&self) -> Result<(), GatewayError> {
+        self.promote_inner(None)
+    }
+
+    fn promote_inner(&self, tenant: Option<&Tenant>) -> Result<(), GatewayError> {
         if self.is_authenticated() {
             return Ok(());
         }
@@ -270,17 +283,21 @@ impl Conn {
         let adm = &self.admission;
         let door_sem = match self.door {
             Door::Websocket => &adm.websocket,
-            Door::Grpc => &adm.grpc,
+            Door::Grpc | Door::Peer => &adm.grpc,
         };
         let Ok(door) = door_sem.clone().try_acquire_owned() else {
             adm.metrics
                 .connection_refused(self.door.name(), "connections");
             return Err(GatewayError::Overloaded);
         };
-        let Ok(tenant_slot) = tenant.connections.clone().try_acquire_owned() else {
-            adm.metrics
-                .connection_refused(self.door.name(), "tenant_connections");
-            return Err(GatewayError::Overloaded);
+        let tenant_slot = match tenant.map(|t| t.connections.clone().try_acquire_owned()) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(_)) => {
+                adm.metrics
+                    .connection_refused(self.door.name(), "tenant_connections");
+                return Err(GatewayError::Overloaded);
+            }
         };
         let gauge = adm
             .metrics

@@ -56,12 +56,11 @@ impl Caller {
 }
 
 /// Admit the holder of `token` (never logged). Refusals are
-/// `Draining`, `Unauthenticated` or `Forbidden` (a valid token granting
-/// nothing usable); each authentication failure is counted by reason.
+/// `Unauthenticated` or `Forbidden` (a valid token granting nothing
+/// usable); each authentication failure is counted by reason. A draining
+/// gateway still admits: its live sessions are served until the stop, and
+/// only new sessions are refused.
 pub async fn admit(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
-    if gw.is_draining() {
-        return Err(GatewayError::Draining);
-    }
     let verified = match token {
         None => Err(AuthError::Missing),
         Some(t) => gw.auth.verify(t).await,

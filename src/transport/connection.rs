@@ -53,6 +53,25 @@ pub struct ConnMeta {
     /// Who the connection was admitted as; an error fails `initialize`
     /// with -32002 (stdio; websocket refuses the handshake instead).
     pub caller: Result<Caller, GatewayError>,
+    /// Set when a resume of another replica's session may be relayed to
+    /// it (a websocket client of a fleet replica; never a relayed one).
+    pub relay: Option<RelayOrigin>,
+}
+
+/// What a relay to the owner of a session carries about the client.
+#[derive(Clone)]
+pub struct RelayOrigin {
+    /// The client's bearer token, verified again by the owner.
+    pub token: String,
+    pub client: std::net::SocketAddr,
+}
+
+impl std::fmt::Debug for RelayOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayOrigin")
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The session a connection holds once initialized.
@@ -91,12 +110,12 @@ where
             // code must win.
             biased;
             () = gw.stopped() => {
-                out.close(1001, "server shutting down").await;
+                out.close(SHUTDOWN_CLOSE_CODE, "server shutting down").await;
                 break;
             }
             () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
                 if gw.is_stopped() {
-                    out.close(1001, "server shutting down").await;
+                    out.close(SHUTDOWN_CLOSE_CODE, "server shutting down").await;
                 } else {
                     out.close(4000, "session has been resumed by another connection").await;
                 }
@@ -168,6 +187,29 @@ where
                     continue;
                 };
                 if family == MethodFamily::Initialize {
+                    if let Some(origin) = &meta.relay
+                        && attached.is_none()
+                        && let Some((session, replica)) = relay_target(&gw, params)
+                    {
+                        // Another replica owns the session: from here on this
+                        // connection is a relay to it, frame for frame.
+                        let first = text.clone();
+                        super::relay::run(
+                            &mut inbound,
+                            &out,
+                            &gw,
+                            super::relay::Target {
+                                session: &session,
+                                replica: &replica,
+                                origin,
+                                id: &id,
+                            },
+                            first,
+                        )
+                        .await;
+                        cancel.cancel();
+                        return;
+                    }
                     let result = initialize(&gw, &meta.caller, &mut attached, params, &out);
                     let text = match result {
                         Ok(r) => jsonrpc::encode_response(&id, &r),
@@ -194,7 +236,8 @@ where
                         "client must send initialized before using {} methods",
                         family.label()
                     ))),
-                    Some(_) if gw.is_draining() => Err(GatewayError::Draining),
+                    // Draining refuses new sessions only: live ones are
+                    // served until the stop.
                     Some(a) => Ok(a),
                 };
                 let call = ctx.and_then(|a| {
@@ -277,11 +320,14 @@ fn initialize(
             "initialize may only be sent once per connection".to_owned(),
         ));
     }
-    if gw.is_draining() {
-        return Err(GatewayError::Draining);
-    }
     let params: InitializeParams =
         jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams)?;
+    match params.resume_session_id.as_deref() {
+        // Draining: no new sessions; resumes of live ones go on.
+        None if gw.is_draining() => return Err(GatewayError::Draining),
+        None => {}
+        Some(id) => check_local_owner(gw, id)?,
+    }
     let caller = caller
         .as_ref()
         .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
@@ -302,6 +348,44 @@ fn initialize(
         initialized: false,
     });
     Ok(reply)
+}
+
+/// The close code when the gateway stops: "service restart" (RFC 6455
+/// registry), so clients reconnect, through the balancer, elsewhere.
+pub const SHUTDOWN_CLOSE_CODE: u16 = 1012;
+
+/// The session a resume names, when another replica owns it.
+fn relay_target(
+    gw: &Gateway,
+    params: Option<&serde_json::value::RawValue>,
+) -> Option<(String, String)> {
+    gw.fleet.as_ref()?;
+    let params: InitializeParams = jsonrpc::decode_params(params).ok()?;
+    let id = params.resume_session_id?;
+    match gw.owner(&id) {
+        crate::fleet::Owner::Peer(r) => {
+            let r = r.to_owned();
+            Some((id, r))
+        }
+        _ => None,
+    }
+}
+
+/// Refuse an id that this replica cannot hold: one of an earlier run of
+/// it, or (on a connection that may not relay) another replica's.
+pub fn check_local_owner(gw: &Gateway, id: &str) -> Result<(), GatewayError> {
+    match gw.owner(id) {
+        crate::fleet::Owner::Local => Ok(()),
+        crate::fleet::Owner::Restarted(r) => Err(GatewayError::OwnerLost {
+            session: id.to_owned(),
+            replica: r.to_owned(),
+        }),
+        crate::fleet::Owner::Peer(r) => Err(GatewayError::OwnerUnavailable {
+            session: id.to_owned(),
+            replica: r.to_owned(),
+            detail: "not reachable from this connection".to_owned(),
+        }),
+    }
 }
 
 /// Shortest and longest pause after a connection is shed.

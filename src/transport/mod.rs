@@ -6,7 +6,10 @@
 //! - [`connection`]: one JSON-RPC connection's state machine (initialize,
 //!   `initialized`, concurrent bounded requests), whatever carries it;
 //! - [`ws`] (with [`http`] for health, and the admin listener) and [`stdio`]: the
-//!   JSON-RPC doors; [`grpc`]: the gRPC door.
+//!   JSON-RPC doors; [`grpc`]: the gRPC door;
+//! - [`peer`] and [`relay`]: the fleet's peer listener, and websocket
+//!   sessions relayed to the replica that owns them (gRPC calls are
+//!   forwarded by `grpc::forward`).
 //!
 //! Nothing here runs a handler except through the stack.
 
@@ -15,6 +18,8 @@ pub mod admit;
 pub mod connection;
 pub mod grpc;
 pub mod http;
+pub mod peer;
+pub mod relay;
 pub mod stdio;
 pub mod ws;
 

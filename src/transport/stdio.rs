@@ -103,6 +103,7 @@ pub async fn serve<R, W>(
         parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".to_owned(),
         on_close: OnClose::Kill,
         caller,
+        relay: None,
     };
     serve_connection(inbound, out.clone(), gw, meta).await;
     out.close(1000, "").await;

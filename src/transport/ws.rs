@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{Admission, Conn, Door, Guarded};
 use super::admit::{Caller, admit};
-use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
+use super::connection::{ConnMeta, InFrame, OnClose, RelayOrigin, serve_connection};
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
 
@@ -182,7 +182,14 @@ async fn handle(
                     Some(config),
                 )
                 .await;
-                run(ws, gw, peer, caller).await;
+                let relay = match (&gw.fleet, token) {
+                    (Some(_), Some(token)) => Some(RelayOrigin {
+                        token,
+                        client: peer,
+                    }),
+                    _ => None,
+                };
+                run(ws, gw, peer, caller, relay).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
@@ -272,8 +279,13 @@ where
     Ok(())
 }
 
-async fn run<S>(ws: WebSocketStream<S>, gw: Arc<Gateway>, peer: SocketAddr, caller: Caller)
-where
+async fn run<S>(
+    ws: WebSocketStream<S>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    caller: Caller,
+    relay: Option<RelayOrigin>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sink, mut stream) = ws.split();
@@ -399,6 +411,7 @@ where
         ),
         on_close: OnClose::Detach,
         caller: Ok(caller),
+        relay,
     };
     let inbound = tokio_stream_from(in_rx);
     serve_connection(inbound, out.clone(), gw, meta).await;

@@ -50,6 +50,8 @@ pub struct Gateway {
     pub grpc: String,
     /// `127.0.0.1:PORT` of the admin listener (`/metrics`, detailed `/readyz`).
     pub admin: String,
+    /// `127.0.0.1:PORT` of the fleet's peer listener, when in a fleet.
+    pub fleet: Option<String>,
     /// The HS256 secret of the config's key (tokens are minted with it).
     pub secret: Vec<u8>,
     pub dir: tempfile::TempDir,
@@ -106,8 +108,19 @@ impl Gateway {
 
     /// [`Gateway::start_with`], running the gateway binary at `binary`.
     pub fn start_binary(binary: &Path, config: impl FnOnce(&Path) -> String) -> Gateway {
+        Self::launch(binary, None, &[], config)
+    }
+
+    /// Start the binary with `secret` as its HS256 key (a fresh one if
+    /// `None`) and `args` added to `serve`.
+    pub fn launch(
+        binary: &Path,
+        secret: Option<Vec<u8>>,
+        args: &[String],
+        config: impl FnOnce(&Path) -> String,
+    ) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
-        let secret = random_secret();
+        let secret = secret.unwrap_or_else(random_secret);
         std::fs::write(dir.path().join("hs256.key"), &secret).expect("write key");
         let text = config(dir.path());
         let config = dir.path().join("gateway.toml");
@@ -122,6 +135,7 @@ impl Gateway {
             .arg("127.0.0.1:0")
             .arg("--config")
             .arg(&config)
+            .args(args)
             // Its own state dir (tenants' private /tmp): gateways of
             // concurrent tests must not share one.
             .env("XDG_STATE_HOME", dir.path().join("state"))
@@ -137,9 +151,15 @@ impl Gateway {
             let _ = r.read_line(&mut ws);
             let _ = r.read_line(&mut grpc);
             let _ = r.read_line(&mut admin);
-            let _ = tx.send((ws, grpc, admin));
+            let mut fleet = None;
+            if admin.starts_with("fleet ") {
+                fleet = Some(admin.trim().replace("fleet http://", ""));
+                admin.clear();
+                let _ = r.read_line(&mut admin);
+            }
+            let _ = tx.send((ws, grpc, admin, fleet));
         });
-        let (line, grpc_line, admin_line) = rx
+        let (line, grpc_line, admin_line, fleet) = rx
             .recv_timeout(EVENT_TIMEOUT)
             .expect("gateway printed its URLs");
         let url = line.trim().to_owned();
@@ -161,6 +181,7 @@ impl Gateway {
             addr,
             grpc,
             admin,
+            fleet,
             secret,
             dir,
         }

@@ -9,6 +9,7 @@
 //! slow websocket client.
 
 mod convert;
+pub(crate) mod forward;
 mod services;
 
 use std::future::Future;
@@ -39,7 +40,7 @@ const PUBLIC_PREFIXES: &[&str] = &["/grpc.health.v1.", "/grpc.reflection."];
 /// Admits every call before it reaches a service (see the module docs).
 #[derive(Clone)]
 pub struct AuthenticateLayer {
-    gw: Arc<Gateway>,
+    pub(crate) gw: Arc<Gateway>,
 }
 
 impl<S> tower::Layer<S> for AuthenticateLayer {
@@ -128,17 +129,18 @@ const ACCEPT_QUEUE: usize = 64;
 /// `transport::admission`): refused ones are dropped at once, admitted ones
 /// are closed at the handshake timeout unless a call authenticates first
 /// (this also bounds the wait for the HTTP/2 preface).
-fn admitted(
+pub(crate) fn admitted(
     listener: tokio::net::TcpListener,
     gw: Arc<Gateway>,
     admission: Arc<Admission>,
+    door: Door,
 ) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     crate::task::spawn("grpc-accept", async move {
         while let Some((tcp, peer)) =
-            crate::transport::next_connection(&listener, &gw, "grpc").await
+            crate::transport::next_connection(&listener, &gw, door.name()).await
         {
-            let Some(conn) = admission.accept(Door::Grpc, peer.ip()) else {
+            let Some(conn) = admission.accept(door, peer.ip()) else {
                 drop(tcp);
                 continue;
             };
@@ -201,7 +203,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admissio
                 .await;
         })
     };
-    let incoming = admitted(listener, gw.clone(), admission);
+    let incoming = admitted(listener, gw.clone(), admission, Door::Grpc);
     let result = tonic::transport::Server::builder()
         // Bulk streams need more than HTTP/2's 64 KiB default windows;
         // adaptive (BDP) windows grow them as the link allows.
@@ -213,7 +215,12 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admissio
         .concurrency_limit_per_connection(gw.settings.max_in_flight_per_connection)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-        .layer(AuthenticateLayer { gw: gw.clone() })
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(AuthenticateLayer { gw: gw.clone() })
+                .layer(forward::ForwardLayer::new(gw.clone()))
+                .into_inner(),
+        )
         .add_service(health_service)
         .add_optional_service(reflection)
         .add_service(

@@ -65,7 +65,19 @@ impl GrpcApi {
     }
 
     fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
+        crate::transport::connection::check_local_owner(&self.gw, id).map_err(status)?;
         self.gw.sessions.lookup(caller.tenant(), id).map_err(status)
+    }
+
+    /// A new session with no connection; refused while draining.
+    fn new_session(&self, caller: &Caller) -> Result<Arc<Session>, Status> {
+        if self.gw.is_draining() {
+            return Err(status(crate::error::GatewayError::Draining));
+        }
+        self.gw
+            .sessions
+            .create_detached(caller.tenant())
+            .map_err(status)
     }
 
     /// Run an operation through the stack.
@@ -234,11 +246,7 @@ impl pb::session_service_server::SessionService for GrpcApi {
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
         let caller = caller(&req)?;
-        let session = self
-            .gw
-            .sessions
-            .create_detached(caller.tenant())
-            .map_err(status)?;
+        let session = self.new_session(&caller)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session_id: session.id.clone(),
         }))
@@ -468,12 +476,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         let params = convert::spec_to_params(r.spec)?;
         // No session given: one just for this call, removed when it ends.
         let (session, ephemeral) = if r.session_id.is_empty() {
-            let s = self
-                .gw
-                .sessions
-                .create_detached(caller.tenant())
-                .map_err(status)?;
-            (s, true)
+            (self.new_session(&caller)?, true)
         } else {
             (self.session(&caller, &r.session_id)?, false)
         };

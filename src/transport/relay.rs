@@ -1,0 +1,295 @@
+//! Websocket sessions owned by another replica (docs/fleet.md).
+//!
+//! The landing replica ([`run`]) authenticated the client at the handshake;
+//! when its `initialize` resumes a session another replica owns, the
+//! connection becomes a relay: the `initialize` frame and every later one
+//! go to the owner over one `RelayService/Open` stream on the peer
+//! listener, and the owner's frames come back, frame for frame. The owner
+//! ([`RelayApi`]) runs the relayed frames through the same connection loop
+//! as its own websocket clients, under the client's own token: the tenant
+//! check, scopes, quotas and the stack are all the owner's.
+//!
+//! Failure is precise: an owner that cannot be reached answers the
+//! `initialize` with -32007 naming the replica; a relay whose owner goes
+//! away closes with 4001 and says which replica; an owner that shuts down
+//! closes with its own 1012.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::admit::Caller;
+use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
+use crate::error::GatewayError;
+use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
+use crate::gateway::Gateway;
+use crate::outbound::{OutFrame, Outbound};
+use crate::protocol::jsonrpc::{self, RequestId};
+
+/// Generated code of the fleet's relay protocol.
+pub mod pb {
+    #![allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+    tonic::include_proto!("exec_gateway.fleet.v1");
+}
+
+use pb::open_response::Frame;
+use pb::relay_service_client::RelayServiceClient;
+use pb::relay_service_server::RelayService;
+use pb::{Close, OpenRequest, OpenResponse};
+
+/// Client frames queued toward the owner before the relay stops reading
+/// the client (its back-pressure).
+const RELAY_QUEUE: usize = 16;
+/// Close code when the owner goes away mid-relay (private range; the
+/// registry's 1014 "bad gateway" is refused as a protocol error by
+/// tungstenite, which the Codex client uses).
+pub const OWNER_GONE_CLOSE_CODE: u16 = 4001;
+/// Largest relayed frame: a websocket message at most, plus room.
+pub fn max_relay_frame(gw: &Gateway) -> usize {
+    gw.settings.max_message_bytes.saturating_add(64 * 1024)
+}
+
+/// Where a relay goes.
+pub struct Target<'a> {
+    pub session: &'a str,
+    pub replica: &'a str,
+    pub origin: &'a super::connection::RelayOrigin,
+    /// The `initialize` request's id (its error reply if the owner cannot
+    /// be reached).
+    pub id: &'a RequestId,
+}
+
+/// Relay the rest of a client connection to the session's owner.
+pub async fn run<S>(
+    inbound: &mut S,
+    out: &Outbound,
+    gw: &Arc<Gateway>,
+    t: Target<'_>,
+    first: String,
+) where
+    S: Stream<Item = InFrame> + Unpin,
+{
+    let _live = gw.relay_guard();
+    let unavailable = |detail: String| GatewayError::OwnerUnavailable {
+        session: t.session.to_owned(),
+        replica: t.replica.to_owned(),
+        detail,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<OpenRequest>(RELAY_QUEUE);
+    let opened = async {
+        let fleet = gw
+            .fleet
+            .as_ref()
+            .ok_or_else(|| unavailable("not in a fleet".to_owned()))?;
+        let channel = fleet.channel(t.session, t.replica)?;
+        let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let md = req.metadata_mut();
+        let header = |v: &str| {
+            v.parse::<tonic::metadata::AsciiMetadataValue>()
+                .map_err(|_| GatewayError::Internal("unencodable relay metadata".to_owned()))
+        };
+        md.insert(CREDENTIAL_HEADER, header(&fleet.credential(t.replica)?)?);
+        md.insert(
+            "authorization",
+            header(&format!("Bearer {}", t.origin.token))?,
+        );
+        md.insert(CLIENT_ADDR_HEADER, header(&t.origin.client.to_string())?);
+        let _ = tx
+            .send(OpenRequest {
+                text: Bytes::from(first.into_bytes()),
+            })
+            .await;
+        let limit = max_relay_frame(gw);
+        let mut client = RelayServiceClient::new(channel)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        match tokio::time::timeout(fleet.dial_timeout * 2, client.open(req)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(from_status(status, &unavailable)),
+            Err(_) => Err(unavailable("timed out".to_owned())),
+        }
+    };
+    let mut responses = match opened.await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(session = t.session, replica = t.replica, error = %e, "relay refused");
+            out.send(jsonrpc::encode_error(t.id, &e.to_jsonrpc())).await;
+            return;
+        }
+    };
+    tracing::debug!(session = t.session, replica = t.replica, "relaying");
+    let up = async {
+        while let Some(frame) = inbound.next().await {
+            match frame {
+                InFrame::Text(text) => {
+                    let req = OpenRequest {
+                        text: Bytes::from(text.into_bytes()),
+                    };
+                    if tx.send(req).await.is_err() {
+                        return;
+                    }
+                }
+                InFrame::TooLarge(reason) => {
+                    // The transport ends the connection (1009) after this.
+                    let e = GatewayError::InvalidRequest(format!("message too large: {reason}"));
+                    out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
+                        .await;
+                    return;
+                }
+            }
+        }
+    };
+    let down = async {
+        loop {
+            match responses.message().await {
+                Ok(Some(OpenResponse {
+                    frame: Some(Frame::Text(b)),
+                })) => {
+                    let text = String::from_utf8(b.to_vec())
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+                    if !out.send(text).await {
+                        return;
+                    }
+                }
+                Ok(Some(OpenResponse {
+                    frame: Some(Frame::Close(c)),
+                })) => {
+                    let code = u16::try_from(c.code).unwrap_or(1011);
+                    out.close(code, c.reason).await;
+                    return;
+                }
+                Ok(Some(OpenResponse { frame: None })) => {}
+                Ok(None) => {
+                    // The owner ended the connection without a close.
+                    out.close(1000, "").await;
+                    return;
+                }
+                Err(status) => {
+                    tracing::info!(session = t.session, replica = t.replica, %status, "relay lost its owner");
+                    out.close(
+                        OWNER_GONE_CLOSE_CODE,
+                        truncate_reason(format!("session owner replica {} is gone", t.replica)),
+                    )
+                    .await;
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+        () = gw.stopped() => {
+            out.close(super::connection::SHUTDOWN_CLOSE_CODE, "server shutting down").await;
+        }
+    }
+}
+
+/// A close reason fits a control frame (123 bytes).
+fn truncate_reason(mut s: String) -> String {
+    if s.len() > 120 {
+        let mut end = 120;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// An owner's refusal keeps its meaning; a transport failure names the replica.
+fn from_status(status: Status, unavailable: &dyn Fn(String) -> GatewayError) -> GatewayError {
+    use tonic::Code;
+    match status.code() {
+        Code::Unauthenticated => GatewayError::Unauthenticated(status.message().to_owned()),
+        Code::PermissionDenied => GatewayError::Forbidden(status.message().to_owned()),
+        Code::ResourceExhausted => GatewayError::Overloaded,
+        _ => unavailable(status.message().to_owned()),
+    }
+}
+
+/// The owner's side: `RelayService` on the peer listener.
+#[derive(Clone)]
+pub struct RelayApi {
+    gw: Arc<Gateway>,
+}
+
+impl RelayApi {
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<OpenResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RelayService for RelayApi {
+    type OpenStream = ResponseStream;
+
+    async fn open(
+        &self,
+        req: Request<Streaming<OpenRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let caller = req
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| Status::internal("the relay was not authenticated"))?;
+        let client = req
+            .metadata()
+            .get(CLIENT_ADDR_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown")
+            .to_owned();
+        let from = req
+            .extensions()
+            .get::<super::peer::PeerReplica>()
+            .map(|p| p.0.clone())
+            .unwrap_or_default();
+        let frames = req
+            .into_inner()
+            .take_while(|r| std::future::ready(r.is_ok()))
+            .filter_map(|r| {
+                std::future::ready(r.ok().map(|f| {
+                    InFrame::Text(
+                        String::from_utf8(f.text.to_vec())
+                            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                    )
+                }))
+            })
+            .boxed();
+        let (out, rx) = Outbound::channel(caller.tenant().outbound.clone());
+        let meta = ConnMeta {
+            parse_error_prefix: format!(
+                "failed to parse websocket JSON-RPC message from exec-server websocket {client}"
+            ),
+            on_close: OnClose::Detach,
+            caller: Ok(caller),
+            relay: None,
+        };
+        tracing::debug!(%client, from, "serving a relayed connection");
+        let gw = self.gw.clone();
+        crate::task::spawn("relay-conn", async move {
+            serve_connection(frames, out, gw, meta).await;
+        });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            let frame = rx.recv().await?;
+            let msg = match frame {
+                OutFrame::Text(t, _held) => OpenResponse {
+                    frame: Some(Frame::Text(Bytes::from(t.into_bytes()))),
+                },
+                OutFrame::Close { code, reason } => OpenResponse {
+                    frame: Some(Frame::Close(Close {
+                        code: u32::from(code),
+                        reason,
+                    })),
+                },
+            };
+            Some((Ok(msg), rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
