@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+mod fleet;
 mod soak;
 
 #[derive(Debug, clap::Parser)]
@@ -54,6 +55,9 @@ pub struct BenchArgs {
     /// The soak's first phase, victims alone (their baseline).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
     pub soak_baseline: Duration,
+    /// Only the fleet figures (relayed vs owner).
+    #[arg(long)]
+    pub fleet_only: bool,
     /// Internal: the soak's abuser process.
     #[arg(long, hide = true)]
     pub soak_abuser: Option<String>,
@@ -141,6 +145,8 @@ impl Server {
 struct Conn {
     ws: Ws,
     next_id: i64,
+    /// The session `initialize` returned.
+    session_id: String,
     /// Working directory of the processes it starts.
     cwd: String,
 }
@@ -151,6 +157,33 @@ impl Conn {
     }
 
     async fn open_in(url: &str, cwd: &str) -> BenchResult<Conn> {
+        Self::open_with(url, cwd, json!({"clientName": "bench"})).await
+    }
+
+    /// Resume session `sid` (retrying while its previous connection is
+    /// still being closed).
+    async fn resume(url: &str, sid: &str) -> BenchResult<Conn> {
+        let mut last = String::new();
+        for _ in 0..100 {
+            match Self::open_with(
+                url,
+                "/tmp",
+                json!({"clientName": "bench", "resumeSessionId": sid}),
+            )
+            .await
+            {
+                Ok(c) => return Ok(c),
+                Err(e) if e.contains("already attached") => {
+                    last = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    async fn open_with(url: &str, cwd: &str, init: Value) -> BenchResult<Conn> {
         let (ws, _) = tokio_tungstenite::connect_async(url).await.map_err(err)?;
         if let MaybeTlsStream::Plain(s) = ws.get_ref() {
             let _ = s.set_nodelay(true);
@@ -158,9 +191,11 @@ impl Conn {
         let mut c = Conn {
             ws,
             next_id: 1,
+            session_id: String::new(),
             cwd: cwd.to_owned(),
         };
-        c.call("initialize", json!({"clientName": "bench"})).await?;
+        let r = c.call("initialize", init).await?;
+        c.session_id = r["sessionId"].as_str().unwrap_or_default().to_owned();
         c.ws.send(Message::text(r#"{"method":"initialized"}"#))
             .await
             .map_err(err)?;
@@ -659,6 +694,20 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         token("jail")?,
     );
 
+    if args.fleet_only {
+        let rows = fleet::figures(
+            &exe,
+            &dir,
+            &config_s,
+            &bench_token,
+            args.iterations,
+            args.output_bytes,
+        )
+        .await?;
+        print_rows(&rows, false);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let mut gw = Server::start(
         &exe,
         &[
@@ -1039,6 +1088,17 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         "(flood: {flood_ok} spawns served, {flood_shed} shed with -32001 under the default 200 req/s tenant limit)"
     );
 
+    rows.extend(
+        fleet::figures(
+            &exe,
+            &dir,
+            &config_s,
+            &bench_token,
+            args.iterations,
+            args.output_bytes,
+        )
+        .await?,
+    );
     print_rows(&rows, reference.is_some());
     let _ = std::fs::remove_dir_all(&dir);
     drop(gw);
