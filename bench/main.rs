@@ -694,8 +694,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         token("jail")?,
     );
 
-    if args.fleet_only {
-        let rows = fleet::figures(
+    let fleet_rows = || {
+        fleet::figures(
             &exe,
             &dir,
             &config_s,
@@ -703,7 +703,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             args.iterations,
             args.output_bytes,
         )
-        .await?;
+    };
+    if args.fleet_only {
+        let rows = fleet_rows().await?;
         print_rows(&rows, false);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
@@ -1088,17 +1090,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         "(flood: {flood_ok} spawns served, {flood_shed} shed with -32001 under the default 200 req/s tenant limit)"
     );
 
-    rows.extend(
-        fleet::figures(
-            &exe,
-            &dir,
-            &config_s,
-            &bench_token,
-            args.iterations,
-            args.output_bytes,
-        )
-        .await?,
-    );
+    rows.extend(fleet_rows().await?);
     print_rows(&rows, reference.is_some());
     let _ = std::fs::remove_dir_all(&dir);
     drop(gw);

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::grpc::{authed, channel, spec};
 use common::{Client, EVENT_TIMEOUT, Gateway, mint, random_secret, unb64};
 use exec_gateway::transport::grpc::pb;
 use exec_gateway::transport::relay::pb as relay_pb;
@@ -21,7 +22,6 @@ use pb::session_service_client::SessionServiceClient;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tonic::Request;
-use tonic::transport::Channel;
 
 const ALL: &str = "exec fs:read fs:write";
 
@@ -178,33 +178,6 @@ async fn close_code(c: &mut Client) -> u16 {
             Some(Ok(_)) => {}
             Some(Err(e)) => panic!("websocket error before close: {e}"),
         }
-    }
-}
-
-fn authed<T>(msg: T, token: &str) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    r
-}
-
-async fn channel(url: &str) -> Channel {
-    tokio::time::timeout(
-        EVENT_TIMEOUT,
-        Channel::from_shared(url.to_owned()).unwrap().connect(),
-    )
-    .await
-    .expect("grpc connect timeout")
-    .expect("grpc connect")
-}
-
-fn spec(id: &str, argv: &[&str]) -> pb::ProcessSpec {
-    pb::ProcessSpec {
-        process_id: id.into(),
-        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
-        cwd: "/tmp".into(),
-        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-        ..Default::default()
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::grpc::{authed, spec};
 use common::{EVENT_TIMEOUT, Gateway, unb64};
 use exec_gateway::transport::grpc::pb;
 use pb::file_service_client::FileServiceClient;
@@ -16,34 +17,8 @@ use tokio_stream::StreamExt as _;
 use tonic::Request;
 use tonic::transport::Channel;
 
-fn authed<T>(msg: T, token: &str) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    r
-}
-
 async fn channel(gw: &Gateway) -> Channel {
-    tokio::time::timeout(
-        EVENT_TIMEOUT,
-        Channel::from_shared(gw.grpc.clone()).unwrap().connect(),
-    )
-    .await
-    .expect("grpc connect timeout")
-    .expect("grpc connect")
-}
-
-fn spec(id: &str, argv: &[&str]) -> pb::ProcessSpec {
-    pb::ProcessSpec {
-        process_id: id.into(),
-        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
-        cwd: "/tmp".into(),
-        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-        tty: false,
-        pipe_stdin: false,
-        arg0: None,
-        env_policy: None,
-    }
+    common::grpc::channel(&gw.grpc).await
 }
 
 /// Drain an event stream: (stdout+pty bytes, exit code, seqs).

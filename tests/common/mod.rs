@@ -643,3 +643,40 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
     let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": n, "e": "AQAB"})
 }
+
+/// gRPC helpers shared by the gRPC and fleet tests.
+pub mod grpc {
+    use exec_gateway::transport::grpc::pb;
+    use tonic::Request;
+    use tonic::transport::Channel;
+
+    /// `msg` with `authorization: Bearer token`.
+    pub fn authed<T>(msg: T, token: &str) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        r
+    }
+
+    /// A connected channel to `url` (`http://HOST:PORT`).
+    pub async fn channel(url: &str) -> Channel {
+        tokio::time::timeout(
+            super::EVENT_TIMEOUT,
+            Channel::from_shared(url.to_owned()).unwrap().connect(),
+        )
+        .await
+        .expect("grpc connect timeout")
+        .expect("grpc connect")
+    }
+
+    /// A pipe process spec in /tmp with PATH set.
+    pub fn spec(id: &str, argv: &[&str]) -> pb::ProcessSpec {
+        pb::ProcessSpec {
+            process_id: id.into(),
+            argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+            cwd: "/tmp".into(),
+            env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+            ..Default::default()
+        }
+    }
+}
