@@ -574,9 +574,10 @@ pub const DEFAULT_FLEET_LISTEN: &str = "0.0.0.0:9470";
 /// Shortest accepted fleet key.
 pub const MIN_FLEET_KEY_BYTES: usize = 32;
 
-/// A replica id: a DNS label (RFC 1123), so that it can name a pod.
+/// A replica id: a DNS label starting with a letter (RFC 1035), so that it
+/// can name a pod and never reads as an address (`127`, `0x7f000001`).
 pub fn is_replica_id(s: &str) -> bool {
-    !s.is_empty()
+    s.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
         && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -595,7 +596,7 @@ fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, ConfigError> 
     };
     if !is_replica_id(&replica) {
         return Err(ConfigError(format!(
-            "fleet.replica `{replica}` is not a DNS label (lowercase letters, digits, `-`, at most 63)"
+            "fleet.replica `{replica}` is not a DNS label starting with a letter (lowercase letters, digits, `-`, at most 63)"
         )));
     }
     let key_file = f.key_file.ok_or_else(|| {

@@ -217,7 +217,20 @@ impl Fleet {
         v.leeway = CREDENTIAL_LEEWAY_SECS;
         let data =
             jsonwebtoken::decode::<Claims>(token, &self.decoding, &v).map_err(|e| e.to_string())?;
-        Ok(data.claims.iss)
+        let c = data.claims;
+        if !is_replica_id(&c.iss) || c.iss == self.replica {
+            return Err("issuer is not a peer replica".to_owned());
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| e.to_string())?
+            .as_secs();
+        if c.iat > now + CREDENTIAL_LEEWAY_SECS
+            || c.exp.saturating_sub(c.iat) > CREDENTIAL_LIFETIME.as_secs()
+        {
+            return Err("credential lifetime out of bounds".to_owned());
+        }
+        Ok(c.iss)
     }
 }
 
@@ -270,6 +283,8 @@ mod tests {
         assert!(c.verify(&t).is_err(), "addressed to another replica");
         assert!(stranger.verify(&t).is_err(), "signed with another key");
         assert!(b.verify("not-a-token").is_err());
+        let own = b.credential("gw-1").unwrap();
+        assert!(b.verify(&own).is_err(), "a replica is not its own peer");
     }
 
     #[test]
@@ -281,5 +296,7 @@ mod tests {
             Some("gw-1.peers.ns.svc:9470")
         );
         assert_eq!(s.peer_address("evil.example.com:80/"), None);
+        assert_eq!(s.peer_address("2130706433"), None, "an address, not a name");
+        assert_eq!(s.peer_address("0x7f000001"), None);
     }
 }

@@ -991,6 +991,18 @@ async fn balancer_suite(kind: &str) {
         }
     }
 
+    // Connecting with the token in the query while a replica is dead: the
+    // balancer's failed attempt to it must not log the request line.
+    for _ in 0..3 {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("{}?access_token={token}", lb.ws))
+            .await
+            .unwrap();
+        drop(ws);
+    }
+    let errors =
+        std::fs::read_to_string(dir.path().join("exec-gateway.error.log")).unwrap_or_default();
+    assert!(!errors.contains(&token), "{kind}: a token in the error log");
+
     // The access log has every request and never a token.
     let mut log = String::new();
     for _ in 0..50 {

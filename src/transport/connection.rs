@@ -326,7 +326,10 @@ fn initialize(
         // Draining: no new sessions; resumes of live ones go on.
         None if gw.is_draining() => return Err(GatewayError::Draining),
         None => {}
-        Some(id) => check_local_owner(gw, id)?,
+        Some(id) => {
+            crate::rpc::check_id_length("resumeSessionId", id)?;
+            check_local_owner(gw, id)?;
+        }
     }
     let caller = caller
         .as_ref()
@@ -362,6 +365,9 @@ fn relay_target(
     gw.fleet.as_ref()?;
     let params: InitializeParams = jsonrpc::decode_params(params).ok()?;
     let id = params.resume_session_id?;
+    if crate::rpc::check_id_length("resumeSessionId", &id).is_err() {
+        return None;
+    }
     match gw.owner(&id) {
         crate::fleet::Owner::Peer(r) => {
             let r = r.to_owned();

@@ -107,7 +107,7 @@ where
                         reason: label.to_owned(),
                     })
                     .inc();
-                tracing::info!(reason, "peer request without a valid fleet credential");
+                tracing::debug!(reason = ?reason, "peer request without a valid fleet credential");
                 let status = tonic::Status::unauthenticated(format!(
                     "a valid fleet credential is required ({label})"
                 ));
@@ -132,7 +132,11 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
     let admission = Admission::new(
         AdmissionLimits {
             max_unauthenticated: MAX_PEER_UNAUTHENTICATED,
-            max_unauthenticated_per_source: MAX_PEER_UNAUTHENTICATED,
+            // Peers and a tenant's own processes can share an address: no
+            // per-source refusal, so a full pool evicts its oldest idle
+            // connection instead, and a peer's (authenticated within
+            // milliseconds) is not kept out.
+            max_unauthenticated_per_source: usize::MAX,
             websocket: 1,
             grpc: MAX_PEER_CONNECTIONS,
             handshake_timeout: gw.settings.handshake_timeout,

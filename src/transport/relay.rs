@@ -115,12 +115,12 @@ pub async fn run<S>(
     let mut responses = match opened.await {
         Ok(r) => r,
         Err(e) => {
-            tracing::info!(session = t.session, replica = t.replica, error = %e, "relay refused");
+            tracing::info!(session = ?t.session, replica = t.replica, error = ?e.to_string(), "relay refused");
             out.send(jsonrpc::encode_error(t.id, &e.to_jsonrpc())).await;
             return;
         }
     };
-    tracing::debug!(session = t.session, replica = t.replica, "relaying");
+    tracing::debug!(session = ?t.session, replica = t.replica, "relaying");
     let up = async {
         while let Some(frame) = inbound.next().await {
             match frame {
@@ -168,7 +168,7 @@ pub async fn run<S>(
                     return;
                 }
                 Err(status) => {
-                    tracing::info!(session = t.session, replica = t.replica, %status, "relay lost its owner");
+                    tracing::info!(session = ?t.session, replica = t.replica, status = ?status.message(), "relay lost its owner");
                     out.close(
                         OWNER_GONE_CLOSE_CODE,
                         truncate_reason(format!("session owner replica {} is gone", t.replica)),

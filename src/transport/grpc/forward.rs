@@ -98,6 +98,11 @@ where
             let replay =
                 futures_util::stream::iter(seen.into_iter().map(Ok)).chain(BodyStream::new(body));
             let body = Body::new(StreamBody::new(replay));
+            if let Some(s) = &session
+                && let Err(e) = crate::rpc::check_id_length("session_id", s)
+            {
+                return Ok(e.to_grpc().into_http());
+            }
             let owner = session.as_deref().map_or(Owner::Local, |s| gw.owner(s));
             match owner {
                 Owner::Local => inner.call(http::Request::from_parts(parts, body)).await,
