@@ -81,6 +81,25 @@ struct Server {
 }
 
 impl Server {
+    /// The gateway with every door on loopback (ws, gRPC, admin) and `config`.
+    async fn gateway(exe: &std::path::Path, config: &str) -> BenchResult<Server> {
+        Self::start(
+            exe,
+            &[
+                "serve",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--listen",
+                "ws://127.0.0.1:0",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--config",
+                config,
+            ],
+        )
+        .await
+    }
+
     async fn start(program: &std::path::Path, args: &[&str]) -> BenchResult<Server> {
         let mut child = Command::new(program)
             .args(args)
@@ -710,21 +729,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
-    let mut gw = Server::start(
-        &exe,
-        &[
-            "serve",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--config",
-            &config_s,
-        ],
-    )
-    .await?;
+    let mut gw = Server::gateway(&exe, &config_s).await?;
     // The reference client can only be given a URL: the token rides in the
     // query, which the reference ignores.
     let base_url = gw.url.clone();

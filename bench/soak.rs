@@ -151,21 +151,7 @@ pub async fn soak(exe: &Path, dir: &Path, args: SoakArgs) -> BenchResult<()> {
         )
     };
     let config_s = config.display().to_string();
-    let server = Server::start(
-        exe,
-        &[
-            "serve",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--config",
-            &config_s,
-        ],
-    )
-    .await?;
+    let server = Server::gateway(exe, &config_s).await?;
     let pid = server.child.id().ok_or("gateway has no pid")?;
     let admin = server.admin.clone().ok_or("no admin address printed")?;
     let ws_addr = server.url.trim_start_matches("ws://").to_owned();

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::{ConfigError, Settings};
+use crate::error::GatewayError;
 use crate::fleet::{Fleet, Owner};
 use crate::isolation::Layers;
 use crate::isolation::reaper::Reaper;
@@ -158,6 +159,25 @@ impl Gateway {
         match &self.fleet {
             Some(f) => f.owner(session_id),
             None => Owner::Local,
+        }
+    }
+
+    /// Refuse a session id this replica cannot hold: too long, one of an
+    /// earlier run of it, or (where no relay is possible) another
+    /// replica's.
+    pub fn check_local_owner(&self, id: &str) -> Result<(), GatewayError> {
+        crate::rpc::check_id_length("session id", id)?;
+        match self.owner(id) {
+            Owner::Local => Ok(()),
+            Owner::Restarted(r) => Err(GatewayError::OwnerLost {
+                session: id.to_owned(),
+                replica: r.to_owned(),
+            }),
+            Owner::Peer(r) => Err(GatewayError::OwnerUnavailable {
+                session: id.to_owned(),
+                replica: r.to_owned(),
+                detail: "not reachable from this connection".to_owned(),
+            }),
         }
     }
 

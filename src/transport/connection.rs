@@ -187,9 +187,11 @@ where
                     continue;
                 };
                 if family == MethodFamily::Initialize {
-                    if let Some(origin) = &meta.relay
-                        && attached.is_none()
-                        && let Some((session, replica)) = relay_target(&gw, params)
+                    let decoded: Result<InitializeParams, _> =
+                        jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams);
+                    if let (Some(origin), None, Ok(p)) = (&meta.relay, &attached, &decoded)
+                        && let Some(session) = p.resume_session_id.as_deref()
+                        && let Some(replica) = peer_owner(&gw, session)
                     {
                         // Another replica owns the session: from here on this
                         // connection is a relay to it, frame for frame.
@@ -199,7 +201,7 @@ where
                             &out,
                             &gw,
                             super::relay::Target {
-                                session: &session,
+                                session,
                                 replica: &replica,
                                 origin,
                                 id: &id,
@@ -210,7 +212,7 @@ where
                         cancel.cancel();
                         return;
                     }
-                    let result = initialize(&gw, &meta.caller, &mut attached, params, &out);
+                    let result = initialize(&gw, &meta.caller, &mut attached, decoded, &out);
                     let text = match result {
                         Ok(r) => jsonrpc::encode_response(&id, &r),
                         Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
@@ -312,7 +314,7 @@ fn initialize(
     gw: &Arc<Gateway>,
     caller: &Result<Caller, GatewayError>,
     attached: &mut Option<Attached>,
-    params: Option<&serde_json::value::RawValue>,
+    params: Result<InitializeParams, GatewayError>,
     out: &Outbound,
 ) -> Result<Reply, GatewayError> {
     if attached.is_some() {
@@ -320,16 +322,12 @@ fn initialize(
             "initialize may only be sent once per connection".to_owned(),
         ));
     }
-    let params: InitializeParams =
-        jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams)?;
+    let params = params?;
     match params.resume_session_id.as_deref() {
         // Draining: no new sessions; resumes of live ones go on.
         None if gw.is_draining() => return Err(GatewayError::Draining),
         None => {}
-        Some(id) => {
-            crate::rpc::check_id_length("resumeSessionId", id)?;
-            check_local_owner(gw, id)?;
-        }
+        Some(id) => gw.check_local_owner(id)?,
     }
     let caller = caller
         .as_ref()
@@ -357,40 +355,14 @@ fn initialize(
 /// registry), so clients reconnect, through the balancer, elsewhere.
 pub const SHUTDOWN_CLOSE_CODE: u16 = 1012;
 
-/// The session a resume names, when another replica owns it.
-fn relay_target(
-    gw: &Gateway,
-    params: Option<&serde_json::value::RawValue>,
-) -> Option<(String, String)> {
-    gw.fleet.as_ref()?;
-    let params: InitializeParams = jsonrpc::decode_params(params).ok()?;
-    let id = params.resume_session_id?;
-    if crate::rpc::check_id_length("resumeSessionId", &id).is_err() {
+/// The replica that owns `session`, when it is another one.
+fn peer_owner(gw: &Gateway, session: &str) -> Option<String> {
+    if crate::rpc::check_id_length("resumeSessionId", session).is_err() {
         return None;
     }
-    match gw.owner(&id) {
-        crate::fleet::Owner::Peer(r) => {
-            let r = r.to_owned();
-            Some((id, r))
-        }
+    match gw.owner(session) {
+        crate::fleet::Owner::Peer(r) => Some(r.to_owned()),
         _ => None,
-    }
-}
-
-/// Refuse an id that this replica cannot hold: one of an earlier run of
-/// it, or (on a connection that may not relay) another replica's.
-pub fn check_local_owner(gw: &Gateway, id: &str) -> Result<(), GatewayError> {
-    match gw.owner(id) {
-        crate::fleet::Owner::Local => Ok(()),
-        crate::fleet::Owner::Restarted(r) => Err(GatewayError::OwnerLost {
-            session: id.to_owned(),
-            replica: r.to_owned(),
-        }),
-        crate::fleet::Owner::Peer(r) => Err(GatewayError::OwnerUnavailable {
-            session: id.to_owned(),
-            replica: r.to_owned(),
-            detail: "not reachable from this connection".to_owned(),
-        }),
     }
 }
 

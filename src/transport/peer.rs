@@ -137,7 +137,8 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
             // connection instead, and a peer's (authenticated within
             // milliseconds) is not kept out.
             max_unauthenticated_per_source: usize::MAX,
-            websocket: 1,
+            // No websocket door here: peer connections take `grpc` slots.
+            websocket: 0,
             grpc: MAX_PEER_CONNECTIONS,
             handshake_timeout: gw.settings.handshake_timeout,
         },

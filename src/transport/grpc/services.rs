@@ -65,7 +65,7 @@ impl GrpcApi {
     }
 
     fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
-        crate::transport::connection::check_local_owner(&self.gw, id).map_err(status)?;
+        self.gw.check_local_owner(id).map_err(status)?;
         self.gw.sessions.lookup(caller.tenant(), id).map_err(status)
     }
 
