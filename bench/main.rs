@@ -815,21 +815,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         };
     std::fs::write(&plain_config, plain_toml).map_err(err)?;
     let plain_config_s = plain_config.display().to_string();
-    let mut plain = Server::start(
-        &exe,
-        &[
-            "serve",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--config",
-            &plain_config_s,
-        ],
-    )
-    .await?;
+    let mut plain = Server::gateway(&exe, &plain_config_s).await?;
     let plain_grpc = match &plain.grpc {
         Some(g) => Some(grpc_spawn_latency(g, &bench_token, n).await?),
         None => None,
