@@ -36,6 +36,11 @@ pub enum Command {
     Stdio(CommonArgs),
     /// Mint a token with the configuration's first HS* key (printed last on stdout).
     Token(TokenArgs),
+    /// Serve as a remote executor: register with a registry (a gateway),
+    /// dial the rendezvous websocket it answers and serve sessions there,
+    /// in this host's tenant workers. The credential comes from
+    /// CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN.
+    Executor(ExecutorArgs),
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
@@ -65,8 +70,17 @@ pub struct TokenArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Tenant the token is for.
+    #[arg(
+        long,
+        required_unless_present = "executor_pool",
+        conflicts_with = "executor_pool"
+    )]
+    pub tenant: Option<String>,
+    /// Mint an executor credential for this pool instead (scope
+    /// `executor`; `exec-gateway executor` and `codex exec-server --remote`
+    /// register with it).
     #[arg(long)]
-    pub tenant: String,
+    pub executor_pool: Option<String>,
     /// Scopes (repeatable): exec, fs:read, fs:write. Default: all three.
     #[arg(long = "scope")]
     pub scopes: Vec<String>,
@@ -76,6 +90,34 @@ pub struct TokenArgs {
     /// `sub` claim.
     #[arg(long, default_value = "exec-gateway-cli")]
     pub subject: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExecutorArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The registry's base URL, e.g. https://gateway.example.com.
+    #[arg(long)]
+    pub remote: String,
+    /// This executor's id in its pool (letters, digits, `_`, `-`).
+    #[arg(long)]
+    pub executor_id: String,
+    /// A name shown by the registry. Default: the executor id.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label `KEY=VALUE` (repeatable); tenants may require labels.
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Sessions served at once (each a link and a registration).
+    #[arg(long, default_value_t = 8)]
+    pub slots: usize,
+    /// The tenant on this host sessions run as. Default: the only one.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Serve `/metrics` and the detailed `/readyz` on `HOST:PORT`
+    /// (default: off).
+    #[arg(long)]
+    pub admin_listen: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -258,7 +300,122 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Worker(args) => crate::worker::serve::serve(args),
         Command::PidnsParent => crate::isolation::namespace::pid_parent_main(),
         Command::Token(args) => token(&args),
+        Command::Executor(args) => {
+            telemetry::init(args.common.log_format);
+            executor(&args)
+        }
     }
+}
+
+/// The executor's bearer token, as Codex reads it.
+const EXECUTOR_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN";
+
+fn executor(args: &ExecutorArgs) -> ExitCode {
+    let token = match std::env::var(EXECUTOR_TOKEN_ENV) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        Ok(_) => {
+            return usage_error(&ConfigError(format!(
+                "executor registry bearer token environment variable `{EXECUTOR_TOKEN_ENV}` is empty"
+            )));
+        }
+        Err(_) => {
+            return usage_error(&ConfigError(format!(
+                "executor registry bearer token environment variable `{EXECUTOR_TOKEN_ENV}` is not set"
+            )));
+        }
+    };
+    let executor_id = args.executor_id.trim().to_owned();
+    if !crate::config::is_executor_id(&executor_id) {
+        return usage_error(&ConfigError(format!(
+            "--executor-id `{executor_id}`: 1 to {} letters, digits, `_` or `-`",
+            crate::config::MAX_EXECUTOR_ID_BYTES
+        )));
+    }
+    let remote = args.remote.trim().trim_end_matches('/').to_owned();
+    if !(remote.starts_with("http://") || remote.starts_with("https://"))
+        || url::Url::parse(&remote).is_err()
+    {
+        return usage_error(&ConfigError(format!(
+            "--remote `{remote}`: expected an http:// or https:// URL"
+        )));
+    }
+    let mut labels = std::collections::BTreeMap::new();
+    for l in &args.labels {
+        let Some((k, v)) = l.split_once('=') else {
+            return usage_error(&ConfigError(format!("--label `{l}`: expected KEY=VALUE")));
+        };
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    if args.slots == 0 || args.slots > crate::transport::executor::MAX_SLOTS {
+        return usage_error(&ConfigError(format!(
+            "--slots must be between 1 and {}",
+            crate::transport::executor::MAX_SLOTS
+        )));
+    }
+    let settings = match settings(
+        &args.common,
+        Overrides {
+            admin_listen: Some(args.admin_listen.as_deref().unwrap_or("off")),
+            ..Overrides::default()
+        },
+    ) {
+        Ok(s) => s,
+        Err(e) => return usage_error(&e),
+    };
+    let tenant = match &args.tenant {
+        Some(t) if settings.tenants.contains_key(t) => t.clone(),
+        Some(t) => return usage_error(&ConfigError(format!("--tenant `{t}` is not configured"))),
+        None if settings.tenants.len() == 1 => {
+            settings.tenants.keys().next().cloned().unwrap_or_default()
+        }
+        None => {
+            return usage_error(&ConfigError(
+                "the configuration has several tenants: name one with --tenant".to_owned(),
+            ));
+        }
+    };
+    let options = crate::transport::executor::ExecutorOptions {
+        remote,
+        name: args.name.clone().unwrap_or_else(|| executor_id.clone()),
+        executor_id,
+        labels,
+        slots: args.slots,
+        tenant,
+    };
+    let nofile = raise_nofile_limit();
+    let mut settings = settings;
+    if let Err(e) = settings.fit_fd_limit(nofile) {
+        return usage_error(&e);
+    }
+    block_on(async move {
+        let admin_addr = settings.admin_listen;
+        let gw = match Gateway::new(settings, start_reaper()) {
+            Ok(g) => g,
+            Err(e) => return usage_error(&e),
+        };
+        let admin = match admin_addr {
+            None => None,
+            Some(a) => match tokio::net::TcpListener::bind(a).await {
+                Ok(l) => {
+                    if let Ok(addr) = l.local_addr() {
+                        println!("admin http://{addr}");
+                    }
+                    Some(l)
+                }
+                Err(e) => {
+                    eprintln!("exec-gateway: cannot listen on {a} (admin): {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        match server::run_executor(gw, options, token, admin, server::shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("exec-gateway: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }
 
 fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
@@ -420,10 +577,22 @@ fn token(args: &TokenArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage_error(&e),
     };
-    if !settings.tenants.contains_key(&args.tenant) {
+    if let Some(pool) = &args.executor_pool {
+        let pools = settings.executors.as_ref().map(|e| &e.pools);
+        if !pools.is_some_and(|p| p.contains_key(pool)) {
+            return usage_error(&ConfigError(format!(
+                "unknown executor pool `{pool}`; configured: {}",
+                pools
+                    .map(|p| p.keys().cloned().collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default()
+            )));
+        }
+    }
+    if let Some(tenant) = &args.tenant
+        && !settings.tenants.contains_key(tenant)
+    {
         return usage_error(&ConfigError(format!(
-            "unknown tenant `{}`; configured: {}",
-            args.tenant,
+            "unknown tenant `{tenant}`; configured: {}",
             settings
                 .tenants
                 .keys()
@@ -447,15 +616,22 @@ fn token(args: &TokenArgs) -> ExitCode {
     } else {
         args.scopes.clone()
     };
-    match crate::auth::mint(
-        alg,
-        &secret,
-        &settings.auth,
-        &args.tenant,
-        &scopes,
-        ttl,
-        &args.subject,
-    ) {
+    let minted = match (&args.executor_pool, &args.tenant) {
+        (Some(pool), _) => {
+            crate::auth::mint_executor(alg, &secret, &settings.auth, pool, ttl, &args.subject)
+        }
+        (None, Some(tenant)) => crate::auth::mint(
+            alg,
+            &secret,
+            &settings.auth,
+            tenant,
+            &scopes,
+            ttl,
+            &args.subject,
+        ),
+        (None, None) => return usage_error(&ConfigError("--tenant is required".to_owned())),
+    };
+    match minted {
         Ok(t) => {
             println!("{t}");
             ExitCode::SUCCESS

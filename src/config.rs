@@ -32,6 +32,173 @@ pub struct Config {
     pub isolation: IsolationConfig,
     #[serde(default)]
     pub fleet: FleetConfig,
+    #[serde(default)]
+    pub executors: ExecutorsConfig,
+}
+
+/// `[executors]`: the registry remote executors join (docs/executors.md).
+/// Off unless a pool is configured.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorsConfig {
+    /// Base of the rendezvous URLs handed to executors, `ws://` or
+    /// `wss://HOST[:PORT]` as executors reach the gateway (the load
+    /// balancer). Default: `ws://` and the registration's `Host` header.
+    pub public_url: Option<String>,
+    /// How long a rendezvous URL stays valid (it is also single use).
+    /// Default 30 s.
+    pub ticket_ttl: Option<String>,
+    /// How long the gateway waits for an executor to answer `initialize`
+    /// when a session opens on it. Default 10 s.
+    pub open_timeout: Option<String>,
+    /// Pools by name; a tenant names the one its sessions run on.
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolConfig>,
+}
+
+/// `[executors.pools.NAME]`
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Executors (distinct ids) in the pool at once; past it a
+    /// registration gets 429. Default 64.
+    pub max_executors: Option<usize>,
+    /// Links (registrations) one executor may hold at once. Default 16.
+    pub max_links_per_executor: Option<usize>,
+}
+
+/// Where a tenant's JSON-RPC sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Its local worker pool only.
+    Local,
+    /// Its executor pool only.
+    Remote,
+    /// An executor when one is free, else locally.
+    PreferRemote,
+}
+
+/// Validated `[executors]`.
+#[derive(Debug, Clone)]
+pub struct ExecutorsSettings {
+    pub public_url: Option<String>,
+    pub ticket_ttl: Duration,
+    pub open_timeout: Duration,
+    pub pools: BTreeMap<String, PoolSettings>,
+}
+
+/// Validated `[executors.pools.NAME]`.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub name: String,
+    /// The one tenant whose sessions it serves (pools are never shared:
+    /// an executor would see every tenant's files).
+    pub tenant: String,
+    pub max_executors: usize,
+    pub max_links_per_executor: usize,
+}
+
+/// Longest executor id: it is part of session ids and metric labels.
+pub const MAX_EXECUTOR_ID_BYTES: usize = 64;
+
+/// An executor id: ASCII letters, digits, `_` and `-`, at most
+/// [`MAX_EXECUTOR_ID_BYTES`] (no `.`: session ids split on it).
+pub fn is_executor_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_EXECUTOR_ID_BYTES
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn validate_executors(
+    e: ExecutorsConfig,
+    tenants: &BTreeMap<String, TenantSettings>,
+) -> Result<Option<ExecutorsSettings>, ConfigError> {
+    let mut users: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (name, t) in tenants {
+        if let Some(pool) = &t.pool {
+            if !e.pools.contains_key(pool) {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.pool: no [executors.pools.{pool}] is configured"
+                )));
+            }
+            users.entry(pool).or_default().push(name);
+        }
+    }
+    for (pool, names) in &users {
+        if names.len() > 1 {
+            return Err(ConfigError(format!(
+                "executors.pools.{pool} is named by tenants {}: a pool serves one tenant (its executors would see every tenant's processes and files)",
+                names.join(", ")
+            )));
+        }
+    }
+    if e.pools.is_empty() {
+        if e.public_url.is_some() {
+            return Err(ConfigError(
+                "executors.public_url is set but no [executors.pools.NAME] is configured"
+                    .to_owned(),
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some(u) = &e.public_url {
+        let parsed = url::Url::parse(u)
+            .map_err(|err| ConfigError(format!("executors.public_url `{u}`: {err}")))?;
+        if !matches!(parsed.scheme(), "ws" | "wss")
+            || parsed.host_str().is_none()
+            || parsed.query().is_some()
+        {
+            return Err(ConfigError(format!(
+                "executors.public_url `{u}`: expected ws://HOST[:PORT][/PATH] or wss://..."
+            )));
+        }
+    }
+    let mut pools = BTreeMap::new();
+    for (name, p) in e.pools {
+        if !is_executor_id(&name) {
+            return Err(ConfigError(format!(
+                "executors.pools.{name}: a pool name is letters, digits, `_` and `-`"
+            )));
+        }
+        let Some(tenant) = users.get(name.as_str()).and_then(|v| v.first()) else {
+            return Err(ConfigError(format!(
+                "executors.pools.{name}: no tenant names this pool (set tenants.NAME.pool)"
+            )));
+        };
+        pools.insert(
+            name.clone(),
+            PoolSettings {
+                tenant: (*tenant).to_owned(),
+                max_executors: positive(
+                    &format!("executors.pools.{name}.max_executors"),
+                    p.max_executors,
+                    64,
+                )?,
+                max_links_per_executor: positive(
+                    &format!("executors.pools.{name}.max_links_per_executor"),
+                    p.max_links_per_executor,
+                    16,
+                )?,
+                name,
+            },
+        );
+    }
+    Ok(Some(ExecutorsSettings {
+        public_url: e.public_url.map(|u| u.trim_end_matches('/').to_owned()),
+        ticket_ttl: duration(
+            "executors.ticket_ttl",
+            e.ticket_ttl.as_deref(),
+            Duration::from_secs(30),
+        )?,
+        open_timeout: duration(
+            "executors.open_timeout",
+            e.open_timeout.as_deref(),
+            Duration::from_secs(10),
+        )?,
+        pools,
+    }))
 }
 
 /// `[fleet]`: this replica's place in a fleet of gateways behind a load
@@ -199,6 +366,9 @@ pub struct AuthConfig {
     pub tenant_claim: Option<String>,
     /// Claim holding scopes, space-separated or an array. Default: `scope`.
     pub scopes_claim: Option<String>,
+    /// Claim naming the executor pool in an executor credential (a token
+    /// with the `executor` scope). Default: `pool`.
+    pub pool_claim: Option<String>,
     /// When set, tokens must carry this `iss`.
     pub issuer: Option<String>,
     /// When set, tokens must carry this `aud`.
@@ -307,6 +477,15 @@ pub struct TenantConfig {
     /// `host` (default) or `none`: a network namespace with only loopback
     /// (needs the namespaces layer; refused at start when it is inactive).
     pub network: Option<Network>,
+    /// The executor pool (`[executors.pools.NAME]`) the tenant's sessions
+    /// may run on. Default: none.
+    pub pool: Option<String>,
+    /// Only executors whose registration carries all these labels.
+    #[serde(default)]
+    pub pool_labels: BTreeMap<String, String>,
+    /// `local`, `remote` or `prefer-remote`. Default:
+    /// `remote` with a pool, else `local`.
+    pub placement: Option<Placement>,
 }
 
 /// A tenant's network.
@@ -352,6 +531,8 @@ pub struct Settings {
     pub isolation: IsolationSettings,
     /// `None`: a lone gateway.
     pub fleet: Option<FleetSettings>,
+    /// `None`: no executor registry.
+    pub executors: Option<ExecutorsSettings>,
 }
 
 /// Validated `[auth]`.
@@ -359,6 +540,7 @@ pub struct Settings {
 pub struct AuthSettings {
     pub tenant_claim: String,
     pub scopes_claim: String,
+    pub pool_claim: String,
     pub issuer: Option<String>,
     pub audience: Option<String>,
     pub leeway: Duration,
@@ -509,6 +691,9 @@ pub struct TenantSettings {
     pub landlock_read: Vec<PathBuf>,
     pub landlock_write: Vec<PathBuf>,
     pub network: Network,
+    pub pool: Option<String>,
+    pub pool_labels: BTreeMap<String, String>,
+    pub placement: Placement,
 }
 
 /// A tenant's memory limit when its config names none.
@@ -886,6 +1071,7 @@ impl Config {
         };
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
+        let executors = validate_executors(self.executors, &tenants)?;
         Ok(Settings {
             listen,
             grpc_listen,
@@ -951,6 +1137,7 @@ impl Config {
             tenants,
             isolation,
             fleet,
+            executors,
         })
     }
 }
@@ -977,6 +1164,7 @@ fn validate_auth(a: AuthConfig) -> Result<AuthSettings, ConfigError> {
     Ok(AuthSettings {
         tenant_claim: a.tenant_claim.unwrap_or_else(|| "tenant".to_owned()),
         scopes_claim: a.scopes_claim.unwrap_or_else(|| "scope".to_owned()),
+        pool_claim: a.pool_claim.unwrap_or_else(|| "pool".to_owned()),
         issuer: a.issuer,
         audience: a.audience,
         leeway,
@@ -1336,8 +1524,30 @@ fn validate_tenant(
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
         network: t.network.unwrap_or_default(),
+        placement: match (t.placement, &t.pool) {
+            (Some(Placement::Local) | None, None) => Placement::Local,
+            (Some(p), None) => {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.placement = {p:?} needs tenants.{name}.pool"
+                )));
+            }
+            (Some(p), Some(_)) => p,
+            (None, Some(_)) => Placement::Remote,
+        },
+        pool_labels: {
+            if t.pool_labels.len() > MAX_EXECUTOR_LABELS {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.pool_labels: at most {MAX_EXECUTOR_LABELS} labels"
+                )));
+            }
+            t.pool_labels
+        },
+        pool: t.pool,
     })
 }
+
+/// Labels an executor may register with (and a tenant may require).
+pub const MAX_EXECUTOR_LABELS: usize = 32;
 
 /// Which ids the host already uses (users and groups, through NSS).
 pub trait IdsInUse {

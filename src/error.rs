@@ -58,6 +58,10 @@ pub enum ErrorKind {
     OwnerUnavailable,
     /// The session's replica restarted since: the session is gone.
     OwnerLost,
+    /// The remote executor that runs the session is gone or unreachable.
+    ExecutorUnavailable,
+    /// The remote executor answered with an error of its own.
+    Executor,
 }
 
 /// Every error a call can end in.
@@ -123,6 +127,21 @@ pub enum GatewayError {
         "session {session} was owned by replica {replica}, which has restarted since; its processes are gone"
     )]
     OwnerLost { session: String, replica: String },
+    /// The session's remote executor is gone (or none is free to open it).
+    #[error("executor {executor} of pool {pool} is unavailable: {detail}")]
+    ExecutorUnavailable {
+        pool: String,
+        executor: String,
+        detail: String,
+    },
+    /// An error the session's remote executor answered, passed on as it
+    /// came (its code is from the same protocol).
+    #[error("{message}")]
+    Executor {
+        code: i64,
+        message: String,
+        data: Option<serde_json::Value>,
+    },
 }
 
 impl GatewayError {
@@ -147,6 +166,8 @@ impl GatewayError {
             GatewayError::Draining => ErrorKind::Draining,
             GatewayError::OwnerUnavailable { .. } => ErrorKind::OwnerUnavailable,
             GatewayError::OwnerLost { .. } => ErrorKind::OwnerLost,
+            GatewayError::ExecutorUnavailable { .. } => ErrorKind::ExecutorUnavailable,
+            GatewayError::Executor { .. } => ErrorKind::Executor,
         }
     }
 
@@ -170,6 +191,8 @@ impl GatewayError {
             ErrorKind::Draining => "draining",
             ErrorKind::OwnerUnavailable => "owner_unavailable",
             ErrorKind::OwnerLost => "owner_lost",
+            ErrorKind::ExecutorUnavailable => "executor_unavailable",
+            ErrorKind::Executor => "executor_error",
         }
     }
 
@@ -197,6 +220,11 @@ impl GatewayError {
             ErrorKind::OwnerUnavailable => code::OWNER_UNAVAILABLE,
             // Like an unknown session (the client starts a new one), with a reason.
             ErrorKind::OwnerLost => code::INVALID_REQUEST,
+            ErrorKind::ExecutorUnavailable => code::OWNER_UNAVAILABLE,
+            ErrorKind::Executor => match self {
+                GatewayError::Executor { code, .. } => *code,
+                _ => code::INTERNAL,
+            },
         };
         let data = match self {
             GatewayError::QuotaExceeded {
@@ -218,6 +246,10 @@ impl GatewayError {
             GatewayError::OwnerLost { replica, .. } => {
                 Some(json!({"reason": "ownerRestarted", "replica": replica}))
             }
+            GatewayError::ExecutorUnavailable { pool, executor, .. } => {
+                Some(json!({"reason": "executorUnavailable", "pool": pool, "executor": executor}))
+            }
+            GatewayError::Executor { data, .. } => data.clone(),
             _ => None,
         };
         ErrorObject {
@@ -242,6 +274,8 @@ impl GatewayError {
                 Code::Unavailable
             }
             ErrorKind::OwnerLost => Code::NotFound,
+            ErrorKind::ExecutorUnavailable => Code::Unavailable,
+            ErrorKind::Executor => Code::Unknown,
             ErrorKind::Unauthenticated => Code::Unauthenticated,
             ErrorKind::Forbidden => Code::PermissionDenied,
             ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
@@ -268,8 +302,9 @@ impl GatewayError {
             ErrorKind::QuotaExceeded => 429,
             ErrorKind::NotFound | ErrorKind::UnknownId | ErrorKind::OutsideRoot => 404,
             ErrorKind::SessionAttached => 409,
-            ErrorKind::OwnerUnavailable => 502,
+            ErrorKind::OwnerUnavailable | ErrorKind::ExecutorUnavailable => 502,
             ErrorKind::OwnerLost => 404,
+            ErrorKind::Executor => 502,
             ErrorKind::Internal => 500,
             ErrorKind::InvalidRequest
             | ErrorKind::AlreadyExists

@@ -58,6 +58,56 @@ pub fn parse_owner(session_id: &str) -> Option<(&str, &str)> {
     (is_replica_id(replica) && boot_ok && !rest.is_empty()).then_some((replica, boot))
 }
 
+/// The id of a session on a remote executor:
+/// `[{replica}.]x-{executor}.{the executor's own session id}` (the replica
+/// part in a fleet). It names no boot: the session outlives a restart of
+/// the replica, on the executor, and is found again there once the
+/// executor's links land on the replica.
+pub fn remote_session_id(replica: Option<&str>, executor: &str, session: &str) -> String {
+    match replica {
+        Some(r) => format!("{r}.x-{executor}.{session}"),
+        None => format!("x-{executor}.{session}"),
+    }
+}
+
+/// A parsed [`remote_session_id`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteId<'a> {
+    pub replica: Option<&'a str>,
+    pub executor: &'a str,
+    pub session: &'a str,
+}
+
+/// Longest session id of an executor accepted.
+pub const MAX_EXECUTOR_SESSION_ID_BYTES: usize = 128;
+
+/// An executor's own session id: printable, no spaces or quotes.
+pub fn is_executor_session_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_EXECUTOR_SESSION_ID_BYTES
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+/// Parse a remote session id; `fleet` says whether ids carry a replica.
+pub fn parse_remote(id: &str, fleet: bool) -> Option<RemoteId<'_>> {
+    let (replica, rest) = if fleet {
+        let (r, rest) = id.split_once('.')?;
+        (is_replica_id(r).then_some(r)?, rest)
+    } else {
+        ("", id)
+    };
+    let rest = rest.strip_prefix("x-")?;
+    let (executor, session) = rest.split_once('.')?;
+    (crate::config::is_executor_id(executor) && is_executor_session_id(session)).then_some(
+        RemoteId {
+            replica: fleet.then_some(replica),
+            executor,
+            session,
+        },
+    )
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     /// The sending replica.
@@ -116,6 +166,12 @@ impl Fleet {
     }
 
     pub fn owner<'a>(&self, session_id: &'a str) -> Owner<'a> {
+        if let Some(remote) = parse_remote(session_id, true) {
+            return match remote.replica {
+                Some(r) if r != self.replica => Owner::Peer(r),
+                _ => Owner::Local,
+            };
+        }
         match parse_owner(session_id) {
             None => Owner::Local,
             Some((r, b)) if r == self.replica => {

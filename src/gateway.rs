@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
 use crate::config::{ConfigError, Settings};
 use crate::error::GatewayError;
+use crate::executors::Registry;
 use crate::fleet::{Fleet, Owner};
 use crate::isolation::Layers;
 use crate::isolation::reaper::Reaper;
@@ -29,6 +30,8 @@ pub struct Gateway {
     pub layers: Layers,
     /// This replica's fleet identity and peers (`None`: a lone gateway).
     pub fleet: Option<Arc<Fleet>>,
+    /// The registry remote executors join (`None`: no pools configured).
+    pub executors: Option<Arc<Registry>>,
     /// Connections and calls relayed from here to the sessions' owners.
     pub relays: std::sync::atomic::AtomicUsize,
     /// Cancelled when draining starts: `/readyz` turns 503, gRPC health
@@ -61,7 +64,26 @@ impl Gateway {
                 .inc();
         });
         let layers = crate::probe::layers(&settings, &metrics)?;
-        let tenants = Tenants::new(&settings, reaper.clone(), &metrics, global_slots, layers)?;
+        let executors = settings
+            .executors
+            .clone()
+            .map(|e| {
+                Registry::new(
+                    e,
+                    settings.fleet.as_ref().map(|f| f.key.0.as_slice()),
+                    metrics.clone(),
+                )
+            })
+            .transpose()
+            .map_err(ConfigError)?;
+        let tenants = Tenants::new(
+            &settings,
+            reaper.clone(),
+            &metrics,
+            global_slots,
+            layers,
+            executors.as_ref(),
+        )?;
         let fleet = settings
             .fleet
             .as_ref()
@@ -75,6 +97,7 @@ impl Gateway {
                 .as_ref()
                 .map(|f| f.session_prefix())
                 .unwrap_or_default(),
+            fleet.as_ref().map(|f| f.replica.clone()),
         );
         let stack = middleware::stack(
             &StackSettings {
@@ -92,6 +115,7 @@ impl Gateway {
             stack,
             layers,
             fleet,
+            executors,
             relays: std::sync::atomic::AtomicUsize::new(0),
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
@@ -218,6 +242,11 @@ impl Gateway {
     pub(crate) fn start_draining(&self) {
         self.draining.cancel();
         self.metrics.draining.set(1);
+        // Idle executor links would open no session here any more: let
+        // their executors register again, through the balancer, elsewhere.
+        if let Some(r) = &self.executors {
+            r.close_idle();
+        }
     }
 
     /// Steps 3–4: stop listeners and connections, kill every remaining

@@ -17,9 +17,12 @@
 //! - [`dispatch`]: the innermost service; hands a call to its session's backend.
 //! - [`session`]: sessions, detach TTL and resume.
 //! - [`tenant`]: configured tenants, their limits and backends.
-//! - [`backend`]: where a session runs (today: [`backend::local`]).
+//! - [`backend`]: where a session runs: [`backend::local`] (the tenant's
+//!   workers) or [`backend::remote`] (an executor of its pool).
 //! - [`exec`]: process tables, output logs, pumps.
 //! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
+//! - [`executors`]: the registry remote executors join: pools, links,
+//!   rendezvous tickets.
 //! - [`spawn`]: the one spawn model (spec, child, how it ended).
 //! - [`isolation`]: cgroups, sandbox (uid, Landlock, seccomp), signals, reaper.
 //! - [`rpc`]: the method table: typed calls, replies, stream operations.
@@ -38,6 +41,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod exec;
+pub mod executors;
 pub mod fleet;
 pub mod fs;
 pub mod gateway;

@@ -71,6 +71,27 @@ pub struct Metrics {
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
     pub jwks_fetches: Family<OutcomeLabel, Counter>,
+    /// Executors registered per pool (remote executors).
+    pub executors: Family<PoolLabel, Gauge>,
+    /// Idle links (ready to open a session) per pool.
+    pub executor_idle_links: Family<PoolLabel, Gauge>,
+    /// Sessions open on each executor.
+    pub executor_sessions: Family<ExecutorLabels, Gauge>,
+    /// Registrations refused, by reason.
+    pub registrations_refused: Family<ReasonLabel, Counter>,
+    /// Registrations accepted (tickets issued), in all.
+    pub registrations: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecutorLabels {
+    pub pool: String,
+    pub executor: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -226,8 +247,43 @@ impl Metrics {
             "JWKS fetches by outcome",
             jwks_fetches.clone(),
         );
+        let executors = Family::<PoolLabel, Gauge>::default();
+        let executor_idle_links = Family::<PoolLabel, Gauge>::default();
+        let executor_sessions = Family::<ExecutorLabels, Gauge>::default();
+        let registrations_refused = Family::<ReasonLabel, Counter>::default();
+        let registrations = Counter::default();
+        r.register(
+            "executors",
+            "Remote executors connected, per pool",
+            executors.clone(),
+        );
+        r.register(
+            "executor_idle_links",
+            "Executor links ready to open a session, per pool",
+            executor_idle_links.clone(),
+        );
+        r.register(
+            "executor_sessions",
+            "Sessions open on each remote executor",
+            executor_sessions.clone(),
+        );
+        r.register(
+            "executor_registrations_refused",
+            "Executor registrations and rendezvous refused, by reason",
+            registrations_refused.clone(),
+        );
+        r.register(
+            "executor_registrations",
+            "Executor registrations accepted",
+            registrations.clone(),
+        );
         Self {
             registry: Mutex::new(r),
+            executors,
+            executor_idle_links,
+            executor_sessions,
+            registrations_refused,
+            registrations,
             sessions,
             processes,
             requests,

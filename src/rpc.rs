@@ -94,6 +94,13 @@ impl MethodFamily {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NoParams;
 
+impl Serialize for NoParams {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        s.serialize_map(Some(0))?.end()
+    }
+}
+
 impl<'de> Deserialize<'de> for NoParams {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         serde::de::IgnoredAny::deserialize(d).map(|_| NoParams)
@@ -118,6 +125,14 @@ macro_rules! method_table {
                     )), )*
                     other => Err(GatewayError::MethodNotFound(other.to_owned())),
                 }
+            }
+
+            /// The params as JSON, to pass the call on to a remote executor.
+            pub fn params_json(&self) -> Result<String, GatewayError> {
+                match self {
+                    $( Call::$variant(p) => serde_json::to_string(p), )*
+                }
+                .map_err(|e| GatewayError::Internal(format!("encoding params: {e}")))
             }
 
             /// The wire method name.

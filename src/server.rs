@@ -103,6 +103,29 @@ pub async fn run_stdio(
     shut_down(&gw, Duration::ZERO).await;
 }
 
+/// Serve as a remote executor until SIGTERM (then the shutdown order, as
+/// for `serve`) or a registration refused for good (its error).
+pub async fn run_executor(
+    gw: Arc<Gateway>,
+    options: transport::executor::ExecutorOptions,
+    token: String,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), transport::executor::Fatal> {
+    let admin =
+        admin.map(|l| crate::task::spawn("admin", transport::http::serve_admin(l, gw.clone())));
+    let result = tokio::select! {
+        r = transport::executor::run(gw.clone(), options, token) => r,
+        () = shutdown => Ok(()),
+    };
+    tracing::info!("shutting down");
+    shut_down(&gw, gw.settings.shutdown_grace).await;
+    if let Some(a) = admin {
+        let _ = tokio::time::timeout(LISTENER_STOP_TIMEOUT, a).await;
+    }
+    result
+}
+
 /// Steps 1–4 of the shutdown order.
 async fn shut_down(gw: &Gateway, grace: Duration) {
     gw.start_draining();

@@ -13,6 +13,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::backend::SessionBackend;
+use crate::backend::remote::RemoteBackend;
+use crate::config::Placement;
 use crate::error::GatewayError;
 use crate::outbound::{AttachToken, Attachment, Outbound};
 use crate::protocol::path::PathErrorKind;
@@ -114,17 +116,135 @@ pub struct SessionRegistry {
     next_generation: AtomicU64,
     /// Prefix of minted ids: the replica and its run (empty outside a fleet).
     id_prefix: String,
+    /// This replica's id in a fleet (remote sessions' ids carry it).
+    replica: Option<String>,
+    /// Remote sessions being opened (counted against `max_sessions`).
+    opening: AtomicUsize,
 }
 
 impl SessionRegistry {
-    pub fn new(detach_ttl: Option<Duration>, max_sessions: usize, id_prefix: String) -> Arc<Self> {
+    pub fn new(
+        detach_ttl: Option<Duration>,
+        max_sessions: usize,
+        id_prefix: String,
+        replica: Option<String>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             detach_ttl,
             max_sessions,
             next_generation: AtomicU64::new(1),
             id_prefix,
+            replica,
+            opening: AtomicUsize::new(0),
         })
+    }
+
+    /// `initialize` on a JSON-RPC connection: like [`Self::initialize`],
+    /// and the session goes where the tenant's placement says (its local
+    /// backend or its executor pool); an unknown id of one of the pool's
+    /// sessions is resumed on its executor (this gateway may have
+    /// restarted since).
+    pub async fn open(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        resume: Option<&str>,
+        outbound: Outbound,
+    ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
+        let Some(remote) = tenant.remote.as_ref() else {
+            return self.initialize(tenant, resume, outbound);
+        };
+        match resume {
+            Some(id) => {
+                let known = self.sessions.lock().contains_key(id);
+                let parsed = crate::fleet::parse_remote(id, self.replica.is_some())
+                    .filter(|r| r.replica == self.replica.as_deref());
+                match parsed {
+                    Some(r) if !known => {
+                        self.open_remote(tenant, remote, outbound, Some((r.executor, r.session)))
+                            .await
+                    }
+                    _ => self.initialize(tenant, Some(id), outbound),
+                }
+            }
+            None => match tenant.settings.placement {
+                Placement::Local => self.initialize(tenant, None, outbound),
+                Placement::Remote => self.open_remote(tenant, remote, outbound, None).await,
+                Placement::PreferRemote => {
+                    if remote.has_free_link() {
+                        match self
+                            .open_remote(tenant, remote, outbound.clone(), None)
+                            .await
+                        {
+                            Err(GatewayError::ExecutorUnavailable { .. }) => {}
+                            other => return other,
+                        }
+                    }
+                    self.initialize(tenant, None, outbound)
+                }
+            },
+        }
+    }
+
+    async fn open_remote(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        remote: &RemoteBackend,
+        outbound: Outbound,
+        resume: Option<(&str, &str)>,
+    ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        {
+            let sessions = self.sessions.lock();
+            if sessions.len() + self.opening.load(Ordering::Acquire) >= self.max_sessions {
+                return Err(GatewayError::Overloaded);
+            }
+            self.opening.fetch_add(1, Ordering::AcqRel);
+        }
+        let _opening = OpeningGuard(&self.opening);
+        if !tenant.try_add_session() {
+            return Err(GatewayError::QuotaExceeded {
+                quota: "sessions",
+                limit: tenant.settings.max_sessions as u64,
+                retry_after_ms: None,
+            });
+        }
+        let attachment = Arc::new(Attachment::default());
+        let opened = match remote.open(attachment.clone(), resume).await {
+            Ok(o) => o,
+            Err(e) => {
+                tenant.remove_session();
+                return Err(e);
+            }
+        };
+        let id = crate::fleet::remote_session_id(
+            self.replica.as_deref(),
+            &opened.executor,
+            &opened.session,
+        );
+        let mut sessions = self.sessions.lock();
+        if let Some(existing) = sessions.get(&id) {
+            // Resumed twice at once: the first holds it.
+            tenant.remove_session();
+            return Err(GatewayError::SessionAttached {
+                id,
+                current: existing.revision.get() == Some(Revision::Nov2026),
+            });
+        }
+        tenant.metrics.sessions.inc();
+        let session = Arc::new(Session {
+            id: id.clone(),
+            tenant: tenant.clone(),
+            backend: opened.backend,
+            revision: Arc::new(RevisionCell::default()),
+            attachment,
+            epoch: AtomicU64::new(0),
+            last_active: Mutex::new(tokio::time::Instant::now()),
+            streams: AtomicUsize::new(0),
+        });
+        let token = session.attachment.attach(generation, outbound);
+        sessions.insert(id, session.clone());
+        Ok((session, token))
     }
 
     /// `initialize`: create a session for `tenant`, or resume one of its
@@ -195,10 +315,17 @@ impl SessionRegistry {
 
     /// A session with no connection (gRPC `CreateSession`, or an `Exec`
     /// without one): it lives while used, then `detach_ttl` past its last use.
+    /// It runs on the tenant's local backend; a tenant whose sessions all
+    /// run on remote executors has none for gRPC.
     pub fn create_detached(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
     ) -> Result<Arc<Session>, GatewayError> {
+        if tenant.settings.placement == Placement::Remote {
+            return Err(GatewayError::InvalidRequest(
+                "this tenant's sessions run on remote executors, which serve JSON-RPC (websocket, stdio) clients only".to_owned(),
+            ));
+        }
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
         let (session, token) = self.initialize(tenant, None, out)?;
         self.detach(&session, &token);
@@ -288,5 +415,14 @@ impl SessionRegistry {
     pub fn live_processes(&self) -> usize {
         let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
         all.iter().map(|s| s.backend.live_processes()).sum()
+    }
+}
+
+/// Counts a remote session being opened while it lives.
+struct OpeningGuard<'a>(&'a AtomicUsize);
+
+impl Drop for OpeningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -15,8 +15,10 @@ use tokio::sync::Semaphore;
 
 use crate::backend::Backend;
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
+use crate::backend::remote::RemoteBackend;
 use crate::config::{ConfigError, Network, Settings, TenantSettings};
 use crate::exec::ExecSettings;
+use crate::executors::Registry;
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
@@ -34,6 +36,8 @@ pub struct Tenant {
     pub settings: TenantSettings,
     /// Where the tenant's sessions run.
     pub backend: Arc<dyn Backend>,
+    /// Its executor pool, when it has one (`pool`; `placement` decides).
+    pub remote: Option<Arc<RemoteBackend>>,
     pub limiter: DefaultDirectRateLimiter,
     /// Requests in flight; a permit is held for the duration of a call.
     pub in_flight: Arc<Semaphore>,
@@ -78,6 +82,7 @@ impl Tenants {
         metrics: &Metrics,
         global_slots: Arc<Semaphore>,
         layers: Layers,
+        executors: Option<&Arc<Registry>>,
     ) -> Result<Tenants, ConfigError> {
         let hidden = crate::config::key_files(&settings.auth.keys);
         let hide = Hide {
@@ -182,6 +187,19 @@ impl Tenants {
                     name: Arc::from(name.as_str()),
                     settings: t.clone(),
                     backend: Arc::new(backend),
+                    remote: match (&t.pool, executors) {
+                        (Some(pool), Some(registry)) => {
+                            let pool = registry.pool(pool).ok_or_else(|| {
+                                ConfigError(format!("tenants.{name}.pool: no such pool"))
+                            })?;
+                            Some(Arc::new(RemoteBackend::new(
+                                pool.clone(),
+                                t.pool_labels.clone(),
+                                registry.settings.open_timeout,
+                            )))
+                        }
+                        _ => None,
+                    },
                     limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)),
                     in_flight: Arc::new(Semaphore::new(t.max_in_flight)),
                     sessions: AtomicUsize::new(0),

@@ -26,6 +26,7 @@ const ORDER: &[&str] = &[
     "backend",
     "exec",
     "worker",
+    "executors",
     "spawn",
     "isolation",
     "rpc",

@@ -110,6 +110,30 @@ pub enum AuthError {
     TenantMismatch,
     #[error("token grants no scope")]
     NoScope,
+    #[error("an executor credential cannot open client sessions")]
+    ExecutorCredential,
+    #[error("not an executor credential: {0}")]
+    NotExecutorCredential(&'static str),
+}
+
+/// The scope of an executor credential.
+pub const EXECUTOR_SCOPE: &str = "executor";
+
+/// Who registers an executor: a verified executor credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorPrincipal {
+    /// The pool it may join.
+    pub pool: String,
+    pub subject: Option<String>,
+}
+
+/// Whether the scope claim lists `scope`.
+fn has_scope(claims: &Map<String, Value>, claim: &str, scope: &str) -> bool {
+    match claims.get(claim) {
+        Some(Value::String(s)) => s.split_whitespace().any(|s| s == scope),
+        Some(Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(scope)),
+        _ => false,
+    }
 }
 
 impl AuthError {
@@ -129,6 +153,8 @@ impl AuthError {
             AuthError::UnknownTenant => "unknown_tenant",
             AuthError::TenantMismatch => "tenant_mismatch",
             AuthError::NoScope => "no_scope",
+            AuthError::ExecutorCredential => "executor_credential",
+            AuthError::NotExecutorCredential(_) => "not_executor_credential",
         }
     }
 
@@ -137,7 +163,9 @@ impl AuthError {
     pub fn to_gateway_error(&self) -> crate::error::GatewayError {
         use crate::error::GatewayError;
         match self {
-            AuthError::NoScope => GatewayError::Forbidden(self.to_string()),
+            AuthError::NoScope
+            | AuthError::ExecutorCredential
+            | AuthError::NotExecutorCredential(_) => GatewayError::Forbidden(self.to_string()),
             _ => GatewayError::Unauthenticated(self.to_string()),
         }
     }
@@ -486,8 +514,46 @@ impl Authenticator {
         sets.iter().flat_map(|r| matching(r)).collect()
     }
 
-    /// Verify a bearer token.
+    /// Verify a client's bearer token: a tenant's, never an executor
+    /// credential.
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+        let (claims, binding) = self.verified_claims(token).await?;
+        if has_scope(&claims, &self.settings.scopes_claim, EXECUTOR_SCOPE) {
+            return Err(AuthError::ExecutorCredential);
+        }
+        self.principal(&claims, binding.as_deref())
+    }
+
+    /// Verify an executor credential (a registration's bearer token): the
+    /// `executor` scope, a pool claim, no tenant claim, and signed by a key
+    /// bound to no tenant (a tenant's own key cannot admit executors).
+    pub async fn verify_executor(&self, token: &str) -> Result<ExecutorPrincipal, AuthError> {
+        let (claims, binding) = self.verified_claims(token).await?;
+        if binding.is_some() {
+            return Err(AuthError::NotExecutorCredential("signed by a tenant's key"));
+        }
+        if claims.contains_key(&self.settings.tenant_claim) {
+            return Err(AuthError::NotExecutorCredential("a tenant's token"));
+        }
+        if !has_scope(&claims, &self.settings.scopes_claim, EXECUTOR_SCOPE) {
+            return Err(AuthError::NotExecutorCredential("no `executor` scope"));
+        }
+        let pool = match claims.get(&self.settings.pool_claim) {
+            Some(Value::String(p)) if !p.is_empty() => p.clone(),
+            _ => return Err(AuthError::MissingClaim(self.settings.pool_claim.clone())),
+        };
+        Ok(ExecutorPrincipal {
+            pool,
+            subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
+        })
+    }
+
+    /// A token's claims once its signature and registered claims hold, and
+    /// the tenant binding of the key that verified it.
+    async fn verified_claims(
+        &self,
+        token: &str,
+    ) -> Result<(Map<String, Value>, Option<Arc<Binding>>), AuthError> {
         let token = token.trim();
         if token.is_empty() {
             return Err(AuthError::Missing);
@@ -524,7 +590,7 @@ impl Authenticator {
         }
         for key in &candidates {
             match self.decode(token, key) {
-                Ok(claims) => return self.principal(&claims, key.binding.as_deref()),
+                Ok(claims) => return Ok((claims, key.binding.clone())),
                 // Another key may sign it.
                 Err(AuthError::BadSignature) => continue,
                 // The signature held: this key's claims verdict is the answer
@@ -629,14 +695,40 @@ pub fn mint(
     ttl: Duration,
     subject: &str,
 ) -> Result<String, String> {
+    let mut claims = Map::new();
+    claims.insert(settings.tenant_claim.clone(), Value::from(tenant));
+    claims.insert(settings.scopes_claim.clone(), Value::from(scopes.join(" ")));
+    mint_claims(alg, secret, settings, claims, ttl, subject)
+}
+
+/// Mint an HS* executor credential for `pool`.
+pub fn mint_executor(
+    alg: Algorithm,
+    secret: &[u8],
+    settings: &AuthSettings,
+    pool: &str,
+    ttl: Duration,
+    subject: &str,
+) -> Result<String, String> {
+    let mut claims = Map::new();
+    claims.insert(settings.pool_claim.clone(), Value::from(pool));
+    claims.insert(settings.scopes_claim.clone(), Value::from(EXECUTOR_SCOPE));
+    mint_claims(alg, secret, settings, claims, ttl, subject)
+}
+
+fn mint_claims(
+    alg: Algorithm,
+    secret: &[u8],
+    settings: &AuthSettings,
+    mut claims: Map<String, Value>,
+    ttl: Duration,
+    subject: &str,
+) -> Result<String, String> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(|e| e.to_string())?
         .as_secs();
-    let mut claims = Map::new();
     claims.insert("sub".into(), Value::from(subject));
-    claims.insert(settings.tenant_claim.clone(), Value::from(tenant));
-    claims.insert(settings.scopes_claim.clone(), Value::from(scopes.join(" ")));
     claims.insert("iat".into(), Value::from(now));
     claims.insert("exp".into(), Value::from(now + ttl.as_secs()));
     if let Some(iss) = &settings.issuer {

@@ -5,11 +5,13 @@
 //! no session (gRPC file calls), to the tenant's [`Backend`]. Doors and the
 //! tower stack never know which backend serves a session.
 //!
-//! Today every tenant runs on [`local`]: its own worker pool (or the
-//! gateway itself with workers off). A peer replica or a remote executor
-//! becomes another implementation of these two traits.
+//! A tenant's [`local`] backend is its own worker pool (or the gateway
+//! itself with workers off); a tenant with an executor pool also has a
+//! [`remote`] one, whose sessions run on an executor's link. The session
+//! registry picks between them by the tenant's placement.
 
 pub mod local;
+pub mod remote;
 
 use std::future::Future;
 use std::pin::Pin;

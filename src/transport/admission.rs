@@ -263,9 +263,10 @@ impl Conn {
         self.promote_inner(Some(tenant))
     }
 
-    /// Move a peer replica's connection into the authenticated slots (it
-    /// carries many tenants' calls: no tenant slot).
-    pub fn promote_peer(&self) -> Result<(), GatewayError> {
+    /// Move a peer replica's connection or an executor's link into the
+    /// authenticated slots (no tenant slot: a peer carries many tenants'
+    /// calls, and an executor's links are bounded by its pool).
+    pub fn promote_link(&self) -> Result<(), GatewayError> {
         self.promote_inner(None)
     }
 

@@ -55,6 +55,22 @@ impl Caller {
     }
 }
 
+/// The caller behind this binary's executor links (`exec-gateway
+/// executor`): the executor's own tenant on this host, with every scope.
+/// The registry it dialled authenticated the executor and chose what runs
+/// here; the tenant's confinement on this host applies as always.
+pub fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
+    let tenant = gw.tenants.get(tenant)?.clone();
+    Some(Caller {
+        principal: Arc::new(Principal {
+            tenant: tenant.name.clone(),
+            subject: Some("executor-link".to_owned()),
+            scopes: crate::auth::Scopes::ALL,
+        }),
+        tenant,
+    })
+}
+
 /// Admit the holder of `token` (never logged). Refusals are
 /// `Unauthenticated` or `Forbidden` (a valid token granting nothing
 /// usable); each authentication failure is counted by reason. A draining

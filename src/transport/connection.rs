@@ -212,7 +212,7 @@ where
                         cancel.cancel();
                         return;
                     }
-                    let result = initialize(&gw, &meta.caller, &mut attached, decoded, &out);
+                    let result = initialize(&gw, &meta.caller, &mut attached, decoded, &out).await;
                     let text = match result {
                         Ok(r) => jsonrpc::encode_response(&id, &r),
                         Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
@@ -310,7 +310,7 @@ where
     }
 }
 
-fn initialize(
+async fn initialize(
     gw: &Arc<Gateway>,
     caller: &Result<Caller, GatewayError>,
     attached: &mut Option<Attached>,
@@ -333,11 +333,14 @@ fn initialize(
         .as_ref()
         .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
     // A failed initialize leaves the connection uninitialised: retry allowed.
-    let (session, token) = gw.sessions.initialize(
-        caller.tenant(),
-        params.resume_session_id.as_deref(),
-        out.clone(),
-    )?;
+    let (session, token) = gw
+        .sessions
+        .open(
+            caller.tenant(),
+            params.resume_session_id.as_deref(),
+            out.clone(),
+        )
+        .await?;
     let reply = Reply::Initialize(InitializeResponse {
         session_id: session.id.clone(),
         environment_info: Some(Box::new(session.backend.environment())),

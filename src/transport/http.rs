@@ -103,7 +103,12 @@ fn route_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
         "/readyz" => {
             let (status, head) = ready_status(gw);
             let body = if status == StatusCode::OK {
-                format!("{head}{}", gw.isolation_report())
+                let executors = gw
+                    .executors
+                    .as_ref()
+                    .map(|r| r.report())
+                    .unwrap_or_default();
+                format!("{head}{}{executors}", gw.isolation_report())
             } else {
                 head.to_owned()
             };

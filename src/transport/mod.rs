@@ -10,15 +10,20 @@
 //! - [`peer`] and [`relay`]: the fleet's peer listener, and websocket
 //!   sessions relayed to the replica that owns them (gRPC calls are
 //!   forwarded by `grpc::forward`).
+//! - [`registry`]: the executor registry's routes (registration, the
+//!   rendezvous an executor's link is upgraded from); [`executor`]: this
+//!   binary as a remote executor, dialling out to a registry.
 //!
 //! Nothing here runs a handler except through the stack.
 
 pub mod admission;
 pub mod admit;
 pub mod connection;
+pub mod executor;
 pub mod grpc;
 pub mod http;
 pub mod peer;
+pub mod registry;
 pub mod relay;
 pub mod stdio;
 pub mod ws;

@@ -117,7 +117,7 @@ where
         // A peer connection carries many tenants: it takes a door slot, not
         // a tenant's; the client's token is checked next, per request.
         if let Some(info) = req.extensions_mut().remove::<ConnInfo>()
-            && let Err(e) = info.conn.promote_peer()
+            && let Err(e) = info.conn.promote_link()
         {
             let status = e.to_grpc();
             return Box::pin(async move { Ok(status.into_http()) });

@@ -91,7 +91,18 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
         && header_has_token(&req, header::UPGRADE, "websocket");
+    let registry_route = match super::registry::route(req.uri().path()) {
+        Some(super::registry::Route::Register(id)) => Some((true, id.to_owned())),
+        Some(super::registry::Route::Rendezvous(id)) => Some((false, id.to_owned())),
+        None => None,
+    };
     if !is_upgrade {
+        if let Some((true, id)) = &registry_route
+            && req.method() == hyper::Method::POST
+        {
+            let timeout = gw.settings.handshake_timeout;
+            return Ok(super::registry::register(req, &gw, id, timeout).await);
+        }
         return Ok(super::http::route_public(&req, &gw));
     }
     if req.method() != hyper::Method::GET {
@@ -134,6 +145,10 @@ async fn handle(
             "missing Sec-WebSocket-Key\n",
         ));
     };
+    if let Some((false, id)) = &registry_route {
+        let key = key.as_bytes().to_vec();
+        return Ok(rendezvous(req, &gw, id, &conn, &key));
+    }
     // Authenticate before the upgrade; the token is never logged.
     let token = crate::auth::bearer_token(
         req.headers()
@@ -194,14 +209,64 @@ async fn handle(
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
     });
+    Ok(switching_protocols(&accept))
+}
+
+/// The 101 answer that completes a handshake.
+fn switching_protocols(accept: &str) -> Response<Full<Bytes>> {
     let mut r = response(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
     let h = r.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
+    if let Ok(v) = HeaderValue::from_str(accept) {
         h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    Ok(r)
+    r
+}
+
+/// An executor dialling its rendezvous URL: the ticket is checked before
+/// the upgrade, and the websocket becomes a link of its pool.
+fn rendezvous(
+    mut req: Request<Incoming>,
+    gw: &Arc<Gateway>,
+    executor_id: &str,
+    conn: &Arc<Conn>,
+    key: &[u8],
+) -> Response<Full<Bytes>> {
+    let (registry, ticket) = match super::registry::rendezvous(&req, gw, executor_id) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    if conn.promote_link().is_err() {
+        registry.refused("connections");
+        return response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection limit reached; retry later\n",
+        );
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(crate::executors::link::LINK_MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(crate::executors::link::LINK_MAX_MESSAGE_BYTES))
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
+    let upgrade = hyper::upgrade::on(&mut req);
+    crate::task::spawn("executor-link", async move {
+        match upgrade.await {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
+                registry.attach(ticket, crate::executors::Link::start(ws));
+            }
+            Err(e) => tracing::debug!(error = %e, "executor link upgrade failed"),
+        }
+    });
+    switching_protocols(&accept)
 }
 
 /// Bytes read from the socket per read call. Small keeps idle sessions cheap;
@@ -279,7 +344,9 @@ where
     Ok(())
 }
 
-async fn run<S>(
+/// Serve one JSON-RPC connection over `ws` (the server role, whoever
+/// dialled) for `caller`.
+pub(crate) async fn run<S>(
     ws: WebSocketStream<S>,
     gw: Arc<Gateway>,
     peer: SocketAddr,

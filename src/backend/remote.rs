@@ -1,0 +1,338 @@
+//! The remote backend: a tenant's sessions on its pool of remote executors.
+//!
+//! A session leases one link of one executor, opens (or resumes) the
+//! executor's own session on it with `initialize`, and from then on passes
+//! each call on as it came (method and params) and each answer back as the
+//! executor wrote it; the executor's notifications reach the connection
+//! that holds the session. Calls have already passed the tower stack: the
+//! tenant's scopes, rate, concurrency and deadline apply as for local
+//! sessions.
+//!
+//! When the link drops, calls in flight fail with `executorUnavailable`
+//! naming the executor; the next call waits up to `executors.open_timeout`
+//! for the executor to come back and resumes its session there.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use super::{OpFuture, RunScope, SessionBackend};
+use crate::error::GatewayError;
+use crate::executors::{Lease, Link, LinkError, Pool};
+use crate::outbound::Attachment;
+use crate::protocol::environment::{EnvironmentInfo, Shell};
+use crate::protocol::methods as m;
+use crate::rpc::{Call, EncodedReply, Op, Outcome};
+
+/// A tenant's executor pool and which of its executors it may use.
+pub struct RemoteBackend {
+    pool: Arc<Pool>,
+    labels: BTreeMap<String, String>,
+    open_timeout: Duration,
+}
+
+/// A session just opened on an executor.
+pub struct OpenedRemote {
+    pub backend: Arc<RemoteSession>,
+    pub executor: String,
+    /// The executor's own session id.
+    pub session: String,
+}
+
+impl RemoteBackend {
+    pub fn new(
+        pool: Arc<Pool>,
+        labels: BTreeMap<String, String>,
+        open_timeout: Duration,
+    ) -> RemoteBackend {
+        RemoteBackend {
+            pool,
+            labels,
+            open_timeout,
+        }
+    }
+
+    pub fn pool_name(&self) -> &str {
+        &self.pool.name
+    }
+
+    /// Whether an executor with the tenant's labels has a free link now.
+    pub fn has_free_link(&self) -> bool {
+        self.pool.has_free_link(&self.labels)
+    }
+
+    /// Open a new session (`resume`: none) or resume the executor's
+    /// session `resume = (executor, session)`, waiting up to the open
+    /// timeout for a free link.
+    pub async fn open(
+        &self,
+        attachment: Arc<Attachment>,
+        resume: Option<(&str, &str)>,
+    ) -> Result<OpenedRemote, GatewayError> {
+        let want = resume.map(|(e, _)| e);
+        let Some(lease) = self.pool.lease(&self.labels, want, self.open_timeout).await else {
+            return Err(GatewayError::ExecutorUnavailable {
+                pool: self.pool.name.clone(),
+                executor: want.unwrap_or("*").to_owned(),
+                detail: match want {
+                    Some(_) => format!(
+                        "it has no free link on this gateway (waited {:?})",
+                        self.open_timeout
+                    ),
+                    None => format!(
+                        "no executor of the pool has a free link (waited {:?})",
+                        self.open_timeout
+                    ),
+                },
+            });
+        };
+        self.start(lease, attachment, resume.map(|(_, s)| s)).await
+    }
+
+    async fn start(
+        &self,
+        lease: Lease,
+        attachment: Arc<Attachment>,
+        resume: Option<&str>,
+    ) -> Result<OpenedRemote, GatewayError> {
+        let executor = lease.executor.id.clone();
+        let hello = handshake(&self.pool.name, &lease, resume, self.open_timeout).await?;
+        lease.link.bind(attachment.clone());
+        let environment = hello
+            .environment_info
+            .unwrap_or_else(|| placeholder_environment(&executor));
+        let session = hello.session_id;
+        Ok(OpenedRemote {
+            backend: Arc::new(RemoteSession {
+                pool: self.pool.clone(),
+                executor: executor.clone(),
+                session: session.clone(),
+                open_timeout: self.open_timeout,
+                attachment,
+                lease: Mutex::new(Some(lease)),
+                relink: tokio::sync::Mutex::new(()),
+                environment,
+            }),
+            executor,
+            session,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Hello {
+    session_id: String,
+    #[serde(default)]
+    environment_info: Option<EnvironmentInfo>,
+}
+
+/// `initialize` (resuming `resume`) and `initialized` on a fresh link.
+async fn handshake(
+    pool: &str,
+    lease: &Lease,
+    resume: Option<&str>,
+    timeout: Duration,
+) -> Result<Hello, GatewayError> {
+    let unavailable = |detail: String| GatewayError::ExecutorUnavailable {
+        pool: pool.to_owned(),
+        executor: lease.executor.id.clone(),
+        detail,
+    };
+    let params = match resume {
+        Some(s) => serde_json::json!({"clientName": "exec-gateway", "resumeSessionId": s}),
+        None => serde_json::json!({"clientName": "exec-gateway"}),
+    };
+    let answer = tokio::time::timeout(timeout, lease.link.call(m::INITIALIZE, &params.to_string()))
+        .await
+        .map_err(|_| unavailable(format!("it did not answer initialize within {timeout:?}")))?
+        .map_err(|e| link_error(pool, &lease.executor.id, e))?;
+    let hello: Hello = serde_json::from_str(&answer)
+        .map_err(|e| unavailable(format!("its initialize answer is not understood: {e}")))?;
+    if !crate::fleet::is_executor_session_id(&hello.session_id)
+        || resume.is_some_and(|r| r != hello.session_id)
+    {
+        return Err(unavailable(
+            "it answered initialize with an unusable session id".to_owned(),
+        ));
+    }
+    lease
+        .link
+        .notify(m::INITIALIZED)
+        .await
+        .map_err(|e| link_error(pool, &lease.executor.id, e))?;
+    Ok(hello)
+}
+
+fn link_error(pool: &str, executor: &str, e: LinkError) -> GatewayError {
+    match e {
+        LinkError::Lost => GatewayError::ExecutorUnavailable {
+            pool: pool.to_owned(),
+            executor: executor.to_owned(),
+            detail: "its link closed".to_owned(),
+        },
+        LinkError::Busy => GatewayError::Overloaded,
+        LinkError::Remote {
+            code,
+            message,
+            data,
+        } => GatewayError::Executor {
+            code,
+            message,
+            data,
+        },
+    }
+}
+
+/// What `environmentInfo` says of an executor that did not describe itself
+/// (the 0.130.0 executor answers `initialize` with a session id only).
+fn placeholder_environment(executor: &str) -> EnvironmentInfo {
+    EnvironmentInfo {
+        shell: Shell {
+            name: "sh".to_owned(),
+            path: "/bin/sh".to_owned(),
+        },
+        executor_version: String::new(),
+        provider_id: format!("executor:{executor}"),
+        cwd: "/".to_owned(),
+        user_home_dir: "/".to_owned(),
+        platform_os: "linux".to_owned(),
+        prepend_path_dirs: Vec::new(),
+        temporary_directories: Vec::new(),
+        temp_dir: "/tmp".to_owned(),
+        capabilities: BTreeMap::new(),
+    }
+}
+
+/// One session on a remote executor.
+pub struct RemoteSession {
+    pool: Arc<Pool>,
+    executor: String,
+    /// The executor's own session id.
+    session: String,
+    open_timeout: Duration,
+    attachment: Arc<Attachment>,
+    lease: Mutex<Option<Lease>>,
+    /// One re-link at a time.
+    relink: tokio::sync::Mutex<()>,
+    environment: EnvironmentInfo,
+}
+
+impl RemoteSession {
+    fn unavailable(&self, detail: &str) -> GatewayError {
+        GatewayError::ExecutorUnavailable {
+            pool: self.pool.name.clone(),
+            executor: self.executor.clone(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn current(&self) -> Option<Arc<Link>> {
+        self.lease
+            .lock()
+            .as_ref()
+            .map(|l| l.link.clone())
+            .filter(|l| !l.is_closed())
+    }
+
+    /// The session's link; after a loss, the executor's next free link
+    /// with the session resumed on it.
+    async fn link(&self) -> Result<Arc<Link>, GatewayError> {
+        if let Some(l) = self.current() {
+            return Ok(l);
+        }
+        let _one = self.relink.lock().await;
+        if let Some(l) = self.current() {
+            return Ok(l);
+        }
+        // The old lease goes first: the executor's session count drops.
+        let old = self.lease.lock().take();
+        drop(old);
+        let lease = self
+            .pool
+            .lease(&BTreeMap::new(), Some(&self.executor), self.open_timeout)
+            .await
+            .ok_or_else(|| {
+                self.unavailable("its link closed and it has not come back to this gateway")
+            })?;
+        handshake(
+            &self.pool.name,
+            &lease,
+            Some(&self.session),
+            self.open_timeout,
+        )
+        .await?;
+        lease.link.bind(self.attachment.clone());
+        let link = lease.link.clone();
+        tracing::info!(executor = %self.executor, link = link.serial, "session resumed on a new executor link");
+        *self.lease.lock() = Some(lease);
+        Ok(link)
+    }
+
+    async fn call(&self, call: Call, scope: RunScope) -> Result<Outcome, GatewayError> {
+        match call {
+            Call::Initialize(_) => {
+                return Err(GatewayError::InvalidRequest(
+                    "initialize may only be sent once per connection".to_owned(),
+                ));
+            }
+            Call::HttpRequest(_) => {
+                return Err(GatewayError::Forbidden(
+                    "http/request is disabled on this gateway".to_owned(),
+                ));
+            }
+            _ => {}
+        }
+        let Some(out) = scope.reply else {
+            return Err(GatewayError::InvalidRequest(
+                "sessions on remote executors serve JSON-RPC clients only".to_owned(),
+            ));
+        };
+        let params = call.params_json()?;
+        let link = self.link().await?;
+        let result = tokio::select! {
+            r = link.call(call.method(), &params) => r,
+            () = scope.evicted.cancelled() => {
+                return Err(GatewayError::InvalidRequest(
+                    "the session was taken over by another connection".to_owned(),
+                ));
+            }
+        }
+        .map_err(|e| link_error(&self.pool.name, &self.executor, e))?;
+        let held = out.reserve(result.len()).await.map_err(|_| {
+            GatewayError::Internal("the connection closed before the reply was sent".to_owned())
+        })?;
+        Ok(Outcome::Encoded(EncodedReply { result, held }))
+    }
+}
+
+impl SessionBackend for RemoteSession {
+    fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture {
+        Box::pin(async move {
+            match op {
+                Op::Call(call) => self.call(call, scope).await,
+                Op::Open(_) => Err(GatewayError::InvalidRequest(
+                    "sessions on remote executors serve JSON-RPC clients only".to_owned(),
+                )),
+            }
+        })
+    }
+
+    fn kill_all(&self) {
+        // Closing the link ends the executor's connection; it ends the
+        // session's processes when its own detach TTL passes.
+        self.lease.lock().take();
+    }
+
+    fn live_processes(&self) -> usize {
+        // They run on the executor, not here.
+        0
+    }
+
+    fn environment(&self) -> EnvironmentInfo {
+        self.environment.clone()
+    }
+}

@@ -1,0 +1,559 @@
+//! Remote executors: the registry that executors on other machines join
+//! (the seed-001 flow, docs/executors.md).
+//!
+//! An executor registers (`POST /cloud/executor/{id}/register`, an
+//! executor credential as bearer), gets a single-use rendezvous URL on the
+//! gateway ([`ticket`]) and dials it; the websocket it opens is a [`link`]
+//! on which it serves the exec-server protocol. Each link carries one
+//! session at a time (the official executor serves one connection per
+//! registration); an executor holds as many links as it registers.
+//!
+//! Pools are named in configuration and serve one tenant each. A session
+//! leases an idle link of the least-loaded executor whose labels match the
+//! tenant's `pool_labels`; when the session ends the link is closed and the
+//! executor registers again.
+
+pub mod link;
+pub mod ticket;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::ExecutorPrincipal;
+use crate::config::{ExecutorsSettings, MAX_EXECUTOR_LABELS, PoolSettings, is_executor_id};
+use crate::metrics::{ExecutorLabels, Metrics, PoolLabel, ReasonLabel};
+pub use link::{Link, LinkError};
+use ticket::{Ticket, TicketError, Tickets};
+
+/// Largest registration body accepted.
+pub const MAX_REGISTRATION_BYTES: usize = 64 * 1024;
+/// Longest executor name.
+pub const MAX_EXECUTOR_NAME_BYTES: usize = 256;
+/// Longest label key or value.
+pub const MAX_LABEL_BYTES: usize = 63;
+
+/// A registration request (seed 001; snake_case).
+#[derive(Debug, Default, Deserialize)]
+pub struct RegisterBody {
+    #[serde(default)]
+    pub idempotency_id: Option<String>,
+    #[serde(default)]
+    pub executor_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// The answer to a registration.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// This registration's id.
+    pub id: String,
+    pub executor_id: String,
+    /// Where to dial: the rendezvous websocket (single use, short-lived).
+    pub url: String,
+}
+
+/// A refused registration: HTTP status, error code and message (the
+/// `{"error":{"code","message"}}` body Codex parses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Every pool of this gateway, and the tickets they hand out.
+pub struct Registry {
+    pub settings: ExecutorsSettings,
+    tickets: Tickets,
+    pools: BTreeMap<String, Arc<Pool>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Registry {
+    /// `fleet_key`: tickets are then redeemable on every replica.
+    pub fn new(
+        settings: ExecutorsSettings,
+        fleet_key: Option<&[u8]>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Registry>, String> {
+        let tickets = Tickets::new(fleet_key, settings.ticket_ttl)?;
+        let pools = settings
+            .pools
+            .values()
+            .map(|p| (p.name.clone(), Pool::new(p.clone(), metrics.clone())))
+            .collect();
+        Ok(Arc::new(Registry {
+            settings,
+            tickets,
+            pools,
+            metrics,
+        }))
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.pools.get(name)
+    }
+
+    /// Count a refusal by reason.
+    pub fn refused(&self, reason: &str) {
+        self.metrics
+            .registrations_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Register `executor_id` for `principal`'s pool; `host` is the
+    /// request's `Host` (the URL base when no `public_url` is set).
+    pub fn register(
+        &self,
+        principal: &ExecutorPrincipal,
+        executor_id: &str,
+        body: RegisterBody,
+        host: Option<&str>,
+    ) -> Result<RegisterResponse, Refusal> {
+        let result = self.try_register(principal, executor_id, body, host);
+        match &result {
+            Ok(_) => {
+                self.metrics.registrations.inc();
+            }
+            Err(r) => self.refused(r.code),
+        }
+        result
+    }
+
+    fn try_register(
+        &self,
+        principal: &ExecutorPrincipal,
+        executor_id: &str,
+        body: RegisterBody,
+        host: Option<&str>,
+    ) -> Result<RegisterResponse, Refusal> {
+        let Some(pool) = self.pools.get(&principal.pool) else {
+            return Err(Refusal::new(
+                403,
+                "unknown_pool",
+                "the credential names a pool this gateway does not have",
+            ));
+        };
+        if !is_executor_id(executor_id) {
+            return Err(Refusal::new(
+                400,
+                "bad_executor_id",
+                format!(
+                    "an executor id is 1 to {} letters, digits, `_` or `-`",
+                    crate::config::MAX_EXECUTOR_ID_BYTES
+                ),
+            ));
+        }
+        if body
+            .executor_id
+            .as_deref()
+            .is_some_and(|b| b != executor_id)
+        {
+            return Err(Refusal::new(
+                400,
+                "executor_id_mismatch",
+                "executor_id in the body differs from the one in the path",
+            ));
+        }
+        let name = body.name.unwrap_or_else(|| executor_id.to_owned());
+        if name.len() > MAX_EXECUTOR_NAME_BYTES || name.chars().any(char::is_control) {
+            return Err(Refusal::new(
+                400,
+                "bad_name",
+                format!("a name is at most {MAX_EXECUTOR_NAME_BYTES} bytes, no control characters"),
+            ));
+        }
+        check_labels(&body.labels)?;
+        pool.check_room(executor_id)?;
+        let base = match (&self.settings.public_url, host) {
+            (Some(u), _) => u.clone(),
+            (None, Some(h)) if is_authority(h) => format!("ws://{h}"),
+            (None, _) => {
+                return Err(Refusal::new(
+                    400,
+                    "no_host",
+                    "no usable Host header and no executors.public_url configured",
+                ));
+            }
+        };
+        let registration = uuid::Uuid::new_v4().to_string();
+        let ticket = self
+            .tickets
+            .issue(Ticket {
+                exe: executor_id.to_owned(),
+                pool: pool.name.clone(),
+                name,
+                labels: body.labels,
+                reg: registration.clone(),
+                jti: String::new(),
+                exp: 0,
+                aud: String::new(),
+            })
+            .map_err(|e| Refusal::new(500, "internal", e))?;
+        tracing::info!(
+            pool = %pool.name,
+            executor = executor_id,
+            subject = principal.subject.as_deref().unwrap_or(""),
+            "executor registered"
+        );
+        Ok(RegisterResponse {
+            id: registration,
+            executor_id: executor_id.to_owned(),
+            url: format!("{base}/cloud/executor/{executor_id}/rendezvous?ticket={ticket}"),
+        })
+    }
+
+    /// Check a rendezvous ticket before the upgrade.
+    pub fn redeem(&self, executor_id: &str, ticket: &str) -> Result<Ticket, TicketError> {
+        let t = self.tickets.redeem(ticket, executor_id);
+        if let Err(e) = &t {
+            self.refused(e.reason());
+        }
+        t
+    }
+
+    /// Add a redeemed ticket's link to its pool.
+    pub fn attach(&self, ticket: Ticket, link: Arc<Link>) {
+        match self.pools.get(&ticket.pool) {
+            Some(pool) => {
+                if let Err(r) = pool.attach(ticket, link.clone()) {
+                    self.refused(r.code);
+                    link.close();
+                }
+            }
+            None => link.close(),
+        }
+    }
+
+    /// Close every idle link (draining: no new sessions here).
+    pub fn close_idle(&self) {
+        for pool in self.pools.values() {
+            let idle: Vec<Arc<Link>> = pool
+                .executors
+                .lock()
+                .values()
+                .flat_map(|e| e.idle.lock().clone())
+                .collect();
+            for link in idle {
+                link.close();
+            }
+        }
+    }
+
+    /// `/readyz` detail: executors and idle links per pool.
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        for pool in self.pools.values() {
+            let executors = pool.executors.lock();
+            let idle: usize = executors.values().map(|e| e.idle.lock().len()).sum();
+            let sessions: usize = executors
+                .values()
+                .map(|e| e.sessions.load(Ordering::Acquire))
+                .sum();
+            s.push_str(&format!(
+                "pool {}: {} executors, {idle} idle links, {sessions} sessions\n",
+                pool.name,
+                executors.len()
+            ));
+        }
+        s
+    }
+}
+
+/// An `Host` header value usable in a URL: host and optional port.
+fn is_authority(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 255
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Refusal> {
+    if labels.len() > MAX_EXECUTOR_LABELS {
+        return Err(Refusal::new(
+            400,
+            "bad_labels",
+            format!("at most {MAX_EXECUTOR_LABELS} labels"),
+        ));
+    }
+    let ok = |s: &str, empty_ok: bool| {
+        (empty_ok || !s.is_empty())
+            && s.len() <= MAX_LABEL_BYTES
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+    };
+    if labels.iter().all(|(k, v)| ok(k, false) && ok(v, true)) {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            400,
+            "bad_labels",
+            format!(
+                "label keys and values are at most {MAX_LABEL_BYTES} of letters, digits, `-_./`"
+            ),
+        ))
+    }
+}
+
+/// One pool of executors.
+pub struct Pool {
+    pub name: String,
+    settings: PoolSettings,
+    executors: Mutex<BTreeMap<String, Arc<Executor>>>,
+    /// Woken whenever a link arrives.
+    arrived: tokio::sync::Notify,
+    metrics: Arc<Metrics>,
+    executors_gauge: Gauge,
+    idle_gauge: Gauge,
+}
+
+/// One executor (all links registered under one id).
+pub struct Executor {
+    pub id: String,
+    name: Mutex<String>,
+    labels: Mutex<BTreeMap<String, String>>,
+    idle: Mutex<Vec<Arc<Link>>>,
+    /// Idle and leased links.
+    links: AtomicUsize,
+    /// Leased links (sessions).
+    sessions: AtomicUsize,
+    sessions_gauge: Gauge,
+}
+
+impl Executor {
+    pub fn name(&self) -> String {
+        self.name.lock().clone()
+    }
+}
+
+/// A session's hold on one link of an executor; dropping it closes the
+/// link (the executor then registers again for its next session).
+pub struct Lease {
+    pool: Arc<Pool>,
+    pub executor: Arc<Executor>,
+    pub link: Arc<Link>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.link.close();
+        self.executor.sessions.fetch_sub(1, Ordering::AcqRel);
+        self.executor.sessions_gauge.dec();
+        self.pool.forget_if_gone(&self.executor);
+    }
+}
+
+impl Pool {
+    fn new(settings: PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
+        let label = PoolLabel {
+            pool: settings.name.clone(),
+        };
+        let executors_gauge = metrics.executors.get_or_create(&label).clone();
+        let idle_gauge = metrics.executor_idle_links.get_or_create(&label).clone();
+        Arc::new(Pool {
+            name: settings.name.clone(),
+            executors_gauge,
+            idle_gauge,
+            settings,
+            executors: Mutex::new(BTreeMap::new()),
+            arrived: tokio::sync::Notify::new(),
+            metrics,
+        })
+    }
+
+    /// Refuse a registration the pool has no room for.
+    fn check_room(&self, executor_id: &str) -> Result<(), Refusal> {
+        let executors = self.executors.lock();
+        match executors.get(executor_id) {
+            Some(e) if e.links.load(Ordering::Acquire) >= self.settings.max_links_per_executor => {
+                Err(Refusal::new(
+                    429,
+                    "too_many_links",
+                    format!(
+                        "executor {executor_id} already holds {} links (max_links_per_executor)",
+                        self.settings.max_links_per_executor
+                    ),
+                ))
+            }
+            None if executors.len() >= self.settings.max_executors => Err(Refusal::new(
+                429,
+                "pool_full",
+                format!(
+                    "pool {} already has {} executors (max_executors)",
+                    self.name, self.settings.max_executors
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn attach(self: &Arc<Self>, ticket: Ticket, link: Arc<Link>) -> Result<(), Refusal> {
+        let executor = {
+            let mut executors = self.executors.lock();
+            let count = executors.len();
+            let executor = match executors.get(&ticket.exe) {
+                Some(e) => e.clone(),
+                None if count >= self.settings.max_executors => {
+                    return Err(Refusal::new(429, "pool_full", "pool full"));
+                }
+                None => {
+                    let e = Arc::new(Executor {
+                        id: ticket.exe.clone(),
+                        name: Mutex::new(String::new()),
+                        labels: Mutex::new(BTreeMap::new()),
+                        idle: Mutex::new(Vec::new()),
+                        links: AtomicUsize::new(0),
+                        sessions: AtomicUsize::new(0),
+                        sessions_gauge: self
+                            .metrics
+                            .executor_sessions
+                            .get_or_create(&ExecutorLabels {
+                                pool: self.name.clone(),
+                                executor: ticket.exe.clone(),
+                            })
+                            .clone(),
+                    });
+                    executors.insert(ticket.exe.clone(), e.clone());
+                    self.executors_gauge.set(executors.len() as i64);
+                    e
+                }
+            };
+            if executor.links.load(Ordering::Acquire) >= self.settings.max_links_per_executor {
+                return Err(Refusal::new(429, "too_many_links", "too many links"));
+            }
+            executor.links.fetch_add(1, Ordering::AcqRel);
+            *executor.name.lock() = ticket.name;
+            *executor.labels.lock() = ticket.labels;
+            executor.idle.lock().push(link.clone());
+            self.idle_gauge.inc();
+            executor
+        };
+        tracing::info!(pool = %self.name, executor = %executor.id, link = link.serial, "executor link up");
+        self.arrived.notify_waiters();
+        let pool = self.clone();
+        crate::task::spawn("executor-link-watch", async move {
+            link.closed().await;
+            let was_idle = {
+                let mut idle = executor.idle.lock();
+                let before = idle.len();
+                idle.retain(|l| !Arc::ptr_eq(l, &link));
+                before != idle.len()
+            };
+            if was_idle {
+                pool.idle_gauge.dec();
+            }
+            executor.links.fetch_sub(1, Ordering::AcqRel);
+            tracing::info!(pool = %pool.name, executor = %executor.id, link = link.serial, "executor link closed");
+            pool.forget_if_gone(&executor);
+        });
+        Ok(())
+    }
+
+    /// Drop an executor with no links and no sessions left.
+    fn forget_if_gone(&self, executor: &Arc<Executor>) {
+        let mut executors = self.executors.lock();
+        if executor.links.load(Ordering::Acquire) == 0
+            && executor.sessions.load(Ordering::Acquire) == 0
+            && executors
+                .get(&executor.id)
+                .is_some_and(|e| Arc::ptr_eq(e, executor))
+        {
+            executors.remove(&executor.id);
+            self.executors_gauge.set(executors.len() as i64);
+            self.metrics.executor_sessions.remove(&ExecutorLabels {
+                pool: self.name.clone(),
+                executor: executor.id.clone(),
+            });
+        }
+    }
+
+    /// Whether an executor carrying `labels` has an idle link.
+    pub fn has_free_link(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.executors.lock().values().any(|e| {
+            let have = e.labels.lock();
+            labels.iter().all(|(k, v)| have.get(k) == Some(v))
+                && e.idle.lock().iter().any(|l| !l.is_closed())
+        })
+    }
+
+    /// Lease an idle link now: of executor `want` if given, else of the
+    /// least-loaded executor carrying every label in `labels`.
+    pub fn try_lease(
+        self: &Arc<Self>,
+        labels: &BTreeMap<String, String>,
+        want: Option<&str>,
+    ) -> Option<Lease> {
+        let executors = self.executors.lock();
+        let mut candidates: Vec<&Arc<Executor>> = executors
+            .values()
+            .filter(|e| want.is_none_or(|w| w == e.id))
+            .filter(|e| {
+                let have = e.labels.lock();
+                labels.iter().all(|(k, v)| have.get(k) == Some(v))
+            })
+            .collect();
+        candidates.sort_by_key(|e| e.sessions.load(Ordering::Acquire));
+        for e in candidates {
+            let mut idle = e.idle.lock();
+            while let Some(link) = idle.pop() {
+                self.idle_gauge.dec();
+                if link.is_closed() {
+                    continue;
+                }
+                e.sessions.fetch_add(1, Ordering::AcqRel);
+                e.sessions_gauge.inc();
+                return Some(Lease {
+                    pool: self.clone(),
+                    executor: e.clone(),
+                    link,
+                });
+            }
+        }
+        None
+    }
+
+    /// Lease a link, waiting up to `wait` for one to arrive.
+    pub async fn lease(
+        self: &Arc<Self>,
+        labels: &BTreeMap<String, String>,
+        want: Option<&str>,
+        wait: Duration,
+    ) -> Option<Lease> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(l) = self.try_lease(labels, want) {
+                return Some(l);
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return None;
+            }
+        }
+    }
+}

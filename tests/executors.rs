@@ -1,0 +1,589 @@
+//! Remote executors on loopback: real gateways, real `exec-gateway
+//! executor` processes and the official `codex exec-server --remote`
+//! (0.130.0, fetched by scripts/fetch-codex), real JWTs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Client, Gateway, mint, now, random_secret};
+use serde_json::{Value, json};
+
+const EXE: &str = env!("CARGO_BIN_EXE_exec-gateway");
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The gateway's config: tenant `t1` on pool `p` (and `t2` local).
+fn gateway_config(dir: &Path, open_timeout: &str) -> String {
+    format!(
+        "[server]\ndetach_ttl = \"60s\"\n\
+         [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+         [tenants.t1]\nroot = \"/\"\npool = \"p\"\n\
+         [tenants.t2]\nroot = \"/\"\n\
+         [executors]\nopen_timeout = \"{open_timeout}\"\n[executors.pools.p]\n",
+        dir.display()
+    )
+}
+
+/// An executor credential for `pool`, signed with `secret`.
+fn executor_token(secret: &[u8], pool: &str) -> String {
+    let claims = json!({"sub": "ci", "pool": pool, "scope": "executor", "exp": now() + 3600});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret),
+    )
+    .unwrap()
+}
+
+/// One `exec-gateway executor` process with its own tenant root.
+struct Executor {
+    child: Child,
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Executor {
+    fn start(gateway_addr: &str, token: &str, id: &str, slots: usize) -> Executor {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(dir.path().join("k"), random_secret()).unwrap();
+        let config = dir.path().join("executor.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\ndetach_ttl = \"60s\"\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.here]\nroot = \"{}\"\n",
+                dir.path().display(),
+                root.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(EXE)
+            .args(["executor", "--config"])
+            .arg(&config)
+            .args(["--remote", &format!("http://{gateway_addr}/")])
+            .args(["--executor-id", id, "--slots", &slots.to_string()])
+            .args(["--label", "kind=ours"])
+            .env("CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN", token)
+            .env("XDG_STATE_HOME", dir.path().join("state"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn executor");
+        Executor {
+            child,
+            root,
+            _dir: dir,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        // SIGTERM first: its workers end with it.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}
+
+/// The official executor, or `None` (with the reason printed) without it.
+fn codex_binary() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/.tools/codex/0.130.0/codex");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipped: official codex 0.130.0 absent at {} (run scripts/fetch-codex)",
+            p.display()
+        );
+        None
+    }
+}
+
+struct Codex {
+    child: Child,
+    _home: tempfile::TempDir,
+}
+
+impl Codex {
+    fn start(binary: &Path, gateway_addr: &str, token: &str, id: &str) -> Codex {
+        let home = tempfile::Builder::new()
+            .prefix("codex-home-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let child = Command::new(binary)
+            .args(["exec-server", "--remote", &format!("http://{gateway_addr}")])
+            .args(["--executor-id", id])
+            .env("CODEX_HOME", home.path())
+            .env("CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN", token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn codex");
+        Codex { child, _home: home }
+    }
+}
+
+impl Drop for Codex {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Wait until the admin `/readyz` reports `want` for pool `p`.
+async fn wait_pool(gw: &Gateway, want: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, body) = gw.admin_get("/readyz").await;
+        if body.contains(want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pool never reached `{want}`: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Run `echo` in `cwd` through the session; its output.
+async fn echo(c: &mut Client, id: &str, cwd: &str, word: &str) -> String {
+    c.call(
+        "process/start",
+        json!({"processId": id, "argv": ["/bin/sh", "-c", format!("echo {word}")],
+               "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    let mut out = Vec::new();
+    let mut after: Option<u64> = None;
+    loop {
+        let r = c
+            .call(
+                "process/read",
+                json!({"processId": id, "afterSeq": after, "waitMs": 2000}),
+            )
+            .await;
+        for chunk in r["chunks"].as_array().unwrap() {
+            out.extend(common::unb64(chunk["chunk"].as_str().unwrap()));
+        }
+        after = r["nextSeq"].as_u64().map(|n| n - 1);
+        if r["closed"] == true {
+            return String::from_utf8_lossy(&out).into_owned();
+        }
+    }
+}
+
+/// A plain path for the session's cwd (the executor's root).
+fn cwd_of(init: &Value) -> String {
+    let cwd = init["environmentInfo"]["cwd"].as_str().unwrap_or("/tmp");
+    let cwd = cwd.strip_prefix("file://").unwrap_or(cwd);
+    if cwd == "/" {
+        "/tmp".to_owned()
+    } else {
+        cwd.to_owned()
+    }
+}
+
+async fn open(gw: &Gateway) -> (Client, Value) {
+    let mut c = gw.connect().await;
+    let init = c.call("initialize", json!({"clientName": "test"})).await;
+    c.send(&json!({"method": "initialized"})).await;
+    (c, init)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_land_on_our_executors_and_the_official_one() {
+    let gw = Gateway::start_with(|d| gateway_config(d, "10s"));
+    let token = executor_token(&gw.secret, "p");
+    let _a = Executor::start(&gw.addr, &token, "ex-a", 2);
+    let _b = Executor::start(&gw.addr, &token, "ex-b", 2);
+    let codex = codex_binary().map(|b| Codex::start(&b, &gw.addr, &token, "codex-1"));
+    let executors = if codex.is_some() { 3 } else { 2 };
+    wait_pool(&gw, &format!("pool p: {executors} executors")).await;
+    let links = if codex.is_some() { 5 } else { 4 };
+    wait_pool(&gw, &format!("{links} idle links")).await;
+
+    // Least loaded first: holding one session per link puts one on each
+    // executor before any gets a second.
+    let mut sessions = Vec::new();
+    for _ in 0..links {
+        sessions.push(open(&gw).await);
+    }
+    let on = |name: &str| {
+        sessions
+            .iter()
+            .filter(|(_, init)| {
+                init["sessionId"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("x-{name}."))
+            })
+            .count()
+    };
+    assert_eq!(on("ex-a"), 2);
+    assert_eq!(on("ex-b"), 2);
+    if codex.is_some() {
+        assert_eq!(on("codex-1"), 1, "the official executor got a session");
+    }
+    for (i, (c, init)) in sessions.iter_mut().enumerate() {
+        let cwd = cwd_of(init);
+        let out = echo(c, "p1", &cwd, &format!("hello-{i}")).await;
+        assert_eq!(out, format!("hello-{i}\n"));
+        let path = format!("{cwd}/remote-{i}.txt");
+        c.call(
+            "fs/writeFile",
+            json!({"path": path, "dataBase64": common::b64(format!("data {i}").as_bytes())}),
+        )
+        .await;
+        let r = c.call("fs/readFile", json!({"path": path})).await;
+        assert_eq!(
+            common::unb64(r["dataBase64"].as_str().unwrap()),
+            format!("data {i}").as_bytes()
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+    // Our executors confine sessions to their tenant root.
+    let (c, init) = sessions
+        .iter_mut()
+        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-a."))
+        .unwrap();
+    assert!(cwd_of(init).ends_with("/root"));
+    let (code, msg) = c
+        .call_err("fs/readFile", json!({"path": "/etc/hostname"}))
+        .await;
+    assert_eq!(code, -32004, "{msg}");
+    // The pool's tenant is the only one placed there: t2 runs locally.
+    let mut other = Client::connect(&gw.url, &gw.token("t2")).await;
+    let sid = other.initialize().await;
+    assert!(!sid.contains("x-"), "{sid}");
+    // Per-executor metrics.
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("exec_gateway_executor_sessions{pool=\"p\",executor=\"ex-a\"} 2"),
+        "{metrics}"
+    );
+    // gRPC has no remote sessions: a remote-only tenant is told so.
+    use exec_gateway::transport::grpc::pb;
+    let mut grpc = pb::session_service_client::SessionServiceClient::new(
+        common::grpc::channel(&gw.grpc).await,
+    );
+    let err = grpc
+        .create_session(common::grpc::authed(
+            pb::CreateSessionRequest::default(),
+            &gw.token("t1"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
+    let gw = Gateway::start_with(|d| gateway_config(d, "2s"));
+    let token = executor_token(&gw.secret, "p");
+    let mut a = Executor::start(&gw.addr, &token, "ex-a", 1);
+    let _b = Executor::start(&gw.addr, &token, "ex-b", 1);
+    wait_pool(&gw, "pool p: 2 executors, 2 idle links").await;
+    let (s1, i1) = open(&gw).await;
+    let (s2, i2) = open(&gw).await;
+    let (mut on_a, init_a, mut on_b, init_b) =
+        if i1["sessionId"].as_str().unwrap().starts_with("x-ex-a.") {
+            (s1, i1, s2, i2)
+        } else {
+            (s2, i2, s1, i1)
+        };
+    assert!(init_b["sessionId"].as_str().unwrap().starts_with("x-ex-b."));
+    let cwd_a = cwd_of(&init_a);
+    let cwd_b = cwd_of(&init_b);
+    assert_eq!(echo(&mut on_a, "p1", &cwd_a, "before").await, "before\n");
+
+    a.kill();
+    // Its session fails with an error naming it...
+    let r = on_a
+        .call_raw(
+            "process/start",
+            json!({"processId": "p2", "argv": ["/bin/true"], "cwd": cwd_a, "env": {}, "tty": false}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32007, "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "executorUnavailable", "{r}");
+    assert_eq!(r["error"]["data"]["executor"], "ex-a", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("ex-a"),
+        "{r}"
+    );
+    // ...and the other executor's session does not notice.
+    assert_eq!(echo(&mut on_b, "p1", &cwd_b, "still").await, "still\n");
+
+    // A restarted executor registers again and takes new sessions; the
+    // old session's processes died with it, and it says so.
+    let _a2 = Executor::start(&gw.addr, &token, "ex-a", 1);
+    wait_pool(&gw, "pool p: 2 executors, 1 idle links").await;
+    let r = on_a
+        .call_raw("process/read", json!({"processId": "p1"}))
+        .await;
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown session"),
+        "{r}"
+    );
+    let (mut fresh, init) = open(&gw).await;
+    assert!(init["sessionId"].as_str().unwrap().starts_with("x-ex-a."));
+    assert_eq!(
+        echo(&mut fresh, "p1", &cwd_of(&init), "again").await,
+        "again\n"
+    );
+}
+
+/// A free TCP port on loopback (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A gateway process, killed when dropped.
+struct Fixed(Child);
+
+impl Drop for Fixed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A gateway on a fixed address (it is restarted on it).
+fn serve_fixed(dir: &Path, addr: &str) -> Fixed {
+    let mut child = Command::new(EXE)
+        .args([
+            "serve",
+            "--listen",
+            &format!("ws://{addr}"),
+            "--admin-listen",
+            "off",
+        ])
+        .arg("--config")
+        .arg(dir.join("gateway.toml"))
+        .env("XDG_STATE_HOME", dir.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), format!("ws://{addr}"));
+    Fixed(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_survive_a_gateway_restart_on_our_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = random_secret();
+    std::fs::write(dir.path().join("hs256.key"), &secret).unwrap();
+    std::fs::write(
+        dir.path().join("gateway.toml"),
+        gateway_config(dir.path(), "10s"),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let first = serve_fixed(dir.path(), &addr);
+    let token = executor_token(&secret, "p");
+    let a = Executor::start(&addr, &token, "ex-a", 1);
+    let cwd = a.root.display().to_string();
+    let url = format!("ws://{addr}");
+    let tenant = mint(&secret, "t1", common::ALL_SCOPES);
+    // Wait for the link: a session opens once it is there.
+    let mut c = Client::connect(&url, &tenant).await;
+    let sid = c.initialize().await;
+    assert!(sid.starts_with("x-ex-a."), "{sid}");
+    c.call(
+        "process/start",
+        json!({"processId": "cat", "argv": ["/bin/cat"], "cwd": cwd, "env": {},
+               "tty": false, "pipeStdin": true}),
+    )
+    .await;
+    drop(c);
+
+    drop(first);
+    let _second = serve_fixed(dir.path(), &addr);
+
+    // The executor registers with the new gateway; the client resumes its
+    // session there, and the process kept running on the executor.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut c = loop {
+        let mut c = Client::connect(&url, &tenant).await;
+        let r = c
+            .call_raw(
+                "initialize",
+                json!({"clientName": "test", "resumeSessionId": sid}),
+            )
+            .await;
+        if r.get("result").is_some() {
+            assert_eq!(r["result"]["sessionId"], sid.as_str());
+            c.send(&json!({"method": "initialized"})).await;
+            break c;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never resumed: {r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    c.call(
+        "process/write",
+        json!({"processId": "cat", "chunk": common::b64(b"still here\n")}),
+    )
+    .await;
+    let r = c
+        .call("process/read", json!({"processId": "cat", "waitMs": 3000}))
+        .await;
+    let text: Vec<u8> = r["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| common::unb64(c["chunk"].as_str().unwrap()))
+        .collect();
+    assert_eq!(text, b"still here\n");
+    c.call("process/terminate", json!({"processId": "cat"}))
+        .await;
+}
+
+async fn register(addr: &str, id: &str, bearer: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/cloud/executor/{id}/register"))
+        .bearer_auth(bearer)
+        .header("content-type", "application/json")
+        .body(json!({"executor_id": id, "name": "n", "labels": {}, "metadata": {}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_executor_credentials_register_and_tickets_are_single_use() {
+    let gw = Gateway::start_with(|d| gateway_config(d, "2s"));
+    let good = executor_token(&gw.secret, "p");
+    // A tenant's token is not an executor credential.
+    let (status, body) = register(&gw.addr, "e1", &gw.token("t1")).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "forbidden");
+    // Nor is a forged one, or one for a pool that does not exist.
+    let (status, _) = register(&gw.addr, "e1", &executor_token(&random_secret(), "p")).await;
+    assert_eq!(status, 401);
+    let (status, _) = register(&gw.addr, "e1", &executor_token(&gw.secret, "nope")).await;
+    assert_eq!(status, 403);
+    let (status, _) = register(&gw.addr, "bad.id", &good).await;
+    assert_eq!(status, 400);
+    // An executor credential cannot open client sessions.
+    let (status, _) = gw.handshake("/", Some(&format!("Bearer {good}"))).await;
+    assert_eq!(status, 403);
+
+    let (status, body) = register(&gw.addr, "e1", &good).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["executor_id"], "e1");
+    let url = body["url"].as_str().unwrap().to_owned();
+    assert!(url.starts_with(&format!(
+        "ws://{}/cloud/executor/e1/rendezvous?ticket=",
+        gw.addr
+    )));
+    // The ticket names its executor: not usable by another.
+    let stolen = url.replace("/executor/e1/", "/executor/e2/");
+    assert!(tokio_tungstenite::connect_async(&stolen).await.is_err());
+    let (_ws, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("rendezvous");
+    // Used once: a replay is refused.
+    assert!(tokio_tungstenite::connect_async(&url).await.is_err());
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    assert!(metrics.contains("reason=\"ticket_used\""), "{metrics}");
+    assert!(
+        metrics.contains("reason=\"not_executor_credential\""),
+        "{metrics}"
+    );
+
+    // Our executor stops on a refused credential, as Codex's does.
+    let mut ours = Executor::start(&gw.addr, &gw.token("t1"), "ex-x", 1);
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = ours.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "executor kept running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    if let Some(bin) = codex_binary() {
+        let mut codex = Codex::start(&bin, &gw.addr, &gw.token("t1"), "codex-x");
+        let out = {
+            let deadline = std::time::Instant::now() + WAIT;
+            loop {
+                if let Some(s) = codex.child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(std::time::Instant::now() < deadline, "codex kept running");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        assert!(!out.success());
+        let mut err = String::new();
+        use std::io::Read as _;
+        codex
+            .child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(err.contains("403"), "{err}");
+    }
+}
+
+#[test]
+fn a_pool_serves_one_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("k"), random_secret()).unwrap();
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    let config = common::write_file(
+        dir.path(),
+        "g.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.a]\nroot = \"{0}/a\"\npool = \"p\"\n[tenants.b]\nroot = \"{0}/b\"\npool = \"p\"\n\
+             [executors.pools.p]\n",
+            dir.path().display()
+        ),
+    );
+    let out = common::serve_expecting_refusal(&config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a pool serves one tenant"), "{err}");
+}
