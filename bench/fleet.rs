@@ -113,7 +113,7 @@ pub async fn figures(
     ])
 }
 
-async fn latency(c: &mut Conn, run: &str, n: usize) -> BenchResult<Duration> {
+pub(super) async fn latency(c: &mut Conn, run: &str, n: usize) -> BenchResult<Duration> {
     let mut lat = Vec::with_capacity(n);
     for i in 0..n + 20 {
         let t = Instant::now();
@@ -126,7 +126,7 @@ async fn latency(c: &mut Conn, run: &str, n: usize) -> BenchResult<Duration> {
     Ok(percentile(&lat, 0.5))
 }
 
-async fn throughput(url: &str, sid: &str, run: &str, bytes: u64) -> BenchResult<f64> {
+pub(super) async fn throughput(url: &str, sid: &str, run: &str, bytes: u64) -> BenchResult<f64> {
     let mut c = Conn::resume(url, sid).await?;
     let count = bytes.to_string();
     let t = Instant::now();

@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+mod executors;
 mod fleet;
 mod soak;
 
@@ -58,6 +59,9 @@ pub struct BenchArgs {
     /// Only the fleet figures (relayed vs owner).
     #[arg(long)]
     pub fleet_only: bool,
+    /// Only the remote-executor figures (executor vs local worker).
+    #[arg(long)]
+    pub executors_only: bool,
     /// Internal: the soak's abuser process.
     #[arg(long, hide = true)]
     pub soak_abuser: Option<String>,
@@ -723,6 +727,23 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             args.output_bytes,
         )
     };
+    let executor_rows = || {
+        executors::figures(
+            &exe,
+            &dir,
+            &config_s,
+            &secret,
+            &bench_token,
+            args.iterations,
+            args.output_bytes,
+        )
+    };
+    if args.executors_only {
+        let rows = executor_rows().await?;
+        print_rows(&rows, false);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.fleet_only {
         let rows = fleet_rows().await?;
         print_rows(&rows, false);
@@ -1082,6 +1103,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     );
 
     rows.extend(fleet_rows().await?);
+    rows.extend(executor_rows().await?);
     print_rows(&rows, reference.is_some());
     let _ = std::fs::remove_dir_all(&dir);
     drop(gw);

@@ -587,3 +587,87 @@ fn a_pool_serves_one_tenant() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("a pool serves one tenant"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_session_is_owned_where_its_link_landed_and_reached_through_any_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("fleet.key");
+    std::fs::write(&key_path, random_secret()).unwrap();
+    let secret = random_secret();
+    let ports = [free_port(), free_port()];
+    let peers = format!(
+        "gw-0 = \"127.0.0.1:{}\"\ngw-1 = \"127.0.0.1:{}\"\n",
+        ports[0], ports[1]
+    );
+    let replicas: Vec<Gateway> = (0..2)
+        .map(|i| {
+            let args = vec![
+                "--replica".to_owned(),
+                format!("gw-{i}"),
+                "--fleet-listen".to_owned(),
+                format!("127.0.0.1:{}", ports[i]),
+            ];
+            let (key_path, peers) = (key_path.clone(), peers.clone());
+            Gateway::launch(Path::new(EXE), Some(secret.clone()), &args, move |d| {
+                format!(
+                    "{}[fleet]\nkey_file = \"{}\"\n[fleet.peers]\n{peers}",
+                    gateway_config(d, "2s"),
+                    key_path.display()
+                )
+            })
+        })
+        .collect();
+    let token = executor_token(&secret, "p");
+    // A rendezvous ticket from one replica is accepted by another (the
+    // balancer may send the executor anywhere).
+    let (status, body) = register(&replicas[0].addr, "ex-t", &token).await;
+    assert_eq!(status, 200, "{body}");
+    let url = body["url"]
+        .as_str()
+        .unwrap()
+        .replace(&replicas[0].addr, &replicas[1].addr);
+    let (ws, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("rendezvous elsewhere");
+    drop(ws);
+
+    let a = Executor::start(&replicas[0].addr, &token, "ex-a", 1);
+    wait_pool(&replicas[0], "pool p: 1 executors, 1 idle links").await;
+    let cwd = a.root.display().to_string();
+    let tenant = mint(&secret, "t1", common::ALL_SCOPES);
+    let mut c = Client::connect(&replicas[0].url, &tenant).await;
+    let sid = c.initialize().await;
+    assert!(sid.starts_with("gw-0.x-ex-a."), "{sid}");
+    assert_eq!(echo(&mut c, "p1", &cwd, "owner").await, "owner\n");
+    drop(c);
+    // Through the other replica: relayed to gw-0, which holds the link.
+    let mut c = Client::connect(&replicas[1].url, &tenant).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = c
+            .call_raw(
+                "initialize",
+                json!({"clientName": "t", "resumeSessionId": sid}),
+            )
+            .await;
+        if r.get("result").is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{r}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("attached"),
+            "{r}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c = Client::connect(&replicas[1].url, &tenant).await;
+    }
+    c.send(&json!({"method": "initialized"})).await;
+    assert_eq!(echo(&mut c, "p2", &cwd, "relayed").await, "relayed\n");
+    // gw-1 holds no link of the pool: a new session there says so.
+    let mut other = Client::connect(&replicas[1].url, &tenant).await;
+    let r = other
+        .call_raw("initialize", json!({"clientName": "t"}))
+        .await;
+    assert_eq!(r["error"]["code"], -32007, "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "executorUnavailable", "{r}");
+}
