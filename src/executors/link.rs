@@ -30,9 +30,6 @@ use crate::protocol::methods as m;
 pub const LINK_QUEUE_FRAMES: usize = 64;
 /// Calls waiting for the executor's answer on one link.
 pub const LINK_MAX_PENDING: usize = 1024;
-/// Largest message accepted from an executor (an `fs/readFile` answer of
-/// the largest file the gateway allows, base64, fits).
-pub const LINK_MAX_MESSAGE_BYTES: usize = 768 * 1024 * 1024;
 /// How often the gateway pings an executor.
 pub const LINK_PING_INTERVAL: Duration = Duration::from_secs(15);
 /// A link that sends nothing (not even a pong) this long is closed.

@@ -245,9 +245,12 @@ fn rendezvous(
         );
     }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key);
+    // An executor's messages are bounded like a client's: a larger one
+    // (an `fs/readFile` answer of a big file) ends the link.
+    let limit = gw.settings.max_message_bytes;
     let config = WebSocketConfig::default()
-        .max_message_size(Some(crate::executors::link::LINK_MAX_MESSAGE_BYTES))
-        .max_frame_size(Some(crate::executors::link::LINK_MAX_MESSAGE_BYTES))
+        .max_message_size(Some(limit))
+        .max_frame_size(Some(limit))
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
