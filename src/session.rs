@@ -202,13 +202,7 @@ impl SessionRegistry {
             self.opening.fetch_add(1, Ordering::AcqRel);
         }
         let _opening = OpeningGuard(&self.opening);
-        if !tenant.try_add_session() {
-            return Err(GatewayError::QuotaExceeded {
-                quota: "sessions",
-                limit: tenant.settings.max_sessions as u64,
-                retry_after_ms: None,
-            });
-        }
+        tenant.claim_session()?;
         let attachment = Arc::new(Attachment::default());
         let opened = match remote.open(attachment.clone(), resume).await {
             Ok(o) => o,
@@ -278,13 +272,7 @@ impl SessionRegistry {
             // The gateway as a whole is full: load, not this tenant's quota.
             return Err(GatewayError::Overloaded);
         }
-        if !tenant.try_add_session() {
-            return Err(GatewayError::QuotaExceeded {
-                quota: "sessions",
-                limit: tenant.settings.max_sessions as u64,
-                retry_after_ms: None,
-            });
-        }
+        tenant.claim_session()?;
         let attachment = Arc::new(Attachment::default());
         let revision = Arc::new(RevisionCell::default());
         let backend = match tenant

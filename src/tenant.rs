@@ -53,6 +53,19 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// Count a new session, or refuse it with the sessions quota error.
+    pub fn claim_session(&self) -> Result<(), crate::error::GatewayError> {
+        if self.try_add_session() {
+            Ok(())
+        } else {
+            Err(crate::error::GatewayError::QuotaExceeded {
+                quota: "sessions",
+                limit: self.settings.max_sessions as u64,
+                retry_after_ms: None,
+            })
+        }
+    }
+
     /// Count a new session, or refuse with the sessions quota.
     pub fn try_add_session(&self) -> bool {
         let max = self.settings.max_sessions;

@@ -180,23 +180,13 @@ async fn handle(
         ));
     }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(gw.settings.max_message_bytes))
-        .max_frame_size(Some(gw.settings.max_message_bytes))
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
-        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
     let mut req = req;
     let upgrade = hyper::upgrade::on(&mut req);
+    let limit = gw.settings.max_message_bytes;
     crate::task::spawn("ws-conn", async move {
         match upgrade.await {
             Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(config),
-                )
-                .await;
+                let ws = server_websocket(upgraded, limit).await;
                 let relay = match (&gw.fleet, token) {
                     (Some(_), Some(token)) => Some(RelayOrigin {
                         token,
@@ -210,6 +200,20 @@ async fn handle(
         }
     });
     Ok(switching_protocols(&accept))
+}
+
+/// The server side of an upgraded connection, messages up to `limit` bytes.
+async fn server_websocket(
+    upgraded: hyper::upgrade::Upgraded,
+    limit: usize,
+) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(limit))
+        .max_frame_size(Some(limit))
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
+    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await
 }
 
 /// The 101 answer that completes a handshake.
@@ -248,22 +252,11 @@ fn rendezvous(
     // An executor's messages are bounded like a client's: a larger one
     // (an `fs/readFile` answer of a big file) ends the link.
     let limit = gw.settings.max_message_bytes;
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(limit))
-        .max_frame_size(Some(limit))
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
-        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
     let upgrade = hyper::upgrade::on(&mut req);
     crate::task::spawn("executor-link", async move {
         match upgrade.await {
             Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(config),
-                )
-                .await;
+                let ws = server_websocket(upgraded, limit).await;
                 registry.attach(ticket, crate::executors::Link::start(ws));
             }
             Err(e) => tracing::debug!(error = %e, "executor link upgrade failed"),
