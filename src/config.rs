@@ -1750,6 +1750,29 @@ mod tests {
     }
 
     #[test]
+    fn executor_pools_are_checked() {
+        let err = |extra: &str| {
+            let c: Config = toml::from_str(&minimal(extra)).unwrap();
+            c.validate().unwrap_err().0
+        };
+        assert!(err("pool = \"p\"").contains("no [executors.pools.p]"));
+        assert!(err("placement = \"remote\"").contains("needs tenants.a.pool"));
+        assert!(err("[executors.pools.p]").contains("no tenant names this pool"));
+        assert!(
+            err("pool = \"p\"\n[executors]\npublic_url = \"http://x\"\n[executors.pools.p]")
+                .contains("public_url")
+        );
+        assert!(err("pool = \"bad.name\"\n[executors.pools.\"bad.name\"]").contains("pool name"));
+        let c: Config = toml::from_str(&minimal("pool = \"p\"\n[executors.pools.p]")).unwrap();
+        let s = c.validate().unwrap();
+        assert_eq!(s.tenants["a"].placement, Placement::Remote);
+        let pools = &s.executors.unwrap().pools;
+        assert_eq!(pools["p"].tenant, "a");
+        assert_eq!(pools["p"].max_executors, 64);
+        assert!(is_executor_id("ex-1_a") && !is_executor_id("ex.1") && !is_executor_id(""));
+    }
+
+    #[test]
     fn auth_and_tenants_are_required() {
         let c: Config = toml::from_str("[tenants.a]\nroot = \"/tmp\"").unwrap();
         assert!(c.validate().unwrap_err().0.contains("auth.keys"));
