@@ -65,6 +65,9 @@ pub struct PoolConfig {
     pub max_executors: Option<usize>,
     /// Links (registrations) one executor may hold at once. Default 16.
     pub max_links_per_executor: Option<usize>,
+    /// Links over the whole pool (each may hold up to
+    /// `server.max_message_bytes` in the gateway). Default 256.
+    pub max_links: Option<usize>,
 }
 
 /// Where a tenant's JSON-RPC sessions run.
@@ -97,6 +100,7 @@ pub struct PoolSettings {
     pub tenant: String,
     pub max_executors: usize,
     pub max_links_per_executor: usize,
+    pub max_links: usize,
 }
 
 /// Longest executor id: it is part of session ids and metric labels.
@@ -180,6 +184,11 @@ fn validate_executors(
                     &format!("executors.pools.{name}.max_links_per_executor"),
                     p.max_links_per_executor,
                     16,
+                )?,
+                max_links: positive(
+                    &format!("executors.pools.{name}.max_links"),
+                    p.max_links,
+                    256,
                 )?,
                 name,
             },

@@ -123,7 +123,11 @@ impl Reservation {
             (None, theirs) => self.tenant = theirs,
             (Some(_), None) => {}
         }
-        // The connection share is clamped to the whole queue: one is enough.
+        match (self._conn.as_mut(), other._conn.take()) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, theirs) => self._conn = theirs,
+            (Some(_), None) => {}
+        }
     }
 }
 
@@ -170,19 +174,39 @@ impl Outbound {
     /// than the connection queue takes all of it (it goes alone); one larger
     /// than the tenant's budget takes all of that.
     pub async fn reserve(&self, bytes: usize) -> Result<Reservation, Closed> {
-        let conn_want = u32::try_from(bytes.clamp(1, OUTBOUND_QUEUE_BYTES)).unwrap_or(u32::MAX);
-        let tenant_want =
-            u32::try_from(bytes.clamp(1, self.tenant.capacity.max(1))).unwrap_or(u32::MAX);
+        self.reserve_parts(bytes, self.conn_share(bytes), self.tenant_share(bytes))
+            .await
+    }
+
+    /// What `bytes` take of the connection's queue (all of it at most).
+    fn conn_share(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.clamp(1, OUTBOUND_QUEUE_BYTES)).unwrap_or(u32::MAX)
+    }
+
+    /// What `bytes` take of the tenant's budget (all of it at most).
+    fn tenant_share(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.clamp(1, self.tenant.capacity.max(1))).unwrap_or(u32::MAX)
+    }
+
+    /// Reserve `conn_want` of the connection's queue and `tenant_want` of
+    /// the tenant's budget (either may be 0), covering `bytes`.
+    async fn reserve_parts(
+        &self,
+        bytes: usize,
+        conn_want: u32,
+        tenant_want: u32,
+    ) -> Result<Reservation, Closed> {
         let waiting = WaitingGuard::new(&self.tenant.waiting_gauge);
         let acquire = async {
-            let conn = self.budget.clone().acquire_many_owned(conn_want).await;
-            let tenant = self
-                .tenant
-                .sem
-                .clone()
-                .acquire_many_owned(tenant_want)
-                .await;
-            (conn.ok(), tenant.ok())
+            let conn = match conn_want {
+                0 => None,
+                n => self.budget.clone().acquire_many_owned(n).await.ok(),
+            };
+            let tenant = match tenant_want {
+                0 => None,
+                n => self.tenant.sem.clone().acquire_many_owned(n).await.ok(),
+            };
+            (conn, tenant)
         };
         let (conn, tenant) = tokio::select! {
             p = acquire => p,
@@ -213,7 +237,15 @@ impl Outbound {
     /// reserving whatever it outgrew.
     pub async fn send_reserved(&self, text: String, mut reserved: Reservation) -> bool {
         if text.len() > reserved.bytes {
-            match self.reserve(text.len() - reserved.bytes).await {
+            // Only the shares the message outgrew: a reservation that holds
+            // a whole budget already covers any larger message (waiting for
+            // more of a budget it holds all of would wait forever).
+            let conn_more = self.conn_share(text.len()) - self.conn_share(reserved.bytes);
+            let tenant_more = self.tenant_share(text.len()) - self.tenant_share(reserved.bytes);
+            match self
+                .reserve_parts(text.len() - reserved.bytes, conn_more, tenant_more)
+                .await
+            {
                 Ok(more) => reserved.merge(more),
                 Err(Closed) => return false,
             }
@@ -375,5 +407,34 @@ mod budget_tests {
         assert!(!waiting.is_finished());
         drop(held);
         assert_eq!(waiting.await.unwrap(), Ok(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn a_message_outgrowing_a_whole_budget_reservation_is_queued() {
+        let (out, mut rx) = Outbound::channel(ByteBudget::unlimited());
+        let held = out.reserve(OUTBOUND_QUEUE_BYTES + 10).await.unwrap();
+        let text = "x".repeat(OUTBOUND_QUEUE_BYTES + 40);
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            out.send_reserved(text, held),
+        )
+        .await
+        .expect("queued without waiting on its own reservation");
+        assert!(sent);
+        assert!(rx.recv().await.is_some());
+        // Released once written: the whole queue is free again.
+        let again = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            out.reserve(OUTBOUND_QUEUE_BYTES),
+        )
+        .await
+        .expect("budget released");
+        assert!(again.is_ok());
     }
 }

@@ -261,6 +261,21 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
         );
         let _ = std::fs::remove_file(&path);
     }
+    // An answer larger than a connection's outbound queue (4 MiB) arrives.
+    let (c, init) = sessions
+        .iter_mut()
+        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-b."))
+        .unwrap();
+    let big = format!("{}/big.bin", cwd_of(init));
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    c.call(
+        "fs/writeFile",
+        json!({"path": big, "dataBase64": common::b64(&data)}),
+    )
+    .await;
+    let r = c.call("fs/readFile", json!({"path": big})).await;
+    assert_eq!(common::unb64(r["dataBase64"].as_str().unwrap()), data);
+    let _ = std::fs::remove_file(&big);
     // Our executors confine sessions to their tenant root.
     let (c, init) = sessions
         .iter_mut()
@@ -670,4 +685,19 @@ async fn an_executor_session_is_owned_where_its_link_landed_and_reached_through_
         .await;
     assert_eq!(r["error"]["code"], -32007, "{r}");
     assert_eq!(r["error"]["data"]["reason"], "executorUnavailable", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_holds_at_most_max_links() {
+    let gw = Gateway::start_with(|d| format!("{}max_links = 1\n", gateway_config(d, "2s")));
+    let token = executor_token(&gw.secret, "p");
+    let (status, body) = register(&gw.addr, "e1", &token).await;
+    assert_eq!(status, 200, "{body}");
+    let (_link, _) = tokio_tungstenite::connect_async(body["url"].as_str().unwrap())
+        .await
+        .expect("rendezvous");
+    wait_pool(&gw, "pool p: 1 executors, 1 idle links").await;
+    let (status, body) = register(&gw.addr, "e2", &token).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "pool_links_full");
 }

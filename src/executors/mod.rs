@@ -388,6 +388,9 @@ impl Pool {
     /// Refuse a registration the pool has no room for.
     fn check_room(&self, executor_id: &str) -> Result<(), Refusal> {
         let executors = self.executors.lock();
+        if Self::links(&executors) >= self.settings.max_links {
+            return Err(self.pool_links_full());
+        }
         match executors.get(executor_id) {
             Some(e) if e.links.load(Ordering::Acquire) >= self.settings.max_links_per_executor => {
                 Err(Refusal::new(
@@ -411,9 +414,31 @@ impl Pool {
         }
     }
 
+    /// Links over all the pool's executors.
+    fn links(executors: &BTreeMap<String, Arc<Executor>>) -> usize {
+        executors
+            .values()
+            .map(|e| e.links.load(Ordering::Acquire))
+            .sum()
+    }
+
+    fn pool_links_full(&self) -> Refusal {
+        Refusal::new(
+            429,
+            "pool_links_full",
+            format!(
+                "pool {} already holds {} links (max_links)",
+                self.name, self.settings.max_links
+            ),
+        )
+    }
+
     fn attach(self: &Arc<Self>, ticket: Ticket, link: Arc<Link>) -> Result<(), Refusal> {
         let executor = {
             let mut executors = self.executors.lock();
+            if Self::links(&executors) >= self.settings.max_links {
+                return Err(self.pool_links_full());
+            }
             let count = executors.len();
             let executor = match executors.get(&ticket.exe) {
                 Some(e) => e.clone(),

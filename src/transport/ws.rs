@@ -186,7 +186,7 @@ async fn handle(
     crate::task::spawn("ws-conn", async move {
         match upgrade.await {
             Ok(upgraded) => {
-                let ws = server_websocket(upgraded, limit).await;
+                let ws = server_websocket(upgraded, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
                 let relay = match (&gw.fleet, token) {
                     (Some(_), Some(token)) => Some(RelayOrigin {
                         token,
@@ -206,13 +206,14 @@ async fn handle(
 async fn server_websocket(
     upgraded: hyper::upgrade::Upgraded,
     limit: usize,
+    max_write_buffer: usize,
 ) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
-        .max_write_buffer_size(WS_MAX_WRITE_BUFFER_BYTES);
+        .max_write_buffer_size(max_write_buffer);
     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await
 }
 
@@ -256,7 +257,8 @@ fn rendezvous(
     crate::task::spawn("executor-link", async move {
         match upgrade.await {
             Ok(upgraded) => {
-                let ws = server_websocket(upgraded, limit).await;
+                // Calls go to the executor whole (up to the message limit).
+                let ws = server_websocket(upgraded, limit, limit + WS_WRITE_BUFFER_BYTES).await;
                 registry.attach(ticket, crate::executors::Link::start(ws));
             }
             Err(e) => tracing::debug!(error = %e, "executor link upgrade failed"),
