@@ -334,7 +334,6 @@ pub struct Pool {
 /// One executor (all links registered under one id).
 pub struct Executor {
     pub id: String,
-    name: Mutex<String>,
     labels: Mutex<BTreeMap<String, String>>,
     idle: Mutex<Vec<Arc<Link>>>,
     /// Idle and leased links.
@@ -342,12 +341,6 @@ pub struct Executor {
     /// Leased links (sessions).
     sessions: AtomicUsize,
     sessions_gauge: Gauge,
-}
-
-impl Executor {
-    pub fn name(&self) -> String {
-        self.name.lock().clone()
-    }
 }
 
 /// A session's hold on one link of an executor; dropping it closes the
@@ -448,7 +441,6 @@ impl Pool {
                 None => {
                     let e = Arc::new(Executor {
                         id: ticket.exe.clone(),
-                        name: Mutex::new(String::new()),
                         labels: Mutex::new(BTreeMap::new()),
                         idle: Mutex::new(Vec::new()),
                         links: AtomicUsize::new(0),
@@ -471,13 +463,12 @@ impl Pool {
                 return Err(Refusal::new(429, "too_many_links", "too many links"));
             }
             executor.links.fetch_add(1, Ordering::AcqRel);
-            *executor.name.lock() = ticket.name;
             *executor.labels.lock() = ticket.labels;
             executor.idle.lock().push(link.clone());
             self.idle_gauge.inc();
             executor
         };
-        tracing::info!(pool = %self.name, executor = %executor.id, link = link.serial, "executor link up");
+        tracing::info!(pool = %self.name, executor = %executor.id, name = %ticket.name, link = link.serial, "executor link up");
         self.arrived.notify_waiters();
         let pool = self.clone();
         crate::task::spawn("executor-link-watch", async move {
