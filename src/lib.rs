@@ -8,6 +8,8 @@
 //! (`tests/layering.rs` checks it):
 //!
 //! - [`cli`]: the command line; parses, loads configuration, runs.
+//! - [`client`]: a client of the gateway (websocket or gRPC, one API),
+//!   which `exec`, `cp`, `ps` and the benchmark use.
 //! - [`server`]: serves the doors and owns the shutdown order.
 //! - [`transport`]: the doors (websocket, stdio, gRPC) and the one
 //!   authenticate-and-admit function.
@@ -37,6 +39,7 @@
 pub mod auth;
 pub mod backend;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod dispatch;
 pub mod error;

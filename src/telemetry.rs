@@ -11,6 +11,16 @@ pub enum LogFormat {
 }
 
 /// Install the global subscriber (once per process).
+/// Logging for the client commands: warnings only, unless `RUST_LOG`
+/// says otherwise; stderr is the command's too.
+pub fn init_client() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("exec_gateway=info,warn"));

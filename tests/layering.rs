@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 /// Top to bottom. Keep in step with `src/lib.rs`.
 const ORDER: &[&str] = &[
     "cli",
+    "client",
     "server",
     "transport",
     "gateway",

@@ -13,6 +13,9 @@ use crate::isolation::reaper::{self, Reaper};
 use crate::server::{self, Listeners};
 use crate::telemetry::{self, LogFormat};
 
+pub mod remote;
+mod term;
+
 /// Exit code for bad configuration or usage (EX_USAGE).
 pub const EXIT_USAGE: u8 = 64;
 
@@ -41,6 +44,14 @@ pub enum Command {
     /// in this host's tenant workers. The credential comes from
     /// CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN.
     Executor(ExecutorArgs),
+    /// Run a command on a gateway, like `docker exec`: output streamed,
+    /// `-i` for stdin, `-t` for a terminal; exits with the command's code.
+    Exec(remote::ExecArgs),
+    /// Copy files or directories to (`cp LOCAL :REMOTE`) or from
+    /// (`cp :REMOTE LOCAL`) a tenant's root.
+    Cp(remote::CpArgs),
+    /// List a session's processes.
+    Ps(remote::PsArgs),
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
@@ -304,6 +315,9 @@ pub fn run(cli: Cli) -> ExitCode {
             telemetry::init(args.common.log_format);
             executor(&args)
         }
+        Command::Exec(args) => client_runtime(remote::exec(args)),
+        Command::Cp(args) => client_runtime(remote::cp(args)),
+        Command::Ps(args) => client_runtime(remote::ps(args)),
     }
 }
 
@@ -416,6 +430,31 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// The client commands: a small runtime, logs to stderr at `warn` unless
+/// `RUST_LOG` says otherwise; the process exits as soon as the command is
+/// done (a read of stdin may still be pending).
+fn client_runtime<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
+    telemetry::init_client();
+    let code = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => {
+            let code = rt.block_on(fut);
+            // A read of stdin may be blocked in a thread: do not wait for it.
+            rt.shutdown_background();
+            code
+        }
+        Err(e) => {
+            eprintln!("exec-gateway: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    let _ = std::io::stdout().flush();
+    code
 }
 
 fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
