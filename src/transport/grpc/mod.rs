@@ -157,6 +157,13 @@ pub(crate) fn admitted(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// The reflection builder: the gateway's services and health.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
 /// stops.
 pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
@@ -172,17 +179,16 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admissio
     health
         .set_serving::<EnvironmentServiceServer<GrpcApi>>()
         .await;
-    let reflection = match tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Both reflection versions: grpcurl and grpcui speak v1, Python's
+    // grpcio-reflection, Postman and older tools only v1alpha.
+    let reflection_v1 = reflection()
         .build_v1()
-    {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::error!(error = %e, "gRPC reflection unavailable");
-            None
-        }
-    };
+        .map_err(|e| tracing::error!(error = %e, "gRPC reflection v1 unavailable"))
+        .ok();
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| tracing::error!(error = %e, "gRPC reflection v1alpha unavailable"))
+        .ok();
     // Flip health to NOT_SERVING as soon as draining starts.
     let draining = {
         let (gw, health) = (gw.clone(), health.clone());
@@ -222,7 +228,8 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admissio
                 .into_inner(),
         )
         .add_service(health_service)
-        .add_optional_service(reflection)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(
             SessionServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
