@@ -329,6 +329,12 @@ pub struct ServerConfig {
     pub max_message_bytes: Option<usize>,
     /// A client whose writes stall this long is disconnected. Default: `30s`.
     pub slow_client_timeout: Option<String>,
+    /// A websocket connection older than this (plus up to 10% jitter) is
+    /// closed with 1001 and its session detached: the client resumes it,
+    /// through the balancer, on any replica. Spreads long-lived connections
+    /// over replicas added since, and makes a client present its token
+    /// again. Default: none.
+    pub max_connection_age: Option<String>,
     /// On SIGTERM, how long running processes may finish before being killed. Default: `5s`.
     pub shutdown_grace: Option<String>,
     /// `Origin` values a websocket upgrade may carry. Exec-server clients
@@ -520,6 +526,7 @@ pub struct Settings {
     pub request_timeout: Duration,
     pub max_message_bytes: usize,
     pub slow_client_timeout: Duration,
+    pub max_connection_age: Option<Duration>,
     pub shutdown_grace: Duration,
     pub allowed_origins: Vec<String>,
     /// `None`: no admin listener.
@@ -1108,6 +1115,17 @@ impl Config {
                 s.slow_client_timeout.as_deref(),
                 Duration::from_secs(30),
             )?,
+            max_connection_age: match optional_duration(
+                "server.max_connection_age",
+                s.max_connection_age.as_deref(),
+            )? {
+                Some(d) if d < Duration::from_secs(1) => {
+                    return Err(ConfigError(
+                        "server.max_connection_age: at least 1s".to_owned(),
+                    ));
+                }
+                d => d,
+            },
             shutdown_grace: duration(
                 "server.shutdown_grace",
                 s.shutdown_grace.as_deref(),

@@ -92,6 +92,15 @@ where
     let cancel = CancellationToken::new();
     let penalty: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
     let mut attached: Option<Attached> = None;
+    let max_age = match meta.on_close {
+        OnClose::Detach => gw.settings.max_connection_age.map(|age| {
+            // Up to 10% later, so connections made together do not all
+            // come back at once.
+            let jitter = age.mul_f64(f64::from(rand_u16()) / f64::from(u16::MAX) / 10.0);
+            tokio::time::Instant::now() + age + jitter
+        }),
+        OnClose::Kill => None,
+    };
     loop {
         // Penalty box: after this connection was shed, stop reading it for a
         // while. TCP back-pressure then throttles a flooding client for free,
@@ -119,6 +128,10 @@ where
                 } else {
                     out.close(4000, "session has been resumed by another connection").await;
                 }
+                break;
+            }
+            () = async { match max_age { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                out.close(MAX_AGE_CLOSE_CODE, "connection reached its maximum age; resume the session").await;
                 break;
             }
             f = inbound.next() => f,
@@ -357,6 +370,16 @@ async fn initialize(
 /// The close code when the gateway stops: "service restart" (RFC 6455
 /// registry), so clients reconnect, through the balancer, elsewhere.
 pub const SHUTDOWN_CLOSE_CODE: u16 = 1012;
+
+/// The close code when a connection reaches `server.max_connection_age`:
+/// "going away"; the session is detached and resumable.
+pub const MAX_AGE_CLOSE_CODE: u16 = 1001;
+
+fn rand_u16() -> u16 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    u16::from_le_bytes(b)
+}
 
 /// The replica that owns `session`, when it is another one.
 fn peer_owner(gw: &Gateway, session: &str) -> Option<String> {
