@@ -332,17 +332,54 @@ async fn spawn_latency(url: &str, n: usize) -> BenchResult<(Duration, Duration)>
 }
 
 async fn spawn_latency_in(url: &str, n: usize, cwd: &str) -> BenchResult<(Duration, Duration)> {
-    let mut c = Conn::open_in(url, cwd).await?;
+    let c = client(url).await?;
     let mut lat = Vec::with_capacity(n);
     for i in 0..n + 20 {
         let t = Instant::now();
-        c.run_to_close(&format!("t{i}"), &["true"]).await?;
+        run_to_close(&c, &format!("t{i}"), &["true"], cwd).await?;
         if i >= 20 {
             lat.push(t.elapsed());
         }
     }
     lat.sort();
     Ok((percentile(&lat, 0.5), percentile(&lat, 0.99)))
+}
+
+/// A client of the gateway (or a reference server) at `url`, as users
+/// connect: the crate's client library. The token rides in the URL.
+async fn client(url: &str) -> BenchResult<exec_gateway::client::Client> {
+    let token = url::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.query_pairs()
+                .find(|(k, _)| k == "access_token")
+                .map(|(_, v)| v.into_owned())
+        })
+        .unwrap_or_default();
+    exec_gateway::client::Client::connect(url, &token)
+        .await
+        .map_err(err)
+}
+
+/// Start `argv` in `cwd` and read its events to the close; output bytes.
+async fn run_to_close(
+    c: &exec_gateway::client::Client,
+    pid: &str,
+    argv: &[&str],
+    cwd: &str,
+) -> BenchResult<u64> {
+    use exec_gateway::client::{Event, ProcessSpec};
+    let mut spec = ProcessSpec::new(pid, argv.iter().copied());
+    spec.cwd = cwd.to_owned();
+    spec.env.insert("PATH".into(), "/usr/bin:/bin".into());
+    let mut events = c.exec(&spec).await.map_err(err)?;
+    let mut bytes = 0u64;
+    while let Some(e) = events.next().await.map_err(err)? {
+        if let Event::Output { data, .. } = e {
+            bytes += data.len() as u64;
+        }
+    }
+    Ok(bytes)
 }
 
 async fn direct_spawn_latency(n: usize) -> BenchResult<(Duration, Duration)> {
@@ -364,10 +401,10 @@ async fn spawns_per_second(url: &str, conns: usize, secs: u64) -> BenchResult<f6
     for c in 0..conns {
         let url = url.to_owned();
         tasks.push(exec_gateway::task::spawn("bench-spawner", async move {
-            let mut conn = Conn::open(&url).await?;
+            let conn = client(&url).await?;
             let mut n = 0u64;
             while Instant::now() < deadline {
-                conn.run_to_close(&format!("c{c}-{n}"), &["true"]).await?;
+                run_to_close(&conn, &format!("c{c}-{n}"), &["true"], "/tmp").await?;
                 n += 1;
             }
             Ok::<u64, String>(n)
@@ -406,12 +443,10 @@ async fn direct_spawns_per_second(conns: usize, secs: u64) -> BenchResult<f64> {
 }
 
 async fn throughput(url: &str, bytes: u64) -> BenchResult<f64> {
-    let mut c = Conn::open(url).await?;
+    let c = client(url).await?;
     let count = bytes.to_string();
     let t = Instant::now();
-    let got = c
-        .run_to_close("big", &["head", "-c", &count, "/dev/zero"])
-        .await?;
+    let got = run_to_close(&c, "big", &["head", "-c", &count, "/dev/zero"], "/tmp").await?;
     let secs = t.elapsed().as_secs_f64();
     if got != bytes {
         return Err(format!("received {got} of {bytes} bytes"));

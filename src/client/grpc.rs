@@ -221,8 +221,8 @@ impl GrpcClient {
         }
     }
 
-    pub(super) async fn start(&self, spec: &ProcessSpec) -> Result<()> {
-        let spec = pb::ProcessSpec {
+    fn spec(spec: &ProcessSpec) -> pb::ProcessSpec {
+        pb::ProcessSpec {
             process_id: spec.process_id.clone(),
             argv: spec.argv.clone(),
             cwd: spec.cwd.clone(),
@@ -234,7 +234,11 @@ impl GrpcClient {
                 inherit: pb::EnvInherit::All as i32,
                 ..pb::EnvPolicy::default()
             }),
-        };
+        }
+    }
+
+    pub(super) async fn start(&self, spec: &ProcessSpec) -> Result<()> {
+        let spec = Self::spec(spec);
         let mut first = true;
         let r = self
             .retrying(|| {
@@ -259,8 +263,26 @@ impl GrpcClient {
         r.map(|_| ())
     }
 
-    pub(super) async fn attach(&self, process_id: &str, after_seq: u64) -> Result<GrpcAttachment> {
-        let mut a = GrpcAttachment {
+    /// Start a process and stream its events in one call (`Exec`).
+    pub(super) async fn exec(&self, spec: &ProcessSpec) -> Result<GrpcAttachment> {
+        use futures_util::StreamExt as _;
+        let mut a = self.attachment(&spec.process_id, 0);
+        let req = pb::ExecRequest {
+            session_id: self.session_id.clone(),
+            spec: Some(Self::spec(spec)),
+        };
+        let stream = self
+            .processes()
+            .exec(req)
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        a.stream = Some(Box::pin(stream.map(|r| r.map(|m| m.event))));
+        Ok(a)
+    }
+
+    fn attachment(&self, process_id: &str, after_seq: u64) -> GrpcAttachment {
+        GrpcAttachment {
             client: self.processes(),
             session_id: self.session_id.clone(),
             process_id: process_id.to_owned(),
@@ -271,7 +293,11 @@ impl GrpcClient {
             exited: false,
             closed: false,
             resyncs: 0,
-        };
+        }
+    }
+
+    pub(super) async fn attach(&self, process_id: &str, after_seq: u64) -> Result<GrpcAttachment> {
+        let mut a = self.attachment(process_id, after_seq);
         a.open().await?;
         Ok(a)
     }
@@ -572,6 +598,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The events of an `Attach` or `Exec` stream.
+type EventStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<Option<pb::ProcessEvent>, tonic::Status>> + Send>,
+>;
+
 /// A process's events over an `Attach` stream, opened again after the
 /// last seq when it breaks.
 pub(super) struct GrpcAttachment {
@@ -579,7 +610,7 @@ pub(super) struct GrpcAttachment {
     session_id: String,
     process_id: String,
     resume_within: Duration,
-    stream: Option<tonic::Streaming<pb::AttachResponse>>,
+    stream: Option<EventStream>,
     /// The last output seq yielded.
     cursor: u64,
     /// The last seq of any event seen.
@@ -608,7 +639,8 @@ impl GrpcAttachment {
             };
             match self.client.attach(req).await.map_err(status_error) {
                 Ok(s) => {
-                    self.stream = Some(s.into_inner());
+                    use futures_util::StreamExt as _;
+                    self.stream = Some(Box::pin(s.into_inner().map(|r| r.map(|m| m.event))));
                     return Ok(());
                 }
                 Err(e @ ClientError::Disconnected(_)) => {
@@ -631,14 +663,14 @@ impl GrpcAttachment {
                 self.open().await?;
                 continue;
             };
-            let msg = match stream.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) => {
+            let msg = match futures_util::StreamExt::next(stream).await {
+                Some(Ok(m)) => m,
+                None => {
                     // Ended before `closed`: attach again.
                     self.stream = None;
                     continue;
                 }
-                Err(s) => {
+                Some(Err(s)) => {
                     let e = status_error(s);
                     // A reader the live feed dropped, or a broken connection:
                     // attach again after the last seq.
@@ -651,7 +683,7 @@ impl GrpcAttachment {
                     return Err(e);
                 }
             };
-            let Some(ev) = msg.event else { continue };
+            let Some(ev) = msg else { continue };
             if ev.seq <= self.last_seq {
                 continue;
             }

@@ -368,6 +368,18 @@ impl Client {
         }
     }
 
+    /// Start a process and attach to it from its first event, in one step
+    /// (no read to catch up; over gRPC, one `Exec` call).
+    pub async fn exec(&self, spec: &ProcessSpec) -> Result<Attachment<'_>> {
+        let mut spec = spec.clone();
+        spec.cwd = self.absolute(&spec.cwd);
+        let inner = match &self.inner {
+            Inner::Ws(c) => AttachInner::Ws(c.exec(&spec).await?),
+            Inner::Grpc(c) => AttachInner::Grpc(Box::new(c.exec(&spec).await?)),
+        };
+        Ok(Attachment { inner })
+    }
+
     /// The process's events after seq `after_seq` (0: from the start),
     /// then live ones until it closes.
     pub async fn attach(&self, process_id: &str, after_seq: u64) -> Result<Attachment<'_>> {

@@ -420,6 +420,8 @@ pub(super) struct WsClient {
     next_id: AtomicI64,
     prefix: String,
     counter: AtomicU64,
+    /// The server has only the May 2026 revision: plain paths.
+    plain_paths: bool,
 }
 
 impl WsClient {
@@ -430,14 +432,23 @@ impl WsClient {
         let init = handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await?;
         // A method only the November 2026 revision has fixes the session
         // to it before any path is sent.
+        // A server without it (Codex 0.130.0's exec-server) gets plain
+        // paths, its revision's form.
         let info = link
             .call(
                 next_id.fetch_add(1, Ordering::Relaxed),
                 "environment/info",
                 &Value::Null,
             )
-            .await?;
-        let info: EnvInfo = serde_json::from_str(info.get()).map_err(ClientError::protocol)?;
+            .await;
+        let (info, plain_paths) = match info {
+            Ok(raw) => (
+                serde_json::from_str::<EnvInfo>(raw.get()).map_err(ClientError::protocol)?,
+                false,
+            ),
+            Err(ClientError::Rpc { code: -32601, .. }) => (EnvInfo { cwd: None }, true),
+            Err(e) => return Err(e),
+        };
         let root = info
             .cwd
             .or(init.environment_info.and_then(|e| e.cwd))
@@ -455,7 +466,17 @@ impl WsClient {
             next_id,
             prefix: unique_prefix(),
             counter: AtomicU64::new(0),
+            plain_paths,
         })
+    }
+
+    /// A path as the session's revision writes it.
+    fn wire_path(&self, path: &str) -> Result<String> {
+        if self.plain_paths {
+            Ok(path.to_owned())
+        } else {
+            path_to_uri(path)
+        }
     }
 
     pub(super) fn session_id(&self) -> &str {
@@ -556,7 +577,7 @@ impl WsClient {
         let params = json!({
             "processId": spec.process_id,
             "argv": spec.argv,
-            "cwd": path_to_uri(&spec.cwd)?,
+            "cwd": self.wire_path(&spec.cwd)?,
             "env": spec.env,
             "tty": spec.tty,
             "pipeStdin": spec.pipe_stdin && !spec.tty,
@@ -564,6 +585,16 @@ impl WsClient {
                           "exclude": [], "set": {}, "includeOnly": []},
         });
         self.call_unit("process/start", params).await
+    }
+
+    /// Start a process with its attachment already listening: every
+    /// notification is caught from seq 1, with no read to catch up.
+    pub(super) async fn exec(&self, spec: &ProcessSpec) -> Result<WsAttachment<'_>> {
+        let mut a = self.attach(&spec.process_id, 0)?;
+        a.need_sync = false;
+        a.next = 1;
+        self.start(spec).await?;
+        Ok(a)
     }
 
     pub(super) fn attach(&self, process_id: &str, after_seq: u64) -> Result<WsAttachment<'_>> {
@@ -680,7 +711,7 @@ impl WsClient {
         let handle = self.unique("h");
         self.call_unit(
             "fs/open",
-            json!({"handleId": handle, "path": path_to_uri(path)?, "mode": "read"}),
+            json!({"handleId": handle, "path": self.wire_path(path)?, "mode": "read"}),
         )
         .await?;
         let result = self.read_blocks(&handle, sink).await;
@@ -746,7 +777,7 @@ impl WsClient {
         let handle = self.unique("h");
         self.call_unit(
             "fs/open",
-            json!({"handleId": handle, "path": path_to_uri(path)?, "mode": "replace"}),
+            json!({"handleId": handle, "path": self.wire_path(path)?, "mode": "replace"}),
         )
         .await?;
         let result = self.write_blocks(&handle, source).await;
@@ -798,7 +829,7 @@ impl WsClient {
     pub(super) async fn create_directory(&self, path: &str, recursive: bool) -> Result<()> {
         self.call_unit(
             "fs/createDirectory",
-            json!({"path": path_to_uri(path)?, "recursive": recursive}),
+            json!({"path": self.wire_path(path)?, "recursive": recursive}),
         )
         .await
     }
@@ -816,7 +847,7 @@ impl WsClient {
             modified_at_ms: i64,
         }
         let m: M = self
-            .call("fs/getMetadata", json!({"path": path_to_uri(path)?}))
+            .call("fs/getMetadata", json!({"path": self.wire_path(path)?}))
             .await?;
         Ok(Metadata {
             is_directory: m.is_directory,
@@ -840,7 +871,7 @@ impl WsClient {
             entries: Vec<E>,
         }
         let r: R = self
-            .call("fs/readDirectory", json!({"path": path_to_uri(path)?}))
+            .call("fs/readDirectory", json!({"path": self.wire_path(path)?}))
             .await?;
         Ok(r.entries
             .into_iter()
@@ -855,7 +886,7 @@ impl WsClient {
     pub(super) async fn remove(&self, path: &str, recursive: bool, force: bool) -> Result<()> {
         self.call_unit(
             "fs/remove",
-            json!({"path": path_to_uri(path)?, "recursive": recursive, "force": force}),
+            json!({"path": self.wire_path(path)?, "recursive": recursive, "force": force}),
         )
         .await
     }
