@@ -157,11 +157,15 @@ pub(crate) fn admitted(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// The reflection builder: the gateway's services and health.
+/// The reflection builder: the gateway's services, health, and both
+/// reflection services (each lists the same set).
 fn reflection() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
+        .include_reflection_service(false)
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
