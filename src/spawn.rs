@@ -267,6 +267,17 @@ pub enum Ended {
     WorkerDied,
 }
 
+impl Ended {
+    /// The signal that ended the process, when one did.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            Ended::Code(_) => None,
+            Ended::Signal(s) => Some(s),
+            Ended::WorkerDied => Some(libc::SIGKILL),
+        }
+    }
+}
+
 impl From<std::process::ExitStatus> for Ended {
     fn from(s: std::process::ExitStatus) -> Ended {
         use std::os::unix::process::ExitStatusExt as _;

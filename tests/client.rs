@@ -26,7 +26,7 @@ async fn collect(c: &Client, pid: &str, after: u64) -> (Vec<u64>, Vec<u8>, Vec<u
                     _ => out.extend_from_slice(&data),
                 }
             }
-            Event::Exited { code: c } => code = Some(c),
+            Event::Exited { code: c, .. } => code = Some(c),
         }
     }
     (seqs, out, err, code)
@@ -99,9 +99,14 @@ async fn processes_over_both_doors() {
         }
         c.signal("s1", Signal::User1).await.unwrap();
         assert_eq!(c.wait("s1").await.unwrap(), 7, "{url}");
+        // A signal death is 128 + n on both doors (gRPC says which signal).
+        let mut k = ProcessSpec::new("k1", ["sh", "-c", "kill -TERM $$"]);
+        k.cwd = "/tmp".into();
+        c.start(&k).await.unwrap();
+        assert_eq!(c.wait("k1").await.unwrap(), 128 + libc::SIGTERM, "{url}");
         let listed = c.list().await.unwrap();
         let ids: Vec<&str> = listed.iter().map(|p| p.process_id.as_str()).collect();
-        assert_eq!(ids, ["p1", "s1", "t1"], "{url}");
+        assert_eq!(ids, ["k1", "p1", "s1", "t1"], "{url}");
         assert!(!c.terminate("p1").await.unwrap());
     }
 }

@@ -211,9 +211,10 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
             _ => EXIT_CLIENT,
         });
     }
-    // Raw mode only once the process runs: a refused start leaves the
-    // terminal as it was.
-    let raw = if args.tty {
+    // Raw mode only once the process runs (a refused start leaves the
+    // terminal as it was), and only with -i: without it the keys would go
+    // nowhere, so Ctrl-C stays a signal the client passes on.
+    let raw = if args.tty && args.stdin {
         match RawMode::enter() {
             Ok(r) => r,
             Err(e) => {
@@ -288,7 +289,7 @@ async fn pump_output(client: &Client, pid: &str) -> client::Result<i32> {
                 stdout.write_all(&data).await?;
                 stdout.flush().await?;
             }
-            Event::Exited { code: c } => code = Some(c),
+            Event::Exited { code: c, signal } => code = Some(signal.map_or(c, |s| 128 + s)),
         }
     }
     code.ok_or_else(|| ClientError::Protocol("the process closed without an exit code".into()))

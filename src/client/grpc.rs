@@ -704,7 +704,10 @@ impl GrpcAttachment {
                 }
                 Some(pb::process_event::Event::Exited(x)) if !self.exited => {
                     self.exited = true;
-                    return Ok(Some(Event::Exited { code: x.exit_code }));
+                    return Ok(Some(Event::Exited {
+                        code: x.exit_code,
+                        signal: x.signal,
+                    }));
                 }
                 Some(pb::process_event::Event::Closed(_)) => self.closed = true,
                 Some(pb::process_event::Event::Exited(_)) | None => {}

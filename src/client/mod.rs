@@ -23,7 +23,7 @@
 //! while let Some(event) = events.next().await? {
 //!     match event {
 //!         Event::Output { data, .. } => print!("{}", String::from_utf8_lossy(&data)),
-//!         Event::Exited { code } => println!("exit code {code}"),
+//!         Event::Exited { code, .. } => println!("exit code {code}"),
 //!     }
 //! }
 //! client
@@ -199,9 +199,12 @@ pub enum Event {
         stream: Stream,
         data: bytes::Bytes,
     },
-    /// The exit code; 128 + n for a process a signal killed. Output may
-    /// still follow (a background child holding the pipe).
-    Exited { code: i32 },
+    /// The exit code, as the session's revision reports it (128 + n for
+    /// a pipe process signal n killed, over websocket; 1 under a
+    /// terminal), and the signal when one killed it and the gateway says
+    /// so (gRPC). Output may still follow (a background child holding the
+    /// pipe).
+    Exited { code: i32, signal: Option<i32> },
 }
 
 /// Signals `signal` sends to a process group.
@@ -438,13 +441,14 @@ impl Client {
         }
     }
 
-    /// Wait for the process to close, discarding its output; its exit code.
+    /// Wait for the process to close, discarding its output; its exit code
+    /// (128 + n when the gateway says signal n killed it).
     pub async fn wait(&self, process_id: &str) -> Result<i32> {
         let mut a = self.attach(process_id, 0).await?;
         let mut code = None;
         while let Some(e) = a.next().await? {
-            if let Event::Exited { code: c } = e {
-                code = Some(c);
+            if let Event::Exited { code: c, signal } = e {
+                code = Some(signal.map_or(c, |s| 128 + s));
             }
         }
         code.ok_or_else(|| ClientError::Protocol("the process closed without an exit".to_owned()))

@@ -1042,7 +1042,7 @@ impl WsAttachment<'_> {
                 self.next = self.next.max(seq + 1);
                 if !self.exited {
                     self.exited = true;
-                    self.ready.push_back(Event::Exited { code });
+                    self.ready.push_back(Event::Exited { code, signal: None });
                 }
             }
             Note::Closed { seq } => {
@@ -1105,6 +1105,7 @@ impl WsAttachment<'_> {
             self.exited = true;
             self.ready.push_back(Event::Exited {
                 code: r.exit_code.unwrap_or(-1),
+                signal: None,
             });
         }
         if r.closed {

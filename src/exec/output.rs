@@ -61,6 +61,7 @@ pub struct OutputLog {
     cap_bytes: usize,
     next_seq: u64,
     exit_code: Option<i32>,
+    exit_signal: Option<i32>,
     closed: bool,
     exit_seq: Option<u64>,
     close_seq: Option<u64>,
@@ -83,6 +84,7 @@ impl OutputLog {
             cap_bytes,
             next_seq: 1,
             exit_code: None,
+            exit_signal: None,
             closed: false,
             exit_seq: None,
             close_seq: None,
@@ -116,8 +118,9 @@ impl OutputLog {
         seq
     }
 
-    pub fn exit(&mut self, code: i32) -> u64 {
+    pub fn exit(&mut self, code: i32, signal: Option<i32>) -> u64 {
         self.exit_code = Some(code);
+        self.exit_signal = signal;
         let seq = self.take_seq();
         self.exit_seq = Some(seq);
         seq
@@ -209,7 +212,11 @@ impl OutputLog {
         if let (Some(seq), Some(code)) = (self.exit_seq, self.exit_code)
             && seq > after_seq
         {
-            events.push(ProcessEvent::Exited { seq, code });
+            events.push(ProcessEvent::Exited {
+                seq,
+                code,
+                signal: self.exit_signal,
+            });
         }
         if let Some(seq) = self.close_seq
             && seq > after_seq
@@ -249,7 +256,7 @@ mod tests {
     fn seqs_count_output_exit_and_close() {
         let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
         assert_eq!(log.push(StreamName::Stdout, chunk(3)), 1);
-        assert_eq!(log.exit(0), 2);
+        assert_eq!(log.exit(0, None), 2);
         assert_eq!(log.close(), 3);
         // After `echo hi` closed, afterSeq:1 gives nextSeq 4 (reference).
         let s = log.select(1, None, false);
@@ -264,7 +271,7 @@ mod tests {
         let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
         log.push(StreamName::Stdout, chunk(3));
         log.push(StreamName::Stderr, chunk(3));
-        log.exit(0);
+        log.exit(0, None);
         // Not closed yet: the last chunk decides.
         assert_eq!(log.select(0, None, true).next_seq, 3);
         log.close();
@@ -316,7 +323,7 @@ mod tests {
     fn readiness_rule() {
         let mut log = OutputLog::new(1024, Arc::default());
         log.push(StreamName::Stdout, chunk(1));
-        log.exit(0);
+        log.exit(0, None);
         // exited and caller has not seen the exit (seq 2) yet.
         assert!(log.select(1, None, false).is_ready(1));
         // caller has seen everything up to the exit: wait for close.
@@ -329,7 +336,7 @@ mod tests {
     fn events_since_interleave_exit_and_close_by_seq() {
         let mut log = OutputLog::new(1024, Arc::default());
         log.push(StreamName::Stdout, chunk(1));
-        log.exit(3);
+        log.exit(3, None);
         log.push(StreamName::Stderr, chunk(1));
         log.close();
         let seqs: Vec<u64> = log.events_since(0).iter().map(ProcessEvent::seq).collect();

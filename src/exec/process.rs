@@ -193,10 +193,11 @@ impl Process {
             .await;
     }
 
-    pub async fn emit_exit(&self, attachment: &Attachment, code: i32) {
-        let seq = self.log.lock().exit(code);
+    pub async fn emit_exit(&self, attachment: &Attachment, code: i32, signal: Option<i32>) {
+        let seq = self.log.lock().exit(code, signal);
         self.changed.notify_waiters();
-        self.publish(ProcessEvent::Exited { seq, code }).await;
+        self.publish(ProcessEvent::Exited { seq, code, signal })
+            .await;
         if self.api == Api::Process {
             let sandbox_denied = match self.revision.or_default() {
                 Revision::May2026 => None,

@@ -123,7 +123,9 @@ impl Pump {
                     if ended == Ended::WorkerDied {
                         process.worker_gone();
                     }
-                    process.emit_exit(&attachment, process.exit_code(ended)).await;
+                    process
+                        .emit_exit(&attachment, process.exit_code(ended), ended.signal())
+                        .await;
                 }
             }
         }

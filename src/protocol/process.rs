@@ -296,6 +296,8 @@ pub enum ProcessEvent {
     Exited {
         seq: u64,
         code: i32,
+        /// The signal that ended it, when one did (gRPC tells it).
+        signal: Option<i32>,
     },
     Closed {
         seq: u64,

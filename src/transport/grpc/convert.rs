@@ -59,9 +59,12 @@ pub fn event(e: ProcessEvent) -> pb::ProcessEvent {
                 data,
             })),
         },
-        ProcessEvent::Exited { seq, code } => pb::ProcessEvent {
+        ProcessEvent::Exited { seq, code, signal } => pb::ProcessEvent {
             seq,
-            event: Some(Event::Exited(pb::Exited { exit_code: code })),
+            event: Some(Event::Exited(pb::Exited {
+                exit_code: code,
+                signal,
+            })),
         },
         ProcessEvent::Closed { seq } => pb::ProcessEvent {
             seq,
