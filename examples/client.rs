@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 eprint!("{}", String::from_utf8_lossy(&data))
             }
             Event::Output { data, .. } => print!("{}", String::from_utf8_lossy(&data)),
-            Event::Exited { code } => println!("exited with {code}"),
+            Event::Exited { code, .. } => println!("exited with {code}"),
         }
     }
 
