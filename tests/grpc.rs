@@ -792,3 +792,69 @@ async fn reflection_lists_services_and_health_flips_when_draining() {
     }
     assert!(gw.wait_exit().success());
 }
+
+#[tokio::test]
+async fn close_session_ends_only_the_callers_own_session() {
+    let gw = Gateway::start("");
+    let (t1, t2) = (gw.token("t1"), gw.token("t2"));
+    let ch = channel(&gw).await;
+    let mut sessions = SessionServiceClient::new(ch.clone());
+    let mut procs = ProcessServiceClient::new(ch.clone());
+    let sid = sessions
+        .create_session(authed(
+            pb::CreateSessionRequest {
+                client_name: "t".into(),
+            },
+            &t1,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec("s", &["sleep", "300"])),
+            },
+            &t1,
+        ))
+        .await
+        .unwrap();
+    // Another tenant naming it: not found, and nothing happens to it.
+    let close = |token: &str| {
+        authed(
+            pb::CloseSessionRequest {
+                session_id: sid.clone(),
+            },
+            token,
+        )
+    };
+    let e = sessions.close_session(close(&t2)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let listed = procs
+        .list(authed(
+            pb::ListRequest {
+                session_id: sid.clone(),
+            },
+            &t1,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.processes.len(), 1);
+    // Its owner: gone at once, its process killed.
+    sessions.close_session(close(&t1)).await.unwrap();
+    let e = sessions
+        .resume_session(authed(
+            pb::ResumeSessionRequest {
+                session_id: sid.clone(),
+            },
+            &t1,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let e = sessions.close_session(close(&t1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}

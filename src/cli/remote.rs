@@ -204,6 +204,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     spec.tty = args.tty;
     spec.pipe_stdin = args.stdin && !args.tty;
     if let Err(e) = client.start(&spec).await {
+        let _ = client.close().await;
         eprintln!("exec-gateway: {}: {e}", args.command.join(" "));
         return ExitCode::from(match &e {
             ClientError::Rpc { message, .. } if message.contains("os error 2") => EXIT_NOT_FOUND,
@@ -218,7 +219,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         match RawMode::enter() {
             Ok(r) => r,
             Err(e) => {
-                let _ = client.terminate(&pid).await;
+                let _ = client.close().await;
                 return fail(format!("cannot put the terminal in raw mode: {e}"));
             }
         }
@@ -232,6 +233,8 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     }
     let code = run_attached(&client, &pid, args.stdin, args.tty).await;
     drop(raw);
+    // Done: the session need not wait for a resume.
+    let _ = client.close().await;
     match code {
         Ok(c) => ExitCode::from((c & 0xff) as u8),
         Err(e) => fail(e),
@@ -385,6 +388,7 @@ pub async fn cp(args: CpArgs) -> ExitCode {
     } else {
         client::copy::download(&client, remote, &local).await
     };
+    let _ = client.close().await;
     match stats {
         Ok(s) => {
             if s.skipped > 0 {

@@ -42,6 +42,10 @@ fn status_error(s: tonic::Status) -> ClientError {
         Code::Unavailable if data.is_none() && is_transport(&message) => {
             return ClientError::Disconnected(message);
         }
+        // What hyper and h2 report when the connection breaks mid-call.
+        Code::Unknown | Code::Internal | Code::Cancelled if is_broken_stream(&message) => {
+            return ClientError::Disconnected(message);
+        }
         Code::InvalidArgument | Code::AlreadyExists | Code::FailedPrecondition => -32600,
         Code::NotFound if message.starts_with("unknown process id") => -32600,
         Code::NotFound => -32004,
@@ -65,6 +69,15 @@ fn status_error(s: tonic::Status) -> ClientError {
         message,
         data,
     }
+}
+
+/// Whether an error ending a stream is the connection's.
+fn is_broken_stream(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.starts_with("h2 protocol error")
+        || m.starts_with("transport error")
+        || m.contains("connection reset")
+        || m.contains("broken pipe")
 }
 
 /// Whether an UNAVAILABLE is the connection's, not the gateway's answer.
@@ -300,6 +313,18 @@ impl GrpcClient {
         let mut a = self.attachment(process_id, after_seq);
         a.open().await?;
         Ok(a)
+    }
+
+    pub(super) async fn close(&self) -> Result<()> {
+        self.retrying(|| {
+            let req = pb::CloseSessionRequest {
+                session_id: self.session_id.clone(),
+            };
+            let mut c = self.sessions();
+            async move { c.close_session(req).await }
+        })
+        .await
+        .map(|_| ())
     }
 
     pub(super) async fn write(&self, process_id: &str, data: &[u8]) -> Result<WriteStatus> {

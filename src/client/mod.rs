@@ -371,6 +371,17 @@ impl Client {
         }
     }
 
+    /// End the session now: its processes are killed and the gateway
+    /// forgets it, instead of keeping it for a resume until its TTL runs
+    /// out (a tenant's sessions are limited; a client that is done should
+    /// say so).
+    pub async fn close(self) -> Result<()> {
+        match &self.inner {
+            Inner::Ws(c) => c.close().await,
+            Inner::Grpc(c) => c.close().await,
+        }
+    }
+
     /// Start a process and attach to it from its first event, in one step
     /// (no read to catch up; over gRPC, one `Exec` call).
     pub async fn exec(&self, spec: &ProcessSpec) -> Result<Attachment<'_>> {

@@ -627,6 +627,14 @@ impl WsClient {
         })
     }
 
+    pub(super) async fn close(&self) -> Result<()> {
+        let r = self
+            .call_retrying(crate::protocol::methods::SESSION_CLOSE, &Value::Null)
+            .await;
+        self.link.lock().dead.cancel();
+        r.map(|_| ())
+    }
+
     pub(super) async fn write(&self, process_id: &str, data: &[u8]) -> Result<WriteStatus> {
         #[derive(Deserialize)]
         struct R {

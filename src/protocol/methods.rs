@@ -1,6 +1,8 @@
 //! Method and notification names, one const each.
 
 pub const INITIALIZE: &str = "initialize";
+/// Extension: end the connection's session now (processes killed).
+pub const SESSION_CLOSE: &str = "session/close";
 pub const INITIALIZED: &str = "initialized";
 
 pub const PROCESS_START: &str = "process/start";

@@ -193,6 +193,24 @@ where
                 out.send(jsonrpc::encode_error(&RequestId::UNKNOWN, &e.to_jsonrpc()))
                     .await;
             }
+            Ok(Inbound::Request { id, method, .. }) if method == methods::SESSION_CLOSE => {
+                // Extension: end the session now instead of leaving it
+                // detached for its TTL (a client that is done frees its
+                // quota); then close the connection.
+                let Some(a) = attached.as_ref().filter(|a| a.initialized) else {
+                    let e = GatewayError::InvalidRequest(
+                        "client must call initialize before closing its session".to_owned(),
+                    );
+                    out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+                    continue;
+                };
+                tracing::debug!(session.id = %a.session.id, "session closed by its client");
+                gw.sessions.remove(&a.session);
+                out.send(jsonrpc::encode_response(&id, &crate::protocol::Empty {}))
+                    .await;
+                out.close(1000, "session closed").await;
+                break;
+            }
             Ok(Inbound::Request { id, method, params }) => {
                 let Some(family) = MethodFamily::of(&method) else {
                     let e = GatewayError::MethodNotFound(method);

@@ -392,3 +392,49 @@ def test_ps_lists_a_sessions_processes(gw):
     # Another tenant's token does not find the session.
     r = cli(gw, "ps", "--session", sid, env=gw.env(EXEC_GATEWAY_TOKEN=gw.token("other")))
     assert r.returncode == 125 and b"unknown session id" in r.stderr
+
+
+def test_finished_commands_free_their_sessions(gw, tmp_path):
+    """Each exec and cp ends its session when done (session/close,
+    CloseSession) instead of leaving it for a resume: more runs than the
+    tenant's 64 sessions go through back to back, on both doors."""
+    for i in range(70):
+        grpc = ["--grpc", "--url", gw.grpc] if i % 2 else []
+        r = cli(gw, "exec", *grpc, "--", "true")
+        assert r.returncode == 0, (i, r.stderr)
+    (tmp_path / "f").write_text("x")
+    for i in range(70):
+        r = cli(gw, "cp", str(tmp_path / "f"), f":f{i % 3}")
+        assert r.returncode == 0, (i, r.stderr)
+
+
+def test_session_close_kills_what_is_left_and_forgets_the_session(gw):
+    async def run():
+        headers = {"Authorization": f"Bearer {gw.token()}"}
+        async with websockets.connect(gw.url, additional_headers=headers) as ws:
+            async def call(i, method, params=None):
+                await ws.send(json.dumps({"id": i, "method": method, "params": params}))
+                while True:
+                    m = json.loads(await ws.recv())
+                    if m.get("id") == i:
+                        return m
+            sid = (await call(1, "initialize", {"clientName": "py"}))["result"]["sessionId"]
+            # Before `initialized`: refused, nothing closed.
+            early = await call(2, "session/close")
+            assert early["error"]["code"] == -32600
+            await ws.send(json.dumps({"method": "initialized"}))
+            await call(3, "process/start", {"processId": "s", "argv": ["sleep", "300"],
+                                            "cwd": str(gw.root), "env": {}, "tty": False})
+            assert (await call(4, "session/close")) == {"id": 4, "result": {}}
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await ws.recv()
+        async with websockets.connect(gw.url, additional_headers=headers) as ws:
+            await ws.send(json.dumps({"id": 1, "method": "initialize",
+                                      "params": {"clientName": "py", "resumeSessionId": sid}}))
+            m = json.loads(await ws.recv())
+            assert m["error"]["message"] == f"unknown session id {sid}"
+    asyncio.run(run())
+    deadline = time.monotonic() + WAIT
+    while subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the session's process outlived session/close"
+        time.sleep(0.05)

@@ -37,6 +37,7 @@ const MAX_PEEK_BYTES: usize = super::MAX_GRPC_MESSAGE_BYTES;
 fn carries_session(path: &str) -> bool {
     path.starts_with("/exec_gateway.v1.ProcessService/")
         || path == "/exec_gateway.v1.SessionService/ResumeSession"
+        || path == "/exec_gateway.v1.SessionService/CloseSession"
 }
 
 #[derive(Clone)]

@@ -262,6 +262,16 @@ impl pb::session_service_server::SessionService for GrpcApi {
             session_id: session.id.clone(),
         }))
     }
+
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let caller = caller(&req)?;
+        let session = self.session(&caller, &req.get_ref().session_id)?;
+        self.gw.sessions.remove(&session);
+        Ok(Response::new(pb::CloseSessionResponse {}))
+    }
 }
 
 #[tonic::async_trait]
