@@ -203,15 +203,24 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     spec.env = env;
     spec.tty = args.tty;
     spec.pipe_stdin = args.stdin && !args.tty;
-    if let Err(e) = client.start(&spec).await {
-        let _ = client.close().await;
-        eprintln!("exec-gateway: {}: {e}", args.command.join(" "));
-        return ExitCode::from(match &e {
-            ClientError::Rpc { message, .. } if message.contains("os error 2") => EXIT_NOT_FOUND,
-            ClientError::Rpc { message, .. } if message.contains("os error 13") => EXIT_CANNOT_RUN,
-            _ => EXIT_CLIENT,
-        });
-    }
+    // Started with its attachment already listening: no read to catch up.
+    let events = match client.exec(&spec).await {
+        Ok(events) => events,
+        Err(e) => {
+            eprintln!("exec-gateway: {}: {e}", args.command.join(" "));
+            let code = match &e {
+                ClientError::Rpc { message, .. } if message.contains("os error 2") => {
+                    EXIT_NOT_FOUND
+                }
+                ClientError::Rpc { message, .. } if message.contains("os error 13") => {
+                    EXIT_CANNOT_RUN
+                }
+                _ => EXIT_CLIENT,
+            };
+            let _ = client.close().await;
+            return ExitCode::from(code);
+        }
+    };
     // Raw mode only once the process runs (a refused start leaves the
     // terminal as it was), and only with -i: without it the keys would go
     // nowhere, so Ctrl-C stays a signal the client passes on.
@@ -219,6 +228,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         match RawMode::enter() {
             Ok(r) => r,
             Err(e) => {
+                drop(events);
                 let _ = client.close().await;
                 return fail(format!("cannot put the terminal in raw mode: {e}"));
             }
@@ -231,7 +241,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     {
         let _ = client.resize(&pid, rows, cols).await;
     }
-    let code = run_attached(&client, &pid, args.stdin, args.tty).await;
+    let code = run_attached(&client, events, &pid, args.stdin, args.tty).await;
     drop(raw);
     // Done: the session need not wait for a resume.
     let _ = client.close().await;
@@ -242,9 +252,15 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
 }
 
 /// Stream output, stdin and signals until the process closes; its exit code.
-async fn run_attached(client: &Client, pid: &str, stdin: bool, tty: bool) -> client::Result<i32> {
+async fn run_attached(
+    client: &Client,
+    events: client::Attachment<'_>,
+    pid: &str,
+    stdin: bool,
+    tty: bool,
+) -> client::Result<i32> {
     let mut signals = Signals::new()?;
-    let output = pump_output(client, pid);
+    let output = pump_output(events);
     tokio::pin!(output);
     let input = pump_stdin(client, pid);
     tokio::pin!(input);
@@ -273,8 +289,7 @@ async fn run_attached(client: &Client, pid: &str, stdin: bool, tty: bool) -> cli
 }
 
 /// Write output to stdout and stderr until the process closes.
-async fn pump_output(client: &Client, pid: &str) -> client::Result<i32> {
-    let mut events = client.attach(pid, 0).await?;
+async fn pump_output(mut events: client::Attachment<'_>) -> client::Result<i32> {
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
     let mut code = None;

@@ -284,6 +284,8 @@ impl GrpcClient {
             session_id: self.session_id.clone(),
             spec: Some(Self::spec(spec)),
         };
+        // The gateway starts the process before it answers: a refused
+        // start is this call's status.
         let stream = self
             .processes()
             .exec(req)

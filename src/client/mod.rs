@@ -375,7 +375,7 @@ impl Client {
     /// forgets it, instead of keeping it for a resume until its TTL runs
     /// out (a tenant's sessions are limited; a client that is done should
     /// say so).
-    pub async fn close(self) -> Result<()> {
+    pub async fn close(&self) -> Result<()> {
         match &self.inner {
             Inner::Ws(c) => c.close().await,
             Inner::Grpc(c) => c.close().await,

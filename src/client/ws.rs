@@ -430,28 +430,34 @@ impl WsClient {
         let next_id = AtomicI64::new(1);
         let link = open_link(&opts, 0, subs.clone()).await?;
         let init = handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await?;
-        // A method only the November 2026 revision has fixes the session
-        // to it before any path is sent.
-        // A server without it (Codex 0.130.0's exec-server) gets plain
-        // paths, its revision's form.
-        let info = link
-            .call(
-                next_id.fetch_add(1, Ordering::Relaxed),
-                "environment/info",
-                &Value::Null,
-            )
-            .await;
-        let (info, plain_paths) = match info {
-            Ok(raw) => (
-                serde_json::from_str::<EnvInfo>(raw.get()).map_err(ClientError::protocol)?,
-                false,
-            ),
-            Err(ClientError::Rpc { code: -32601, .. }) => (EnvInfo { cwd: None }, true),
-            Err(e) => return Err(e),
+        // The client speaks the November 2026 revision: `file://` paths
+        // (the first one fixes the session's revision), 128 + n exit
+        // codes, the 80 s detach TTL. A server whose `initialize` carries
+        // no environment is asked with a method only that revision has;
+        // one without it (Codex 0.130.0's exec-server) gets plain paths.
+        let (cwd, plain_paths) = match init.environment_info.and_then(|e| e.cwd) {
+            Some(cwd) => (Some(cwd), false),
+            None => {
+                let info = link
+                    .call(
+                        next_id.fetch_add(1, Ordering::Relaxed),
+                        "environment/info",
+                        &Value::Null,
+                    )
+                    .await;
+                match info {
+                    Ok(raw) => (
+                        serde_json::from_str::<EnvInfo>(raw.get())
+                            .map_err(ClientError::protocol)?
+                            .cwd,
+                        false,
+                    ),
+                    Err(ClientError::Rpc { code: -32601, .. }) => (None, true),
+                    Err(e) => return Err(e),
+                }
+            }
         };
-        let root = info
-            .cwd
-            .or(init.environment_info.and_then(|e| e.cwd))
+        let root = cwd
             .map(|c| uri_to_path(&c))
             .unwrap_or_else(|| "/".to_owned());
         let mut opts = opts;
