@@ -407,21 +407,13 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
             Ok(g) => g,
             Err(e) => return usage_error(&e),
         };
-        let admin = match admin_addr {
-            None => None,
-            Some(a) => match tokio::net::TcpListener::bind(a).await {
-                Ok(l) => {
-                    if let Ok(addr) = l.local_addr() {
-                        println!("admin http://{addr}");
-                    }
-                    Some(l)
-                }
-                Err(e) => {
-                    eprintln!("exec-gateway: cannot listen on {a} (admin): {e}");
-                    return ExitCode::FAILURE;
-                }
-            },
+        let admin = match bind_optional(admin_addr, "admin").await {
+            Ok(l) => l,
+            Err(code) => return code,
         };
+        if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
+            println!("admin http://{addr}");
+        }
         match server::run_executor(gw, options, token, admin, server::shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -515,35 +507,17 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
     if let Some(l) = lowered {
         tracing::warn!("{l}");
     }
-    let grpc = match settings_grpc {
-        None => None,
-        Some(a) => match tokio::net::TcpListener::bind(a).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!("exec-gateway: cannot listen on {a} (gRPC): {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let grpc = match bind_optional(settings_grpc, "gRPC").await {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-    let admin = match settings_admin {
-        None => None,
-        Some(a) => match tokio::net::TcpListener::bind(a).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!("exec-gateway: cannot listen on {a} (admin): {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let admin = match bind_optional(settings_admin, "admin").await {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-    let peer = match settings_peer {
-        None => None,
-        Some(a) => match tokio::net::TcpListener::bind(a).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!("exec-gateway: cannot listen on {a} (fleet peers): {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let peer = match bind_optional(settings_peer, "fleet peers").await {
+        Ok(l) => l,
+        Err(code) => return code,
     };
     // The first stdout line is the bound URL (harnesses read it); the gRPC
     // address, when served, is the second; the fleet's peer listener next;
@@ -569,6 +543,21 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
     };
     server::run(gw, listeners, server::shutdown_signal()).await;
     ExitCode::SUCCESS
+}
+
+/// Bind an optional listener; a failure is said on stderr.
+async fn bind_optional(
+    addr: Option<std::net::SocketAddr>,
+    what: &str,
+) -> Result<Option<tokio::net::TcpListener>, ExitCode> {
+    let Some(a) = addr else { return Ok(None) };
+    match tokio::net::TcpListener::bind(a).await {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => {
+            eprintln!("exec-gateway: cannot listen on {a} ({what}): {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
 }
 
 fn run_stdio(common: &CommonArgs) -> ExitCode {

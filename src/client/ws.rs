@@ -722,13 +722,24 @@ impl WsClient {
         path: &str,
         sink: &mut W,
     ) -> Result<u64> {
+        let handle = self.open_handle(path, "read").await?;
+        let result = self.read_blocks(&handle, sink).await;
+        self.close_handle(&handle, result).await
+    }
+
+    /// `fs/open` under a fresh handle id.
+    async fn open_handle(&self, path: &str, mode: &str) -> Result<String> {
         let handle = self.unique("h");
         self.call_unit(
             "fs/open",
-            json!({"handleId": handle, "path": self.wire_path(path)?, "mode": "read"}),
+            json!({"handleId": handle, "path": self.wire_path(path)?, "mode": mode}),
         )
         .await?;
-        let result = self.read_blocks(&handle, sink).await;
+        Ok(handle)
+    }
+
+    /// `fs/close` whatever `result` is; `result`'s error first.
+    async fn close_handle(&self, handle: &str, result: Result<u64>) -> Result<u64> {
         let closed = self
             .call_unit("fs/close", json!({"handleId": handle}))
             .await;
@@ -788,19 +799,9 @@ impl WsClient {
         path: &str,
         source: &mut R,
     ) -> Result<u64> {
-        let handle = self.unique("h");
-        self.call_unit(
-            "fs/open",
-            json!({"handleId": handle, "path": self.wire_path(path)?, "mode": "replace"}),
-        )
-        .await?;
+        let handle = self.open_handle(path, "replace").await?;
         let result = self.write_blocks(&handle, source).await;
-        let closed = self
-            .call_unit("fs/close", json!({"handleId": handle}))
-            .await;
-        let n = result?;
-        closed?;
-        Ok(n)
+        self.close_handle(&handle, result).await
     }
 
     async fn write_blocks<R: AsyncRead + Unpin + Send>(

@@ -100,6 +100,21 @@ class Tmux:
         self.run("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(cols),
                  "-y", str(rows), str(path))
 
+    def exec_in_pane(self, gw, args):
+        """Run `exec-gateway exec ARGS` in the pane; then `CLIENT-DONE` is
+        printed and the client's exit code written to the file returned."""
+        exit_file = self.tmp / "client-exit"
+        env = gw.env()
+        self.start(
+            "#!/bin/sh\n"
+            f"export EXEC_GATEWAY_URL='{env['EXEC_GATEWAY_URL']}' "
+            f"EXEC_GATEWAY_TOKEN='{env['EXEC_GATEWAY_TOKEN']}'\n"
+            f"'{gateway_binary()}' exec {args}\n"
+            f"echo $? > '{exit_file}'\n"
+            "echo CLIENT-DONE\n"
+            "sleep 600\n")
+        return exit_file
+
     def screen(self):
         return self.run("capture-pane", "-p", "-J", "-S", "-200", "-t", "t",
                         check=False).stdout
@@ -129,16 +144,7 @@ def tmux(tmp_path):
 
 
 def test_interactive_shell_under_a_real_terminal(gw, tmux, tmp_path):
-    exit_file = tmp_path / "client-exit"
-    env = gw.env()
-    tmux.start(
-        "#!/bin/sh\n"
-        f"export EXEC_GATEWAY_URL='{env['EXEC_GATEWAY_URL']}' "
-        f"EXEC_GATEWAY_TOKEN='{env['EXEC_GATEWAY_TOKEN']}'\n"
-        f"'{gateway_binary()}' exec -it -e PS1='remote$ ' -- bash --norc --noprofile -i\n"
-        f"echo $? > '{exit_file}'\n"
-        "echo CLIENT-DONE\n"
-        "sleep 600\n")
+    exit_file = tmux.exec_in_pane(gw, "-it -e PS1='remote$ ' -- bash --norc --noprofile -i")
     tmux.wait_for("remote$ ", "the remote prompt")
 
     # A command typed at the remote shell, and its output.
@@ -173,16 +179,8 @@ def test_interactive_shell_under_a_real_terminal(gw, tmux, tmp_path):
 def test_a_pipe_program_under_a_terminal_reads_the_keys_typed(gw, tmux, tmp_path):
     """`-t` without a shell: a line typed goes through the remote
     terminal's line discipline (echoed, edited) to the program."""
-    exit_file = tmp_path / "client-exit"
-    env = gw.env()
-    tmux.start(
-        "#!/bin/sh\n"
-        f"export EXEC_GATEWAY_URL='{env['EXEC_GATEWAY_URL']}' "
-        f"EXEC_GATEWAY_TOKEN='{env['EXEC_GATEWAY_TOKEN']}'\n"
-        f"'{gateway_binary()}' exec -it -- sh -c 'echo ready; read l; echo \"got:$l\"; exit 5'\n"
-        f"echo $? > '{exit_file}'\n"
-        "echo CLIENT-DONE\n"
-        "sleep 600\n")
+    exit_file = tmux.exec_in_pane(
+        gw, "-it -- sh -c 'echo ready; read l; echo \"got:$l\"; exit 5'")
     tmux.wait_for("ready")
     tmux.keys("abcx", "BSpace", "d", "Enter")
     tmux.wait_for("got:abcd")
