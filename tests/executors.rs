@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::free_port;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -372,13 +374,6 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
 }
 
 /// A free TCP port on loopback (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A gateway process, killed when dropped.
 struct Fixed(Child);

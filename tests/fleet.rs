@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::free_port;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,14 +26,6 @@ use tokio_tungstenite::tungstenite::Message;
 use tonic::Request;
 
 const ALL: &str = "exec fs:read fs:write";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Replicas `gw-0` … sharing a client key and a fleet key.
 struct Fleet {

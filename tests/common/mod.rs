@@ -57,6 +57,27 @@ pub struct Gateway {
     pub dir: tempfile::TempDir,
 }
 
+/// A port for a listener a test configures before the process binds it.
+/// Chosen below the kernel's ephemeral range, so the outgoing connections
+/// of concurrent tests (which take ephemeral ports) cannot take it between
+/// now and the bind; random, and free now.
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, start.max(10_001));
+    loop {
+        let mut b = [0u8; 2];
+        getrandom::fill(&mut b).expect("random");
+        let port = low + u16::from_le_bytes(b) % (high - low);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A fresh random HS256 secret (hex, 64 bytes).
 pub fn random_secret() -> Vec<u8> {
     let mut b = [0u8; 32];
