@@ -373,8 +373,6 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
     );
 }
 
-/// A free TCP port on loopback (bound, then released).
-
 /// A gateway process, killed when dropped.
 struct Fixed(Child);
 
