@@ -14,7 +14,18 @@ pub enum LogFormat {
 /// Logging for the client commands: warnings only, unless `RUST_LOG`
 /// says otherwise; stderr is the command's too.
 pub fn init_client() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Their traces print the handshake's headers, the token among them.
+    for quiet in [
+        "tungstenite=info",
+        "tokio_tungstenite=info",
+        "h2=info",
+        "hyper=info",
+    ] {
+        if let Ok(d) = quiet.parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

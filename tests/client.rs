@@ -27,6 +27,7 @@ async fn collect(c: &Client, pid: &str, after: u64) -> (Vec<u64>, Vec<u8>, Vec<u
                 }
             }
             Event::Exited { code: c, .. } => code = Some(c),
+            Event::OutputLost { chunks } => panic!("{chunks} chunks lost"),
         }
     }
     (seqs, out, err, code)

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::term::RawMode;
@@ -129,7 +129,10 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
     };
     let token = match (args.token.clone(), env_nonempty("EXEC_GATEWAY_TOKEN")) {
         (Some(t), _) | (None, Some(t)) => t.trim().to_owned(),
-        (None, None) if is_loopback(&url) => embedded_token()?,
+        (None, None) if is_loopback(&url) => {
+            check_listener_owner(&url)?;
+            embedded_token()?
+        }
         (None, None) => {
             return Err(format!(
                 "no token for {url}: pass --token or set EXEC_GATEWAY_TOKEN"
@@ -137,6 +140,53 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
         }
     };
     Ok(ConnectOptions::new(&url, &token))
+}
+
+/// The minted token goes only to a listener of this user or root: another
+/// local user listening on the port (the gateway down, a typo) must not
+/// collect a token for the embedded default's tenant.
+fn check_listener_owner(url: &str) -> Result<(), String> {
+    let port = url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.port_or_known_default())
+        .ok_or_else(|| format!("{url}: no port"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    match listener_uid(port) {
+        Some(uid) if uid == me || uid == 0 => Ok(()),
+        Some(uid) => Err(format!(
+            "port {port} is listened on by uid {uid}, not by you or root: not sending it a \
+             token minted with the embedded key; pass --token or EXEC_GATEWAY_TOKEN"
+        )),
+        None => Err(format!(
+            "nothing listens on port {port} here (is `exec-gateway serve` running?); for a \
+             gateway elsewhere pass --token or EXEC_GATEWAY_TOKEN"
+        )),
+    }
+}
+
+/// The owner of the TCP socket listening on `port` on this host
+/// (`/proc/net/tcp` and `tcp6`), if any.
+fn listener_uid(port: u16) -> Option<u32> {
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid …; 0A is LISTEN.
+            if f.len() < 8 || f[3] != "0A" {
+                continue;
+            }
+            let local_port = f[1]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) {
+                return f[7].parse().ok();
+            }
+        }
+    }
+    None
 }
 
 /// A short-lived token for tenant `default`, signed with the embedded
@@ -197,6 +247,22 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // A missing --cwd would read as a missing command (both are ENOENT).
+    if let Some(cwd) = &args.cwd {
+        match client.metadata(cwd).await {
+            Ok(m) if m.is_directory => {}
+            Ok(_) => {
+                let _ = client.close().await;
+                return fail(format!("--cwd {cwd}: not a directory"));
+            }
+            // Without fs:read, the start will tell.
+            Err(ClientError::Rpc { code: -32003, .. }) => {}
+            Err(e) => {
+                let _ = client.close().await;
+                return fail(format!("--cwd {cwd}: {e}"));
+            }
+        }
+    }
     let pid = format!("exec-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let mut spec = ProcessSpec::new(&pid, args.command.clone());
     spec.cwd = args.cwd.clone().unwrap_or_default();
@@ -246,7 +312,8 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     // Done: the session need not wait for a resume.
     let _ = client.close().await;
     match code {
-        Ok(c) => ExitCode::from((c & 0xff) as u8),
+        // A code no process can exit with (a server's 256, -1) is a failure.
+        Ok(c) => ExitCode::from(u8::try_from(c).unwrap_or(255)),
         Err(e) => fail(e),
     }
 }
@@ -267,7 +334,18 @@ async fn run_attached(
     let mut input_done = !stdin;
     loop {
         tokio::select! {
-            code = &mut output => return code,
+            code = &mut output => {
+                // Our stdout's reader is gone (`exec … | head`): end the
+                // process, and exit as a local writer would, by SIGPIPE's
+                // code, without a message.
+                if let Err(ClientError::Io(e)) = &code
+                    && e.kind() == std::io::ErrorKind::BrokenPipe
+                {
+                    let _ = client.terminate(pid).await;
+                    return Ok(128 + libc::SIGPIPE);
+                }
+                return code;
+            }
             r = &mut input, if !input_done => {
                 input_done = true;
                 if let Err(e) = r {
@@ -290,27 +368,41 @@ async fn run_attached(
 
 /// Write output to stdout and stderr until the process closes.
 async fn pump_output(mut events: client::Attachment<'_>) -> client::Result<i32> {
-    let mut stdout = tokio::io::stdout();
-    let mut stderr = tokio::io::stderr();
     let mut code = None;
+    let mut lost = 0u64;
     while let Some(e) = events.next().await? {
         match e {
             Event::Output {
                 stream: Stream::Stderr,
                 data,
                 ..
-            } => {
-                stderr.write_all(&data).await?;
-                stderr.flush().await?;
-            }
-            Event::Output { data, .. } => {
-                stdout.write_all(&data).await?;
-                stdout.flush().await?;
-            }
+            } => write_out(&mut std::io::stderr(), &data)?,
+            Event::Output { data, .. } => write_out(&mut std::io::stdout(), &data)?,
             Event::Exited { code: c, signal } => code = Some(signal.map_or(c, |s| 128 + s)),
+            Event::OutputLost { chunks } => lost += chunks,
         }
     }
+    if lost > 0 {
+        return Err(ClientError::Disconnected(format!(
+            "{lost} chunks of the process's output were lost while the connection was away \
+             (the gateway keeps a process's last 1 MiB of output); the process {}",
+            match code {
+                Some(c) => format!("exited with {c}"),
+                None => "ended".to_owned(),
+            }
+        )));
+    }
     code.ok_or_else(|| ClientError::Protocol("the process closed without an exit code".into()))
+}
+
+/// Write a chunk out and flush it, blocking this worker thread (the
+/// other keeps stdin and signals moving): a slow reader of our stdout
+/// slows the process, as in a local pipe, with no extra copy.
+fn write_out(out: &mut impl std::io::Write, data: &[u8]) -> std::io::Result<()> {
+    tokio::task::block_in_place(|| {
+        out.write_all(data)?;
+        out.flush()
+    })
 }
 
 /// Bytes read from stdin per write.

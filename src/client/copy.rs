@@ -4,7 +4,7 @@
 //! destination is the copy's name. Regular files and directories are
 //! copied; symbolic links and special files are skipped and counted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{Client, ClientError, Result};
 
@@ -29,10 +29,44 @@ fn join(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
 }
 
-/// Copy `local` (a file or a directory tree) to `remote`.
+/// Deepest directory level copied; deeper trees are refused.
+pub const MAX_DEPTH: usize = 256;
+
+/// Most entries (files and directories) one copy lists.
+pub const MAX_ENTRIES: usize = 1_000_000;
+
+/// One entry of a listed tree, relative to its top.
+enum Entry {
+    Dir(String),
+    File(String),
+}
+
+fn too_big(what: &str) -> ClientError {
+    ClientError::Usage(format!(
+        "{what}: more than {MAX_ENTRIES} entries or {MAX_DEPTH} levels; copy it in parts"
+    ))
+}
+
+fn rel_join(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+/// Copy `local` (a file or a directory tree) to `remote`. The tree is
+/// listed before anything is written, so a destination inside the source
+/// is not copied into itself.
 pub async fn upload(client: &Client, local: &Path, remote: &str) -> Result<CopyStats> {
     let meta = std::fs::metadata(local)
         .map_err(|e| ClientError::Usage(format!("{}: {e}", local.display())))?;
+    if !meta.is_dir() && !meta.is_file() {
+        return Err(ClientError::Usage(format!(
+            "{}: not a regular file or directory",
+            local.display()
+        )));
+    }
     let remote = client.absolute(remote);
     let target = match client.metadata(&remote).await {
         Ok(m) if m.is_directory => {
@@ -47,40 +81,76 @@ pub async fn upload(client: &Client, local: &Path, remote: &str) -> Result<CopyS
         Err(e) => return Err(e),
     };
     let mut stats = CopyStats::default();
-    if !meta.is_dir() {
-        let mut f = tokio::fs::File::open(local).await?;
-        stats.bytes += client.write_file_from(&target, &mut f).await?;
+    if meta.is_file() {
+        stats.bytes += upload_file(client, local, &target).await?;
         stats.files += 1;
         return Ok(stats);
     }
-    let mut stack: Vec<(PathBuf, String)> = vec![(local.to_path_buf(), target)];
-    while let Some((dir, rdir)) = stack.pop() {
-        client.create_directory(&rdir, true).await?;
-        stats.directories += 1;
-        let mut entries = std::fs::read_dir(&dir)?.collect::<std::io::Result<Vec<_>>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
+    // List first (symbolic links and special files left out).
+    let mut entries = vec![Entry::Dir(String::new())];
+    let mut queue = vec![(String::new(), 0usize)];
+    while let Some((rel, depth)) = queue.pop() {
+        let dir = local.join(&rel);
+        let mut listed = std::fs::read_dir(&dir)?.collect::<std::io::Result<Vec<_>>>()?;
+        listed.sort_by_key(|e| e.file_name());
+        for e in listed {
             let Some(name) = e.file_name().to_str().map(str::to_owned) else {
                 stats.skipped += 1;
                 continue;
             };
             let ft = e.file_type()?;
-            let rpath = join(&rdir, &name);
+            let child = rel_join(&rel, &name);
             if ft.is_dir() {
-                stack.push((e.path(), rpath));
+                if depth + 1 > MAX_DEPTH {
+                    return Err(too_big(&local.display().to_string()));
+                }
+                entries.push(Entry::Dir(child.clone()));
+                queue.push((child, depth + 1));
             } else if ft.is_file() {
-                let mut f = tokio::fs::File::open(e.path()).await?;
-                stats.bytes += client.write_file_from(&rpath, &mut f).await?;
-                stats.files += 1;
+                entries.push(Entry::File(child));
             } else {
                 stats.skipped += 1;
+            }
+            if entries.len() > MAX_ENTRIES {
+                return Err(too_big(&local.display().to_string()));
+            }
+        }
+    }
+    for e in entries {
+        match e {
+            Entry::Dir(rel) => {
+                let r = if rel.is_empty() {
+                    target.clone()
+                } else {
+                    join(&target, &rel)
+                };
+                client.create_directory(&r, true).await?;
+                stats.directories += 1;
+            }
+            Entry::File(rel) => {
+                stats.bytes += upload_file(client, &local.join(&rel), &join(&target, &rel)).await?;
+                stats.files += 1;
             }
         }
     }
     Ok(stats)
 }
 
-/// Copy `remote` (a file or a directory tree) to `local`.
+/// One local file to the gateway; a refusal for load is retried.
+async fn upload_file(client: &Client, local: &Path, remote: &str) -> Result<u64> {
+    let mut backoff = super::Backoff::new(super::DEFAULT_RESUME_WITHIN);
+    loop {
+        let mut f = tokio::fs::File::open(local).await?;
+        match client.write_file_from(remote, &mut f).await {
+            Err(e) if super::is_overloaded(&e) && backoff.wait().await => {}
+            r => return r,
+        }
+    }
+}
+
+/// Copy `remote` (a file or a directory tree) to `local`. The tree is
+/// listed before anything is written; symbolic links in it are skipped
+/// (a link to `.` would otherwise be copied without end).
 pub async fn download(client: &Client, remote: &str, local: &Path) -> Result<CopyStats> {
     let remote = client.absolute(remote);
     let meta = client.metadata(&remote).await?;
@@ -103,31 +173,56 @@ pub async fn download(client: &Client, remote: &str, local: &Path) -> Result<Cop
         stats.files += 1;
         return Ok(stats);
     }
-    let mut stack: Vec<(String, PathBuf)> = vec![(remote, target)];
-    while let Some((rdir, dir)) = stack.pop() {
-        std::fs::create_dir_all(&dir)?;
-        stats.directories += 1;
-        let mut entries = client.read_directory(&rdir).await?;
-        entries.sort_by(|a, b| a.file_name.cmp(&b.file_name));
-        for e in entries {
+    let mut entries = vec![Entry::Dir(String::new())];
+    let mut queue = vec![(String::new(), 0usize)];
+    while let Some((rel, depth)) = queue.pop() {
+        let rdir = if rel.is_empty() {
+            remote.clone()
+        } else {
+            join(&remote, &rel)
+        };
+        let mut listed = client.read_directory(&rdir).await?;
+        listed.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+        for e in listed {
             // Names are the gateway's: never a path of their own.
             if e.file_name.is_empty()
                 || e.file_name.contains('/')
                 || e.file_name == "."
                 || e.file_name == ".."
+                || !(e.is_directory || e.is_file)
             {
                 stats.skipped += 1;
                 continue;
             }
-            let rpath = join(&rdir, &e.file_name);
-            let lpath = dir.join(&e.file_name);
-            if e.is_directory {
-                stack.push((rpath, lpath));
-            } else if e.is_file {
-                stats.bytes += fetch(client, &rpath, &lpath).await?;
-                stats.files += 1;
-            } else {
+            let child = rel_join(&rel, &e.file_name);
+            // Listings follow links; a link is found by asking.
+            if client.metadata(&join(&remote, &child)).await?.is_symlink {
                 stats.skipped += 1;
+                continue;
+            }
+            if e.is_directory {
+                if depth + 1 > MAX_DEPTH {
+                    return Err(too_big(&remote));
+                }
+                entries.push(Entry::Dir(child.clone()));
+                queue.push((child, depth + 1));
+            } else {
+                entries.push(Entry::File(child));
+            }
+            if entries.len() > MAX_ENTRIES {
+                return Err(too_big(&remote));
+            }
+        }
+    }
+    for e in entries {
+        match e {
+            Entry::Dir(rel) => {
+                std::fs::create_dir_all(target.join(&rel))?;
+                stats.directories += 1;
+            }
+            Entry::File(rel) => {
+                stats.bytes += fetch(client, &join(&remote, &rel), &target.join(&rel)).await?;
+                stats.files += 1;
             }
         }
     }

@@ -102,7 +102,7 @@ pub(super) struct GrpcClient {
 
 impl GrpcClient {
     pub(super) async fn connect(opts: ConnectOptions) -> Result<GrpcClient> {
-        let target = opts.url.clone();
+        let target = super::redact_url(&opts.url);
         let connect_err = |detail: String| ClientError::Connect {
             url: target.clone(),
             detail,

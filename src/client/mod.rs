@@ -58,12 +58,17 @@ pub const FILE_BLOCK_BYTES: usize = 1024 * 1024;
 /// File blocks in flight at once during a transfer.
 pub const FILE_BLOCKS_IN_FLIGHT: usize = 8;
 
-/// Events buffered for one attachment before it falls back to reading the
-/// process's retained output.
+/// Events held for one attachment that is not being read; past this (or
+/// [`ATTACH_BUFFER_BYTES`]) the link stops reading and the gateway holds
+/// the process back.
 pub const ATTACH_BUFFER_EVENTS: usize = 1024;
 
-/// Largest message the client accepts from the gateway.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Output bytes held for one attachment that is not being read.
+pub const ATTACH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
+
+/// Largest message the client accepts from the gateway (the gateway's
+/// own answers stay far below: 1 MiB blocks, 256 KiB chunks).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +210,10 @@ pub enum Event {
     /// so (gRPC). Output may still follow (a background child holding the
     /// pipe).
     Exited { code: i32, signal: Option<i32> },
+    /// Output the gateway no longer retained when this client caught up
+    /// (it keeps a process's newest 1 MiB while a connection is away):
+    /// `chunks` chunks are missing before the next output.
+    OutputLost { chunks: u64 },
 }
 
 /// Signals `signal` sends to a process group.
@@ -296,6 +305,31 @@ pub struct Client {
 enum Inner {
     Ws(ws::WsClient),
     Grpc(grpc::GrpcClient),
+}
+
+/// `url` as it may be shown: no password, no `access_token` value.
+pub fn redact_url(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return url.split(['?', '#']).next().unwrap_or_default().to_owned();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("REDACTED"));
+    }
+    if u.query().is_some() {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "access_token" {
+                    "REDACTED".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.into()
 }
 
 /// Which door a URL names.
@@ -577,6 +611,11 @@ impl Attachment<'_> {
             AttachInner::Grpc(a) => a.resyncs(),
         }
     }
+}
+
+/// -32001: the gateway or the tenant is over a limit; retry after a while.
+fn is_overloaded(e: &ClientError) -> bool {
+    matches!(e, ClientError::Rpc { code: -32001, .. })
 }
 
 /// Backoff between reconnection attempts.

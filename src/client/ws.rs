@@ -20,16 +20,19 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ATTACH_BUFFER_EVENTS, Backoff, ClientError, ConnectOptions, DirEntry, Event, FILE_BLOCK_BYTES,
-    FILE_BLOCKS_IN_FLIGHT, MAX_MESSAGE_BYTES, Metadata, ProcessInfo, ProcessSpec, Result, Signal,
-    Stream, WriteStatus, unique_prefix,
+    ATTACH_BUFFER_BYTES, ATTACH_BUFFER_EVENTS, Backoff, ClientError, ConnectOptions, DirEntry,
+    Event, FILE_BLOCK_BYTES, FILE_BLOCKS_IN_FLIGHT, MAX_MESSAGE_BYTES, Metadata, ProcessInfo,
+    ProcessSpec, Result, Signal, Stream, WriteStatus, is_overloaded, unique_prefix,
 };
+
+/// How long one call waits for its answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Frames queued for a link's writer.
 const OUTBOUND_FRAMES: usize = 256;
@@ -57,11 +60,23 @@ enum Note {
     },
 }
 
-/// One attachment's mailbox.
+impl Note {
+    fn bytes(&self) -> usize {
+        match self {
+            Note::Output { data, .. } => data.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// One attachment's mailbox. A full one (in events or bytes) stops the
+/// link's reader: the gateway's queue for the connection fills and the
+/// process waits, as behind a local pipe. Nothing is dropped.
 struct Sub {
-    tx: mpsc::Sender<Note>,
-    /// Set when a notification could not be delivered (a full mailbox, a
-    /// dead link): the attachment must re-read.
+    tx: mpsc::Sender<(Note, OwnedSemaphorePermit)>,
+    /// Bytes of output held in the mailbox ([`ATTACH_BUFFER_BYTES`]).
+    budget: Arc<Semaphore>,
+    /// Set when the link died: the attachment must re-read.
     lagged: AtomicBool,
     wake: Notify,
 }
@@ -84,15 +99,19 @@ struct Subs {
 }
 
 impl Subs {
-    fn deliver(&self, process_id: &str, note: Note) {
-        let map = self.map.lock();
-        let Some(subs) = map.get(process_id) else {
-            return;
+    /// Hand `note` to each attachment of the process, waiting for room.
+    async fn deliver(&self, process_id: &str, note: Note) {
+        let subs: Vec<Arc<Sub>> = match self.map.lock().get(process_id) {
+            Some(subs) => subs.iter().map(|(_, s)| s.clone()).collect(),
+            None => return,
         };
-        for (_, s) in subs {
-            if s.tx.try_send(note.clone()).is_err() {
-                s.lag();
-            }
+        let want = u32::try_from(note.bytes().min(ATTACH_BUFFER_BYTES)).unwrap_or(u32::MAX);
+        for s in subs {
+            // Closed when the attachment is dropped.
+            let Ok(permit) = s.budget.clone().acquire_many_owned(want).await else {
+                continue;
+            };
+            let _ = s.tx.send((note.clone(), permit)).await;
         }
     }
 
@@ -133,9 +152,18 @@ impl Link {
             self.pending.lock().remove(&id);
             return Err(self.disconnected());
         }
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(self.disconnected()),
+        // The gateway answers within its request deadline (60 s by
+        // default); a server that never does is not waited for forever.
+        match tokio::time::timeout(CALL_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(self.disconnected()),
+            Err(_) => {
+                self.pending.lock().remove(&id);
+                Err(ClientError::Protocol(format!(
+                    "no answer to {method} within {}s",
+                    CALL_TIMEOUT.as_secs()
+                )))
+            }
         }
     }
 }
@@ -195,7 +223,7 @@ fn encode_b64(data: &[u8]) -> String {
 }
 
 /// Route one frame from the gateway.
-fn dispatch(text: &str, pending: &Mutex<HashMap<i64, oneshot::Sender<Reply>>>, subs: &Subs) {
+async fn dispatch(text: &str, pending: &Mutex<HashMap<i64, oneshot::Sender<Reply>>>, subs: &Subs) {
     let Ok(m) = serde_json::from_str::<Incoming<'_>>(text) else {
         tracing::debug!("unparseable frame from the gateway");
         return;
@@ -223,7 +251,7 @@ fn dispatch(text: &str, pending: &Mutex<HashMap<i64, oneshot::Sender<Reply>>>, s
             "process/closed" => Note::Closed { seq: p.seq },
             _ => return,
         };
-        subs.deliver(p.process_id, note);
+        subs.deliver(p.process_id, note).await;
         return;
     }
     let Some(id) = m.id.as_ref().and_then(Value::as_i64) else {
@@ -253,7 +281,7 @@ fn dispatch(text: &str, pending: &Mutex<HashMap<i64, oneshot::Sender<Reply>>>, s
 /// Connect a websocket and start its reader and writer.
 async fn open_link(opts: &ConnectOptions, generation: u64, subs: Arc<Subs>) -> Result<Arc<Link>> {
     let connect_err = |detail: String| ClientError::Connect {
-        url: opts.url.clone(),
+        url: super::redact_url(&opts.url),
         detail,
     };
     let mut request = opts
@@ -335,10 +363,10 @@ async fn open_link(opts: &ConnectOptions, generation: u64, subs: Arc<Subs>) -> R
                     frame = stream.next() => {
                         last = tokio::time::Instant::now();
                         match frame {
-                            Some(Ok(Message::Text(t))) => dispatch(t.as_str(), &pending, &subs),
+                            Some(Ok(Message::Text(t))) => dispatch(t.as_str(), &pending, &subs).await,
                             Some(Ok(Message::Binary(b))) => {
                                 if let Ok(t) = std::str::from_utf8(&b) {
-                                    dispatch(t, &pending, &subs);
+                                    dispatch(t, &pending, &subs).await;
                                 }
                             }
                             Some(Ok(Message::Close(frame))) => {
@@ -422,14 +450,24 @@ pub(super) struct WsClient {
     counter: AtomicU64,
     /// The server has only the May 2026 revision: plain paths.
     plain_paths: bool,
+    /// When a call was last answered.
+    last_answer: Mutex<tokio::time::Instant>,
 }
 
 impl WsClient {
     pub(super) async fn connect(opts: ConnectOptions) -> Result<WsClient> {
         let subs = Arc::new(Subs::default());
         let next_id = AtomicI64::new(1);
-        let link = open_link(&opts, 0, subs.clone()).await?;
-        let init = handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await?;
+        // A gateway over its limits (-32001) is asked again, a while later.
+        let mut backoff = Backoff::new(opts.resume_within);
+        let (link, init) = loop {
+            let link = open_link(&opts, 0, subs.clone()).await?;
+            match handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await {
+                Ok(init) => break (link, init),
+                Err(e) if is_overloaded(&e) && backoff.wait().await => link.dead.cancel(),
+                Err(e) => return Err(e),
+            }
+        };
         // The client speaks the November 2026 revision: `file://` paths
         // (the first one fixes the session's revision), 128 + n exit
         // codes, the 80 s detach TTL. A server whose `initialize` carries
@@ -473,6 +511,7 @@ impl WsClient {
             prefix: unique_prefix(),
             counter: AtomicU64::new(0),
             plain_paths,
+            last_answer: Mutex::new(tokio::time::Instant::now()),
         })
     }
 
@@ -511,7 +550,10 @@ impl WsClient {
         if dead.close_code.load(Ordering::Relaxed) == TAKEN_OVER {
             return Err(dead.disconnected());
         }
-        let mut backoff = Backoff::new(self.opts.resume_within);
+        // Measured from the last answer, so a link that keeps dying
+        // right after each resume does not retry forever.
+        let since = self.last_answer.lock().elapsed();
+        let mut backoff = Backoff::new(self.opts.resume_within.saturating_sub(since));
         loop {
             let last = match self.resume_once(dead_generation + 1).await {
                 Ok(link) => {
@@ -557,7 +599,10 @@ impl WsClient {
                 Err(e) if is_overloaded(&e) => {
                     tokio::time::sleep(retry_after(&e)).await;
                 }
-                Ok(r) => return Ok((r, retried)),
+                Ok(r) => {
+                    *self.last_answer.lock() = tokio::time::Instant::now();
+                    return Ok((r, retried));
+                }
                 // A start retried after a drop may find the first one done.
                 Err(e) if retried && method == "process/start" && e.is_already_exists() => {
                     return Ok((
@@ -607,6 +652,7 @@ impl WsClient {
         let (tx, rx) = mpsc::channel(ATTACH_BUFFER_EVENTS);
         let sub = Arc::new(Sub {
             tx,
+            budget: Arc::new(Semaphore::new(ATTACH_BUFFER_BYTES)),
             lagged: AtomicBool::new(false),
             wake: Notify::new(),
         });
@@ -780,6 +826,12 @@ impl WsClient {
                 break;
             };
             let (data, at_end) = r?;
+            if data.len() > FILE_BLOCK_BYTES {
+                return Err(ClientError::Protocol(format!(
+                    "a block of {} bytes where at most {FILE_BLOCK_BYTES} were asked",
+                    data.len()
+                )));
+            }
             if eof {
                 continue;
             }
@@ -966,11 +1018,6 @@ fn is_transient(e: &ClientError) -> bool {
     }
 }
 
-/// -32001: the gateway or the tenant is over a limit; retry after a while.
-fn is_overloaded(e: &ClientError) -> bool {
-    matches!(e, ClientError::Rpc { code: -32001, .. })
-}
-
 fn retry_after(e: &ClientError) -> Duration {
     let ms = match e {
         ClientError::Rpc { data: Some(d), .. } => d.get("retryAfterMs").and_then(Value::as_u64),
@@ -987,7 +1034,7 @@ pub(super) struct WsAttachment<'c> {
     process_id: String,
     key: u64,
     sub: Arc<Sub>,
-    rx: mpsc::Receiver<Note>,
+    rx: mpsc::Receiver<(Note, OwnedSemaphorePermit)>,
     ready: VecDeque<Event>,
     /// The last output seq yielded.
     cursor: u64,
@@ -1016,14 +1063,23 @@ impl WsAttachment<'_> {
             if self.closed {
                 return Ok(None);
             }
-            if self.need_sync || self.sub.lagged.swap(false, Ordering::AcqRel) {
+            if self.sub.lagged.swap(false, Ordering::AcqRel) {
+                // The link died: what reached the mailbox first is taken
+                // before re-reading, so none of it counts as lost.
+                while let Ok((n, _permit)) = self.rx.try_recv() {
+                    self.on_note(n);
+                }
+                self.need_sync = true;
+                continue;
+            }
+            if self.need_sync {
                 self.need_sync = false;
                 self.sync().await?;
                 continue;
             }
             tokio::select! {
                 note = self.rx.recv() => match note {
-                    Some(n) => self.on_note(n),
+                    Some((n, _permit)) => self.on_note(n),
                     None => self.need_sync = true,
                 },
                 () = self.sub.wake.notified() => {}
@@ -1104,6 +1160,16 @@ impl WsAttachment<'_> {
                 r => break r?,
             }
         };
+        // The gateway keeps the newest 1 MiB of a process's output: after a
+        // long enough absence the read starts past the cursor. Only an
+        // exit may sit between two outputs.
+        if let Some(first) = r.chunks.iter().find(|c| c.seq > self.cursor) {
+            let slack = u64::from(r.exited || self.exited);
+            let missing = first.seq.saturating_sub(self.cursor + 1 + slack);
+            if missing > 0 {
+                self.ready.push_back(Event::OutputLost { chunks: missing });
+            }
+        }
         for c in r.chunks {
             if c.seq <= self.cursor {
                 continue;
@@ -1132,6 +1198,8 @@ impl WsAttachment<'_> {
 
 impl Drop for WsAttachment<'_> {
     fn drop(&mut self) {
+        // A reader waiting for room here gives up.
+        self.sub.budget.close();
         let mut map = self.client.subs.map.lock();
         if let Some(subs) = map.get_mut(&self.process_id) {
             subs.retain(|(k, _)| *k != self.key);

@@ -436,3 +436,87 @@ def test_session_close_kills_what_is_left_and_forgets_the_session(gw):
     while subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "the session's process outlived session/close"
         time.sleep(0.05)
+
+
+def test_a_slow_reader_loses_nothing(gw):
+    """The client's stdout read slower than the process writes: the
+    client stops reading its connection and the gateway holds the process
+    back, as a pipe would; every byte arrives, in order."""
+    blob = os.urandom(24 * 1024 * 1024)
+    (gw.root / "blob").write_bytes(blob)
+    p = subprocess.Popen([gateway_binary(), "exec", "--", "cat", "blob"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=gw.env())
+    h, got = hashlib.sha256(), 0
+    while chunk := p.stdout.read(64 * 1024):
+        h.update(chunk)
+        got += len(chunk)
+        time.sleep(0.002)  # a slow consumer: ~30 MB/s at most
+    assert p.wait(timeout=WAIT) == 0, p.stderr.read()
+    assert (got, h.hexdigest()) == (len(blob), hashlib.sha256(blob).hexdigest())
+
+
+def test_output_lost_across_a_drop_is_reported_never_silent(aging_gw):
+    """Bulk output while the gateway closes the connection every second:
+    what the gateway no longer retains when the client is back cannot be
+    recovered, but the client must say so and fail, never exit 0 with a
+    short or reordered stream."""
+    blob = os.urandom(30 * 1024 * 1024)
+    (aging_gw.root / "blob").write_bytes(blob)
+    for _ in range(3):
+        r = cli(aging_gw, "exec", "--", "sh", "-c", "cat blob; cat blob", timeout=120)
+        if r.returncode == 0:
+            assert r.stdout == blob + blob
+        else:
+            # Lost output, or (on a loaded machine) a resume that did not
+            # make it in time: a failure either way, and said.
+            assert r.returncode == 125, r.stderr
+            assert b"were lost while the connection was away" in r.stderr \
+                or b"could not resume" in r.stderr, r.stderr
+
+
+def test_a_minted_token_goes_only_to_a_listener_of_this_user(gw, tmp_path):
+    """Without --token the client mints one with the embedded key for a
+    loopback gateway; another local user squatting on the port gets none."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    squatter = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "python3", "-c",
+         f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); "
+         "print('up', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        env = gw.env(EXEC_GATEWAY_URL=f"ws://127.0.0.1:{port}",
+                     XDG_STATE_HOME=str(tmp_path / "state"))
+        env.pop("EXEC_GATEWAY_TOKEN")
+        r = cli(gw, "exec", "--", "true", env=env)
+        assert r.returncode == 125
+        assert b"listened on by uid 65534" in r.stderr, r.stderr
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_cp_skips_links_and_does_not_copy_a_tree_into_itself(gw, tmp_path):
+    # A tenant's link loop: skipped, not copied without end.
+    r = cli(gw, "exec", "--", "sh", "-c",
+            "mkdir -p bomb/sub && echo data > bomb/file && ln -s . bomb/a && ln -s .. bomb/sub/up")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "bomb"
+    r = cli(gw, "cp", ":bomb", str(out))
+    assert r.returncode == 0, r.stderr
+    assert b"skipped 2" in r.stderr
+    assert tree(out) == {"file": sha(gw.root / "bomb" / "file"), "sub": "dir"}
+    # A destination inside the source: the tree as listed before copying.
+    (gw.root / "self" / "d").mkdir(parents=True)
+    (gw.root / "self" / "d" / "f").write_text("f\n")
+    r = cli(gw, "cp", ":self", str(gw.root / "self"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(tree(gw.root / "self")) == ["d", "d/f", "self", "self/d", "self/d/f"]
+    # A FIFO as the source of an upload is refused, not read forever.
+    os.mkfifo(tmp_path / "fifo")
+    r = cli(gw, "cp", str(tmp_path / "fifo"), ":fifo")
+    assert r.returncode == 125 and b"not a regular file or directory" in r.stderr
