@@ -32,6 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             Event::Output { data, .. } => print!("{}", String::from_utf8_lossy(&data)),
             Event::Exited { code, .. } => println!("exited with {code}"),
+            Event::OutputLost { chunks } => eprintln!("{chunks} chunks of output lost"),
         }
     }
 
