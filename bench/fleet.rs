@@ -83,7 +83,7 @@ pub async fn figures(
     let (owner_before, relay_before) = (cpu(0), cpu(1));
     let relay_mbs = throughput(&url(1), &sid, "big-relayed", output_bytes).await?;
     let gib = output_bytes as f64 / (1u64 << 30) as f64;
-    println!(
+    eprintln!(
         "(relayed output: the owner spent {:.2} CPU s per GiB, the relaying replica {:.2}; \
          client, relay and owner share this host's cores)",
         (cpu(0) - owner_before) / gib,

@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// Only the remote-executor figures (executor vs local worker).
     #[arg(long)]
     pub executors_only: bool,
+    /// Print the figures as one JSON array (figure, ours, baseline, ratio,
+    /// target, met, reference, and the leading numbers as `ours_value` and
+    /// `baseline_value`) instead of the table, to compare commits.
+    #[arg(long)]
+    pub json: bool,
     /// Internal: the soak's abuser process.
     #[arg(long, hide = true)]
     pub soak_abuser: Option<String>,
@@ -454,6 +459,37 @@ async fn throughput(url: &str, bytes: u64) -> BenchResult<f64> {
     Ok(bytes as f64 / secs / 1e6)
 }
 
+/// Output of `head -c bytes /dev/zero` read by a client that parses every
+/// frame into a `Value` and decodes every chunk (as Codex's client does).
+async fn parsing_throughput(url: &str, bytes: u64) -> BenchResult<f64> {
+    let mut c = Conn::open(url).await?;
+    let t = Instant::now();
+    let cwd = c.cwd.clone();
+    c.send(
+        "process/start",
+        json!({"processId": "bigp", "argv": ["head", "-c", bytes.to_string(), "/dev/zero"],
+               "cwd": cwd, "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await?;
+    let mut got = 0u64;
+    loop {
+        let v: Value = serde_json::from_str(&c.next_text().await?).map_err(err)?;
+        match v["method"].as_str() {
+            Some("process/output") => {
+                got += scalar_b64(v["params"]["chunk"].as_str().unwrap_or_default())?.len() as u64;
+            }
+            Some("process/closed") => break,
+            _ if v.get("error").is_some() => return Err(format!("start failed: {v}")),
+            _ => {}
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    if got != bytes {
+        return Err(format!("received {got} of {bytes} bytes"));
+    }
+    Ok(bytes as f64 / secs / 1e6)
+}
+
 async fn direct_throughput(bytes: u64) -> BenchResult<f64> {
     let t = Instant::now();
     let mut child = Command::new("head")
@@ -503,13 +539,42 @@ async fn idle_session_rss(server: &Server, n: usize) -> BenchResult<f64> {
     Ok(after.saturating_sub(before) as f64 / n as f64)
 }
 
-async fn read_file_p50(url: &str, path: &str, n: usize) -> BenchResult<Duration> {
+/// How a benchmark client consumes what the gateway sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consume {
+    /// Borrowed fields only, base64 left undecoded (or SIMD-decoded).
+    Lean,
+    /// As Codex's client does: every frame parsed into a
+    /// `serde_json::Value`, every chunk decoded with the `base64` crate.
+    Parsing,
+}
+
+/// Decode with the scalar `base64` crate, as Codex's client does.
+fn scalar_b64(s: &str) -> BenchResult<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(err)
+}
+
+async fn read_file_p50(url: &str, path: &str, n: usize, consume: Consume) -> BenchResult<Duration> {
     let mut c = Conn::open(url).await?;
     let mut lat = Vec::with_capacity(n);
     for i in 0..n + 10 {
         let t = Instant::now();
         let id = c.send("fs/readFile", json!({"path": path})).await?;
         let text = c.next_text().await?;
+        if consume == Consume::Parsing {
+            let v: Value = serde_json::from_str(&text).map_err(err)?;
+            let data = scalar_b64(v["result"]["dataBase64"].as_str().unwrap_or_default())?;
+            if v["id"] != json!(id) || data.len() != 1024 * 1024 {
+                return Err("unexpected readFile response".to_owned());
+            }
+            if i >= 10 {
+                lat.push(t.elapsed());
+            }
+            continue;
+        }
         #[derive(Deserialize)]
         struct Resp<'a> {
             id: i64,
@@ -610,6 +675,39 @@ impl Row {
             reference: String::new(),
         }
     }
+}
+
+/// The leading number of a figure ("1.743 ms" → 1.743, "1,219 MB/s" →
+/// 1219).
+fn leading_number(s: &str) -> Option<f64> {
+    let n: String = s
+        .trim_start_matches(['+', ' '])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ',' || *c == '-')
+        .filter(|c| *c != ',')
+        .collect();
+    n.parse().ok()
+}
+
+/// The figures, as a table or (`--json`) one JSON array.
+fn report(rows: &[Row], with_ref: bool, as_json: bool) {
+    if !as_json {
+        print_rows(rows, with_ref);
+        return;
+    }
+    let out: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "figure": r.figure, "ours": r.ours, "baseline": r.baseline,
+                "ratio": r.ratio, "target": r.target, "met": r.met,
+                "reference": (!r.reference.is_empty()).then_some(&r.reference),
+                "ours_value": leading_number(&r.ours),
+                "baseline_value": leading_number(&r.baseline),
+            })
+        })
+        .collect();
+    println!("{}", Value::Array(out));
 }
 
 fn print_rows(rows: &[Row], with_ref: bool) {
@@ -775,13 +873,13 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     };
     if args.executors_only {
         let rows = executor_rows().await?;
-        print_rows(&rows, false);
+        report(&rows, false, args.json);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
     if args.fleet_only {
         let rows = fleet_rows().await?;
-        print_rows(&rows, false);
+        report(&rows, false, args.json);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
@@ -802,7 +900,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
         })
         .unwrap_or_default();
-    println!(
+    eprintln!(
         "exec-gateway bench: {} cores, {host}, iterations {}, sessions {}, output {} bytes",
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -934,7 +1032,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         drop(s);
     }
     let layers = readyz(&gw).await.unwrap_or_default();
-    println!(
+    eprintln!(
         "isolation of the measured gateway: {}",
         layers.trim().replace('\n', "; ")
     );
@@ -1004,6 +1102,26 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(ours / direct >= 0.4),
         reference: r,
     });
+    let mut parsing = 0f64;
+    for _ in 0..3 {
+        parsing = parsing.max(parsing_throughput(&gw.url, args.output_bytes).await?);
+    }
+    let r = match &reference {
+        Some(r) => format!(
+            "{:.0} MB/s",
+            parsing_throughput(&r.url, args.output_bytes).await?
+        ),
+        None => String::new(),
+    };
+    rows.push(Row {
+        figure: "output over ws, parsing client, best of 3",
+        ours: format!("{parsing:.0} MB/s"),
+        baseline: format!("{direct:.0} MB/s pipe"),
+        ratio: format!("{:.0}%", parsing / direct * 100.0),
+        target: "≥ 50% of the direct pipe",
+        met: Some(parsing / direct >= 0.5),
+        reference: r,
+    });
 
     // 3b. the same over gRPC (raw bytes: no base64, no JSON).
     if let Some(grpc) = &gw.grpc {
@@ -1046,9 +1164,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     // 4. fs/readFile 1 MiB.
     let direct = direct_read_file_p50(&file, n.min(500), false)?;
     let direct_simd = direct_read_file_p50(&file, n.min(500), true)?;
-    let ours = read_file_p50(&gw.url, &file, n.min(500)).await?;
+    let ours = read_file_p50(&gw.url, &file, n.min(500), Consume::Lean).await?;
     let r = match &reference {
-        Some(r) => ms(read_file_p50(&r.url, &file, ref_n).await?),
+        Some(r) => ms(read_file_p50(&r.url, &file, ref_n, Consume::Lean).await?),
         None => String::new(),
     };
     let ratio = ours.as_secs_f64() / direct.as_secs_f64();
@@ -1059,6 +1177,21 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ratio: format!("{ratio:.2}x"),
         target: "≤ 3x direct",
         met: Some(ratio <= 3.0),
+        reference: r,
+    });
+    let parsing = read_file_p50(&gw.url, &file, n.min(500), Consume::Parsing).await?;
+    let r = match &reference {
+        Some(r) => ms(read_file_p50(&r.url, &file, ref_n, Consume::Parsing).await?),
+        None => String::new(),
+    };
+    let ratio = parsing.as_secs_f64() / direct.as_secs_f64();
+    rows.push(Row {
+        figure: "fs/readFile 1 MiB, p50, parsing client",
+        ours: ms(parsing),
+        baseline: format!("{} read+b64", ms(direct)),
+        ratio: format!("{ratio:.2}x"),
+        target: "≤ 2x direct",
+        met: Some(ratio <= 2.0),
         reference: r,
     });
     rows.push(Row::reported(
@@ -1133,13 +1266,13 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(ratio <= 2.0),
         reference: String::new(),
     });
-    println!(
+    eprintln!(
         "(flood: {flood_ok} spawns served, {flood_shed} shed with -32001 under the default 200 req/s tenant limit)"
     );
 
     rows.extend(fleet_rows().await?);
     rows.extend(executor_rows().await?);
-    print_rows(&rows, reference.is_some());
+    report(&rows, reference.is_some(), args.json);
     let _ = std::fs::remove_dir_all(&dir);
     drop(gw);
     drop(reference);
