@@ -21,6 +21,21 @@ async fn channel(gw: &Gateway) -> Channel {
     common::grpc::channel(&gw.grpc).await
 }
 
+/// A fresh gRPC session for `token`'s tenant.
+async fn new_session(sessions: &mut SessionServiceClient<Channel>, token: &str) -> String {
+    sessions
+        .create_session(authed(
+            pb::CreateSessionRequest {
+                client_name: "t".into(),
+            },
+            token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
 /// Drain an event stream: (stdout+pty bytes, exit code, seqs).
 async fn drain<S, T>(
     mut s: S,
@@ -54,17 +69,7 @@ async fn every_process_rpc_over_grpc() {
     let ch = channel(&gw).await;
     let mut sessions = SessionServiceClient::new(ch.clone());
     let mut procs = ProcessServiceClient::new(ch.clone());
-    let sid = sessions
-        .create_session(authed(
-            pb::CreateSessionRequest {
-                client_name: "t".into(),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let sid = new_session(&mut sessions, &token).await;
     assert_eq!(
         sessions
             .resume_session(authed(
@@ -800,17 +805,7 @@ async fn close_session_ends_only_the_callers_own_session() {
     let ch = channel(&gw).await;
     let mut sessions = SessionServiceClient::new(ch.clone());
     let mut procs = ProcessServiceClient::new(ch.clone());
-    let sid = sessions
-        .create_session(authed(
-            pb::CreateSessionRequest {
-                client_name: "t".into(),
-            },
-            &t1,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let sid = new_session(&mut sessions, &t1).await;
     procs
         .start(authed(
             pb::StartRequest {
