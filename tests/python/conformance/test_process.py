@@ -247,11 +247,13 @@ async def test_tty(t):
     assert await t.write(c, "echo", "hello\n") == {"status": "accepted"}
     run = Run(await c.process_events("echo"))
     assert run.data() == b"hello\r\ngot:hello\r\n"
-    # A terminated pty process reports 1 in both revisions.
+    # A terminated pty process reports 1 in both revisions. The reference
+    # now and then reports -1 instead (its own wait races the kill: seen in
+    # CI with 0.130.0); the gateway must always say 1.
     await t.start(c, "kill", ["sleep", "60"], tty=True)
     assert await c.call("process/terminate", {"processId": "kill"}) == {"running": True}
     run = Run(await c.process_events("kill"))
-    assert run.exit_code == 1
+    assert run.exit_code in ((1, -1) if t.reference else (1,))
     assert run.data() in (b"", b"\r\n")
 
 
