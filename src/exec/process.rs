@@ -58,8 +58,12 @@ pub struct Process {
     /// Output waits for the first subscriber (at most [`HOLD_OUTPUT_MAX`]).
     hold_output: bool,
     first_subscriber: Notify,
-    /// The process's own cgroup (killed with it; reused when evicted).
-    pub cgroup: Option<ProcessCgroup>,
+    /// The process's own cgroup (killed with it). Given back for the next
+    /// process once this one closes with nothing left in it, else when the
+    /// process is evicted.
+    cgroup: Mutex<Option<ProcessCgroup>>,
+    /// What the cgroup said of OOM kills when it was given back.
+    oom_killed_at_release: AtomicBool,
     /// The session's protocol revision (exit codes, notification shapes).
     pub revision: Arc<RevisionCell>,
 }
@@ -103,7 +107,8 @@ impl NewProcess {
             subscriber_timeout: self.subscriber_timeout,
             hold_output: self.hold_output,
             first_subscriber: Notify::new(),
-            cgroup: self.cgroup,
+            cgroup: Mutex::new(self.cgroup),
+            oom_killed_at_release: AtomicBool::new(false),
             revision: self.revision,
         })
     }
@@ -121,11 +126,30 @@ impl Process {
     /// Kill the process's cgroup off the async threads (the kill rounds
     /// sleep). Reaches `setsid` escapers, which outlive their group.
     pub fn kill_cgroup(self: &Arc<Self>) {
-        if self.cgroup.is_some() {
+        if self.cgroup.lock().is_some() {
             let p = self.clone();
             tokio::task::spawn_blocking(move || {
-                if let Some(cg) = &p.cgroup {
+                if let Some(cg) = &*p.cgroup.lock() {
                     cg.kill();
+                }
+            });
+        }
+    }
+
+    /// Once closed: give the cgroup back now when nothing is left in it, so
+    /// the next process reuses it instead of making one (a `mkdir` and a
+    /// `chown` on cgroupfs: the largest cost of a spawn in the gateway). A
+    /// cgroup with escapers in it stays with the process until eviction, as
+    /// before, so `terminate` and session close still reach them.
+    pub fn release_cgroup_if_empty(self: &Arc<Self>) {
+        if self.cgroup.lock().is_some() {
+            let p = self.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut cg = p.cgroup.lock();
+                if let Some(released) = cg.take_if(|c| c.is_empty()) {
+                    p.oom_killed_at_release
+                        .store(released.oom_killed(), Ordering::Relaxed);
+                    drop(released);
                 }
             });
         }
@@ -145,9 +169,14 @@ impl Process {
         if self.worker_died.load(Ordering::Relaxed) {
             return Some("its worker process died; the process was killed".to_owned());
         }
-        let cg = self.cgroup.as_ref()?;
-        (self.log.lock().exited() && cg.oom_killed())
-            .then(|| "killed by the out-of-memory killer (tenant memory limit)".to_owned())
+        if !self.log.lock().exited() {
+            return None;
+        }
+        let oom_killed = match &*self.cgroup.lock() {
+            Some(cg) => cg.oom_killed(),
+            None => self.oom_killed_at_release.load(Ordering::Relaxed),
+        };
+        oom_killed.then(|| "killed by the out-of-memory killer (tenant memory limit)".to_owned())
     }
 
     pub fn state(&self) -> ProcessState {

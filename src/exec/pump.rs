@@ -131,6 +131,7 @@ impl Pump {
         }
         process.stdin.release().await;
         process.emit_closed(&attachment).await;
+        process.release_cgroup_if_empty();
         drop(permits);
         if let Some(table) = table.upgrade() {
             table.mark_closed(&process);

@@ -683,9 +683,13 @@ impl TenantCgroup {
                     CString::new(own.into_os_string().into_encoded_bytes())
                         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
                 ],
+                oom_base: if self.memory {
+                    own_oom_kills(&self.process_dir(&rel))
+                } else {
+                    0
+                },
                 rel,
                 memory: self.memory,
-                oom_base: 0,
                 tenant: self.clone(),
             });
         }
@@ -720,21 +724,31 @@ impl TenantCgroup {
     }
 }
 
-/// The tenant memory cgroup's `oom_kill` counter.
+/// The tenant memory cgroup's `oom_kill` counter (v1).
 fn oom_kills(tenant: &str) -> u64 {
-    std::fs::read_to_string(
-        controller_dir("memory")
+    oom_kill_line(
+        &controller_dir("memory")
             .join(tenant)
             .join("memory.oom_control"),
     )
-    .ok()
-    .and_then(|s| {
-        s.lines().find_map(|l| {
-            l.strip_prefix("oom_kill ")
-                .and_then(|n| n.trim().parse().ok())
+}
+
+/// A v2 process cgroup's own `oom_kill` counter.
+fn own_oom_kills(dir: &Path) -> u64 {
+    oom_kill_line(&dir.join("memory.events"))
+}
+
+/// The `oom_kill N` line of a memory controller file; 0 when unreadable.
+fn oom_kill_line(file: &Path) -> u64 {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|n| n.trim().parse().ok())
+            })
         })
-    })
-    .unwrap_or(0)
+        .unwrap_or(0)
 }
 
 /// One process's cgroup.
@@ -776,28 +790,27 @@ impl ProcessCgroup {
         kill_dir(&self.tenant.membership_dir());
     }
 
-    /// True if the kernel OOM-killed something in the process's tenant
-    /// while it ran (the memory limit is the tenant's, so with concurrent
-    /// processes this names the limit, not necessarily this process).
+    /// Nothing is left in it: its leader reaped and no escaper behind. A
+    /// cgroup that cannot be read is not empty.
+    pub fn is_empty(&self) -> bool {
+        std::fs::read_to_string(self.tenant.process_dir(&self.rel).join("cgroup.procs"))
+            .is_ok_and(|s| s.trim().is_empty())
+    }
+
+    /// True if the kernel OOM-killed something while the process ran: v2
+    /// counts the process's own cgroup, v1 the tenant's (the memory limit
+    /// is the tenant's, so with concurrent processes this names the limit,
+    /// not necessarily this process). Counted from when this process got
+    /// the cgroup, which may have served others before.
     pub fn oom_killed(&self) -> bool {
         if !self.memory {
             return false;
         }
-        if self.tenant.v2.is_some() {
-            // v2: the process's own cgroup counts its own OOM kills.
-            return std::fs::read_to_string(
-                self.tenant.process_dir(&self.rel).join("memory.events"),
-            )
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|n| n.trim().parse::<u64>().ok())
-                })
-            })
-            .is_some_and(|n| n > 0);
-        }
-        oom_kills(&self.tenant.name) > self.oom_base
+        let now = match self.tenant.v2 {
+            Some(_) => own_oom_kills(&self.tenant.process_dir(&self.rel)),
+            None => oom_kills(&self.tenant.name),
+        };
+        now > self.oom_base
     }
 }
 
