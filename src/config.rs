@@ -729,7 +729,7 @@ pub const DEFAULT_MAX_READ_FILE_BYTES: u64 = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_OUTBOUND_BYTES: usize = 256 * 1024 * 1024;
 /// Bytes a base64 `fs/readFile` result of `len` file bytes takes on the wire.
 pub fn read_file_reply_bytes(len: u64) -> u64 {
-    len.div_ceil(3).saturating_mul(4).saturating_add(64)
+    len.div_ceil(3).saturating_mul(4).saturating_add(96)
 }
 
 /// The admin listener's bearer token (never printed).

@@ -405,8 +405,10 @@ pub enum Outcome {
 /// A JSON `result`, built in bytes reserved before it was built.
 #[derive(Debug)]
 pub struct EncodedReply {
-    /// The serialised `result` value.
+    /// The serialised `result` value, after `gap` leading spaces.
     pub result: String,
+    /// Leading spaces of `result` (0 or [`crate::protocol::jsonrpc::ENVELOPE_GAP`]).
+    pub gap: usize,
     /// Its bytes in the connection's and tenant's outbound budgets.
     pub held: crate::outbound::Reservation,
 }

@@ -230,7 +230,11 @@ impl Shared {
         let result = blocking(move || crate::fs::read_encoded(file, len))
             .await
             .map_err(err)?;
-        Ok(Outcome::Encoded(EncodedReply { result, held }))
+        Ok(Outcome::Encoded(EncodedReply {
+            result,
+            gap: crate::protocol::jsonrpc::ENVELOPE_GAP,
+            held,
+        }))
     }
 
     async fn fs_file(&self, op: FsOp) -> Result<std::fs::File, FsError> {
@@ -850,6 +854,7 @@ impl SessionBackend for LocalSession {
                             result: serde_json::to_string(&reply).map_err(|e| {
                                 GatewayError::Internal(format!("encoding a reply: {e}"))
                             })?,
+                            gap: 0,
                             held,
                         })),
                         None => Ok(Outcome::Reply(reply)),

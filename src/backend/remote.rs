@@ -301,7 +301,11 @@ impl RemoteSession {
         let held = out.reserve(result.len()).await.map_err(|_| {
             GatewayError::Internal("the connection closed before the reply was sent".to_owned())
         })?;
-        Ok(Outcome::Encoded(EncodedReply { result, held }))
+        Ok(Outcome::Encoded(EncodedReply {
+            result,
+            gap: 0,
+            held,
+        }))
     }
 }
 

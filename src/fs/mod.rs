@@ -708,11 +708,17 @@ const ENCODE_STEP_BYTES: usize = 3 * 256 * 1024;
 
 /// The JSON `result` of `fs/readFile` for an opened file of `len` bytes,
 /// base64-encoded as it is read: only one step of raw bytes is ever held
-/// besides the result. A file that grew past `len` since it was measured
-/// is an error (the reply's bytes were reserved for `len`).
+/// besides the result. It starts with [`crate::protocol::jsonrpc::ENVELOPE_GAP`] spaces
+/// and has room for one more byte at the end: the response is built in
+/// place around it. A file that grew past `len` since it was measured is
+/// an error (the reply's bytes were reserved for `len`).
 pub fn read_encoded(mut file: std::fs::File, len: u64) -> Result<String, FsError> {
-    let capacity = usize::try_from(len.div_ceil(3) * 4 + 20).unwrap_or(0);
+    let gap = crate::protocol::jsonrpc::ENVELOPE_GAP;
+    let capacity = usize::try_from(len.div_ceil(3) * 4 + 20)
+        .unwrap_or(0)
+        .saturating_add(gap + 1);
     let mut out = String::with_capacity(capacity);
+    out.extend(std::iter::repeat_n(' ', gap));
     out.push_str(r#"{"dataBase64":""#);
     let mut buf = vec![0u8; ENCODE_STEP_BYTES];
     let mut total = 0u64;
@@ -980,7 +986,12 @@ mod tests {
             data_base64: crate::protocol::ByteChunk(data),
         })
         .unwrap();
-        assert_eq!(read_encoded(reopen(&f), len).unwrap(), expected);
+        let encoded = read_encoded(reopen(&f), len).unwrap();
+        let gap = crate::protocol::jsonrpc::ENVELOPE_GAP;
+        assert_eq!(encoded[..gap], " ".repeat(gap));
+        assert_eq!(&encoded[gap..], expected);
+        // Room for the response's closing brace without a reallocation.
+        assert!(encoded.capacity() > encoded.len());
         // Measured one byte short: the file grew since.
         assert!(read_encoded(reopen(&f), len - 1).is_err());
     }

@@ -93,6 +93,12 @@ impl MalformedMessage {
     }
 }
 
+/// Spaces a large encoded `result` starts with, so its connection writes
+/// the response's head (`{"id":…,"result":`) over them instead of copying
+/// the whole result into a new string: whitespace between JSON tokens, so
+/// the message is the same JSON to every parser.
+pub const ENVELOPE_GAP: usize = 48;
+
 /// The bad-id message of 0.169.0.
 pub const BAD_REQUEST_ID: &str = "data did not match any variant of untagged enum RequestId";
 

@@ -311,7 +311,7 @@ where
                             }
                             let text = match result {
                                 Ok(Outcome::Encoded(e)) => {
-                                    out.send_reserved(envelope(&id, &e.result), e.held).await;
+                                    out.send_reserved(envelope_around(&id, e.result, e.gap), e.held).await;
                                     drop(permit);
                                     return;
                                 }
@@ -426,6 +426,25 @@ fn shed_penalty(e: &GatewayError) -> Option<std::time::Duration> {
     }
 }
 
+/// The response around an encoded `result` that starts with `gap` spaces:
+/// the head is written over them when it fits (no copy of the result),
+/// else the result is copied behind it.
+fn envelope_around(id: &RequestId, mut result: String, gap: usize) -> String {
+    let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
+    let head_len = r#"{"id":,"result":"#.len() + id_json.len();
+    let spaces = result
+        .as_bytes()
+        .get(..gap)
+        .is_some_and(|g| g.iter().all(|b| *b == b' '));
+    if gap > 0 && head_len <= gap && spaces {
+        let head = format!(r#"{{"id":{id_json},"result":"#);
+        result.replace_range(..head.len(), &head);
+        result.push('}');
+        return result;
+    }
+    envelope(id, result.trim_start())
+}
+
 /// A response around an already serialised `result`.
 fn envelope(id: &RequestId, result: &str) -> String {
     let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
@@ -455,5 +474,44 @@ mod tests {
                 jsonrpc::encode_response(&id, &reply)
             );
         }
+    }
+
+    #[test]
+    fn a_response_is_built_in_place_when_its_head_fits_the_gap() {
+        let gap = crate::protocol::jsonrpc::ENVELOPE_GAP;
+        let result = format!("{}{}", " ".repeat(gap), r#"{"dataBase64":"aGkK"}"#);
+        let long = "x".repeat(gap);
+        for id in [
+            RequestId::Integer(i64::MAX),
+            RequestId::String("a\"b".into()),
+            RequestId::String(long),
+        ] {
+            let mut spare = result.clone();
+            spare.reserve(1);
+            let ptr = spare.as_ptr();
+            let fits = serde_json::to_string(&id).unwrap().len() + 16 <= gap;
+            let text = envelope_around(&id, spare, gap);
+            assert!(text.starts_with(r#"{"id":"#), "{text}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let expected: serde_json::Value = serde_json::from_str(&jsonrpc::encode_response(
+                &id,
+                &Reply::FsReadFile(ReadFileResponse {
+                    data_base64: crate::protocol::ByteChunk(b"hi\n".to_vec()),
+                }),
+            ))
+            .unwrap();
+            assert_eq!(v, expected);
+            // In place (the same allocation) exactly when the head fits.
+            assert_eq!(text.as_ptr() == ptr, fits, "{text}");
+        }
+        // No gap, or a result shorter than the gap: copied, never a panic.
+        assert_eq!(
+            envelope_around(&RequestId::Integer(1), "{}".to_owned(), gap),
+            r#"{"id":1,"result":{}}"#
+        );
+        assert_eq!(
+            envelope_around(&RequestId::Integer(1), "{}".to_owned(), 0),
+            r#"{"id":1,"result":{}}"#
+        );
     }
 }
