@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use super::link::{self, FromWorker, FsReply, MAX_MESSAGE_BYTES, Received, ToWorker, WORKER_FD};
 use crate::fs::{FsError, FsRoot};
-use crate::spawn::{Ended, spawn_here};
+use crate::spawn::{Ended, vfork};
 
 /// Threads a worker runs blocking file operations on.
 const FS_THREADS: usize = 16;
@@ -148,8 +148,7 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
             }
             ToWorker::Spawn { id, spec } => {
                 let _g = link.lock.lock();
-                let spawned = spawn_here(&spec, None).and_then(|(child, fds)| {
-                    let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+                let spawned = vfork::spawn(&spec).and_then(|(pid, fds)| {
                     // Not reaped yet: the reap thread takes the lock we hold
                     // before it reaps, so this pidfd names our child.
                     let pidfd = crate::spawn::pidfd_open(pid, 0)?;
@@ -158,7 +157,7 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
                     Ok((pid, all))
                 });
                 let (reply, fds) = match spawned {
-                    // The reap thread waits for it; the std handle goes.
+                    // The reap thread waits for it.
                     Ok((pid, fds)) => (FromWorker::Spawned { id, pid }, fds),
                     Err(e) => (failed(id, &e), Vec::new()),
                 };

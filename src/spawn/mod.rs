@@ -2,10 +2,12 @@
 //!
 //! - [`SpawnSpec`] is what to run, already validated and with its final
 //!   environment; it is also the message that crosses the worker link.
-//! - [`spawn_here`] forks and execs it in the calling process: a tenant's
-//!   worker (the default) or, with workers off, the gateway itself. Pipes
-//!   or a PTY, the child's own process group (or session, for a PTY), its
-//!   cgroups joined and the sandbox applied between fork and exec.
+//! - [`vfork::spawn`] runs it from a tenant's worker (the default) without
+//!   copying the worker: pipes or a PTY, the child's own process group (or
+//!   session, for a PTY), its own cgroup joined before exec.
+//! - [`spawn_here`] forks and execs it with std's `Command` where a
+//!   sandbox must be applied between fork and exec (a worker itself) or,
+//!   with workers off, from the gateway.
 //! - [`Spawner`] is the seam the process table uses: [`LocalSpawner`] here,
 //!   the worker client (module `worker`) in the tenant's worker. Both return
 //!   the same [`Child`]: its pid, its streams as async I/O, and where its
@@ -16,6 +18,8 @@
 //! `PR_SET_PDEATHSIG`.
 
 #![allow(unsafe_code)]
+
+pub mod vfork;
 
 use std::collections::HashMap;
 use std::ffi::CString;
