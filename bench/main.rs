@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// Only the remote-executor figures (executor vs local worker).
     #[arg(long)]
     pub executors_only: bool,
+    /// Only the memory figure (RSS per idle session).
+    #[arg(long)]
+    pub memory_only: bool,
     /// Print the figures as one JSON array (figure, ours, baseline, ratio,
     /// target, met, reference, and the leading numbers as `ours_value` and
     /// `baseline_value`) instead of the table, to compare commits.
@@ -490,6 +493,51 @@ async fn parsing_throughput(url: &str, bytes: u64) -> BenchResult<f64> {
     Ok(bytes as f64 / secs / 1e6)
 }
 
+/// The parsing client's own ceiling: `process/output` frames as the gateway
+/// encodes them (256 KiB chunks), parsed into `serde_json::Value` and
+/// decoded with the scalar `base64` crate, from memory, on this thread.
+fn parsing_client_ceiling(bytes: u64) -> BenchResult<f64> {
+    use exec_gateway::protocol::notify::{json_string, process_output};
+    use exec_gateway::protocol::process::StreamName;
+    let chunk = vec![0u8; exec_gateway::exec::OUTPUT_READ_CHUNK_BYTES];
+    let id = json_string("bigp");
+    let frames: Vec<String> = (1..=8)
+        .map(|seq| process_output(&id, seq, StreamName::Stdout, &chunk))
+        .collect();
+    let t = Instant::now();
+    let mut got = 0u64;
+    let mut i = 0;
+    while got < bytes {
+        let v: Value = serde_json::from_str(&frames[i % frames.len()]).map_err(err)?;
+        got += scalar_b64(v["params"]["chunk"].as_str().unwrap_or_default())?.len() as u64;
+        i += 1;
+    }
+    Ok(got as f64 / t.elapsed().as_secs_f64() / 1e6)
+}
+
+/// The parsing client's own share of `fs/readFile` 1 MiB: the reply's
+/// JSON parsed into a `Value` and its data decoded, from memory.
+fn parsing_reply_p50(n: usize) -> BenchResult<Duration> {
+    let data: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let reply = json!({"id": 1, "result": {
+        "dataBase64": base64_simd::STANDARD.encode_to_string(&data)}})
+    .to_string();
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 10 {
+        let t = Instant::now();
+        let v: Value = serde_json::from_str(&reply).map_err(err)?;
+        let back = scalar_b64(v["result"]["dataBase64"].as_str().unwrap_or_default())?;
+        if back.len() != data.len() {
+            return Err("readFile reply did not round-trip".to_owned());
+        }
+        if i >= 10 {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok(percentile(&lat, 0.5))
+}
+
 async fn direct_throughput(bytes: u64) -> BenchResult<f64> {
     let t = Instant::now();
     let mut child = Command::new("head")
@@ -537,6 +585,24 @@ async fn idle_session_rss(server: &Server, n: usize) -> BenchResult<f64> {
     let after = server.rss_kib();
     drop(conns);
     Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
+/// The gateway's (and the reference's) resident memory per idle session.
+async fn memory_row(gw: &Server, reference: Option<&Server>, sessions: usize) -> BenchResult<Row> {
+    let ours = idle_session_rss(gw, sessions).await?;
+    let r = match reference {
+        Some(r) => format!("{:.1} KiB", idle_session_rss(r, sessions).await?),
+        None => String::new(),
+    };
+    Ok(Row {
+        figure: "gateway RSS per idle session",
+        ours: format!("{ours:.1} KiB"),
+        baseline: format!("{sessions} sessions"),
+        ratio: String::new(),
+        target: "≤ 16 KiB",
+        met: Some(ours <= 16.0),
+        reference: r,
+    })
 }
 
 /// How a benchmark client consumes what the gateway sends.
@@ -892,6 +958,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         Some(p) => Some(Server::start(p, &["exec-server", "--listen", "ws://127.0.0.1:0"]).await?),
         None => None,
     };
+    if args.memory_only {
+        let rows = [memory_row(&gw, reference.as_ref(), args.sessions).await?];
+        report(&rows, reference.is_some(), args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let host = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -929,8 +1001,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: ms(g50),
         baseline: format!("{} direct", ms(d50)),
         ratio: format!("{ratio50:.2}x"),
-        target: "≤ 1.5 ms and ≤ 1.5x direct",
-        met: Some(g50 <= Duration::from_micros(1500) && ratio50 <= 1.5),
+        target: "≤ 1.2x direct",
+        met: Some(ratio50 <= 1.2),
         reference: r,
     });
     rows.push(Row::reported(
@@ -952,8 +1024,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: format!("{ours:.0}/s"),
         baseline: format!("{direct:.0}/s direct"),
         ratio: format!("{:.0}%", ours / direct * 100.0),
-        target: "≥ 50% of direct",
-        met: Some(ours / direct >= 0.5),
+        target: "≥ 70% of direct",
+        met: Some(ours / direct >= 0.7),
         reference: r,
     });
 
@@ -1098,8 +1170,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: format!("{ours:.0} MB/s"),
         baseline: format!("{direct:.0} MB/s pipe"),
         ratio: format!("{:.0}%", ours / direct * 100.0),
-        target: "≥ 40% of the direct pipe",
-        met: Some(ours / direct >= 0.4),
+        target: "(reported)",
+        met: None,
         reference: r,
     });
     let mut parsing = 0f64;
@@ -1122,6 +1194,16 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(parsing / direct >= 0.5),
         reference: r,
     });
+    // What bounds the row above: the parsing client alone, on one core,
+    // consuming frames the gateway would send (256 KiB chunks) from memory:
+    // no gateway, no socket, no child process.
+    let ceiling = parsing_client_ceiling(1 << 30)?;
+    rows.push(Row::reported(
+        "parsing client alone: output frames from memory",
+        format!("{ceiling:.0} MB/s"),
+        format!("{direct:.0} MB/s pipe"),
+        format!("{:.0}%", ceiling / direct * 100.0),
+    ));
 
     // 3b. the same over gRPC (raw bytes: no base64, no JSON).
     if let Some(grpc) = &gw.grpc {
@@ -1134,8 +1216,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             ours: format!("{ours:.0} MB/s"),
             baseline: format!("{direct:.0} MB/s pipe"),
             ratio: format!("{:.0}%", ours / direct * 100.0),
-            target: "≥ 60% of the direct pipe",
-            met: Some(ours / direct >= 0.6),
+            target: "≥ 70% of the direct pipe",
+            met: Some(ours / direct >= 0.7),
             reference: String::new(),
         });
         let (p50, p99) = grpc_spawn_latency(grpc, &bench_token, n).await?;
@@ -1175,8 +1257,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: ms(ours),
         baseline: format!("{} read+b64", ms(direct)),
         ratio: format!("{ratio:.2}x"),
-        target: "≤ 3x direct",
-        met: Some(ratio <= 3.0),
+        target: "(reported)",
+        met: None,
         reference: r,
     });
     let parsing = read_file_p50(&gw.url, &file, n.min(500), Consume::Parsing).await?;
@@ -1194,6 +1276,15 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         met: Some(ratio <= 2.0),
         reference: r,
     });
+    // What bounds the row above: the parsing client alone taking the 1 MiB
+    // reply apart (parse + scalar base64), no gateway and no file.
+    let floor = parsing_reply_p50(n.min(500))?;
+    rows.push(Row::reported(
+        "parsing client alone: a 1 MiB readFile reply, p50",
+        ms(floor),
+        format!("{} read+b64", ms(direct)),
+        format!("{:.2}x", floor.as_secs_f64() / direct.as_secs_f64()),
+    ));
     rows.push(Row::reported(
         "fs/readFile 1 MiB, p50 (vs SIMD base64)",
         ms(ours),
@@ -1202,20 +1293,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     ));
 
     // 5. memory per idle session.
-    let ours = idle_session_rss(&gw, args.sessions).await?;
-    let r = match &reference {
-        Some(r) => format!("{:.1} KiB", idle_session_rss(r, args.sessions).await?),
-        None => String::new(),
-    };
-    rows.push(Row {
-        figure: "gateway RSS per idle session",
-        ours: format!("{ours:.1} KiB"),
-        baseline: format!("{} sessions", args.sessions),
-        ratio: String::new(),
-        target: "≤ 32 KiB",
-        met: Some(ours <= 32.0),
-        reference: r,
-    });
+    rows.push(memory_row(&gw, reference.as_ref(), args.sessions).await?);
 
     // 6. the cost of the stack, in process: the whole tower stack vs the
     // bare handler, for a call that does nothing (process/list).
@@ -1262,8 +1340,8 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         ours: ms(loaded.1),
         baseline: format!("{} alone", ms(alone.1)),
         ratio: format!("{ratio:.2}x"),
-        target: "≤ 2x alone",
-        met: Some(ratio <= 2.0),
+        target: "≤ 1.5x alone",
+        met: Some(ratio <= 1.5),
         reference: String::new(),
     });
     eprintln!(
