@@ -139,14 +139,29 @@ impl Drop for Reservation {
     }
 }
 
-/// One frame to write.
+/// One frame to write. Two words: the queue allocates its slots in blocks
+/// when it is made, so the slot size is paid by every idle connection.
 #[derive(Debug)]
 pub enum OutFrame {
     /// A serialised JSON message, holding its share of the byte budgets
     /// until the writer has written it.
-    Text(String, Option<Reservation>),
+    Text(Box<QueuedText>),
     /// Close the connection with a websocket close code and reason.
-    Close { code: u16, reason: String },
+    Close(Box<CloseRequest>),
+}
+
+/// A queued JSON message and what it holds of the byte budgets.
+#[derive(Debug)]
+pub struct QueuedText {
+    pub text: String,
+    pub held: Option<Reservation>,
+}
+
+/// A websocket close code and reason.
+#[derive(Debug)]
+pub struct CloseRequest {
+    pub code: u16,
+    pub reason: String,
 }
 
 /// Sending half of a connection's outbound queue.
@@ -251,7 +266,10 @@ impl Outbound {
             }
         }
         self.tx
-            .send(OutFrame::Text(text, Some(reserved)))
+            .send(OutFrame::Text(Box::new(QueuedText {
+                text,
+                held: Some(reserved),
+            })))
             .await
             .is_ok()
     }
@@ -260,10 +278,10 @@ impl Outbound {
     pub async fn close(&self, code: u16, reason: impl Into<String>) {
         let _ = self
             .tx
-            .send(OutFrame::Close {
+            .send(OutFrame::Close(Box::new(CloseRequest {
                 code,
                 reason: reason.into(),
-            })
+            })))
             .await;
     }
 

@@ -227,7 +227,10 @@ where
                         // Another replica owns the session: from here on this
                         // connection is a relay to it, frame for frame.
                         let first = text.clone();
-                        super::relay::run(
+                        // Boxed, as `initialize` below: a future awaited once
+                        // per connection would otherwise size the state of
+                        // every idle connection.
+                        Box::pin(super::relay::run(
                             &mut inbound,
                             &out,
                             &gw,
@@ -238,12 +241,13 @@ where
                                 id: &id,
                             },
                             first,
-                        )
+                        ))
                         .await;
                         cancel.cancel();
                         return;
                     }
-                    let result = initialize(&gw, &meta.caller, &mut attached, decoded, &out).await;
+                    let result =
+                        Box::pin(initialize(&gw, &meta.caller, &mut attached, decoded, &out)).await;
                     let text = match result {
                         Ok(r) => jsonrpc::encode_response(&id, &r),
                         Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),

@@ -278,13 +278,13 @@ impl RelayService for RelayApi {
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             let frame = rx.recv().await?;
             let msg = match frame {
-                OutFrame::Text(t, _held) => OpenResponse {
-                    frame: Some(Frame::Text(Bytes::from(t.into_bytes()))),
+                OutFrame::Text(queued) => OpenResponse {
+                    frame: Some(Frame::Text(Bytes::from(queued.text.into_bytes()))),
                 },
-                OutFrame::Close { code, reason } => OpenResponse {
+                OutFrame::Close(close) => OpenResponse {
                     frame: Some(Frame::Close(Close {
-                        code: u32::from(code),
-                        reason,
+                        code: u32::from(close.code),
+                        reason: close.reason,
                     })),
                 },
             };

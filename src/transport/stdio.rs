@@ -84,9 +84,10 @@ pub async fn serve<R, W>(
     let (out, mut rx) = Outbound::channel(budget);
     let writer_task = crate::task::spawn("stdio-writer", async move {
         while let Some(frame) = rx.recv().await {
-            let OutFrame::Text(t, _permit) = frame else {
+            let OutFrame::Text(queued) = frame else {
                 break;
             };
+            let t = &queued.text;
             if writer.write_all(t.as_bytes()).await.is_err()
                 || writer.write_all(b"\n").await.is_err()
             {

@@ -31,7 +31,7 @@ use super::admission::{Admission, Conn, Door, Guarded};
 use super::admit::{Caller, admit};
 use super::connection::{ConnMeta, InFrame, OnClose, RelayOrigin, serve_connection};
 use crate::gateway::Gateway;
-use crate::outbound::{OutFrame, Outbound};
+use crate::outbound::{OutFrame, Outbound, QueuedText};
 
 /// Largest HTTP request head accepted.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -267,9 +267,11 @@ fn rendezvous(
     switching_protocols(&accept)
 }
 
-/// Bytes read from the socket per read call. Small keeps idle sessions cheap;
-/// large messages are assembled across reads.
-const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
+/// Bytes read from the socket per read call. Small keeps idle sessions cheap
+/// (tungstenite keeps this much zero-filled per connection: at 8 KiB, a
+/// third of an idle session's 26 KiB); large messages are assembled across
+/// reads, 512 of them for a 1 MiB one.
+const WS_READ_BUFFER_BYTES: usize = 2 * 1024;
 /// Bytes of frames gathered before tungstenite writes to the socket.
 const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Bytes queued in tungstenite beyond which a write fails and the
@@ -383,14 +385,15 @@ pub(crate) async fn run<S>(
                 let mut written = Vec::with_capacity(batch.len());
                 for frame in batch.drain(..) {
                     match frame {
-                        OutFrame::Text(t, held) => {
-                            feed_text(&mut sink, t).await?;
+                        OutFrame::Text(queued) => {
+                            let QueuedText { text, held } = *queued;
+                            feed_text(&mut sink, text).await?;
                             written.push(held);
                         }
-                        OutFrame::Close { code, reason } => {
+                        OutFrame::Close(c) => {
                             close = Some(CloseFrame {
-                                code: CloseCode::from(code),
-                                reason: reason.into(),
+                                code: CloseCode::from(c.code),
+                                reason: c.reason.into(),
                             });
                             break;
                         }
