@@ -149,6 +149,25 @@ fn cstring(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
+/// The executable `spec` runs (searched on its PATH) and the argv[0] it
+/// gets. PTY mode: `arg0` replaces the program and argv[0] is dropped (the
+/// reference's quirk). Pipe mode: `arg0` only renames argv[0].
+fn program_of(spec: &SpawnSpec) -> io::Result<(String, String)> {
+    let program = if spec.tty {
+        spec.arg0.clone().or_else(|| spec.argv.first().cloned())
+    } else {
+        spec.argv.first().cloned()
+    }
+    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let path = resolve_program(&program, &spec.env, spec.fallback_path.as_deref())?;
+    let arg0 = if spec.tty {
+        program
+    } else {
+        spec.arg0.clone().unwrap_or(program)
+    };
+    Ok((path, arg0))
+}
+
 /// Fork and exec `spec` from this process: its own process group (pipes)
 /// or session with the PTY as controlling terminal, its cgroups joined,
 /// then `sandbox` applied. Returns the std child (its pid; the caller
@@ -157,13 +176,7 @@ pub fn spawn_here(
     spec: &SpawnSpec,
     sandbox: Option<&Sandbox>,
 ) -> io::Result<(std::process::Child, ChildFds)> {
-    let program = if spec.tty {
-        spec.arg0.clone().or_else(|| spec.argv.first().cloned())
-    } else {
-        spec.argv.first().cloned()
-    }
-    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let path = resolve_program(&program, &spec.env, spec.fallback_path.as_deref())?;
+    let (path, arg0) = program_of(spec)?;
     let mut cmd = std::process::Command::new(&path);
     cmd.args(spec.argv.iter().skip(1))
         .current_dir(&spec.cwd)
@@ -191,7 +204,7 @@ pub fn spawn_here(
         .collect::<io::Result<Vec<_>>>()?;
     let pty = if spec.tty { Some(open_pty()?) } else { None };
     if let Some((_, slave)) = &pty {
-        cmd.arg0(&program)
+        cmd.arg0(&arg0)
             .stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
             .stderr(Stdio::from(slave.try_clone()?));
@@ -205,7 +218,7 @@ pub fn spawn_here(
             });
         }
     } else {
-        cmd.arg0(spec.arg0.as_deref().unwrap_or(&program))
+        cmd.arg0(&arg0)
             .process_group(0)
             .stdin(if spec.pipe_stdin {
                 Stdio::piped()

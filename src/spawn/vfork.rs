@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use super::{ChildFds, SpawnSpec, cstring, open_pty, resolve_program};
+use super::{ChildFds, SpawnSpec, cstring, open_pty, program_of};
 
 /// The child's stack (it calls a few libc wrappers, nothing deep), above a
 /// guard page.
@@ -51,18 +51,7 @@ struct ChildArgs {
 /// session with the PTY as its controlling terminal, its cgroups joined.
 /// Returns its pid (the caller reaps it) and the streams to hand on.
 pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
-    let program = if spec.tty {
-        spec.arg0.clone().or_else(|| spec.argv.first().cloned())
-    } else {
-        spec.argv.first().cloned()
-    }
-    .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let path = resolve_program(&program, &spec.env, spec.fallback_path.as_deref())?;
-    let arg0 = if spec.tty {
-        program
-    } else {
-        spec.arg0.clone().unwrap_or(program)
-    };
+    let (path, arg0) = program_of(spec)?;
     let nul = |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
     let argv = std::iter::once(arg0)
         .chain(spec.argv.iter().skip(1).cloned())
