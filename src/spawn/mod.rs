@@ -3,8 +3,8 @@
 //! - [`SpawnSpec`] is what to run, already validated and with its final
 //!   environment; it is also the message that crosses the worker link.
 //! - [`vfork::spawn`] runs it from a tenant's worker (the default) without
-//!   copying the worker: pipes or a PTY, the child's own process group (or
-//!   session, for a PTY), its own cgroup joined before exec.
+//!   copying the worker: pipes or a PTY, the child's own session (the PTY
+//!   its controlling terminal), its own cgroup joined before exec.
 //! - [`spawn_here`] forks and execs it with std's `Command` where a
 //!   sandbox must be applied between fork and exec (a worker itself) or,
 //!   with workers off, from the gateway.
@@ -168,8 +168,8 @@ fn program_of(spec: &SpawnSpec) -> io::Result<(String, String)> {
     Ok((path, arg0))
 }
 
-/// Fork and exec `spec` from this process: its own process group (pipes)
-/// or session with the PTY as controlling terminal, its cgroups joined,
+/// Fork and exec `spec` from this process: its own session (the PTY its
+/// controlling terminal in PTY mode), its cgroups joined,
 /// then `sandbox` applied. Returns the std child (its pid; the caller
 /// decides who reaps it) and the streams to hand on.
 pub fn spawn_here(
@@ -218,8 +218,18 @@ pub fn spawn_here(
             });
         }
     } else {
+        // Its own session, as from a worker (module `vfork`): no child may
+        // share the gateway's controlling terminal.
+        // SAFETY: setsid only, after fork.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         cmd.arg0(&arg0)
-            .process_group(0)
             .stdin(if spec.pipe_stdin {
                 Stdio::piped()
             } else {

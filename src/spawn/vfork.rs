@@ -47,8 +47,8 @@ struct ChildArgs {
     errno: AtomicI32,
 }
 
-/// Run `spec` as a child of this process: its own process group (pipes) or
-/// session with the PTY as its controlling terminal, its cgroups joined.
+/// Run `spec` as a child of this process in its own session (with the PTY
+/// as its controlling terminal in PTY mode), its cgroups joined.
 /// Returns its pid (the caller reaps it) and the streams to hand on.
 pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
     let (path, arg0) = program_of(spec)?;
@@ -217,11 +217,11 @@ extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
         if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
             fail(a);
         }
-        if a.tty {
-            if libc::setsid() < 0 {
-                fail(a);
-            }
-        } else if libc::setpgid(0, 0) < 0 {
+        // Its own session (and so its own process group) either way: a
+        // child left in the worker's session would share whatever
+        // controlling terminal the gateway was started from (`/dev/tty`,
+        // TIOCSTI into the operator's shell).
+        if libc::setsid() < 0 {
             fail(a);
         }
         for (target, fd) in a.stdio.iter().enumerate() {
@@ -315,7 +315,7 @@ mod tests {
             &[
                 "sh",
                 "-c",
-                "echo $PWD $X $0; ps -o pgid= -p $$ | tr -d ' '; echo $$; echo err >&2; exit 3",
+                "echo $PWD $X $0; ps -o pgid=,sid= -p $$ | tr -s ' ' | sed 's/^ //'; echo $$ $$; echo err >&2; exit 3",
             ],
             false,
         );
@@ -343,7 +343,7 @@ mod tests {
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 3);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "/tmp y z named");
-        // Its own process group: the group id is its pid.
+        // Its own process group and session: both ids are its pid.
         assert_eq!(lines[1], lines[2]);
         assert_eq!(err, "err\n");
     }
