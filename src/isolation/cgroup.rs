@@ -652,9 +652,14 @@ impl TenantCgroup {
         let reused = self.free.lock().pop();
         let rel = match reused {
             Some(rel) => {
-                if self.v2.is_some() {
-                    // Whatever moved itself into it while it was idle.
-                    cgroup_kill(&self.process_dir(&rel));
+                // Pooled, it was root's (nothing of the tenant's could move
+                // into it); the process's own spawn joins it as the tenant.
+                if let Some((u, g)) = self.owner {
+                    std::os::unix::fs::chown(
+                        self.process_dir(&rel).join("cgroup.procs"),
+                        Some(u),
+                        Some(g),
+                    )?;
                 }
                 rel
             }
@@ -822,12 +827,18 @@ impl Drop for ProcessCgroup {
         let tenant = self.tenant.clone();
         let retire = move || {
             let dir = tenant.process_dir(&rel);
+            // Back to root before it is emptied and pooled: a tenant's
+            // process could otherwise move itself into an idle pooled
+            // cgroup, where no process's terminate or session close would
+            // reach it.
+            let locked = tenant.owner.is_none()
+                || std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(0), Some(0)).is_ok();
             if tenant.v2.is_some() {
                 cgroup_kill(&dir);
             } else {
                 kill_dir(&dir);
             }
-            if members(&dir).is_empty() {
+            if locked && members(&dir).is_empty() {
                 let mut free = tenant.free.lock();
                 if free.len() < FREE_POOL_MAX {
                     free.push(rel);
