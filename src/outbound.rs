@@ -114,21 +114,6 @@ impl Reservation {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
-
-    /// Take in what `other` reserved as well.
-    fn merge(&mut self, mut other: Reservation) {
-        self.bytes += other.bytes;
-        match (self.tenant.as_mut(), other.tenant.take()) {
-            (Some((mine, _)), Some((theirs, _))) => mine.merge(theirs),
-            (None, theirs) => self.tenant = theirs,
-            (Some(_), None) => {}
-        }
-        match (self._conn.as_mut(), other._conn.take()) {
-            (Some(mine), Some(theirs)) => mine.merge(theirs),
-            (None, theirs) => self._conn = theirs,
-            (Some(_), None) => {}
-        }
-    }
 }
 
 impl Drop for Reservation {
@@ -252,18 +237,16 @@ impl Outbound {
     /// reserving whatever it outgrew.
     pub async fn send_reserved(&self, text: String, mut reserved: Reservation) -> bool {
         if text.len() > reserved.bytes {
-            // Only the shares the message outgrew: a reservation that holds
-            // a whole budget already covers any larger message (waiting for
-            // more of a budget it holds all of would wait forever).
-            let conn_more = self.conn_share(text.len()) - self.conn_share(reserved.bytes);
-            let tenant_more = self.tenant_share(text.len()) - self.tenant_share(reserved.bytes);
-            match self
-                .reserve_parts(text.len() - reserved.bytes, conn_more, tenant_more)
-                .await
-            {
-                Ok(more) => reserved.merge(more),
+            // It outgrew its reservation (a long request id in the head):
+            // give the reservation back and wait for the whole size, never
+            // holding part of a budget while waiting for more of it. Replies
+            // that each held a share and waited for a little more would
+            // otherwise wait on one another until their deadline.
+            drop(reserved);
+            reserved = match self.reserve(text.len()).await {
+                Ok(r) => r,
                 Err(Closed) => return false,
-            }
+            };
         }
         self.tx
             .send(OutFrame::Text(Box::new(QueuedText {
@@ -432,6 +415,38 @@ mod budget_tests {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn replies_outgrowing_their_reservations_do_not_wait_on_each_other() {
+        // Three reservations fill the connection's queue exactly; then each
+        // reply outgrows its own by a few bytes. None may hold its share
+        // while waiting for more, or all three wait forever.
+        let (out, mut rx) = Outbound::channel(ByteBudget::unlimited());
+        let part = OUTBOUND_QUEUE_BYTES / 3;
+        let sizes = [part, part, OUTBOUND_QUEUE_BYTES - 2 * part];
+        let mut held = Vec::new();
+        for n in sizes {
+            held.push((n, out.reserve(n).await.unwrap()));
+        }
+        let sends: Vec<_> = held
+            .into_iter()
+            .map(|(n, r)| {
+                let out = out.clone();
+                crate::task::spawn("test", async move {
+                    out.send_reserved("x".repeat(n + 100), r).await
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            let frame = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+                .await
+                .expect("every reply is written");
+            assert!(frame.is_some());
+        }
+        for s in sends {
+            assert!(s.await.unwrap());
+        }
+    }
 
     #[tokio::test]
     async fn a_message_outgrowing_a_whole_budget_reservation_is_queued() {
