@@ -1145,15 +1145,24 @@ impl WsAttachment<'_> {
             closed: bool,
         }
         self.resyncs += 1;
+        // The mailbox is drained while the read is in flight: its reply
+        // comes through the same link reader that waits for room in the
+        // mailbox, so a full mailbox left alone would hold the reply back
+        // for good. What arrives meanwhile is sorted out after the read.
+        let mut meanwhile = Vec::new();
         let r: Read = loop {
-            match self
-                .client
-                .call(
-                    "process/read",
-                    json!({"processId": self.process_id, "afterSeq": self.cursor}),
-                )
-                .await
-            {
+            let call = self.client.call(
+                "process/read",
+                json!({"processId": self.process_id, "afterSeq": self.cursor}),
+            );
+            tokio::pin!(call);
+            let reply = loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    Some((n, _permit)) = self.rx.recv() => meanwhile.push(n),
+                }
+            };
+            match reply {
                 Err(ClientError::Rpc { message, .. }) if message.ends_with("is starting") => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -1191,6 +1200,11 @@ impl WsAttachment<'_> {
         }
         if r.closed {
             self.closed = true;
+        }
+        // Notifications that came during the read: those it covered are
+        // skipped by seq, a gap after it asks for another read.
+        for n in meanwhile {
+            self.on_note(n);
         }
         Ok(())
     }
