@@ -172,15 +172,6 @@ impl Sandbox {
                             libc::_exit(127);
                         }
                         ns.enter_pid1(rights)?;
-                        apply(uid, ruleset, &filters)?;
-                        // The gateway knows the worker by its parent's
-                        // pid: killing that parent must take the worker
-                        // (and with it the whole namespace) along. Set
-                        // after the uid change, which clears it.
-                        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                        return Ok(());
                     }
                 }
                 apply(uid, ruleset, &filters)
