@@ -73,6 +73,24 @@ impl WorkerConn {
     }
 
     fn kill(&self) {
+        if self.pid_ns {
+            // `pid` is the namespace's parent; its one child is the worker,
+            // the namespace's init. Its parent-death signal does not reach
+            // it on every kernel (seen here: the worker outlived its killed
+            // parent and held the tenant's link), so it is killed itself,
+            // which takes the whole namespace along.
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+                    .unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                crate::isolation::signal::kill_checked(child, || {
+                    parent_of(child) == Some(self.pid)
+                });
+            }
+        }
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid),
             nix::sys::signal::Signal::SIGKILL,
