@@ -387,3 +387,56 @@ async fn cgroup_v2_limits() {
         "1"
     );
 }
+
+/// A closed process's cgroup goes back to the tenant's pool; while pooled it
+/// is root's, so no process of the tenant can move itself into it (where no
+/// terminate or session close of its own would reach it).
+#[tokio::test]
+async fn a_pooled_cgroup_cannot_be_joined_by_the_tenants_processes() {
+    let gw = gateway();
+    require_cgroups!(gw);
+    let (mut a, _) = gw.session_of("a").await;
+    // Two at once: two cgroups, one of them idle in the pool while the
+    // next process runs in the other.
+    a.start("one", &["sleep", "0.3"]).await;
+    a.start("two", &["sleep", "0.3"]).await;
+    a.collect("one").await;
+    a.collect("two").await;
+    let script = r#"
+        P=$(sed -n 's/^[0-9]*:pids:\(.*\)$/\1/p' /proc/self/cgroup); B=/sys/fs/cgroup/pids
+        if [ -z "$P" ]; then P=$(sed -n 's/^0::\(.*\)$/\1/p' /proc/self/cgroup); B=/sys/fs/cgroup; fi
+        sleep 1
+        for d in $B$(dirname $P)/p*; do
+          [ -f $d/cgroup.procs ] && [ "$d" != "$B$P" ] || continue
+          [ -z "$(cat $d/cgroup.procs)" ] || continue
+          echo try
+          (echo $$ > $d/cgroup.procs) 2>/dev/null && echo moved
+        done
+        true"#;
+    a.start("park", &["sh", "-c", script]).await;
+    let out = String::from_utf8(a.collect("park").await.stdout).unwrap();
+    assert!(out.contains("try"), "no pooled cgroup to try: {out}");
+    assert!(!out.contains("moved"), "joined a pooled cgroup: {out}");
+}
+
+/// A pipe-mode process has its own session and no controlling terminal:
+/// whatever terminal the gateway was started from is not its.
+#[tokio::test]
+async fn a_pipe_process_leads_its_own_session() {
+    let gw = gateway();
+    let (mut a, _) = gw.session_of("a").await;
+    a.start(
+        "s",
+        &[
+            "sh",
+            "-c",
+            "set -- $(cut -d' ' -f6,7 /proc/$$/stat); echo $1 $2 $$",
+        ],
+    )
+    .await;
+    let line = a.first_line("s").await;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f.len(), 3, "{line}");
+    assert_eq!(f[0], f[2], "session id is its pid: {line}");
+    assert_eq!(f[1], "0", "no controlling terminal: {line}");
+}
