@@ -213,11 +213,12 @@ impl Process {
         self.output_bytes.inc_by(data.len() as u64);
         let seq = self.log.lock().push(stream, data.clone());
         self.changed.notify_waiters();
-        let text = match self.api {
-            Api::Process => notify::process_output(&self.id_json, seq, stream, &data),
-            Api::CommandExec => notify::command_exec_output_delta(&self.id_json, stream, &data),
-        };
-        attachment.notify(text).await;
+        attachment
+            .notify_with(|| match self.api {
+                Api::Process => notify::process_output(&self.id_json, seq, stream, &data),
+                Api::CommandExec => notify::command_exec_output_delta(&self.id_json, stream, &data),
+            })
+            .await;
         self.publish(ProcessEvent::Output { seq, stream, data })
             .await;
     }
