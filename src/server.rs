@@ -140,18 +140,24 @@ async fn shut_down(gw: &Gateway, grace: Duration) {
     gw.stop();
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when the future is first polled: a signal that arrives
+/// after the gateway printed its URL must stop it gracefully, never kill it
+/// with the default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; only EOF/kill will stop the gateway");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            tracing::error!("cannot install signal handlers; only EOF/kill will stop the gateway");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }

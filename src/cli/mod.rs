@@ -425,10 +425,11 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
             Ok(l) => l,
             Err(code) => return code,
         };
+        let stop = server::shutdown_signal();
         if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             println!("admin http://{addr}");
         }
-        match server::run_executor(gw, options, token, admin, server::shutdown_signal()).await {
+        match server::run_executor(gw, options, token, admin, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("exec-gateway: {e}");
@@ -533,6 +534,9 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
+    // Before anything says the gateway is up: SIGTERM/SIGINT from then on
+    // shut it down gracefully.
+    let stop = server::shutdown_signal();
     // The first stdout line is the bound URL (harnesses read it); the gRPC
     // address, when served, is the second; the fleet's peer listener next;
     // the admin URL, when served, last.
@@ -555,7 +559,7 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
         admin,
         peer,
     };
-    server::run(gw, listeners, server::shutdown_signal()).await;
+    server::run(gw, listeners, stop).await;
     ExitCode::SUCCESS
 }
 
