@@ -302,6 +302,13 @@ mod tests {
         }
     }
 
+    /// Everything a child's stream carries until it closes.
+    fn read_all(fd: OwnedFd) -> String {
+        let mut s = String::new();
+        std::fs::File::from(fd).read_to_string(&mut s).unwrap();
+        s
+    }
+
     fn wait(pid: i32) -> i32 {
         let mut status = 0;
         // SAFETY: our own child.
@@ -331,14 +338,8 @@ mod tests {
             panic!("pipes expected")
         };
         assert!(stdin.is_none());
-        let mut out = String::new();
-        std::fs::File::from(stdout)
-            .read_to_string(&mut out)
-            .unwrap();
-        let mut err = String::new();
-        std::fs::File::from(stderr)
-            .read_to_string(&mut err)
-            .unwrap();
+        let out = read_all(stdout);
+        let err = read_all(stderr);
         let status = wait(pid);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 3);
         let lines: Vec<&str> = out.lines().collect();
@@ -359,10 +360,7 @@ mod tests {
         let mut w = std::fs::File::from(stdin.unwrap());
         std::io::Write::write_all(&mut w, b"hello").unwrap();
         drop(w);
-        let mut out = String::new();
-        std::fs::File::from(stdout)
-            .read_to_string(&mut out)
-            .unwrap();
+        let out = read_all(stdout);
         assert_eq!(out, "hello");
         assert_eq!(wait(pid), 0);
         // Without a stdin pipe, stdin reads as empty.
@@ -370,10 +368,7 @@ mod tests {
         let ChildFds::Pipes { stdout, .. } = fds else {
             panic!("pipes expected")
         };
-        let mut out = String::new();
-        std::fs::File::from(stdout)
-            .read_to_string(&mut out)
-            .unwrap();
+        let out = read_all(stdout);
         assert_eq!(out, "");
         assert_eq!(wait(pid), 0);
     }
