@@ -130,9 +130,12 @@ impl Pump {
             }
         }
         process.stdin.release().await;
-        process.emit_closed(&attachment).await;
-        process.release_cgroup_if_empty();
+        // Its slots and its cgroup are free before the client hears it
+        // closed: a client that starts another process on `closed` must
+        // find the slot it just gave back.
         drop(permits);
+        process.release_cgroup_if_empty();
+        process.emit_closed(&attachment).await;
         if let Some(table) = table.upgrade() {
             table.mark_closed(&process);
         }
