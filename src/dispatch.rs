@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Principal;
 use crate::backend::{OpFuture, RunScope};
 use crate::error::GatewayError;
-use crate::outbound::Outbound;
+use crate::outbound::Responder;
 use crate::rpc::{Op, Outcome};
 use crate::session::Session;
 use crate::tenant::Tenant;
@@ -28,8 +28,8 @@ pub struct RequestContext {
     pub session: Option<Arc<Session>>,
     /// Cancelled when another connection takes the session over.
     pub evicted: CancellationToken,
-    /// The connection the reply goes to (JSON-RPC doors).
-    pub reply: Option<Outbound>,
+    /// Where the reply goes (JSON-RPC doors): see [`Responder`].
+    pub reply: Option<Responder>,
 }
 
 /// An operation plus its context: what flows through the tower stack.

@@ -12,7 +12,7 @@
 //!   which `exec`, `cp`, `ps` and the benchmark use.
 //! - [`server`]: serves the doors and owns the shutdown order.
 //! - [`transport`]: the doors (websocket, stdio, gRPC) and the one
-//!   authenticate-and-admit function.
+//!   authenticate function.
 //! - [`gateway`]: the shared state of one gateway process.
 //! - [`probe`]: what the host allows, each isolation layer probed by doing it.
 //! - [`middleware`]: the tower stack, built in one function.

@@ -129,6 +129,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count one request of `tenant` by method and outcome (`ok` or the
+    /// error's kind).
+    pub fn count_request(&self, tenant: &str, method: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                tenant: tenant.to_owned(),
+                method: method.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("exec_gateway");
         let sessions = Family::<TenantLabel, Gauge>::default();
@@ -239,7 +251,7 @@ impl Metrics {
         );
         r.register(
             "connections_refused",
-            "Connections closed by an admission cap or the handshake timeout",
+            "Connections closed by a connection limit or the handshake timeout",
             connections_refused.clone(),
         );
         r.register(

@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 
 use crate::dispatch::{Dispatch, RpcRequest};
 use crate::error::GatewayError;
-use crate::metrics::{Metrics, QuotaLabels, RequestLabels, ShedLabels};
+use crate::metrics::{Metrics, QuotaLabels, ShedLabels};
 use crate::rpc::Outcome;
 
 /// The service type every transport calls.
@@ -50,13 +50,13 @@ pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
         .concurrency_limit(settings.max_in_flight)
         // Authorize by scope before spending anything of the tenant's:
         // a forbidden call must not eat its rate budget.
-        .layer(AdmitLayer::new(authorize))
+        .layer(GuardLayer::new(authorize))
         // Per-tenant rate (governor, keyed by the tenant through its own
         // limiter): one tenant's flood cannot take another's budget.
-        .layer(AdmitLayer::new(rate_limit(metrics.clone())))
+        .layer(GuardLayer::new(rate_limit(metrics.clone())))
         // Per-tenant in-flight bound with shedding: the permit is held for
         // the call, so a tenant's slow calls only fill its own slots.
-        .layer(AdmitLayer::new(tenant_concurrency(metrics.clone())))
+        .layer(GuardLayer::new(tenant_concurrency(metrics.clone())))
         // Quota refusals are counted where they are decided (handlers), here.
         .layer(ObserveLayer {
             metrics,
@@ -83,9 +83,9 @@ fn recover(e: BoxError) -> GatewayError {
     }
 }
 
-type Guard = Option<OwnedSemaphorePermit>;
+type Permit = Option<OwnedSemaphorePermit>;
 
-fn authorize(req: &RpcRequest) -> Result<Guard, GatewayError> {
+fn authorize(req: &RpcRequest) -> Result<Permit, GatewayError> {
     match req.op.scope() {
         Some(scope) if !req.ctx.principal.scopes.grants(scope) => {
             Err(GatewayError::MissingScope(scope.name()))
@@ -96,7 +96,7 @@ fn authorize(req: &RpcRequest) -> Result<Guard, GatewayError> {
 
 fn rate_limit(
     metrics: Arc<Metrics>,
-) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
+) -> impl Fn(&RpcRequest) -> Result<Permit, GatewayError> + Clone {
     move |req| {
         let tenant = &req.ctx.tenant;
         match tenant.limiter.check() {
@@ -122,7 +122,7 @@ fn rate_limit(
 
 fn tenant_concurrency(
     metrics: Arc<Metrics>,
-) -> impl Fn(&RpcRequest) -> Result<Guard, GatewayError> + Clone {
+) -> impl Fn(&RpcRequest) -> Result<Permit, GatewayError> + Clone {
     move |req| {
         let tenant = &req.ctx.tenant;
         match tenant.in_flight.clone().try_acquire_owned() {
@@ -143,25 +143,25 @@ fn tenant_concurrency(
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
 
-// === Admit ===
+// === Guard ===
 
 /// Runs a check before the inner service; on success holds the returned
 /// guard (if any) until the call completes.
 #[derive(Clone)]
-pub struct AdmitLayer<F> {
+pub struct GuardLayer<F> {
     check: F,
 }
 
-impl<F> AdmitLayer<F> {
+impl<F> GuardLayer<F> {
     pub fn new(check: F) -> Self {
         Self { check }
     }
 }
 
-impl<S, F: Clone> Layer<S> for AdmitLayer<F> {
-    type Service = Admit<S, F>;
-    fn layer(&self, inner: S) -> Admit<S, F> {
-        Admit {
+impl<S, F: Clone> Layer<S> for GuardLayer<F> {
+    type Service = Guard<S, F>;
+    fn layer(&self, inner: S) -> Guard<S, F> {
+        Guard {
             inner,
             check: self.check.clone(),
         }
@@ -169,16 +169,16 @@ impl<S, F: Clone> Layer<S> for AdmitLayer<F> {
 }
 
 #[derive(Clone)]
-pub struct Admit<S, F> {
+pub struct Guard<S, F> {
     inner: S,
     check: F,
 }
 
-impl<S, F> Service<RpcRequest> for Admit<S, F>
+impl<S, F> Service<RpcRequest> for Guard<S, F>
 where
     S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    F: Fn(&RpcRequest) -> Result<Guard, GatewayError>,
+    F: Fn(&RpcRequest) -> Result<Permit, GatewayError>,
 {
     type Response = Outcome;
     type Error = GatewayError;
@@ -274,14 +274,7 @@ fn count_request(
         Ok(_) => "ok",
         Err(e) => e.outcome(),
     };
-    metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            tenant: tenant.to_owned(),
-            method: method.to_owned(),
-            outcome: outcome.to_owned(),
-        })
-        .inc();
+    metrics.count_request(tenant, method, outcome);
 }
 
 /// -32006 refusals by tenant and quota name, and refusals for want of a

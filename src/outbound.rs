@@ -273,6 +273,34 @@ impl Outbound {
     }
 }
 
+/// Where one request's reply goes on a JSON-RPC connection, handed to the
+/// handler (not returned by it): a large reply reserves its bytes here
+/// before it is built, is encoded straight into the frame, and is sent by
+/// the handler, which then answers `Outcome::Sent`.
+#[derive(Debug, Clone)]
+pub struct Responder {
+    out: Outbound,
+    id: crate::protocol::jsonrpc::RequestId,
+}
+
+impl Responder {
+    pub fn new(out: Outbound, id: crate::protocol::jsonrpc::RequestId) -> Responder {
+        Responder { out, id }
+    }
+
+    /// The connection's queue (to reserve a reply's bytes).
+    pub fn outbound(&self) -> &Outbound {
+        &self.out
+    }
+
+    /// Send an encoded `result` (after `gap` leading spaces) as the
+    /// response, in the bytes `held` reserved for it.
+    pub async fn send_encoded(&self, result: String, gap: usize, held: Reservation) -> bool {
+        let text = crate::protocol::jsonrpc::encode_response_around(&self.id, result, gap);
+        self.out.send_reserved(text, held).await
+    }
+}
+
 /// Counts a reservation waiting for room while it lives.
 struct WaitingGuard<'a>(&'a Gauge);
 

@@ -392,25 +392,16 @@ impl Op {
     }
 }
 
-/// What an [`Op`] produced.
+/// What an [`Op`] produced: the same for every door. A door that hands
+/// the call a [`crate::outbound::Responder`] may get [`Outcome::Sent`]; a
+/// door that sends an [`Op::Open`] gets [`Outcome::Opened`].
 #[derive(Debug)]
 pub enum Outcome {
     Reply(Reply),
     Opened(Opened),
-    /// A reply already serialised into its caller's reserved outbound
-    /// bytes (`fs/readFile` on a JSON-RPC connection).
-    Encoded(EncodedReply),
-}
-
-/// A JSON `result`, built in bytes reserved before it was built.
-#[derive(Debug)]
-pub struct EncodedReply {
-    /// The serialised `result` value, after `gap` leading spaces.
-    pub result: String,
-    /// Leading spaces of `result` (0 or [`crate::protocol::jsonrpc::ENVELOPE_GAP`]).
-    pub gap: usize,
-    /// Its bytes in the connection's and tenant's outbound budgets.
-    pub held: crate::outbound::Reservation,
+    /// The handler already sent the reply through the call's responder
+    /// (a large reply, encoded straight into its reserved bytes).
+    Sent,
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 use crate::gateway::Gateway;
 use crate::transport;
-use crate::transport::admission::{Admission, AdmissionLimits};
+use crate::transport::limits::{ConnectionLimits, LimitSettings};
 
 /// How long accept loops get to finish after the stop.
 const LISTENER_STOP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -40,8 +40,8 @@ pub struct Listeners {
 /// Serve `listeners` until `shutdown` completes, then shut down.
 pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     let s = &gw.settings;
-    let admission = Admission::new(
-        AdmissionLimits {
+    let limits = ConnectionLimits::new(
+        LimitSettings {
             max_unauthenticated: s.max_unauthenticated,
             max_unauthenticated_per_source: s.max_unauthenticated_per_source,
             websocket: s.max_connections,
@@ -52,12 +52,12 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
     );
     let ws = crate::task::spawn(
         "ws-accept",
-        transport::ws::serve(listeners.ws, gw.clone(), admission.clone()),
+        transport::ws::serve(listeners.ws, gw.clone(), limits.clone()),
     );
     let grpc = listeners.grpc.map(|l| {
         crate::task::spawn(
             "grpc",
-            transport::grpc::serve(l, gw.clone(), admission.clone()),
+            transport::grpc::serve(l, gw.clone(), limits.clone()),
         )
     });
     let admin = listeners
@@ -90,7 +90,7 @@ pub async fn run_stdio(
     token: Option<String>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let caller = transport::admit::admit(&gw, token.as_deref()).await;
+    let caller = transport::authenticate::authenticate(&gw, token.as_deref()).await;
     if let Err(e) = &caller {
         tracing::warn!(reason = e.outcome(), "stdio token refused");
     }

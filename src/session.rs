@@ -22,15 +22,6 @@ use crate::protocol::revision::{Revision, RevisionCell};
 use crate::rpc::Call;
 use crate::tenant::Tenant;
 
-/// How long a detached session waits for a resume in each revision's
-/// reference server.
-pub fn default_detach_ttl(revision: Revision) -> Duration {
-    match revision {
-        Revision::May2026 => Duration::from_secs(10),
-        Revision::Nov2026 => Duration::from_secs(80),
-    }
-}
-
 /// One session, owned by one tenant.
 pub struct Session {
     pub id: String,
@@ -53,7 +44,7 @@ impl Session {
     /// from it if it tells: every path must be in the revision's form, and
     /// 0.169.0 requires a non-empty `writeId`. Errors are worded as that
     /// revision's reference server words them.
-    pub fn admit_call(&self, call: &Call) -> Result<Revision, GatewayError> {
+    pub fn validate_call(&self, call: &Call) -> Result<Revision, GatewayError> {
         let revision = match call.tells() {
             Some(r) => self.revision.observe(r),
             None => self.revision.or_default(),
@@ -65,7 +56,7 @@ impl Session {
                 PathErrorKind::Spawn => GatewayError::Internal(e.message),
             })?;
         }
-        if revision == Revision::Nov2026
+        if revision.policy().write_id_required
             && let Call::ProcessWrite(w) = call
         {
             match w.write_id.as_deref() {
@@ -222,7 +213,7 @@ impl SessionRegistry {
             tenant.remove_session();
             return Err(GatewayError::SessionAttached {
                 id,
-                current: existing.revision.get() == Some(Revision::Nov2026),
+                current: existing.revision.policy().current_error_texts,
             });
         }
         tenant.metrics.sessions.inc();
@@ -260,7 +251,7 @@ impl SessionRegistry {
             if session.attachment.is_attached() {
                 return Err(GatewayError::SessionAttached {
                     id: id.to_owned(),
-                    current: session.revision.get() == Some(Revision::Nov2026),
+                    current: session.revision.policy().current_error_texts,
                 });
             }
             session.epoch.fetch_add(1, Ordering::Relaxed);
@@ -343,7 +334,7 @@ impl SessionRegistry {
         let session = session.clone();
         let ttl = self
             .detach_ttl
-            .unwrap_or_else(|| default_detach_ttl(session.revision.or_default()));
+            .unwrap_or(session.revision.policy().detach_ttl);
         crate::task::spawn("session-ttl", async move {
             loop {
                 let deadline = *session.last_active.lock() + ttl;

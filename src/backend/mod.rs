@@ -20,10 +20,15 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
-use crate::outbound::{Attachment, Outbound};
+use crate::outbound::{Attachment, Responder};
 use crate::protocol::environment::EnvironmentInfo;
 use crate::protocol::revision::RevisionCell;
 use crate::rpc::{Op, Outcome};
+
+/// The error when a reply's connection closed before the reply was sent.
+pub fn closed_before_reply() -> GatewayError {
+    GatewayError::Internal("the connection closed before the reply was sent".to_owned())
+}
 
 /// A boxed, sendable future of an operation's outcome.
 pub type OpFuture = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
@@ -51,9 +56,10 @@ pub struct RunScope {
     /// Cancelled when another connection takes the session over (a
     /// long-poll then ends).
     pub evicted: CancellationToken,
-    /// The caller's outbound queue, when the reply goes to one: large
-    /// replies reserve their bytes there before they are built.
-    pub reply: Option<Outbound>,
+    /// Where the reply goes, when the door hands one over (JSON-RPC):
+    /// large replies reserve their bytes there before they are built, and
+    /// are sent by the handler ([`crate::rpc::Outcome::Sent`]).
+    pub reply: Option<Responder>,
 }
 
 /// One session's runtime.

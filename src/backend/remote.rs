@@ -19,13 +19,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::Deserialize;
 
-use super::{OpFuture, RunScope, SessionBackend};
+use super::{OpFuture, RunScope, SessionBackend, closed_before_reply};
 use crate::error::GatewayError;
 use crate::executors::{Lease, Link, LinkError, Pool};
 use crate::outbound::Attachment;
 use crate::protocol::environment::{EnvironmentInfo, Shell};
 use crate::protocol::methods as m;
-use crate::rpc::{Call, EncodedReply, Op, Outcome};
+use crate::rpc::{Call, Op, Outcome};
 
 /// A tenant's executor pool and which of its executors it may use.
 pub struct RemoteBackend {
@@ -282,7 +282,7 @@ impl RemoteSession {
             }
             _ => {}
         }
-        let Some(out) = scope.reply else {
+        let Some(reply) = scope.reply else {
             return Err(GatewayError::InvalidRequest(
                 "sessions on remote executors serve JSON-RPC clients only".to_owned(),
             ));
@@ -298,14 +298,13 @@ impl RemoteSession {
             }
         }
         .map_err(|e| link_error(&self.pool.name, &self.executor, e))?;
-        let held = out.reserve(result.len()).await.map_err(|_| {
-            GatewayError::Internal("the connection closed before the reply was sent".to_owned())
-        })?;
-        Ok(Outcome::Encoded(EncodedReply {
-            result,
-            gap: 0,
-            held,
-        }))
+        let held = reply
+            .outbound()
+            .reserve(result.len())
+            .await
+            .map_err(|_| closed_before_reply())?;
+        reply.send_encoded(result, 0, held).await;
+        Ok(Outcome::Sent)
     }
 }
 

@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 use crate::isolation::cgroup::TenantCgroup;
 use crate::isolation::reaper::Reaper;
 use crate::metrics::TenantMetrics;
-use crate::protocol::revision::Revision;
+use crate::protocol::revision::Policy;
 
 pub use process::Process;
 pub use table::{ProcessTable, StartOptions};
@@ -83,19 +83,10 @@ pub struct ExecSettings {
     pub spawned_in_worker: bool,
 }
 
-/// Retention of a closed process in each revision's reference server.
-pub fn default_retention(revision: Revision) -> Duration {
-    match revision {
-        Revision::May2026 => Duration::from_secs(30),
-        Revision::Nov2026 => Duration::from_secs(80),
-    }
-}
-
 impl ExecSettings {
-    /// The retention of a closed process in a session of `revision`.
-    pub fn retention(&self, revision: Revision) -> Duration {
-        self.exited_retention
-            .unwrap_or_else(|| default_retention(revision))
+    /// The retention of a closed process in a session answering by `policy`.
+    pub fn retention(&self, policy: &Policy) -> Duration {
+        self.exited_retention.unwrap_or(policy.retention)
     }
 
     pub fn new(max_processes: usize, base_env: HashMap<String, String>) -> Self {

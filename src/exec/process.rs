@@ -19,7 +19,7 @@ use crate::isolation::signal;
 use crate::outbound::Attachment;
 use crate::protocol::notify;
 use crate::protocol::process::{ProcessEvent, ProcessState, StreamName};
-use crate::protocol::revision::{Revision, RevisionCell};
+use crate::protocol::revision::RevisionCell;
 use crate::rpc::EventSource;
 use crate::spawn::Pty;
 
@@ -229,10 +229,11 @@ impl Process {
         self.publish(ProcessEvent::Exited { seq, code, signal })
             .await;
         if self.api == Api::Process {
-            let sandbox_denied = match self.revision.or_default() {
-                Revision::May2026 => None,
-                Revision::Nov2026 => Some(false),
-            };
+            let sandbox_denied = self
+                .revision
+                .policy()
+                .reports_sandbox_denied
+                .then_some(false);
             attachment
                 .notify(notify::process_exited(
                     &self.id_json,
@@ -255,11 +256,7 @@ impl Process {
             // It was SIGKILLed with its worker.
             Ended::WorkerDied => libc::SIGKILL,
         };
-        match (self.tty, self.revision.or_default()) {
-            (true, _) => 1,
-            (false, Revision::May2026) => -1,
-            (false, Revision::Nov2026) => 128 + signal,
-        }
+        self.revision.policy().killed_exit_code(self.tty, signal)
     }
 
     pub async fn emit_closed(&self, attachment: &Attachment) {

@@ -2,7 +2,7 @@
 //! `select!`, so seqs are assigned *and* emitted in order, then closes it.
 
 use std::io;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt as _;
@@ -10,7 +10,6 @@ use tokio::net::unix::pipe;
 
 use super::OUTPUT_READ_CHUNK_BYTES;
 use super::process::{GroupGuard, Process, ProcessPermits};
-use super::table::ProcessTable;
 use crate::outbound::Attachment;
 use crate::protocol::process::StreamName;
 use crate::spawn::{self, Ended, ExitWait, Pty};
@@ -24,6 +23,9 @@ pub enum Output {
     Pty(Arc<Pty>),
 }
 
+/// What the process's table does once the process has closed.
+pub type OnClosed = Box<dyn FnOnce(&Arc<Process>) + Send>;
+
 /// Everything the pump owns until the process closes.
 pub struct Pump {
     pub process: Arc<Process>,
@@ -33,7 +35,8 @@ pub struct Pump {
     /// Released (in this order) when the process closes.
     pub guard: GroupGuard,
     pub permits: ProcessPermits,
-    pub table: Weak<ProcessTable>,
+    /// Told last, after `closed` went out (the table forgets the process).
+    pub on_closed: OnClosed,
 }
 
 /// One output stream being read.
@@ -95,7 +98,7 @@ impl Pump {
             output,
             guard,
             permits,
-            table,
+            on_closed,
         } = self;
         let mut guard = Some(guard);
         let (stdout, stderr, pty) = match output {
@@ -136,9 +139,7 @@ impl Pump {
         drop(permits);
         process.release_cgroup_if_empty();
         process.emit_closed(&attachment).await;
-        if let Some(table) = table.upgrade() {
-            table.mark_closed(&process);
-        }
+        on_closed(&process);
     }
 }
 

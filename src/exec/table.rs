@@ -28,7 +28,7 @@ use crate::protocol::process::{
     ReadParams, ReadResponse, ResizeParams, SignalParams, TerminateResponse, WriteParams,
     WriteResponse, WriteStatus,
 };
-use crate::protocol::revision::{Revision, RevisionCell};
+use crate::protocol::revision::RevisionCell;
 use crate::rpc::EventSource;
 use crate::spawn::{ChildIo, SpawnSpec, Spawner};
 
@@ -101,7 +101,7 @@ impl ProcessTable {
     }
 
     pub(super) fn mark_closed(&self, process: &Arc<Process>) {
-        let at = tokio::time::Instant::now() + self.settings.retention(self.revision.or_default());
+        let at = tokio::time::Instant::now() + self.settings.retention(self.revision.policy());
         self.closed.lock().push_back((at, process.clone()));
     }
 
@@ -160,7 +160,7 @@ impl ProcessTable {
                 quota: "retained_output_bytes",
                 limit: settings.max_retained_bytes as u64,
                 retry_after_ms: u64::try_from(
-                    settings.retention(self.revision.or_default()).as_millis(),
+                    settings.retention(self.revision.policy()).as_millis(),
                 )
                 .ok(),
             });
@@ -289,7 +289,14 @@ impl ProcessTable {
             exit: child.exit,
             output,
             permits,
-            table: Arc::downgrade(self),
+            on_closed: {
+                let table = Arc::downgrade(self);
+                Box::new(move |process| {
+                    if let Some(table) = table.upgrade() {
+                        table.mark_closed(process);
+                    }
+                })
+            },
         };
         crate::task::spawn("process-pump", pump.run());
         Ok(process)
@@ -307,15 +314,16 @@ impl ProcessTable {
         let after_seq = params.after_seq.unwrap_or(0);
         let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
-        let current = self.revision.or_default() == Revision::Nov2026;
+        let policy = self.revision.policy();
         loop {
             let notified = process.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let sel = process
-                .log
-                .lock()
-                .select(after_seq, params.max_bytes, current);
+            let sel = process.log.lock().select(
+                after_seq,
+                params.max_bytes,
+                policy.read_moves_past_close,
+            );
             if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
                 // The reply's bytes are reserved before its chunks are
                 // copied and encoded (the selection only shares them).
@@ -348,7 +356,7 @@ impl ProcessTable {
                     exit_code: sel.exit_code,
                     closed: sel.closed,
                     failure: process.failure(),
-                    sandbox_denied: current.then_some(false),
+                    sandbox_denied: policy.reports_sandbox_denied.then_some(false),
                 };
                 return Ok((response, held));
             }
@@ -418,7 +426,7 @@ impl ProcessTable {
     /// `process/signal`: to the process group. 0.169.0 answers `{}` for
     /// an unknown or closed process too; the 0.130.0 extension says why.
     pub fn signal(&self, params: &SignalParams) -> Result<(), GatewayError> {
-        let lenient = self.revision.or_default() == Revision::Nov2026;
+        let lenient = self.revision.policy().lenient_signal;
         let process = match self.get(&params.process_id) {
             Ok(p) => p,
             Err(_) if lenient => return Ok(()),

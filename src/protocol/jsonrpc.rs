@@ -230,6 +230,32 @@ pub fn encode_response<T: Serialize>(id: &RequestId, result: &T) -> String {
     })
 }
 
+/// A response around an already serialised `result` that starts with
+/// `gap` spaces ([`ENVELOPE_GAP`] or 0): the head is written over them when
+/// it fits (no copy of a large result), else the result is copied behind it.
+pub fn encode_response_around(id: &RequestId, mut result: String, gap: usize) -> String {
+    let id_json = serde_json::to_string(id).unwrap_or_else(|_| "-1".to_owned());
+    let head_len = r#"{"id":,"result":"#.len() + id_json.len();
+    let spaces = result
+        .as_bytes()
+        .get(..gap)
+        .is_some_and(|g| g.iter().all(|b| *b == b' '));
+    if gap > 0 && head_len <= gap && spaces {
+        let head = format!(r#"{{"id":{id_json},"result":"#);
+        result.replace_range(..head.len(), &head);
+        result.push('}');
+        return result;
+    }
+    let result = result.trim_start();
+    let mut s = String::with_capacity(result.len() + id_json.len() + 20);
+    s.push_str(r#"{"id":"#);
+    s.push_str(&id_json);
+    s.push_str(r#","result":"#);
+    s.push_str(result);
+    s.push('}');
+    s
+}
+
 /// Serialise an error response.
 pub fn encode_error(id: &RequestId, error: &ErrorObject) -> String {
     serde_json::to_string(&ErrorOut { error, id }).unwrap_or_else(|_| {
@@ -336,5 +362,55 @@ mod tests {
             },
         );
         assert_eq!(s, r#"{"error":{"code":-32600,"message":"x"},"id":-1}"#);
+    }
+
+    #[test]
+    fn a_response_around_an_encoded_result_matches_serde() {
+        #[derive(Serialize)]
+        struct R {
+            #[serde(rename = "dataBase64")]
+            data: &'static str,
+        }
+        let reply = R { data: "aGkK" };
+        let result = serde_json::to_string(&reply).unwrap();
+        for id in [RequestId::Integer(7), RequestId::String("a\"b".into())] {
+            assert_eq!(
+                encode_response_around(&id, result.clone(), 0),
+                encode_response(&id, &reply)
+            );
+        }
+    }
+
+    #[test]
+    fn a_response_is_built_in_place_when_its_head_fits_the_gap() {
+        let gap = ENVELOPE_GAP;
+        let result = format!("{}{}", " ".repeat(gap), r#"{"dataBase64":"aGkK"}"#);
+        let long = "x".repeat(gap);
+        for id in [
+            RequestId::Integer(i64::MAX),
+            RequestId::String("a\"b".into()),
+            RequestId::String(long),
+        ] {
+            let mut spare = result.clone();
+            spare.reserve(1);
+            let ptr = spare.as_ptr();
+            let fits = serde_json::to_string(&id).unwrap().len() + 16 <= gap;
+            let text = encode_response_around(&id, spare, gap);
+            assert!(text.starts_with(r#"{"id":"#), "{text}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["id"], serde_json::to_value(&id).unwrap());
+            assert_eq!(v["result"]["dataBase64"], "aGkK");
+            // In place (the same allocation) exactly when the head fits.
+            assert_eq!(text.as_ptr() == ptr, fits, "{text}");
+        }
+        // No gap, or a result shorter than the gap: copied, never a panic.
+        assert_eq!(
+            encode_response_around(&RequestId::Integer(1), "{}".to_owned(), gap),
+            r#"{"id":1,"result":{}}"#
+        );
+        assert_eq!(
+            encode_response_around(&RequestId::Integer(1), "{}".to_owned(), 0),
+            r#"{"id":1,"result":{}}"#
+        );
     }
 }

@@ -201,12 +201,7 @@ impl<'de> Deserialize<'de> for WirePath {
 
 /// A host path as a session of `revision` writes it.
 pub fn to_wire(path: &str, revision: Revision) -> String {
-    match revision {
-        Revision::May2026 => path.to_owned(),
-        Revision::Nov2026 => url::Url::from_file_path(path)
-            .map(|u| u.to_string())
-            .unwrap_or_else(|()| format!("file://{path}")),
-    }
+    revision.policy().wire_path(path)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use super::admit::executor_caller;
+use super::authenticate::executor_caller;
 use crate::gateway::Gateway;
 
 /// First pause between attempts; doubles up to [`BACKOFF_MAX`].

@@ -1,27 +1,36 @@
 //! The doors: bytes in, typed operations through the stack, bytes out.
 //!
-//! - [`admission`]: connection caps and the handshake deadline, before and
+//! - [`limits`]: connection limits and the handshake deadline, before and
 //!   after a connection authenticates, the same for both doors;
-//! - [`admit`]: authenticate-and-admit, the one function every door calls;
-//! - [`connection`]: one JSON-RPC connection's state machine (initialize,
-//!   `initialized`, concurrent bounded requests), whatever carries it;
+//! - [`authenticate`]: a bearer token into a caller, the one function every
+//!   door calls;
+//! - [`connection`]: one JSON-RPC connection: its state machine
+//!   (initialize, `initialized`, the initialize gate) and the driver that
+//!   runs its calls concurrently and bounded, whatever carries it;
 //! - [`ws`] (with [`http`] for health, and the admin listener) and [`stdio`]: the
 //!   JSON-RPC doors; [`grpc`]: the gRPC door;
 //! - [`peer`] and [`relay`]: the fleet's peer listener, and websocket
-//!   sessions relayed to the replica that owns them (gRPC calls are
-//!   forwarded by `grpc::forward`).
+//!   sessions relayed to the replica that owns them (plugged into the
+//!   connection by the websocket door; gRPC calls are forwarded by
+//!   `grpc::forward`).
 //! - [`registry`]: the executor registry's routes (registration, the
 //!   rendezvous an executor's link is upgraded from); [`executor`]: this
 //!   binary as a remote executor, dialling out to a registry.
 //!
-//! Nothing here runs a handler except through the stack.
+//! Nothing here runs a handler except through the stack (`initialize` and
+//! `session/close`, which change what a connection holds, are the
+//! documented exception in [`connection`]).
+//!
+//! Imports run one way inside this folder: the doors (`ws`, `stdio`, `peer`)
+//! use `relay` and `connection`; `relay` uses `connection`; `connection`
+//! knows neither.
 
-pub mod admission;
-pub mod admit;
+pub mod authenticate;
 pub mod connection;
 pub mod executor;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod peer;
 pub mod registry;
 pub mod relay;

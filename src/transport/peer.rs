@@ -15,20 +15,16 @@ use std::task::{Context, Poll};
 
 use hyper::http;
 
-use super::admission::{Admission, AdmissionLimits, ConnInfo, Door};
 use super::grpc::pb::environment_service_server::EnvironmentServiceServer;
 use super::grpc::pb::file_service_server::FileServiceServer;
 use super::grpc::pb::process_service_server::ProcessServiceServer;
 use super::grpc::pb::session_service_server::SessionServiceServer;
 use super::grpc::{AuthenticateLayer, GrpcApi, MAX_GRPC_MESSAGE_BYTES};
+use super::limits::{ConnInfo, ConnectionLimits, Door, LimitSettings};
 use super::relay::pb::relay_service_server::RelayServiceServer;
-use super::relay::{RelayApi, max_relay_frame};
+use super::relay::{PeerReplica, RelayApi, max_relay_frame};
 use crate::fleet::CREDENTIAL_HEADER;
 use crate::gateway::Gateway;
-
-/// The replica a peer request came from (a request extension).
-#[derive(Debug, Clone)]
-pub struct PeerReplica(pub String);
 
 /// Peer connections, authenticated or not. A fleet of a few dozen
 /// replicas keeps one or two each.
@@ -129,8 +125,8 @@ where
 
 /// Serve the peer listener until the gateway stops.
 pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
-    let admission = Admission::new(
-        AdmissionLimits {
+    let limits = ConnectionLimits::new(
+        LimitSettings {
             max_unauthenticated: MAX_PEER_UNAUTHENTICATED,
             // Peers and a tenant's own processes can share an address: no
             // per-source refusal, so a full pool evicts its oldest idle
@@ -144,7 +140,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
         },
         gw.metrics.clone(),
     );
-    let incoming = super::grpc::admitted(listener, gw.clone(), admission, Door::Peer);
+    let incoming = super::grpc::accepted(listener, gw.clone(), limits, Door::Peer);
     let api = GrpcApi::new(gw.clone());
     let relay_limit = max_relay_frame(&gw);
     let result = tonic::transport::Server::builder()

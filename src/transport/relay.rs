@@ -14,6 +14,7 @@
 //! away closes with 4001 and says which replica; an owner that shuts down
 //! closes with its own 1012.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -21,8 +22,8 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::admit::Caller;
-use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
+use super::authenticate::Caller;
+use super::connection::{ConnMeta, InFrame, OnClose, Relay, RelayStart, serve_connection};
 use crate::error::GatewayError;
 use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
 use crate::gateway::Gateway;
@@ -52,26 +53,43 @@ pub fn max_relay_frame(gw: &Gateway) -> usize {
     gw.settings.max_message_bytes.saturating_add(64 * 1024)
 }
 
-/// Where a relay goes.
-pub struct Target<'a> {
-    pub session: &'a str,
-    pub replica: &'a str,
-    pub origin: &'a super::connection::RelayOrigin,
-    /// The `initialize` request's id (its error reply if the owner cannot
-    /// be reached).
-    pub id: &'a RequestId,
+/// The replica a peer request came from (a request extension the peer
+/// listener sets).
+#[derive(Debug, Clone)]
+pub struct PeerReplica(pub String);
+
+/// What a relay to the owner of a session carries about the client: the
+/// [`Relay`] the websocket door plugs into its connections.
+#[derive(Clone)]
+pub struct RelayOrigin {
+    /// The client's bearer token, verified again by the owner.
+    pub token: String,
+    pub client: std::net::SocketAddr,
+}
+
+impl std::fmt::Debug for RelayOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayOrigin")
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay for RelayOrigin {
+    fn run<'a>(&'a self, start: RelayStart<'a>) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(run(start, self))
+    }
 }
 
 /// Relay the rest of a client connection to the session's owner.
-pub async fn run<S>(
-    inbound: &mut S,
-    out: &Outbound,
-    gw: &Arc<Gateway>,
-    t: Target<'_>,
-    first: String,
-) where
-    S: Stream<Item = InFrame> + Unpin,
-{
+async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
+    let RelayStart {
+        inbound,
+        out,
+        gw,
+        first,
+        ..
+    } = t;
     let _live = gw.relay_guard();
     let unavailable = |detail: String| GatewayError::OwnerUnavailable {
         session: t.session.to_owned(),
@@ -94,9 +112,9 @@ pub async fn run<S>(
         md.insert(CREDENTIAL_HEADER, header(&fleet.credential(t.replica)?)?);
         md.insert(
             "authorization",
-            header(&format!("Bearer {}", t.origin.token))?,
+            header(&format!("Bearer {}", origin.token))?,
         );
-        md.insert(CLIENT_ADDR_HEADER, header(&t.origin.client.to_string())?);
+        md.insert(CLIENT_ADDR_HEADER, header(&origin.client.to_string())?);
         let _ = tx
             .send(OpenRequest {
                 text: Bytes::from(first.into_bytes()),
@@ -246,7 +264,7 @@ impl RelayService for RelayApi {
             .to_owned();
         let from = req
             .extensions()
-            .get::<super::peer::PeerReplica>()
+            .get::<PeerReplica>()
             .map(|p| p.0.clone())
             .unwrap_or_default();
         let frames = req

@@ -9,7 +9,7 @@ use futures_util::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 
-use super::admit::Caller;
+use super::authenticate::Caller;
 use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;

@@ -1,5 +1,5 @@
 //! The websocket door: hyper serves HTTP/1 on the listener (admitted and
-//! timed by `transport::admission`), answers `/healthz` and a bare
+//! timed by `transport::limits`), answers `/healthz` and a bare
 //! `/readyz` for load balancers, and upgrades any other path to a
 //! websocket carrying one JSON-RPC message per frame.
 //!
@@ -27,9 +27,10 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Admission, Conn, Door, Guarded};
-use super::admit::{Caller, admit};
-use super::connection::{ConnMeta, InFrame, OnClose, RelayOrigin, serve_connection};
+use super::authenticate::{Caller, authenticate};
+use super::connection::{ConnMeta, InFrame, OnClose, Relay, serve_connection};
+use super::limits::{Conn, ConnectionLimits, Door, Guarded};
+use super::relay::RelayOrigin;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound, QueuedText};
 
@@ -39,11 +40,11 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 const WRITE_BATCH: usize = 32;
 
 /// Accept connections until the gateway stops. Each is unauthenticated
-/// (bounded by `admission`, closed at the handshake timeout) until its
+/// (bounded by `limits`, closed at the handshake timeout) until its
 /// upgrade authenticates.
-pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
+pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, limits: Arc<ConnectionLimits>) {
     while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "websocket").await {
-        let Some(conn) = admission.accept(Door::Websocket, peer.ip()) else {
+        let Some(conn) = limits.accept(Door::Websocket, peer.ip()) else {
             drop(tcp);
             continue;
         };
@@ -51,7 +52,7 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, admission: Arc<Admis
             tracing::debug!(error = %e, "set_nodelay failed");
         }
         let gw = gw.clone();
-        let timeout = admission.handshake_timeout;
+        let timeout = limits.handshake_timeout;
         crate::task::spawn("http-conn", async move {
             let io = Guarded::new(tcp, conn.clone(), Some(peer));
             let svc =
@@ -156,7 +157,7 @@ async fn handle(
             .and_then(|v| v.to_str().ok()),
         req.uri().query(),
     );
-    let caller = match admit(&gw, token.as_deref()).await {
+    let caller = match authenticate(&gw, token.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
             tracing::info!(%peer, reason = e.outcome(), "websocket handshake refused");
@@ -188,10 +189,10 @@ async fn handle(
             Ok(upgraded) => {
                 let ws = server_websocket(upgraded, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
                 let relay = match (&gw.fleet, token) {
-                    (Some(_), Some(token)) => Some(RelayOrigin {
+                    (Some(_), Some(token)) => Some(Arc::new(RelayOrigin {
                         token,
                         client: peer,
-                    }),
+                    }) as Arc<dyn Relay>),
                     _ => None,
                 };
                 run(ws, gw, peer, caller, relay).await;
@@ -351,7 +352,7 @@ pub(crate) async fn run<S>(
     gw: Arc<Gateway>,
     peer: SocketAddr,
     caller: Caller,
-    relay: Option<RelayOrigin>,
+    relay: Option<Arc<dyn Relay>>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

@@ -26,7 +26,7 @@ use tower::ServiceExt as _;
 use crate::error::GatewayError;
 use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER, Owner};
 use crate::gateway::{Gateway, RelayGuard};
-use crate::transport::admission::ConnInfo;
+use crate::transport::limits::ConnInfo;
 
 /// Longest prefix of a first message read to find its session id: the id
 /// is short and encoders write field 1 first, but the scan is correct in

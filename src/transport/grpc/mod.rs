@@ -2,8 +2,8 @@
 //! process tables and tower stack as JSON-RPC, plus health and reflection.
 //!
 //! Every request to the four services first passes [`Authenticate`], a
-//! tower layer on the tonic server that admits the caller from its
-//! `authorization: Bearer` metadata (module `transport::admit`): no method
+//! tower layer on the tonic server that authenticates the caller from its
+//! `authorization: Bearer` metadata (module `transport::authenticate`): no method
 //! can be reached unauthenticated. Streams are bounded: each server stream
 //! has a small channel, and a slow reader back-pressures the process like a
 //! slow websocket client.
@@ -20,8 +20,8 @@ use std::task::{Context, Poll};
 use hyper::http;
 
 use crate::gateway::Gateway;
-use crate::transport::admission::{Admission, ConnInfo, Door, Guarded};
-use crate::transport::admit::admit;
+use crate::transport::authenticate::authenticate;
+use crate::transport::limits::{ConnInfo, ConnectionLimits, Door, Guarded};
 pub use services::GrpcApi;
 
 /// Generated code, and the descriptor set for reflection.
@@ -93,15 +93,17 @@ where
         let gw = self.gw.clone();
         let conn = req.extensions().get::<ConnInfo>().map(|c| c.conn.clone());
         Box::pin(async move {
-            let admitted = admit(&gw, token.as_deref()).await.and_then(|caller| {
-                // The first authenticated call moves the connection into
-                // the authenticated slots (its handshake deadline ends).
-                if let Some(conn) = &conn {
-                    conn.promote(caller.tenant())?;
-                }
-                Ok(caller)
-            });
-            match admitted {
+            let authenticated = authenticate(&gw, token.as_deref())
+                .await
+                .and_then(|caller| {
+                    // The first authenticated call moves the connection into
+                    // the authenticated slots (its handshake deadline ends).
+                    if let Some(conn) = &conn {
+                        conn.promote(caller.tenant())?;
+                    }
+                    Ok(caller)
+                });
+            match authenticated {
                 Ok(caller) => {
                     req.extensions_mut().insert(caller);
                     inner.call(req).await
@@ -126,13 +128,13 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 const ACCEPT_QUEUE: usize = 64;
 
 /// Accept connections, admitting each as unauthenticated (module
-/// `transport::admission`): refused ones are dropped at once, admitted ones
+/// `transport::limits`): refused ones are dropped at once, admitted ones
 /// are closed at the handshake timeout unless a call authenticates first
 /// (this also bounds the wait for the HTTP/2 preface).
-pub(crate) fn admitted(
+pub(crate) fn accepted(
     listener: tokio::net::TcpListener,
     gw: Arc<Gateway>,
-    admission: Arc<Admission>,
+    limits: Arc<ConnectionLimits>,
     door: Door,
 ) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
@@ -140,7 +142,7 @@ pub(crate) fn admitted(
         while let Some((tcp, peer)) =
             crate::transport::next_connection(&listener, &gw, door.name()).await
         {
-            let Some(conn) = admission.accept(door, peer.ip()) else {
+            let Some(conn) = limits.accept(door, peer.ip()) else {
                 drop(tcp);
                 continue;
             };
@@ -170,7 +172,11 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
 /// stops.
-pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admission: Arc<Admission>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gw: Arc<Gateway>,
+    limits: Arc<ConnectionLimits>,
+) {
     use pb::environment_service_server::EnvironmentServiceServer;
     use pb::file_service_server::FileServiceServer;
     use pb::process_service_server::ProcessServiceServer;
@@ -213,7 +219,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>, admissio
                 .await;
         })
     };
-    let incoming = admitted(listener, gw.clone(), admission, Door::Grpc);
+    let incoming = accepted(listener, gw.clone(), limits, Door::Grpc);
     let result = tonic::transport::Server::builder()
         // Bulk streams need more than HTTP/2's 64 KiB default windows;
         // adaptive (BDP) windows grow them as the link allows.

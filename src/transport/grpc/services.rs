@@ -28,7 +28,7 @@ use crate::protocol::process::{
 };
 use crate::rpc::{Call, EventSource, NoParams, Op, Open, Opened, Outcome, Reply};
 use crate::session::{Session, StreamGuard};
-use crate::transport::admit::Caller;
+use crate::transport::authenticate::Caller;
 
 /// Events buffered per server stream before the producer waits.
 pub const STREAM_EVENTS: usize = 16;
@@ -102,7 +102,7 @@ impl GrpcApi {
     ) -> Result<Reply, Status> {
         match self.run(caller, session, Op::Call(call)).await? {
             Outcome::Reply(r) => Ok(r),
-            Outcome::Opened(_) | Outcome::Encoded(_) => Err(unexpected()),
+            Outcome::Opened(_) | Outcome::Sent => Err(unexpected()),
         }
     }
 
@@ -114,7 +114,7 @@ impl GrpcApi {
     ) -> Result<Opened, Status> {
         match self.run(caller, session, Op::Open(open)).await? {
             Outcome::Opened(o) => Ok(o),
-            Outcome::Reply(_) | Outcome::Encoded(_) => Err(unexpected()),
+            Outcome::Reply(_) | Outcome::Sent => Err(unexpected()),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Authenticate and admit: every door turns a bearer token into a
+//! Authentication: every door turns a bearer token into a
 //! [`Caller`] here, and only here, so the rules (draining first, then the
 //! token, then the tenant) and the failure metric cannot differ by door.
 
@@ -13,8 +13,8 @@ use crate::gateway::Gateway;
 use crate::session::Session;
 use crate::tenant::Tenant;
 
-/// An authenticated caller and its tenant. Only [`admit`] makes one, so
-/// holding a `Caller` proves the admission happened.
+/// An authenticated caller and its tenant. Only [`authenticate`] makes one, so
+/// holding a `Caller` proves authentication happened.
 #[derive(Clone)]
 pub struct Caller {
     principal: Arc<Principal>,
@@ -71,12 +71,12 @@ pub fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
     })
 }
 
-/// Admit the holder of `token` (never logged). Refusals are
+/// Guard the holder of `token` (never logged). Refusals are
 /// `Unauthenticated` or `Forbidden` (a valid token granting nothing
 /// usable); each authentication failure is counted by reason. A draining
 /// gateway still admits: its live sessions are served until the stop, and
 /// only new sessions are refused.
-pub async fn admit(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
+pub async fn authenticate(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
     let verified = match token {
         None => Err(AuthError::Missing),
         Some(t) => gw.auth.verify(t).await,

@@ -1,4 +1,4 @@
-//! Connection admission, the same for both doors: a connection is
+//! Connection limits, the same for both doors: a connection is
 //! *unauthenticated* from accept until its first authenticated request (a
 //! websocket upgrade, a gRPC call), and only then takes one of the
 //! authenticated slots (gateway-wide per door, and its tenant's).
@@ -32,7 +32,7 @@ use crate::tenant::Tenant;
 pub enum Door {
     Websocket,
     Grpc,
-    /// The fleet's peer listener (its own [`Admission`]).
+    /// The fleet's peer listener (its own [`ConnectionLimits`]).
     Peer,
 }
 
@@ -47,7 +47,7 @@ impl Door {
 }
 
 /// The caps, shared by both doors.
-pub struct Admission {
+pub struct ConnectionLimits {
     unauthenticated: Arc<Semaphore>,
     /// Unauthenticated connections, oldest first (some may have moved on:
     /// skipped when met). When the total cap is full the oldest is closed
@@ -65,7 +65,7 @@ pub struct Admission {
 
 /// The caps' sizes.
 #[derive(Debug, Clone, Copy)]
-pub struct AdmissionLimits {
+pub struct LimitSettings {
     pub max_unauthenticated: usize,
     pub max_unauthenticated_per_source: usize,
     pub websocket: usize,
@@ -73,9 +73,9 @@ pub struct AdmissionLimits {
     pub handshake_timeout: Duration,
 }
 
-impl Admission {
-    pub fn new(limits: AdmissionLimits, metrics: Arc<Metrics>) -> Arc<Admission> {
-        Arc::new(Admission {
+impl ConnectionLimits {
+    pub fn new(limits: LimitSettings, metrics: Arc<Metrics>) -> Arc<ConnectionLimits> {
+        Arc::new(ConnectionLimits {
             unauthenticated: Arc::new(Semaphore::new(limits.max_unauthenticated)),
             pending: Mutex::new(std::collections::VecDeque::new()),
             unauthenticated_cap: limits.max_unauthenticated,
@@ -88,7 +88,7 @@ impl Admission {
         })
     }
 
-    /// Admit a just-accepted connection as unauthenticated, or refuse it
+    /// Guard a just-accepted connection as unauthenticated, or refuse it
     /// (the caller drops the socket: refusing costs no more than that).
     pub fn accept(self: &Arc<Self>, door: Door, source: IpAddr) -> Option<Arc<Conn>> {
         let refuse = |reason: &str| {
@@ -132,7 +132,7 @@ impl Admission {
         gauge.inc();
         let conn = Arc::new(Conn {
             door,
-            admission: self.clone(),
+            limits: self.clone(),
             state: Mutex::new(State::Pending(Pending {
                 source,
                 _total: total,
@@ -177,10 +177,10 @@ impl Admission {
     }
 }
 
-/// One connection's admission state.
+/// One connection's limits state.
 pub struct Conn {
     door: Door,
-    admission: Arc<Admission>,
+    limits: Arc<ConnectionLimits>,
     state: Mutex<State>,
     /// Set once promoted: the handshake deadline no longer applies.
     authenticated: AtomicBool,
@@ -250,7 +250,7 @@ impl Conn {
             std::mem::replace(&mut *state, State::Closed)
         };
         if let State::Pending(p) = previous {
-            self.admission.release_source(p.source);
+            self.limits.release_source(p.source);
         }
         self.waker.wake();
         true
@@ -281,7 +281,7 @@ impl Conn {
                 _ => Err(GatewayError::Overloaded),
             };
         }
-        let adm = &self.admission;
+        let adm = &self.limits;
         let door_sem = match self.door {
             Door::Websocket => &adm.websocket,
             Door::Grpc | Door::Peer => &adm.grpc,
@@ -324,7 +324,7 @@ impl Drop for Conn {
     fn drop(&mut self) {
         let state = std::mem::replace(self.state.get_mut(), State::Closed);
         if let State::Pending(p) = state {
-            self.admission.release_source(p.source);
+            self.limits.release_source(p.source);
         }
     }
 }
@@ -340,9 +340,7 @@ pub struct Guarded<T> {
 
 impl<T> Guarded<T> {
     pub fn new(io: T, conn: Arc<Conn>, remote: Option<std::net::SocketAddr>) -> Self {
-        let deadline = Some(Box::pin(tokio::time::sleep(
-            conn.admission.handshake_timeout,
-        )));
+        let deadline = Some(Box::pin(tokio::time::sleep(conn.limits.handshake_timeout)));
         Guarded {
             io,
             conn,
@@ -366,7 +364,7 @@ impl<T> Guarded<T> {
         if d.as_mut().poll(cx).is_ready() {
             self.deadline = None;
             self.conn
-                .admission
+                .limits
                 .metrics
                 .connection_refused(self.conn.door.name(), "handshake_timeout");
             // Its unauthenticated slot is free at once; later polls fail.

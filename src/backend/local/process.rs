@@ -1,0 +1,157 @@
+//! The process methods (`process/*`, v0 `command/exec*`) and the gRPC
+//! process streams, over the session's process table.
+
+use crate::backend::RunScope;
+use crate::error::GatewayError;
+use crate::exec::{Api, StartOptions};
+use crate::protocol::process::{
+    ExecParams, ExecResponse, ProcessIdParams, ReadParams, ResizeParams, SandboxType, SignalParams,
+    WriteParams,
+};
+use crate::protocol::revision::Policy;
+use crate::protocol::v0::{
+    CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
+};
+use crate::rpc::{Opened, Outcome, Reply};
+
+use super::{LocalSession, empty};
+
+const PROCESS: StartOptions = StartOptions {
+    api: Api::Process,
+    retained_cap: None,
+    hold_output: false,
+};
+
+/// `process/start`. The tenant's confinement applies whatever the client
+/// asks; no sandbox of the client's is applied on top.
+pub(super) fn start(
+    s: &LocalSession,
+    p: ExecParams,
+    policy: &Policy,
+) -> Result<Reply, GatewayError> {
+    s.shared.check_cwd(&p.cwd)?;
+    let process_id = p.process_id.clone();
+    s.table.start(p, PROCESS)?;
+    Ok(Reply::ProcessStart(ExecResponse {
+        process_id,
+        sandbox_type: policy
+            .start_reports_sandbox_type
+            .then_some(SandboxType::None),
+    }))
+}
+
+/// `process/read`. Over a JSON-RPC connection the reply's bytes are
+/// reserved before it is built, and it is sent from here.
+pub(super) async fn read(
+    s: &LocalSession,
+    p: ReadParams,
+    scope: RunScope,
+) -> Result<Outcome, GatewayError> {
+    let out = scope.reply.as_ref().map(|r| r.outbound());
+    let (response, held) = s.table.read(p, &scope.evicted, out).await?;
+    let reply = Reply::ProcessRead(response);
+    match (held, scope.reply) {
+        (Some(held), Some(to)) => {
+            let result = serde_json::to_string(&reply)
+                .map_err(|e| GatewayError::Internal(format!("encoding a reply: {e}")))?;
+            to.send_encoded(result, 0, held).await;
+            Ok(Outcome::Sent)
+        }
+        _ => Ok(Outcome::Reply(reply)),
+    }
+}
+
+pub(super) async fn write(s: &LocalSession, p: WriteParams) -> Result<Reply, GatewayError> {
+    Ok(Reply::ProcessWrite(s.table.write(p).await?))
+}
+
+pub(super) fn terminate(s: &LocalSession, p: &ProcessIdParams) -> Reply {
+    Reply::ProcessTerminate(s.table.terminate(&p.process_id))
+}
+
+pub(super) fn signal(s: &LocalSession, p: &SignalParams) -> Result<Reply, GatewayError> {
+    s.table.signal(p)?;
+    Ok(empty())
+}
+
+pub(super) fn resize(s: &LocalSession, p: &ResizeParams) -> Result<Reply, GatewayError> {
+    s.table.resize(p)?;
+    Ok(empty())
+}
+
+pub(super) async fn close_stdin(
+    s: &LocalSession,
+    p: &ProcessIdParams,
+) -> Result<Reply, GatewayError> {
+    s.table.close_stdin(&p.process_id).await?;
+    Ok(empty())
+}
+
+pub(super) fn list(s: &LocalSession) -> Reply {
+    Reply::ProcessList(s.table.list())
+}
+
+/// v0 `command/exec`: the same table, v0 notifications, stdin closed
+/// for pipe processes, and the client's retained-output cap.
+pub(super) fn command_exec(s: &LocalSession, p: CommandExecParams) -> Result<Reply, GatewayError> {
+    s.shared.check_cwd(&p.cwd)?;
+    let process_id = p.process_id.clone();
+    let exec = ExecParams {
+        process_id: p.process_id,
+        argv: p.argv,
+        cwd: p.cwd,
+        env: p.env,
+        tty: p.tty,
+        pipe_stdin: false,
+        arg0: p.arg0,
+        env_policy: None,
+        sandbox: None,
+    };
+    s.table.start(
+        exec,
+        StartOptions {
+            api: Api::CommandExec,
+            retained_cap: p.output_bytes_cap,
+            hold_output: false,
+        },
+    )?;
+    Ok(Reply::CommandExec(CommandExecResponse {
+        process_id,
+        running: true,
+        exit_code: None,
+        stdout: None,
+        stderr: None,
+    }))
+}
+
+/// v0 `command/exec/write`.
+pub(super) async fn command_exec_write(
+    s: &LocalSession,
+    p: &CommandExecWriteParams,
+) -> Result<Reply, GatewayError> {
+    s.table.write_v0(&p.process_id, &p.chunk.0).await?;
+    Ok(Reply::CommandExecWrite(CommandExecWriteResponse {
+        accepted: true,
+    }))
+}
+
+/// gRPC `Attach`: a process's events from a seq onwards.
+pub(super) fn attach(s: &LocalSession, p: &ProcessIdParams) -> Result<Outcome, GatewayError> {
+    Ok(Outcome::Opened(Opened::Events(
+        s.table.events(&p.process_id)?,
+    )))
+}
+
+/// gRPC `Exec`: start a process whose output is held until the stream
+/// subscribes.
+pub(super) fn exec_stream(s: &LocalSession, p: ExecParams) -> Result<Outcome, GatewayError> {
+    s.shared.check_cwd(&p.cwd)?;
+    let process = s.table.start(
+        p,
+        StartOptions {
+            hold_output: true,
+            ..PROCESS
+        },
+    )?;
+    Ok(Outcome::Opened(Opened::Events(process)))
+}

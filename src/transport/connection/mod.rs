@@ -1,0 +1,447 @@
+//! One JSON-RPC connection, whatever carries it: frames in, frames out.
+//!
+//! The protocol state lives in [`machine`] (a plain state machine, tested
+//! without I/O); [`serve_connection`] drives it: it reads frames, performs
+//! the machine's actions, and runs calls **concurrently** through the
+//! stack, bounded by a per-connection semaphore, so a long-poll never
+//! blocks a later request. Responses may leave out of order; clients match
+//! by id. Nothing here knows whether frames came from a websocket or stdin,
+//! nor how a relay reaches another replica: a door that can relay plugs a
+//! [`Relay`] in.
+//!
+//! `initialize` and `session/close` do not pass through the stack: they
+//! change the connection's own state (which session it holds) rather than
+//! run a call in a session, and the stack's innermost service runs calls
+//! *in* a session. They are traced here (a span each) and counted in the
+//! request metrics like any call; the per-tenant rate limit applies to the
+//! calls a session makes.
+
+pub mod machine;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt as _};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+use tracing::Instrument as _;
+
+use super::authenticate::Caller;
+use crate::dispatch::RpcRequest;
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::outbound::{AttachToken, Outbound, Responder};
+use crate::protocol::jsonrpc::{self, RequestId};
+use crate::protocol::process::{InitializeParams, InitializeResponse};
+use crate::protocol::revision::Policy;
+use crate::rpc::{Call, Op, Outcome, Reply};
+use crate::session::Session;
+pub use machine::InFrame;
+use machine::{Action, Held, Machine};
+
+/// How the connection ends for its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnClose {
+    /// Websocket: detach; the session survives for the detach TTL.
+    Detach,
+    /// Stdio: the session ends with the stream and its processes are killed.
+    Kill,
+}
+
+/// Per-connection facts the driver needs.
+#[derive(Clone)]
+pub struct ConnMeta {
+    /// Prefix of the malformed-frame message (the reference's wording).
+    pub parse_error_prefix: String,
+    pub on_close: OnClose,
+    /// Who the connection authenticated as; an error fails `initialize`
+    /// with -32002 (stdio; websocket refuses the handshake instead).
+    pub caller: Result<Caller, GatewayError>,
+    /// Set when a resume of another replica's session may be relayed to
+    /// it (a websocket client of a fleet replica; never a relayed one).
+    pub relay: Option<Arc<dyn Relay>>,
+}
+
+impl std::fmt::Debug for ConnMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnMeta")
+            .field("on_close", &self.on_close)
+            .field("relay", &self.relay.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The inbound frames a relay carries on.
+pub type Inbound<'a> = &'a mut (dyn Stream<Item = InFrame> + Unpin + Send);
+
+/// Where a relay goes: the rest of a connection whose `initialize`
+/// resumes a session another replica owns.
+pub struct RelayStart<'a> {
+    pub inbound: Inbound<'a>,
+    pub out: &'a Outbound,
+    pub gw: &'a Arc<Gateway>,
+    pub session: &'a str,
+    pub replica: &'a str,
+    /// The `initialize` request's id (its error reply if the owner cannot
+    /// be reached) and the request itself, the first frame relayed.
+    pub id: &'a RequestId,
+    pub first: String,
+}
+
+/// Carries a connection to the replica that owns its session (plugged in
+/// by the door; see `transport::relay`).
+pub trait Relay: Send + Sync {
+    fn run<'a>(&'a self, start: RelayStart<'a>) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+}
+
+/// The session a connection holds once initialized.
+struct Attached {
+    caller: Caller,
+    session: Arc<Session>,
+    token: AttachToken,
+}
+
+impl Held for Attached {
+    fn policy(&self) -> &'static Policy {
+        self.session.revision.policy()
+    }
+}
+
+/// What the driver shares with the calls it runs.
+struct Calls {
+    gw: Arc<Gateway>,
+    out: Outbound,
+    in_flight: Arc<Semaphore>,
+    /// Cancelled when the connection ends: its calls stop.
+    cancel: CancellationToken,
+    /// Penalty box: after this connection was shed, stop reading it for a
+    /// while. TCP back-pressure then throttles a flooding client for free,
+    /// instead of the gateway answering thousands of refusals a second at
+    /// the expense of other tenants.
+    penalty: Arc<Mutex<Option<tokio::time::Instant>>>,
+}
+
+/// Why the read loop stopped.
+enum Stop {
+    /// The inbound stream ended (or the connection was closed here).
+    Ended,
+    /// The connection became a relay; its session is the owner's.
+    Relayed,
+    /// The client closed its session (`session/close`): nothing to detach.
+    Closed,
+}
+
+/// Run one connection until its inbound stream ends, it is evicted, or the
+/// gateway stops.
+pub async fn serve_connection<S>(mut inbound: S, out: Outbound, gw: Arc<Gateway>, meta: ConnMeta)
+where
+    S: Stream<Item = InFrame> + Unpin + Send,
+{
+    let calls = Calls {
+        in_flight: Arc::new(Semaphore::new(gw.settings.max_in_flight_per_connection)),
+        cancel: CancellationToken::new(),
+        penalty: Arc::default(),
+        gw,
+        out,
+    };
+    let mut conn = Machine::<Attached>::new(meta.parse_error_prefix.clone());
+    let stop = read_loop(&mut inbound, &calls, &meta, &mut conn).await;
+    calls.cancel.cancel();
+    if let (Stop::Ended, Some(a)) = (stop, conn.into_held()) {
+        match meta.on_close {
+            OnClose::Detach => calls.gw.sessions.detach(&a.session, &a.token),
+            OnClose::Kill => calls.gw.sessions.remove(&a.session),
+        }
+    }
+}
+
+async fn read_loop<S>(
+    inbound: &mut S,
+    calls: &Calls,
+    meta: &ConnMeta,
+    conn: &mut Machine<Attached>,
+) -> Stop
+where
+    S: Stream<Item = InFrame> + Unpin + Send,
+{
+    let (gw, out) = (&calls.gw, &calls.out);
+    let max_age = match meta.on_close {
+        OnClose::Detach => gw.settings.max_connection_age.map(|age| {
+            // Up to 10% later, so connections made together do not all
+            // come back at once.
+            let jitter = age.mul_f64(f64::from(rand_u16()) / f64::from(u16::MAX) / 10.0);
+            tokio::time::Instant::now() + age + jitter
+        }),
+        OnClose::Kill => None,
+    };
+    loop {
+        let pause = calls.penalty.lock().take();
+        if let Some(until) = pause {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = gw.stopped() => {}
+            }
+        }
+        let evicted = conn.held().map(|a| a.token.evicted.clone());
+        let frame = tokio::select! {
+            // Shutdown first: it also evicts every session, and its close
+            // code must win.
+            biased;
+            () = gw.stopped() => {
+                out.close(SHUTDOWN_CLOSE_CODE, "server shutting down").await;
+                return Stop::Ended;
+            }
+            () = async { match &evicted { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
+                if gw.is_stopped() {
+                    out.close(SHUTDOWN_CLOSE_CODE, "server shutting down").await;
+                } else {
+                    out.close(4000, "session has been resumed by another connection").await;
+                }
+                return Stop::Ended;
+            }
+            () = async { match max_age { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                out.close(MAX_AGE_CLOSE_CODE, "connection reached its maximum age; resume the session").await;
+                return Stop::Ended;
+            }
+            f = inbound.next() => f,
+        };
+        let Some(frame) = frame else {
+            return Stop::Ended;
+        };
+        match conn.on_frame(frame) {
+            Action::Nothing => {}
+            Action::Send(text) => {
+                out.send(text).await;
+            }
+            Action::Initialize { id, params, frame } => {
+                if let (Some(relay), Ok(p)) = (&meta.relay, params.as_ref())
+                    && let Some(session) = p.resume_session_id.as_deref()
+                    && let Some(replica) = peer_owner(gw, session)
+                {
+                    // Another replica owns the session: from here on this
+                    // connection is a relay to it, frame for frame. Boxed,
+                    // as `initialize` below: a future awaited once per
+                    // connection would otherwise size the state of every
+                    // idle connection.
+                    relay
+                        .run(RelayStart {
+                            inbound,
+                            out,
+                            gw,
+                            session,
+                            replica: &replica,
+                            id: &id,
+                            first: frame,
+                        })
+                        .await;
+                    return Stop::Relayed;
+                }
+                let span = tracing::info_span!("rpc", method = "initialize");
+                let result = Box::pin(initialize(gw, &meta.caller, *params, out))
+                    .instrument(span)
+                    .await;
+                count(gw, &meta.caller, "initialize", result.as_ref().err());
+                let text = match result {
+                    Ok((reply, attached)) => {
+                        conn.attach(attached);
+                        jsonrpc::encode_response(&id, &reply)
+                    }
+                    Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+                };
+                out.send(text).await;
+            }
+            Action::CloseSession { id } => {
+                if let Some(a) = conn.held() {
+                    tracing::debug!(session.id = %a.session.id, "session closed by its client");
+                    gw.sessions.remove(&a.session);
+                    count(gw, &meta.caller, "session/close", None);
+                }
+                out.send(jsonrpc::encode_response(&id, &crate::protocol::Empty {}))
+                    .await;
+                out.close(1000, "session closed").await;
+                return Stop::Closed;
+            }
+            Action::Call { id, call } => {
+                let Some(a) = conn.held() else {
+                    continue;
+                };
+                if !start_call(calls, a, id, call).await {
+                    return Stop::Ended;
+                }
+            }
+        }
+    }
+}
+
+/// Validate a call against its session and run it through the stack in
+/// its own task. False when the connection can take no more calls.
+async fn start_call(calls: &Calls, a: &Attached, id: RequestId, call: Call) -> bool {
+    let out = &calls.out;
+    if let Err(e) = a.session.validate_call(&call) {
+        out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
+        return true;
+    }
+    let mut ctx = a
+        .caller
+        .context(Some(a.session.clone()), a.token.evicted.clone());
+    ctx.reply = Some(Responder::new(out.clone(), id.clone()));
+    // Waiting here stops reading this connection: its own back-pressure,
+    // invisible to other connections.
+    let Ok(permit) = calls.in_flight.clone().acquire_owned().await else {
+        return false;
+    };
+    let svc = calls.gw.stack.clone();
+    let out = out.clone();
+    let cancel = calls.cancel.clone();
+    let penalty = calls.penalty.clone();
+    crate::task::spawn("rpc", async move {
+        let req = RpcRequest {
+            op: Op::Call(call),
+            ctx,
+        };
+        tokio::select! {
+            result = svc.oneshot(req) => {
+                if let Err(e) = &result
+                    && let Some(wait) = shed_penalty(e)
+                {
+                    *penalty.lock() = Some(tokio::time::Instant::now() + wait);
+                }
+                let text = match result {
+                    // The handler sent it through the responder.
+                    Ok(Outcome::Sent) => None,
+                    Ok(Outcome::Reply(reply)) => Some(jsonrpc::encode_response(&id, &reply)),
+                    Ok(Outcome::Opened(_)) => Some(jsonrpc::encode_error(
+                        &id,
+                        &GatewayError::Internal("unexpected stream".to_owned()).to_jsonrpc(),
+                    )),
+                    Err(e) => Some(jsonrpc::encode_error(&id, &e.to_jsonrpc())),
+                };
+                if let Some(text) = text {
+                    out.send(text).await;
+                }
+            }
+            () = cancel.cancelled() => {}
+        }
+        drop(permit);
+    });
+    true
+}
+
+/// Count a session-lifecycle request beside the calls the stack counts.
+fn count(
+    gw: &Gateway,
+    caller: &Result<Caller, GatewayError>,
+    method: &str,
+    e: Option<&GatewayError>,
+) {
+    let tenant = match caller {
+        Ok(c) => c.tenant().name.to_string(),
+        Err(_) => String::new(),
+    };
+    gw.metrics
+        .count_request(&tenant, method, e.map_or("ok", GatewayError::outcome));
+}
+
+async fn initialize(
+    gw: &Arc<Gateway>,
+    caller: &Result<Caller, GatewayError>,
+    params: Result<InitializeParams, GatewayError>,
+    out: &Outbound,
+) -> Result<(Reply, Attached), GatewayError> {
+    let params = params?;
+    match params.resume_session_id.as_deref() {
+        // Draining: no new sessions; resumes of live ones go on.
+        None if gw.is_draining() => return Err(GatewayError::Draining),
+        None => {}
+        Some(id) => gw.check_local_owner(id)?,
+    }
+    let caller = caller
+        .as_ref()
+        .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
+    // A failed initialize leaves the connection uninitialised: retry allowed.
+    let (session, token) = gw
+        .sessions
+        .open(
+            caller.tenant(),
+            params.resume_session_id.as_deref(),
+            out.clone(),
+        )
+        .await?;
+    let reply = Reply::Initialize(InitializeResponse {
+        session_id: session.id.clone(),
+        environment_info: Some(Box::new(session.backend.environment())),
+    });
+    Ok((
+        reply,
+        Attached {
+            caller: caller.clone(),
+            session,
+            token,
+        },
+    ))
+}
+
+/// The close code when the gateway stops: "service restart" (RFC 6455
+/// registry), so clients reconnect, through the balancer, elsewhere.
+pub const SHUTDOWN_CLOSE_CODE: u16 = 1012;
+
+/// The close code when a connection reaches `server.max_connection_age`:
+/// "going away"; the session is detached and resumable.
+pub const MAX_AGE_CLOSE_CODE: u16 = 1001;
+
+fn rand_u16() -> u16 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    u16::from_le_bytes(b)
+}
+
+/// The replica that owns `session`, when it is another one.
+fn peer_owner(gw: &Gateway, session: &str) -> Option<String> {
+    if crate::rpc::check_id_length("resumeSessionId", session).is_err() {
+        return None;
+    }
+    match gw.owner(session) {
+        crate::fleet::Owner::Peer(r) => Some(r.to_owned()),
+        _ => None,
+    }
+}
+
+/// Shortest and longest pause after a connection is shed.
+const SHED_PENALTY_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const SHED_PENALTY_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long to stop reading a connection whose call was shed, if at all.
+fn shed_penalty(e: &GatewayError) -> Option<std::time::Duration> {
+    match e {
+        GatewayError::RateLimited { retry_after_ms } => Some(
+            std::time::Duration::from_millis(*retry_after_ms)
+                .clamp(SHED_PENALTY_MIN, SHED_PENALTY_MAX),
+        ),
+        GatewayError::Overloaded => Some(SHED_PENALTY_MIN),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shed_calls_pause_the_connection_within_bounds() {
+        let rate = |ms| GatewayError::RateLimited { retry_after_ms: ms };
+        assert_eq!(shed_penalty(&rate(1)), Some(SHED_PENALTY_MIN));
+        assert_eq!(
+            shed_penalty(&rate(100)),
+            Some(std::time::Duration::from_millis(100))
+        );
+        assert_eq!(shed_penalty(&rate(60_000)), Some(SHED_PENALTY_MAX));
+        assert_eq!(
+            shed_penalty(&GatewayError::Overloaded),
+            Some(SHED_PENALTY_MIN)
+        );
+        assert_eq!(shed_penalty(&GatewayError::Draining), None);
+    }
+}
