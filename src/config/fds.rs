@@ -1,0 +1,111 @@
+//! The file-descriptor fit: what the connection and process caps may hold
+//! open, and lowering the defaulted ones to fit `RLIMIT_NOFILE`.
+
+use super::Settings;
+use super::common::ConfigError;
+
+/// Descriptors kept for everything but connections and process pipes
+/// (listeners, key files, the reaper, cgroup files, logs).
+pub const FD_RESERVE: u64 = 256;
+/// Descriptors one running process may hold in the gateway (stdin, stdout,
+/// stderr, pidfd).
+pub const FDS_PER_PROCESS: u64 = 4;
+/// Descriptors a worker holds in the gateway (its link socket and pidfd).
+pub const FDS_PER_WORKER: u64 = 2;
+
+/// See [`Settings::caps_explicit`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapsExplicit {
+    pub connections: bool,
+    pub grpc: bool,
+    pub unauthenticated: bool,
+    pub processes: bool,
+}
+
+impl Settings {
+    /// (descriptors of each cap, set in the file): websocket, gRPC,
+    /// unauthenticated, processes.
+    fn fd_caps(&self) -> [(u64, bool); 4] {
+        let e = self.caps_explicit;
+        let grpc = if self.grpc_listen.is_some() {
+            self.grpc_max_connections as u64
+        } else {
+            0
+        };
+        [
+            (self.max_connections as u64, e.connections),
+            (grpc, e.grpc),
+            (self.max_unauthenticated as u64, e.unauthenticated),
+            (FDS_PER_PROCESS * self.max_processes as u64, e.processes),
+        ]
+    }
+
+    /// Descriptors not scaled by the caps: the reserve, workers, and each
+    /// tenant's `fs/open` handles and gRPC streams (each holds a file).
+    fn reserved_fds(&self) -> u64 {
+        let tenants: u64 = self
+            .tenants
+            .values()
+            .map(|t| {
+                t.workers_max as u64 * FDS_PER_WORKER
+                    + t.max_open_files as u64
+                    + t.max_streams as u64
+            })
+            .sum();
+        FD_RESERVE + tenants
+    }
+
+    /// Descriptors the caps may take at once.
+    pub fn fds_needed(&self) -> u64 {
+        self.reserved_fds() + self.fd_caps().iter().map(|(n, _)| n).sum::<u64>()
+    }
+
+    /// Fit the connection and process caps into `limit` open files. Caps
+    /// set in the file are kept, and a start they cannot fit is refused;
+    /// caps left at their defaults are lowered in proportion to fit (the
+    /// returned text says to what).
+    pub fn fit_fd_limit(&mut self, limit: u64) -> Result<Option<String>, ConfigError> {
+        let need = self.fds_needed();
+        if need <= limit {
+            return Ok(None);
+        }
+        let caps = self.fd_caps();
+        let fixed: u64 =
+            self.reserved_fds() + caps.iter().filter(|c| c.1).map(|c| c.0).sum::<u64>();
+        let flexible: u64 = caps.iter().filter(|c| !c.1).map(|c| c.0).sum();
+        // Room for at least a few of each defaulted cap.
+        if flexible == 0 || limit < fixed + 64 {
+            return Err(ConfigError(format!(
+                "connection and process caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} for the reserve, workers, max_open_files and max_streams) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
+                self.max_connections,
+                caps[1].0,
+                self.max_unauthenticated,
+                self.max_processes,
+                self.reserved_fds()
+            )));
+        }
+        let room = (limit - fixed) as f64 / flexible as f64;
+        let scale = |n: usize, explicit: bool| {
+            if explicit {
+                n
+            } else {
+                ((n as f64 * room) as usize).max(1)
+            }
+        };
+        let e = self.caps_explicit;
+        self.max_connections = scale(self.max_connections, e.connections);
+        self.grpc_max_connections = scale(self.grpc_max_connections, e.grpc);
+        self.max_unauthenticated = scale(self.max_unauthenticated, e.unauthenticated);
+        self.max_unauthenticated_per_source = self
+            .max_unauthenticated_per_source
+            .min(self.max_unauthenticated);
+        self.max_processes = scale(self.max_processes, e.processes);
+        Ok(Some(format!(
+            "RLIMIT_NOFILE is {limit}: caps left at their defaults lowered to fit: server.max_connections {}, server.grpc_max_connections {}, server.max_unauthenticated {}, exec.max_processes {}",
+            self.max_connections,
+            self.grpc_max_connections,
+            self.max_unauthenticated,
+            self.max_processes
+        )))
+    }
+}

@@ -1,0 +1,375 @@
+//! Configuration: raw TOML (`Config`, unknown keys rejected) validated into
+//! `Settings` (durations parsed, key files read, roots checked). Every field
+//! documents its default. Without a file, [`Config::embedded`] serves one
+//! tenant `default` on loopback with an HS256 key kept in the state directory.
+//!
+//! One file per section, each with its raw type, validated type and
+//! validation: `server.rs` (with the admin listener), `exec.rs`, `auth.rs`,
+//! `tenants.rs`, `isolation.rs`, `fleet.rs`, `executors.rs`; then `uids.rs`
+//! (host uid allocation), `fds.rs` (the descriptor fit), `keys.rs` (key
+//! files) and `common.rs` (the error type and shared parsers). Every public
+//! item is re-exported here: `crate::config::Name` is the path to use.
+
+mod auth;
+mod common;
+mod exec;
+mod executors;
+mod fds;
+mod fleet;
+mod isolation;
+mod keys;
+mod server;
+mod tenants;
+mod uids;
+
+pub use auth::{
+    AuthConfig, AuthSettings, KeyAlgorithm, KeyConfig, KeySettings, KeySource, MAX_LEEWAY,
+    MIN_HMAC_SECRET_BYTES, check_jwks_url,
+};
+pub use common::{ConfigError, state_dir};
+pub use exec::ExecConfig;
+pub use executors::{
+    ExecutorsConfig, ExecutorsSettings, MAX_EXECUTOR_ID_BYTES, PoolConfig, PoolSettings,
+    is_executor_id,
+};
+pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER};
+pub use fleet::{
+    DEFAULT_FLEET_LISTEN, FleetConfig, FleetKey, FleetSettings, MIN_FLEET_KEY_BYTES, PeerDirectory,
+    is_replica_id,
+};
+pub use isolation::{
+    CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
+};
+pub use keys::{default_key_file, key_files};
+pub use server::{
+    AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, MIN_ADMIN_TOKEN_BYTES, ServerConfig,
+    parse_listen,
+};
+pub use tenants::{
+    CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_OUTBOUND_BYTES, DEFAULT_MAX_READ_FILE_BYTES,
+    DEFAULT_TENANT_MEMORY_BYTES, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network, Placement,
+    TenantConfig, TenantSettings, read_file_reply_bytes,
+};
+pub use uids::{HostIds, IdsInUse, allocate_uids};
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use auth::validate_auth;
+use common::{duration, optional_duration, positive};
+use executors::validate_executors;
+use fleet::validate_fleet;
+use isolation::validate_isolation;
+use keys::refuse_exposed_keys;
+use server::validate_admin;
+use tenants::{refuse_nested_roots, validate_tenant};
+
+/// Raw configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub exec: ExecConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Tenants by name. At least one is required.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+    #[serde(default)]
+    pub isolation: IsolationConfig,
+    #[serde(default)]
+    pub fleet: FleetConfig,
+    #[serde(default)]
+    pub executors: ExecutorsConfig,
+}
+
+/// Validated gateway-wide settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub grpc_listen: Option<SocketAddr>,
+    /// `None`: the session revision's.
+    pub detach_ttl: Option<Duration>,
+    pub max_connections: usize,
+    pub max_sessions: usize,
+    pub max_in_flight_per_connection: usize,
+    pub max_in_flight: usize,
+    pub request_timeout: Duration,
+    pub max_message_bytes: usize,
+    pub slow_client_timeout: Duration,
+    pub max_connection_age: Option<Duration>,
+    pub shutdown_grace: Duration,
+    pub allowed_origins: Vec<String>,
+    /// `None`: no admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    pub admin_token: Option<AdminToken>,
+    pub handshake_timeout: Duration,
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_source: usize,
+    pub grpc_max_connections: usize,
+    /// Which descriptor-taking caps the file set: those are never lowered
+    /// to fit the open-file limit (a start that cannot fit them is refused).
+    pub caps_explicit: CapsExplicit,
+    pub max_processes: usize,
+    /// `None`: the session revision's.
+    pub exited_retention: Option<Duration>,
+    pub auth: AuthSettings,
+    pub tenants: BTreeMap<String, TenantSettings>,
+    pub isolation: IsolationSettings,
+    /// `None`: a lone gateway.
+    pub fleet: Option<FleetSettings>,
+    /// `None`: no executor registry.
+    pub executors: Option<ExecutorsSettings>,
+}
+
+/// The name of the embedded configuration's tenant.
+pub const DEFAULT_TENANT: &str = "default";
+
+impl Config {
+    /// Read and parse a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| {
+            ConfigError(format!(
+                "invalid config {}: {}",
+                path.display(),
+                e.to_string().replace('\n', " ").trim()
+            ))
+        })
+    }
+
+    /// The embedded default: tenant `default` rooted at `root`, HS256 key
+    /// from the state directory, loopback listener.
+    pub fn embedded(root: &Path) -> Result<Config, ConfigError> {
+        let key = default_key_file()?;
+        let mut tenants = BTreeMap::new();
+        tenants.insert(
+            DEFAULT_TENANT.to_owned(),
+            TenantConfig {
+                root: Some(root.to_path_buf()),
+                ..TenantConfig::default()
+            },
+        );
+        Ok(Config {
+            auth: AuthConfig {
+                keys: vec![KeyConfig {
+                    algorithm: "HS256".to_owned(),
+                    secret_file: Some(key),
+                    ..KeyConfig::default()
+                }],
+                ..AuthConfig::default()
+            },
+            tenants,
+            ..Config::default()
+        })
+    }
+
+    /// Validate into settings.
+    pub fn validate(self) -> Result<Settings, ConfigError> {
+        let s = self.server;
+        let listen = parse_listen(s.listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
+        let grpc_listen = match &s.grpc_listen {
+            None => None,
+            Some(a) => Some(a.parse().map_err(|_| {
+                ConfigError(format!("server.grpc_listen: expected HOST:PORT, got `{a}`"))
+            })?),
+        };
+        let auth = validate_auth(self.auth)?;
+        for (i, k) in auth.keys.iter().enumerate() {
+            if let Some(t) = &k.tenant
+                && !self.tenants.contains_key(t)
+            {
+                return Err(ConfigError(format!(
+                    "auth.keys[{i}]: tenant `{t}` is not configured"
+                )));
+            }
+        }
+        if self.tenants.is_empty() {
+            return Err(ConfigError(
+                "no tenants configured: add at least one [tenants.NAME] with a root".to_owned(),
+            ));
+        }
+        let isolation = validate_isolation(&self.isolation);
+        let mut tenants = BTreeMap::new();
+        for (name, t) in self.tenants {
+            tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
+        }
+        if nix::unistd::geteuid().is_root() {
+            if isolation.uid == LayerPolicy::Off {
+                return Err(ConfigError(
+                    "[isolation] uid = \"off\" is refused when the gateway runs as root: tenant processes would run as uid 0".to_owned(),
+                ));
+            }
+            allocate_uids(
+                &mut tenants,
+                self.isolation.uid_range.unwrap_or(DEFAULT_UID_RANGE),
+                &HostIds,
+            )?;
+        }
+        let keys = key_files(&auth.keys);
+        for (name, t) in &tenants {
+            refuse_exposed_keys(name, t, &keys)?;
+        }
+        refuse_nested_roots(&tenants)?;
+        let caps_explicit = CapsExplicit {
+            connections: s.max_connections.is_some(),
+            grpc: s.grpc_max_connections.is_some(),
+            unauthenticated: s.max_unauthenticated.is_some(),
+            processes: self.exec.max_processes.is_some(),
+        };
+        let (admin_listen, admin_token) = validate_admin(&s)?;
+        let fleet = validate_fleet(self.fleet)?;
+        let executors = validate_executors(self.executors, &tenants)?;
+        Ok(Settings {
+            listen,
+            grpc_listen,
+            detach_ttl: optional_duration("server.detach_ttl", s.detach_ttl.as_deref())?,
+            max_connections: positive("server.max_connections", s.max_connections, 16384)?,
+            max_sessions: positive("server.max_sessions", s.max_sessions, 16384)?,
+            max_in_flight_per_connection: positive(
+                "server.max_in_flight_per_connection",
+                s.max_in_flight_per_connection,
+                64,
+            )?,
+            max_in_flight: positive("server.max_in_flight", s.max_in_flight, 4096)?,
+            request_timeout: duration(
+                "server.request_timeout",
+                s.request_timeout.as_deref(),
+                Duration::from_secs(60),
+            )?,
+            max_message_bytes: positive(
+                "server.max_message_bytes",
+                s.max_message_bytes,
+                16 * 1024 * 1024,
+            )?,
+            slow_client_timeout: duration(
+                "server.slow_client_timeout",
+                s.slow_client_timeout.as_deref(),
+                Duration::from_secs(30),
+            )?,
+            max_connection_age: match optional_duration(
+                "server.max_connection_age",
+                s.max_connection_age.as_deref(),
+            )? {
+                Some(d) if d < Duration::from_secs(1) => {
+                    return Err(ConfigError(
+                        "server.max_connection_age: at least 1s".to_owned(),
+                    ));
+                }
+                d => d,
+            },
+            shutdown_grace: duration(
+                "server.shutdown_grace",
+                s.shutdown_grace.as_deref(),
+                Duration::from_secs(5),
+            )?,
+            allowed_origins: s.allowed_origins,
+            admin_listen,
+            admin_token,
+            handshake_timeout: duration(
+                "server.handshake_timeout",
+                s.handshake_timeout.as_deref(),
+                Duration::from_secs(10),
+            )?,
+            max_unauthenticated: positive(
+                "server.max_unauthenticated",
+                s.max_unauthenticated,
+                1024,
+            )?,
+            max_unauthenticated_per_source: positive(
+                "server.max_unauthenticated_per_source",
+                s.max_unauthenticated_per_source,
+                32,
+            )?,
+            grpc_max_connections: positive(
+                "server.grpc_max_connections",
+                s.grpc_max_connections,
+                4096,
+            )?,
+            caps_explicit,
+            max_processes: positive("exec.max_processes", self.exec.max_processes, 4096)?,
+            exited_retention: optional_duration(
+                "exec.exited_retention",
+                self.exec.exited_retention.as_deref(),
+            )?,
+            auth,
+            tenants,
+            isolation,
+            fleet,
+            executors,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration with one key (outside any root) and tenant `a` at
+    /// `/tmp`, then `extra`.
+    pub(super) fn minimal(extra: &str) -> String {
+        // Outside the tenant root (/tmp), or the key would be refused.
+        let key = Path::new("/var/tmp/exec-gateway-config-test.key");
+        std::fs::write(key, "k".repeat(40)).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n[tenants.a]\nroot = \"/tmp\"\n{extra}",
+            key.display()
+        )
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(toml::from_str::<Config>("[server]\nlisen = \"x\"").is_err());
+        let c: Config = toml::from_str(&minimal("[server]\ndetach_ttl = \"soon\"")).unwrap();
+        assert!(c.validate().unwrap_err().0.contains("server.detach_ttl"));
+        let c: Config = toml::from_str(&minimal("[server]\nmax_in_flight = 0")).unwrap();
+        assert!(c.validate().is_err());
+        let c: Config = toml::from_str(&minimal("[auth]\nleeway = \"60s\"")).unwrap();
+        assert!(c.validate().unwrap_err().0.contains("leeway"));
+    }
+
+    #[test]
+    fn auth_and_tenants_are_required() {
+        let c: Config = toml::from_str("[tenants.a]\nroot = \"/tmp\"").unwrap();
+        assert!(c.validate().unwrap_err().0.contains("auth.keys"));
+        let key = std::env::temp_dir().join("exec-gateway-config-test2.key");
+        std::fs::write(&key, "k".repeat(40)).unwrap();
+        let c: Config = toml::from_str(&format!(
+            "[[auth.keys]]\nalgorithm = \"RS256\"\nsecret_file = \"{}\"\n[tenants.a]\nroot = \"/tmp\"",
+            key.display()
+        ))
+        .unwrap();
+        assert!(c.validate().unwrap_err().0.contains("public key"));
+        let c: Config = toml::from_str(&minimal("[tenants.b]\nmax_sessions = 1")).unwrap();
+        assert!(c.validate().unwrap_err().0.contains("tenants.b.root"));
+        // A key inside a tenant's root is refused, naming both.
+        let c: Config = toml::from_str(&minimal("[tenants.c]\nroot = \"/var/tmp\"")).unwrap();
+        let e = c.validate().unwrap_err().0;
+        assert!(
+            e.contains(
+                "tenants.c: key file /var/tmp/exec-gateway-config-test.key lies inside /var/tmp"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let s: Config = toml::from_str(&minimal("")).unwrap();
+        let s = s.validate().unwrap();
+        assert_eq!(s.detach_ttl, None);
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8765");
+        let t = &s.tenants["a"];
+        assert_eq!(t.root.as_deref(), Some(Path::new("/tmp")));
+        assert_eq!(t.burst, 400);
+        assert_eq!(t.base_env["HOME"], "/tmp");
+        assert_eq!(s.auth.tenant_claim, "tenant");
+    }
+}

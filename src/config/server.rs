@@ -1,0 +1,163 @@
+//! `[server]`: the raw section, the websocket listen URL, and the admin
+//! listener (address and bearer token). The rest of `[server]` is validated
+//! into the top-level `Settings` by `mod.rs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::common::ConfigError;
+
+/// `[server]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Websocket listener, `ws://IP:PORT`. Default: `ws://127.0.0.1:8765`.
+    pub listen: Option<String>,
+    /// gRPC listener, `HOST:PORT`. Default: none.
+    pub grpc_listen: Option<String>,
+    /// How long a disconnected session waits for a resume. Default: each
+    /// revision's reference (`10s` for 0.130.0 sessions, `80s` for 0.169.0).
+    pub detach_ttl: Option<String>,
+    /// Authenticated websocket connections. Default: 16384, lowered to
+    /// what the open-file limit allows when not set.
+    pub max_connections: Option<usize>,
+    /// Sessions in the registry over all tenants. Default: 16384.
+    pub max_sessions: Option<usize>,
+    /// Concurrent requests per connection. Default: 64.
+    pub max_in_flight_per_connection: Option<usize>,
+    /// Concurrent requests in the gateway before shedding. Default: 4096.
+    pub max_in_flight: Option<usize>,
+    /// Deadline of one request (a read gets its `waitMs` on top). Default: `60s`.
+    pub request_timeout: Option<String>,
+    /// Largest inbound message (websocket message or stdio line). Default: 16 MiB.
+    pub max_message_bytes: Option<usize>,
+    /// A client whose writes stall this long is disconnected. Default: `30s`.
+    pub slow_client_timeout: Option<String>,
+    /// A websocket connection older than this (plus up to 10% jitter) is
+    /// closed with 1001 and its session detached: the client resumes it,
+    /// through the balancer, on any replica. Spreads long-lived connections
+    /// over replicas added since, and makes a client present its token
+    /// again. Default: none.
+    pub max_connection_age: Option<String>,
+    /// On SIGTERM, how long running processes may finish before being killed. Default: `5s`.
+    pub shutdown_grace: Option<String>,
+    /// `Origin` values a websocket upgrade may carry. Exec-server clients
+    /// send none; a browser always does, so by default any `Origin` is
+    /// refused (403): a web page cannot drive the gateway with a token it
+    /// got hold of. Default: none.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Admin listener (`/metrics`, `/readyz` with details), `HOST:PORT`, or
+    /// `off`. Default: `127.0.0.1:9465`. A non-loopback address needs
+    /// `admin_token_file`.
+    pub admin_listen: Option<String>,
+    /// File holding the bearer token the admin listener requires (at least
+    /// 32 bytes). Default: none (loopback only, no token).
+    pub admin_token_file: Option<PathBuf>,
+    /// Time from accept to an authenticated request (websocket upgrade or
+    /// first authenticated gRPC call); the connection is closed after it.
+    /// Covers the HTTP head and the HTTP/2 preface. Default: `10s`.
+    pub handshake_timeout: Option<String>,
+    /// Connections not yet authenticated, over both doors. Default: 1024.
+    pub max_unauthenticated: Option<usize>,
+    /// Connections not yet authenticated from one source address. Default: 32.
+    pub max_unauthenticated_per_source: Option<usize>,
+    /// Authenticated gRPC connections. Default: 4096.
+    pub grpc_max_connections: Option<usize>,
+}
+
+pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";
+
+/// Where `/metrics` and the detailed `/readyz` are served by default.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9465";
+/// Shortest accepted admin token.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
+
+/// The admin listener's bearer token (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub Vec<u8>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+/// Parse `ws://IP:PORT` with the reference's error texts.
+pub fn parse_listen(url: &str) -> Result<SocketAddr, ConfigError> {
+    let Some(rest) = url.strip_prefix("ws://") else {
+        return Err(ConfigError(format!(
+            "unsupported --listen URL `{url}`; expected `ws://IP:PORT` or `stdio`"
+        )));
+    };
+    rest.trim_end_matches('/').parse().map_err(|_| {
+        ConfigError(format!(
+            "invalid websocket --listen URL `{url}`; expected `ws://IP:PORT`"
+        ))
+    })
+}
+
+/// The admin listener: loopback by default; anywhere else only with a token.
+pub(super) fn validate_admin(
+    s: &ServerConfig,
+) -> Result<(Option<SocketAddr>, Option<AdminToken>), ConfigError> {
+    let token = match &s.admin_token_file {
+        None => None,
+        Some(p) => {
+            let mut t = std::fs::read(p).map_err(|e| {
+                ConfigError(format!(
+                    "server.admin_token_file: cannot read {}: {e}",
+                    p.display()
+                ))
+            })?;
+            while t.last().is_some_and(|b| b.is_ascii_whitespace()) {
+                t.pop();
+            }
+            if t.len() < MIN_ADMIN_TOKEN_BYTES {
+                return Err(ConfigError(format!(
+                    "server.admin_token_file: a token needs at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+                )));
+            }
+            Some(AdminToken(t))
+        }
+    };
+    let listen = s.admin_listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN);
+    if listen == "off" {
+        return Ok((None, token));
+    }
+    let addr: SocketAddr = listen.parse().map_err(|_| {
+        ConfigError(format!(
+            "server.admin_listen: expected HOST:PORT or `off`, got `{listen}`"
+        ))
+    })?;
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(ConfigError(format!(
+            "server.admin_listen = `{listen}` is not loopback: set server.admin_token_file (metrics and readiness details name tenants and isolation gaps)"
+        )));
+    }
+    Ok((Some(addr), token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_urls() {
+        assert_eq!(
+            parse_listen("ws://127.0.0.1:0").unwrap().to_string(),
+            "127.0.0.1:0"
+        );
+        assert!(parse_listen("ws://[::1]:0").is_ok());
+        assert_eq!(
+            parse_listen("http://x").unwrap_err().0,
+            "unsupported --listen URL `http://x`; expected `ws://IP:PORT` or `stdio`"
+        );
+        assert_eq!(
+            parse_listen("ws://nohost").unwrap_err().0,
+            "invalid websocket --listen URL `ws://nohost`; expected `ws://IP:PORT`"
+        );
+    }
+}

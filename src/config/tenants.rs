@@ -1,0 +1,394 @@
+//! `[tenants.NAME]`: raw and validated, the tenant's network, placement and
+//! cgroup limits, its per-tenant defaults, and the check that tenant roots
+//! are disjoint.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::common::{ConfigError, positive, state_dir};
+use super::isolation::LayerPolicy;
+
+/// `[tenants.NAME]`
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Directory every fs path and process `cwd` must lie inside. Required;
+    /// `/` means the whole host (no confinement).
+    pub root: Option<PathBuf>,
+    /// Sessions (attached or detached). Default: 64.
+    pub max_sessions: Option<usize>,
+    /// Running processes; a start past it gets -32006. Default: 128.
+    pub max_processes: Option<usize>,
+    /// Sustained request rate; past it, -32001. Default: 200.
+    pub requests_per_second: Option<u32>,
+    /// Requests allowed in a burst. Default: 2 × `requests_per_second`.
+    pub burst: Option<u32>,
+    /// Requests in flight; past it, -32001. Default: 64.
+    pub max_in_flight: Option<usize>,
+    /// Output bytes retained over all the tenant's processes; a start past
+    /// it gets -32006. Default: 256 MiB.
+    pub max_retained_output_bytes: Option<usize>,
+    /// Bytes of replies and notifications held for the tenant's clients
+    /// (built, not yet written to the socket). A reply that does not fit
+    /// waits for room. Default: 256 MiB.
+    pub max_outbound_bytes: Option<usize>,
+    /// Largest file `fs/readFile` returns; larger ones get -32602 (read
+    /// them with `fs/readBlock` or gRPC `ReadFile`). Default: 64 MiB.
+    pub max_read_file_bytes: Option<u64>,
+    /// Authenticated connections (both doors). Default: 1024.
+    pub max_connections: Option<usize>,
+    /// Open gRPC server streams (Attach, Exec, ReadFile); past it,
+    /// RESOURCE_EXHAUSTED. Default: 64.
+    pub max_streams: Option<usize>,
+    /// `fs/open` handles over all the tenant's sessions (each an open
+    /// file in the gateway); past it, -32600. Default: 256.
+    pub max_open_files: Option<usize>,
+    /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
+    pub base_env: Option<HashMap<String, String>>,
+    /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
+    pub pids_max: Option<u64>,
+    /// cgroup memory limit over all the tenant's processes (kernel memory of
+    /// their open files included). Default: 4 GiB.
+    pub memory_max_bytes: Option<u64>,
+    /// cgroup `cpu.shares` (1024 = equal share with other tenants). Default: 1024.
+    pub cpu_shares: Option<u64>,
+    /// A hard CPU cap over all the tenant's processes, in cores (CFS
+    /// quota). Default: none.
+    pub cpu_max_cores: Option<f64>,
+    /// uid the tenant's processes and file operations run as (not 0).
+    /// Default: none (the gateway's own; see `[isolation] uid`).
+    pub uid: Option<u32>,
+    /// gid for the same. Default: the uid.
+    pub gid: Option<u32>,
+    /// Worker processes kept running for the tenant. Default: 1.
+    pub workers_min: Option<usize>,
+    /// Most worker processes (sessions spread over them). Default: 4.
+    pub workers_max: Option<usize>,
+    /// Extra paths the tenant's processes may read (Landlock). Default: none.
+    #[serde(default)]
+    pub landlock_read: Vec<PathBuf>,
+    /// Extra paths the tenant's processes may write (Landlock). Default: none.
+    #[serde(default)]
+    pub landlock_write: Vec<PathBuf>,
+    /// `host` (default) or `none`: a network namespace with only loopback
+    /// (needs the namespaces layer; refused at start when it is inactive).
+    pub network: Option<Network>,
+    /// The executor pool (`[executors.pools.NAME]`) the tenant's sessions
+    /// may run on. Default: none.
+    pub pool: Option<String>,
+    /// Only executors whose registration carries all these labels.
+    #[serde(default)]
+    pub pool_labels: BTreeMap<String, String>,
+    /// `local`, `remote` or `prefer-remote`. Default:
+    /// `remote` with a pool, else `local`.
+    pub placement: Option<Placement>,
+}
+
+/// A tenant's network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    #[default]
+    Host,
+    None,
+}
+
+/// Where a tenant's JSON-RPC sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Its local worker pool only.
+    Local,
+    /// Its executor pool only.
+    Remote,
+    /// An executor when one is free, else locally.
+    PreferRemote,
+}
+
+/// Limits applied to a tenant's cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupLimits {
+    pub pids_max: Option<u64>,
+    pub memory_max_bytes: Option<u64>,
+    /// v1 `cpu.shares` (1024 = one default share).
+    pub cpu_shares: Option<u64>,
+    /// CFS quota per [`CPU_PERIOD_US`] (a hard cap), when set.
+    pub cpu_quota_us: Option<u64>,
+}
+
+/// The CFS period a CPU quota is expressed in.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// Validated `[tenants.NAME]`.
+#[derive(Debug, Clone)]
+pub struct TenantSettings {
+    pub name: String,
+    /// `None` = the whole host.
+    pub root: Option<PathBuf>,
+    pub max_sessions: usize,
+    pub max_processes: usize,
+    pub requests_per_second: u32,
+    pub burst: u32,
+    pub max_in_flight: usize,
+    pub max_retained_output_bytes: usize,
+    pub max_outbound_bytes: usize,
+    pub max_read_file_bytes: u64,
+    pub max_connections: usize,
+    pub max_streams: usize,
+    pub max_open_files: usize,
+    pub base_env: HashMap<String, String>,
+    pub cgroup_limits: CgroupLimits,
+    /// (uid, gid): configured, or allocated from `[isolation] uid_range`
+    /// when the gateway runs as root.
+    pub uid: Option<(u32, u32)>,
+    /// `uid` was allocated (the tenant's root then appears as its own:
+    /// module `isolation::idmap`).
+    pub uid_allocated: bool,
+    pub workers_min: usize,
+    pub workers_max: usize,
+    pub landlock_read: Vec<PathBuf>,
+    pub landlock_write: Vec<PathBuf>,
+    pub network: Network,
+    pub pool: Option<String>,
+    pub pool_labels: BTreeMap<String, String>,
+    pub placement: Placement,
+}
+
+/// A tenant's memory limit when its config names none.
+pub const DEFAULT_TENANT_MEMORY_BYTES: u64 = 4 << 30;
+
+/// Highest `max_read_file_bytes` accepted (the reference server's limit).
+pub const MAX_READ_FILE_LIMIT: u64 = 512 * 1024 * 1024;
+
+/// Default `fs/readFile` limit: Codex reads instruction files (32 KiB),
+/// images for the model (tens of MB at most) and source files through it.
+pub const DEFAULT_MAX_READ_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Default bytes held for one tenant's clients.
+pub const DEFAULT_MAX_OUTBOUND_BYTES: usize = 256 * 1024 * 1024;
+/// Bytes a base64 `fs/readFile` result of `len` file bytes takes on the wire.
+pub fn read_file_reply_bytes(len: u64) -> u64 {
+    len.div_ceil(3).saturating_mul(4).saturating_add(96)
+}
+
+fn default_base_env(home: &Path) -> HashMap<String, String> {
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("LANG", "C.UTF-8"),
+        (
+            "SHELL",
+            if Path::new("/bin/bash").exists() {
+                "/bin/bash"
+            } else {
+                "/bin/sh"
+            },
+        ),
+        ("TMPDIR", "/tmp"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .chain([("HOME".to_owned(), home.display().to_string())])
+    .collect()
+}
+
+pub(super) fn validate_tenant(
+    name: &str,
+    t: TenantConfig,
+    uid_policy: LayerPolicy,
+) -> Result<TenantSettings, ConfigError> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err(ConfigError(format!(
+            "tenant name `{name}`: use letters, digits, '-', '_' or '.'"
+        )));
+    }
+    let root = t
+        .root
+        .ok_or_else(|| ConfigError(format!("tenants.{name}.root is required")))?;
+    if !root.is_absolute() {
+        return Err(ConfigError(format!(
+            "tenants.{name}.root must be absolute: {}",
+            root.display()
+        )));
+    }
+    if !root.is_dir() {
+        return Err(ConfigError(format!(
+            "tenants.{name}.root is not a directory: {}",
+            root.display()
+        )));
+    }
+    let root = crate::fs::normalize(&root);
+    if t.uid == Some(0) || t.gid == Some(0) {
+        return Err(ConfigError(format!(
+            "tenants.{name}: uid and gid must not be 0 (root)"
+        )));
+    }
+    let uid = match (t.uid, uid_policy) {
+        (_, LayerPolicy::Off) => None,
+        (Some(u), _) => Some((u, t.gid.unwrap_or(u))),
+        (None, LayerPolicy::Required) => {
+            return Err(ConfigError(format!(
+                "tenants.{name}.uid is required by [isolation] uid = \"required\""
+            )));
+        }
+        (None, LayerPolicy::Optional) => None,
+    };
+    for p in t.landlock_read.iter().chain(&t.landlock_write) {
+        if !p.is_absolute() {
+            return Err(ConfigError(format!(
+                "tenants.{name}: landlock paths must be absolute: {}",
+                p.display()
+            )));
+        }
+    }
+    let rps = t.requests_per_second.unwrap_or(200);
+    if rps == 0 {
+        return Err(ConfigError(format!(
+            "tenants.{name}.requests_per_second must be at least 1"
+        )));
+    }
+    let p = |field: &str, v: Option<usize>, d: usize| {
+        positive(&format!("tenants.{name}.{field}"), v, d)
+    };
+    let max_outbound_bytes = p(
+        "max_outbound_bytes",
+        t.max_outbound_bytes,
+        DEFAULT_MAX_OUTBOUND_BYTES,
+    )?;
+    let max_read_file_bytes = t
+        .max_read_file_bytes
+        .unwrap_or(DEFAULT_MAX_READ_FILE_BYTES)
+        .min(MAX_READ_FILE_LIMIT);
+    if read_file_reply_bytes(max_read_file_bytes) > max_outbound_bytes as u64 {
+        return Err(ConfigError(format!(
+            "tenants.{name}: an fs/readFile reply of max_read_file_bytes ({max_read_file_bytes}) takes {} bytes base64, more than max_outbound_bytes ({max_outbound_bytes})",
+            read_file_reply_bytes(max_read_file_bytes)
+        )));
+    }
+    Ok(TenantSettings {
+        name: name.to_owned(),
+        base_env: t.base_env.unwrap_or_else(|| default_base_env(&root)),
+        root: (root != Path::new("/")).then_some(root),
+        max_sessions: p("max_sessions", t.max_sessions, 64)?,
+        max_processes: p("max_processes", t.max_processes, 128)?,
+        requests_per_second: rps,
+        burst: t.burst.unwrap_or(rps.saturating_mul(2)).max(1),
+        max_in_flight: p("max_in_flight", t.max_in_flight, 64)?,
+        max_retained_output_bytes: p(
+            "max_retained_output_bytes",
+            t.max_retained_output_bytes,
+            256 * 1024 * 1024,
+        )?,
+        max_outbound_bytes,
+        max_read_file_bytes,
+        max_connections: p("max_connections", t.max_connections, 1024)?,
+        max_streams: p("max_streams", t.max_streams, 64)?,
+        max_open_files: p("max_open_files", t.max_open_files, 256)?,
+        cgroup_limits: CgroupLimits {
+            pids_max: Some(t.pids_max.unwrap_or(4096)),
+            memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),
+            cpu_shares: Some(t.cpu_shares.unwrap_or(1024).max(2)),
+            cpu_quota_us: match t.cpu_max_cores {
+                None => None,
+                Some(c) if c.is_finite() && (0.01..=1024.0).contains(&c) => {
+                    Some((c * CPU_PERIOD_US as f64) as u64)
+                }
+                Some(c) => {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.cpu_max_cores must be between 0.01 and 1024, got {c}"
+                    )));
+                }
+            },
+        },
+        uid,
+        uid_allocated: false,
+        workers_min: t.workers_min.unwrap_or(1).clamp(1, 64),
+        workers_max: t
+            .workers_max
+            .unwrap_or(4)
+            .clamp(1, 64)
+            .max(t.workers_min.unwrap_or(1)),
+        landlock_read: t.landlock_read,
+        landlock_write: t.landlock_write,
+        network: t.network.unwrap_or_default(),
+        placement: match (t.placement, &t.pool) {
+            (Some(Placement::Local) | None, None) => Placement::Local,
+            (Some(p), None) => {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.placement = {p:?} needs tenants.{name}.pool"
+                )));
+            }
+            (Some(p), Some(_)) => p,
+            (None, Some(_)) => Placement::Remote,
+        },
+        pool_labels: {
+            if t.pool_labels.len() > MAX_EXECUTOR_LABELS {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.pool_labels: at most {MAX_EXECUTOR_LABELS} labels"
+                )));
+            }
+            t.pool_labels
+        },
+        pool: t.pool,
+    })
+}
+
+/// Labels an executor may register with (and a tenant may require).
+pub const MAX_EXECUTOR_LABELS: usize = 32;
+
+/// Tenant roots must be disjoint: a root inside (or equal to) another
+/// tenant's would hand one tenant the other's files, and the gateway's
+/// state directory (every tenant's private /tmp) must lie in no root.
+pub(super) fn refuse_nested_roots(
+    tenants: &BTreeMap<String, TenantSettings>,
+) -> Result<(), ConfigError> {
+    let roots: Vec<(&String, PathBuf)> = tenants
+        .iter()
+        .filter_map(|(n, t)| {
+            let r = t.root.as_ref()?;
+            Some((n, r.canonicalize().unwrap_or_else(|_| r.clone())))
+        })
+        .collect();
+    for (i, (a, ra)) in roots.iter().enumerate() {
+        for (b, rb) in &roots[i + 1..] {
+            if ra.starts_with(rb) || rb.starts_with(ra) {
+                return Err(ConfigError(format!(
+                    "tenants.{a}.root {} and tenants.{b}.root {} overlap; tenant roots must be disjoint",
+                    ra.display(),
+                    rb.display()
+                )));
+            }
+        }
+        if let Ok(state) = state_dir() {
+            let state = state.canonicalize().unwrap_or(state);
+            if state.starts_with(ra) {
+                return Err(ConfigError(format!(
+                    "tenants.{a}.root {} holds the gateway's state directory {}; choose another root or set XDG_STATE_HOME",
+                    ra.display(),
+                    state.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl TenantSettings {
+    /// Where the tenant may write, resolved: its root (none for `/`, which
+    /// means unconfined) and its extra Landlock write paths. A gateway file
+    /// there is the tenant's to read or rewrite.
+    pub fn writable_dirs(&self) -> Vec<PathBuf> {
+        self.root
+            .iter()
+            .chain(self.landlock_write.iter())
+            .map(|p| p.canonicalize().unwrap_or_else(|_| crate::fs::normalize(p)))
+            .collect()
+    }
+}
