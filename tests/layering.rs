@@ -6,6 +6,10 @@
 //! A module is a top-level file or folder under `src/`; a use is any
 //! `crate::name` (paths, `use` lines, `crate::{a, b}` groups) outside the
 //! unit tests at the bottom of a file.
+//!
+//! Inside every folder the same holds between its files and subfolders: no
+//! circle (a file names a sibling as `crate::<folder>::x` or `super::x`);
+//! and no file of `src/` is over 800 lines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -153,4 +157,196 @@ fn the_scanner_sees_paths_and_groups() {
         "use crate::a::b;\nuse crate::{c, d::e};\nfn f() { crate::g(); }\n#[cfg(test)]\nmod tests { use crate::h; }",
     );
     assert_eq!(names, ["a", "c", "d", "g"]);
+}
+
+/// The modules inside one folder of `src/`: its files (but `mod.rs`) and
+/// subfolders, each with its files and how many `super::` reach the
+/// folder from each file.
+fn folder_modules(dir: &Path) -> BTreeMap<String, Vec<(PathBuf, usize)>> {
+    let mut mods = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            let mut files = Vec::new();
+            rust_files(&p, &mut files);
+            let depth = |f: &PathBuf| {
+                let up = f
+                    .parent()
+                    .unwrap()
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .components()
+                    .count();
+                up + usize::from(f.file_name().unwrap() != "mod.rs")
+            };
+            mods.insert(name, files.iter().map(|f| (f.clone(), depth(f))).collect());
+        } else if p.extension().is_some_and(|x| x == "rs") && name != "mod.rs" && name != "mod" {
+            mods.insert(name, vec![(p, 1)]);
+        }
+    }
+    mods
+}
+
+/// The sibling modules a file of a folder names: `crate::<folder>::x`,
+/// `crate::<folder>::{x, …}` or `super::x` (`super::` repeated `depth` times).
+fn sibling_names(text: &str, folder_path: &str, depth: usize) -> Vec<String> {
+    let text = text
+        .split("\n#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap_or_default();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    let prefix = format!("crate::{folder_path}::");
+    for (i, _) in text.match_indices(&prefix) {
+        let rest = &text[i + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = group.split('}').next().unwrap_or_default();
+            names.extend(inner.split(',').map(|item| ident(item.trim())));
+        } else {
+            names.push(ident(rest));
+        }
+    }
+    let sup = "super::".repeat(depth);
+    for (i, _) in text.match_indices(&sup) {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c == ':' || c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        names.push(ident(&text[i + sup.len()..]));
+    }
+    names.retain(|n| !n.is_empty() && n != "super");
+    names
+}
+
+/// A circle among `edges`, if any (depth-first search).
+fn find_circle(edges: &BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            let mut circle = path[at..].to_vec();
+            circle.push(n.to_owned());
+            return Some(circle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_owned());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for n in edges.keys() {
+        if let Some(c) = visit(n, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// Folders of `src/`, recursively.
+fn folders(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.push(p.clone());
+            folders(&p, out);
+        }
+    }
+}
+
+#[test]
+fn no_import_circle_inside_any_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = Vec::new();
+    folders(&src, &mut dirs);
+    let mut circles = Vec::new();
+    for dir in dirs {
+        let rel = dir.strip_prefix(&src).unwrap();
+        let folder_path = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("::");
+        let mods = folder_modules(&dir);
+        let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (m, files) in &mods {
+            let out = edges.entry(m.clone()).or_default();
+            for (f, depth) in files {
+                let text = std::fs::read_to_string(f).unwrap();
+                for n in sibling_names(&text, &folder_path, *depth) {
+                    if n != *m && mods.contains_key(&n) && !out.contains(&n) {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+        if let Some(c) = find_circle(&edges) {
+            circles.push(format!("{}/: {}", rel.display(), c.join(" -> ")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles inside folders:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_folder_scanner_sees_siblings_and_circles() {
+    let names = sibling_names(
+        "use super::a::X;\nuse crate::t::{b, c::D};\nfn f() { crate::t::e(); super::super::z(); }",
+        "t",
+        1,
+    );
+    assert_eq!(names, ["b", "c", "e", "a"]);
+    let edges: BTreeMap<String, Vec<String>> = [
+        ("a".to_owned(), vec!["b".to_owned()]),
+        ("b".to_owned(), vec!["c".to_owned()]),
+        ("c".to_owned(), vec!["a".to_owned()]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(find_circle(&edges).unwrap(), ["a", "b", "c", "a"]);
+    let one_way: BTreeMap<String, Vec<String>> = [
+        ("a".to_owned(), vec!["b".to_owned()]),
+        ("b".to_owned(), vec![]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(find_circle(&one_way), None);
+}
+
+#[test]
+fn no_file_in_src_is_over_800_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > 800).then(|| format!("{}: {n} lines", f.strip_prefix(&src).unwrap().display()))
+        })
+        .collect();
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "files over 800 lines:\n{}",
+        long.join("\n")
+    );
 }
