@@ -408,7 +408,7 @@ async fn spawns_per_second(url: &str, conns: usize, secs: u64) -> BenchResult<f6
     let mut tasks = Vec::new();
     for c in 0..conns {
         let url = url.to_owned();
-        tasks.push(exec_gateway::task::spawn("bench-spawner", async move {
+        tasks.push(exec_gateway::task::start("bench-spawner", async move {
             let conn = client(&url).await?;
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -431,7 +431,7 @@ async fn direct_spawns_per_second(conns: usize, secs: u64) -> BenchResult<f64> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        tasks.push(exec_gateway::task::spawn(
+        tasks.push(exec_gateway::task::start(
             "bench-direct-spawner",
             async move {
                 let mut n = 0u64;
@@ -499,7 +499,7 @@ async fn parsing_throughput(url: &str, bytes: u64) -> BenchResult<f64> {
 fn parsing_client_ceiling(bytes: u64) -> BenchResult<f64> {
     use exec_gateway::protocol::notify::{json_string, process_output};
     use exec_gateway::protocol::process::StreamName;
-    let chunk = vec![0u8; exec_gateway::exec::OUTPUT_READ_CHUNK_BYTES];
+    let chunk = vec![0u8; exec_gateway::process::OUTPUT_READ_CHUNK_BYTES];
     let id = json_string("bigp");
     let frames: Vec<String> = (1..=8)
         .map(|seq| process_output(&id, seq, StreamName::Stdout, &chunk))
@@ -548,7 +548,7 @@ async fn direct_throughput(bytes: u64) -> BenchResult<f64> {
     let mut out = child.stdout.take().ok_or("no stdout")?;
     // As strong as we can make it: the same pipe size and read size the gateway uses.
     exec_gateway::spawn::grow_pipe(&out);
-    let mut buf = vec![0u8; exec_gateway::exec::OUTPUT_READ_CHUNK_BYTES];
+    let mut buf = vec![0u8; exec_gateway::process::OUTPUT_READ_CHUNK_BYTES];
     let mut got = 0u64;
     loop {
         let n = out.read(&mut buf).await.map_err(err)?;
@@ -1320,7 +1320,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let flooders: Vec<_> = (0..8)
         .map(|i| {
-            exec_gateway::task::spawn("bench-flood", flood(flood_url.clone(), i, stop.clone()))
+            exec_gateway::task::start("bench-flood", flood(flood_url.clone(), i, stop.clone()))
         })
         .collect();
     // Steady state: let the flooder spend its burst allowance first.
@@ -1554,7 +1554,7 @@ async fn stack_cost(
     let tenant = gw.tenants.get("bench").ok_or("no bench tenant")?.clone();
     let (out, mut rx) =
         exec_gateway::outbound::Outbound::channel(exec_gateway::outbound::ByteBudget::unlimited());
-    exec_gateway::task::spawn(
+    exec_gateway::task::start(
         "bench-drain",
         async move { while rx.recv().await.is_some() {} },
     );

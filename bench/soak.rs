@@ -179,7 +179,7 @@ pub async fn soak(exe: &Path, dir: &Path, args: SoakArgs) -> BenchResult<()> {
         let mut tasks = Vec::new();
         for url in &victim_urls {
             for _ in 0..LOOPS_PER_VICTIM {
-                tasks.push(exec_gateway::task::spawn(
+                tasks.push(exec_gateway::task::start(
                     "soak-victim",
                     victim(url.clone(), small_s.clone(), stop.clone(), stats.clone()),
                 ));
@@ -383,26 +383,26 @@ pub async fn abuser_main(spec: &str) -> BenchResult<()> {
     let counters: Arc<Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
     let mut tasks = Vec::new();
     if on("non-reader") {
-        tasks.push(exec_gateway::task::spawn(
+        tasks.push(exec_gateway::task::start(
             "soak-non-reader",
             non_reader(text("url"), text("big"), stop.clone(), counters.clone()),
         ));
     }
     if on("churn") {
-        tasks.push(exec_gateway::task::spawn(
+        tasks.push(exec_gateway::task::start(
             "soak-churn",
             pid_churn(text("url"), stop.clone(), counters.clone()),
         ));
     }
     if on("oversized") {
-        tasks.push(exec_gateway::task::spawn(
+        tasks.push(exec_gateway::task::start(
             "soak-oversized",
             oversized(text("url"), text("huge"), stop.clone(), counters.clone()),
         ));
     }
     if on("idle") {
         for door in [text("ws"), text("grpc")] {
-            tasks.push(exec_gateway::task::spawn(
+            tasks.push(exec_gateway::task::start(
                 "soak-idle",
                 idle_crowd(door, stop.clone(), counters.clone()),
             ));

@@ -9,12 +9,12 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
 use crate::config::{ConfigError, Settings};
 use crate::error::GatewayError;
-use crate::executors::Registry;
 use crate::fleet::{Fleet, Owner};
 use crate::isolation::Layers;
 use crate::isolation::reaper::Reaper;
 use crate::metrics::Metrics;
 use crate::middleware::{self, RpcService, StackSettings};
+use crate::registry::Registry;
 use crate::session::SessionRegistry;
 use crate::tenant::Tenants;
 

@@ -11,8 +11,9 @@
 //! - [`client`]: a client of the gateway (websocket or gRPC, one API),
 //!   which `exec`, `cp`, `ps` and the benchmark use.
 //! - [`server`]: serves the doors and owns the shutdown order.
-//! - [`transport`]: the doors (websocket, stdio, gRPC) and the one
-//!   authenticate function.
+//! - [`transport`]: the doors (websocket, stdio, gRPC), the connection
+//!   state machine, the fleet's peer link and relay, remote executors'
+//!   routes, and the one authenticate function.
 //! - [`gateway`]: the shared state of one gateway process.
 //! - [`probe`]: what the host allows, each isolation layer probed by doing it.
 //! - [`middleware`]: the tower stack, built in one function.
@@ -21,9 +22,10 @@
 //! - [`tenant`]: configured tenants, their limits and backends.
 //! - [`backend`]: where a session runs: [`backend::local`] (the tenant's
 //!   workers) or [`backend::remote`] (an executor of its pool).
-//! - [`exec`]: process tables, output logs, pumps.
+//! - [`process`]: a session's processes: tables, output logs, pumps
+//!   (spawning goes through [`spawn`]; tasks start through [`task`]).
 //! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
-//! - [`executors`]: the registry remote executors join: pools, links,
+//! - [`registry`]: the registry remote executors join: pools, links,
 //!   rendezvous tickets.
 //! - [`spawn`]: the one spawn model (spec, child, how it ended).
 //! - [`isolation`]: cgroups, sandbox (uid, Landlock, seccomp), signals, reaper.
@@ -43,8 +45,6 @@ pub mod client;
 pub mod config;
 pub mod dispatch;
 pub mod error;
-pub mod exec;
-pub mod executors;
 pub mod fleet;
 pub mod fs;
 pub mod gateway;
@@ -53,7 +53,9 @@ pub mod metrics;
 pub mod middleware;
 pub mod outbound;
 pub mod probe;
+pub mod process;
 pub mod protocol;
+pub mod registry;
 pub mod rpc;
 pub mod server;
 pub mod session;

@@ -416,7 +416,7 @@ mod budget_tests {
         assert_eq!(tenant.held(), 6 * 1024 * 1024);
         // The connection queue is full (a big frame takes all of it): the
         // next reservation waits.
-        let pending = crate::task::spawn("test", {
+        let pending = crate::task::start("test", {
             let out = out.clone();
             async move { out.reserve(10).await.map(|r| r.bytes()) }
         });
@@ -435,7 +435,7 @@ mod budget_tests {
         let (a, _ra) = Outbound::channel(tenant.clone());
         let (b, _rb) = Outbound::channel(tenant.clone());
         let held = a.reserve(80).await.unwrap();
-        let waiting = crate::task::spawn(
+        let waiting = crate::task::start(
             "test",
             async move { b.reserve(30).await.map(|r| r.bytes()) },
         );
@@ -467,7 +467,7 @@ mod tests {
             .into_iter()
             .map(|(n, r)| {
                 let out = out.clone();
-                crate::task::spawn("test", async move {
+                crate::task::start("test", async move {
                     out.send_reserved("x".repeat(n + 100), r).await
                 })
             })

@@ -50,22 +50,22 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
         },
         gw.metrics.clone(),
     );
-    let ws = crate::task::spawn(
+    let ws = crate::task::start(
         "ws-accept",
         transport::ws::serve(listeners.ws, gw.clone(), limits.clone()),
     );
     let grpc = listeners.grpc.map(|l| {
-        crate::task::spawn(
+        crate::task::start(
             "grpc",
             transport::grpc::serve(l, gw.clone(), limits.clone()),
         )
     });
     let admin = listeners
         .admin
-        .map(|l| crate::task::spawn("admin", transport::http::serve_admin(l, gw.clone())));
+        .map(|l| crate::task::start("admin", transport::http::serve_admin(l, gw.clone())));
     let peer = listeners
         .peer
-        .map(|l| crate::task::spawn("peer", transport::peer::serve(l, gw.clone())));
+        .map(|l| crate::task::start("peer", transport::fleet::peer::serve(l, gw.clone())));
     shutdown.await;
     tracing::info!("shutting down");
     shut_down(&gw, gw.settings.shutdown_grace).await;
@@ -107,15 +107,15 @@ pub async fn run_stdio(
 /// for `serve`) or a registration refused for good (its error).
 pub async fn run_executor(
     gw: Arc<Gateway>,
-    options: transport::executor::ExecutorOptions,
+    options: transport::remote::dial::ExecutorOptions,
     token: String,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), transport::executor::Fatal> {
+) -> Result<(), transport::remote::dial::Fatal> {
     let admin =
-        admin.map(|l| crate::task::spawn("admin", transport::http::serve_admin(l, gw.clone())));
+        admin.map(|l| crate::task::start("admin", transport::http::serve_admin(l, gw.clone())));
     let result = tokio::select! {
-        r = transport::executor::run(gw.clone(), options, token) => r,
+        r = transport::remote::dial::run(gw.clone(), options, token) => r,
         () = shutdown => Ok(()),
     };
     tracing::info!("shutting down");

@@ -335,7 +335,7 @@ impl SessionRegistry {
         let ttl = self
             .detach_ttl
             .unwrap_or(session.revision.policy().detach_ttl);
-        crate::task::spawn("session-ttl", async move {
+        crate::task::start("session-ttl", async move {
             loop {
                 let deadline = *session.last_active.lock() + ttl;
                 tokio::time::sleep_until(deadline).await;

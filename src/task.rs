@@ -1,4 +1,4 @@
-//! The one place tasks are spawned: every task is named and carries the
+//! The one place tasks are started: every task is named and carries the
 //! current tracing span, so a stuck task can be found by name.
 
 use std::future::Future;
@@ -6,12 +6,12 @@ use std::future::Future;
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
-/// Spawn a named task in the current span.
+/// Start a named task in the current span ("spawn" is for processes).
 #[expect(
     clippy::disallowed_methods,
     reason = "the single chokepoint for tokio::spawn"
 )]
-pub fn spawn<F>(name: &'static str, fut: F) -> JoinHandle<F::Output>
+pub fn start<F>(name: &'static str, fut: F) -> JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,

@@ -17,8 +17,6 @@ use crate::backend::Backend;
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
 use crate::backend::remote::RemoteBackend;
 use crate::config::{ConfigError, Network, Settings, TenantSettings};
-use crate::exec::ExecSettings;
-use crate::executors::Registry;
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
@@ -28,6 +26,8 @@ use crate::isolation::reaper::Reaper;
 use crate::isolation::sandbox::{Sandbox, SandboxSpec};
 use crate::metrics::{Metrics, TenantMetrics};
 use crate::outbound::ByteBudget;
+use crate::process::ExecSettings;
+use crate::registry::Registry;
 use crate::worker::{WorkerLaunch, WorkerPool};
 
 /// One configured tenant.

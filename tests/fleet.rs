@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::grpc::{authed, channel, spec};
 use common::{Client, EVENT_TIMEOUT, Gateway, mint, random_secret, unb64};
+use exec_gateway::transport::fleet::relay::pb as relay_pb;
 use exec_gateway::transport::grpc::pb;
-use exec_gateway::transport::relay::pb as relay_pb;
 use futures_util::StreamExt as _;
 use pb::process_service_client::ProcessServiceClient;
 use pb::session_service_client::SessionServiceClient;

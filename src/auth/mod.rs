@@ -359,7 +359,7 @@ fn refresh(
         st.last_start = Some(Instant::now());
     }
     let (r, http, on_fetch) = (r.clone(), http.clone(), on_fetch.clone());
-    crate::task::spawn("jwks-fetch", async move {
+    crate::task::start("jwks-fetch", async move {
         match fetch_jwks(&http, &r).await {
             Ok(keys) => {
                 *r.keys.write() = Arc::new(keys);
@@ -456,7 +456,7 @@ impl Authenticator {
             let (r, http, on_fetch) = (r.clone(), self.http.clone(), self.on_fetch.clone());
             let interval = self.settings.jwks_refresh_interval;
             let stop = stop.clone();
-            crate::task::spawn("jwks-refresh", async move {
+            crate::task::start("jwks-refresh", async move {
                 loop {
                     refresh(&r, &http, &on_fetch, true);
                     tokio::select! {

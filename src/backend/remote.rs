@@ -21,10 +21,10 @@ use serde::Deserialize;
 
 use super::{OpFuture, RunScope, SessionBackend, closed_before_reply};
 use crate::error::GatewayError;
-use crate::executors::{Lease, Link, LinkError, Pool};
 use crate::outbound::Attachment;
 use crate::protocol::environment::{EnvironmentInfo, Shell};
 use crate::protocol::methods as m;
+use crate::registry::{Lease, Link, LinkError, Pool};
 use crate::rpc::{Call, Op, Outcome};
 
 /// A tenant's executor pool and which of its executors it may use.

@@ -374,10 +374,10 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
         };
         labels.insert(k.to_owned(), v.to_owned());
     }
-    if args.slots == 0 || args.slots > crate::transport::executor::MAX_SLOTS {
+    if args.slots == 0 || args.slots > crate::transport::remote::dial::MAX_SLOTS {
         return usage_error(&ConfigError(format!(
             "--slots must be between 1 and {}",
-            crate::transport::executor::MAX_SLOTS
+            crate::transport::remote::dial::MAX_SLOTS
         )));
     }
     let settings = match settings(
@@ -402,7 +402,7 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
             ));
         }
     };
-    let options = crate::transport::executor::ExecutorOptions {
+    let options = crate::transport::remote::dial::ExecutorOptions {
         remote,
         name: args.name.clone().unwrap_or_else(|| executor_id.clone()),
         executor_id,

@@ -317,7 +317,7 @@ async fn open_link(opts: &ConnectOptions, generation: u64, subs: Arc<Subs>) -> R
     let pending: Arc<Mutex<HashMap<i64, oneshot::Sender<Reply>>>> = Arc::default();
     {
         let (dead, why) = (dead.clone(), why.clone());
-        crate::task::spawn("client-ws-writer", async move {
+        crate::task::start("client-ws-writer", async move {
             loop {
                 tokio::select! {
                     _ = dead.cancelled() => break,
@@ -344,7 +344,7 @@ async fn open_link(opts: &ConnectOptions, generation: u64, subs: Arc<Subs>) -> R
             out.clone(),
             close_code.clone(),
         );
-        crate::task::spawn("client-ws-reader", async move {
+        crate::task::start("client-ws-reader", async move {
             let mut last = tokio::time::Instant::now();
             let mut tick = tokio::time::interval(PING_AFTER);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

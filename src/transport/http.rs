@@ -144,7 +144,7 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
             continue;
         };
         let gw = gw.clone();
-        crate::task::spawn("admin-conn", async move {
+        crate::task::start("admin-conn", async move {
             let svc = hyper::service::service_fn(move |req| {
                 let r = route_admin(&req, &gw);
                 async move { Ok::<_, Infallible>(r) }

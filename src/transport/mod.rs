@@ -7,34 +7,32 @@
 //! - [`connection`]: one JSON-RPC connection: its state machine
 //!   (initialize, `initialized`, the initialize gate) and the driver that
 //!   runs its calls concurrently and bounded, whatever carries it;
-//! - [`ws`] (with [`http`] for health, and the admin listener) and [`stdio`]: the
-//!   JSON-RPC doors; [`grpc`]: the gRPC door;
-//! - [`peer`] and [`relay`]: the fleet's peer listener, and websocket
-//!   sessions relayed to the replica that owns them (plugged into the
-//!   connection by the websocket door; gRPC calls are forwarded by
-//!   `grpc::forward`).
-//! - [`registry`]: the executor registry's routes (registration, the
-//!   rendezvous an executor's link is upgraded from); [`executor`]: this
-//!   binary as a remote executor, dialling out to a registry.
+//! - [`ws`] (the listener, with [`http`] for health and the admin
+//!   listener; each upgraded connection served by [`websocket`]) and
+//!   [`stdio`]: the JSON-RPC doors; [`grpc`]: the gRPC door;
+//! - [`fleet`]: the peer listener and websocket sessions relayed to the
+//!   replica that owns them (plugged into the connection by the websocket
+//!   door; gRPC calls are forwarded by `grpc::forward`);
+//! - [`remote`]: remote executors: the registry's routes, and this binary
+//!   as a remote executor dialling out to a registry.
 //!
 //! Nothing here runs a handler except through the stack (`initialize` and
 //! `session/close`, which change what a connection holds, are the
 //! documented exception in [`connection`]).
 //!
-//! Imports run one way inside this folder: the doors (`ws`, `stdio`, `peer`)
-//! use `relay` and `connection`; `relay` uses `connection`; `connection`
-//! knows neither.
+//! Imports run one way inside this folder: the doors (`ws`, `stdio`,
+//! `fleet::peer`) use `fleet::relay` and `connection`; `fleet::relay` uses
+//! `connection`; `connection` knows neither.
 
 pub mod authenticate;
 pub mod connection;
-pub mod executor;
+pub mod fleet;
 pub mod grpc;
 pub mod http;
 pub mod limits;
-pub mod peer;
-pub mod registry;
-pub mod relay;
+pub mod remote;
 pub mod stdio;
+pub mod websocket;
 pub mod ws;
 
 /// The next connection on `listener`, or `None` once the gateway stops.

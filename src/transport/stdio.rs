@@ -82,7 +82,7 @@ pub async fn serve<R, W>(
         Err(_) => crate::outbound::ByteBudget::unlimited(),
     };
     let (out, mut rx) = Outbound::channel(budget);
-    let writer_task = crate::task::spawn("stdio-writer", async move {
+    let writer_task = crate::task::start("stdio-writer", async move {
         while let Some(frame) = rx.recv().await {
             let OutFrame::Text(queued) = frame else {
                 break;

@@ -22,10 +22,10 @@ use parking_lot::Mutex;
 
 use super::{Backend, OpFuture, RunScope, SessionBackend};
 use crate::error::GatewayError;
-use crate::exec::{ExecSettings, ProcessTable};
 use crate::fs::{FsDone, FsError, FsOp, FsRoot};
 use crate::isolation::sandbox::Sandbox;
 use crate::outbound::Attachment;
+use crate::process::{ExecSettings, ProcessTable};
 use crate::protocol::Empty;
 use crate::protocol::environment::EnvironmentInfo;
 use crate::protocol::path::WirePath;

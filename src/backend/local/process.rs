@@ -3,7 +3,7 @@
 
 use crate::backend::RunScope;
 use crate::error::GatewayError;
-use crate::exec::{Api, StartOptions};
+use crate::process::{Api, StartOptions};
 use crate::protocol::process::{
     ExecParams, ExecResponse, ProcessIdParams, ReadParams, ResizeParams, SandboxType, SignalParams,
     WriteParams,

@@ -71,7 +71,7 @@ pub(super) async fn watch_missing(
         return Ok(not_watching);
     }
     let (root, attachment, id) = (s.shared.root.clone(), s.attachment.clone(), p.watch_id);
-    crate::task::spawn("fs-watch", async move {
+    crate::task::start("fs-watch", async move {
         let mut every = WATCH_POLL_MIN;
         loop {
             tokio::select! {

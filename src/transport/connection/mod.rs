@@ -297,7 +297,7 @@ async fn start_call(calls: &Calls, a: &Attached, id: RequestId, call: Call) -> b
     let out = out.clone();
     let cancel = calls.cancel.clone();
     let penalty = calls.penalty.clone();
-    crate::task::spawn("rpc", async move {
+    crate::task::start("rpc", async move {
         let req = RpcRequest {
             op: Op::Call(call),
             ctx,

@@ -138,7 +138,7 @@ pub(crate) fn accepted(
     door: Door,
 ) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
-    crate::task::spawn("grpc-accept", async move {
+    crate::task::start("grpc-accept", async move {
         while let Some((tcp, peer)) =
             crate::transport::next_connection(&listener, &gw, door.name()).await
         {
@@ -202,7 +202,7 @@ pub async fn serve(
     // Flip health to NOT_SERVING as soon as draining starts.
     let draining = {
         let (gw, health) = (gw.clone(), health.clone());
-        crate::task::spawn("grpc-health-drain", async move {
+        crate::task::start("grpc-health-drain", async move {
             gw.draining_started().await;
             health
                 .set_not_serving::<ProcessServiceServer<GrpcApi>>()

@@ -164,7 +164,7 @@ where
     let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stall = slot.stall;
     let ended = stalled.clone();
-    crate::task::spawn("grpc-follow", async move {
+    crate::task::start("grpc-follow", async move {
         let _guard = guard;
         // Sends wait for the client at most the slow-client timeout.
         let send = |item| {
@@ -593,7 +593,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         // The reservation is released as tonic takes the chunk (h2 then
         // holds at most its per-stream send buffer).
         let (data_tx, data_rx) = mpsc::channel(1);
-        crate::task::spawn("grpc-read-file", async move {
+        crate::task::start("grpc-read-file", async move {
             let mut rx = rx;
             while let Some(item) = rx.recv().await {
                 let item = item.map(|(chunk, held)| {

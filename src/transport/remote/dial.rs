@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use super::authenticate::executor_caller;
+use super::super::authenticate::executor_caller;
 use crate::gateway::Gateway;
 
 /// First pause between attempts; doubles up to [`BACKOFF_MAX`].
@@ -180,7 +180,7 @@ async fn slot(
                 backoff = BACKOFF_MIN;
                 tracing::info!(executor = %o.executor_id, slot = index, "link up");
                 let peer = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-                super::ws::run(ws, gw.clone(), peer, caller.clone(), None).await;
+                super::super::websocket::run(ws, gw.clone(), peer, caller.clone(), None).await;
                 tracing::info!(executor = %o.executor_id, slot = index, "link closed");
             }
             Err(Attempt::Fatal(m)) => return Err(Fatal(m)),

@@ -22,8 +22,8 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::authenticate::Caller;
-use super::connection::{ConnMeta, InFrame, OnClose, Relay, RelayStart, serve_connection};
+use super::super::authenticate::Caller;
+use super::super::connection::{ConnMeta, InFrame, OnClose, Relay, RelayStart, serve_connection};
 use crate::error::GatewayError;
 use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
 use crate::gateway::Gateway;
@@ -201,7 +201,7 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
         () = up => {}
         () = down => {}
         () = gw.stopped() => {
-            out.close(super::connection::SHUTDOWN_CLOSE_CODE, "server shutting down").await;
+            out.close(super::super::connection::SHUTDOWN_CLOSE_CODE, "server shutting down").await;
         }
     }
 }
@@ -290,7 +290,7 @@ impl RelayService for RelayApi {
         };
         tracing::debug!(%client, from, "serving a relayed connection");
         let gw = self.gw.clone();
-        crate::task::spawn("relay-conn", async move {
+        crate::task::start("relay-conn", async move {
             serve_connection(frames, out, gw, meta).await;
         });
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {

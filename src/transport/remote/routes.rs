@@ -18,8 +18,8 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 
 use crate::auth::AuthError;
-use crate::executors::{MAX_REGISTRATION_BYTES, RegisterBody, Registry, ticket::Ticket};
 use crate::gateway::Gateway;
+use crate::registry::{MAX_REGISTRATION_BYTES, RegisterBody, Registry, ticket::Ticket};
 
 /// What a registry path names.
 #[derive(Debug, PartialEq, Eq)]

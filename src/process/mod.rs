@@ -20,8 +20,8 @@
 
 pub mod env;
 pub mod output;
-mod process;
 mod pump;
+mod state;
 mod stdin;
 mod table;
 mod write_ids;
@@ -38,7 +38,7 @@ use crate::isolation::reaper::Reaper;
 use crate::metrics::TenantMetrics;
 use crate::protocol::revision::Policy;
 
-pub use process::Process;
+pub use state::Process;
 pub use table::{ProcessTable, StartOptions};
 
 /// Bytes asked of each pipe/PTY read; also the largest output chunk.

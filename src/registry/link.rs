@@ -119,7 +119,7 @@ impl Link {
         });
         let (mut write, mut read) = ws.split();
         let closed = link.closed.clone();
-        crate::task::spawn("executor-link-writer", async move {
+        crate::task::start("executor-link-writer", async move {
             let mut ping = tokio::time::interval(LINK_PING_INTERVAL);
             ping.tick().await;
             loop {
@@ -136,7 +136,7 @@ impl Link {
             let _ = tokio::time::timeout(Duration::from_secs(1), write.close()).await;
         });
         let reader = link.clone();
-        crate::task::spawn("executor-link-reader", async move {
+        crate::task::start("executor-link-reader", async move {
             loop {
                 let msg = tokio::select! {
                     () = reader.closed.cancelled() => break,

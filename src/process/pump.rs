@@ -9,7 +9,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio::net::unix::pipe;
 
 use super::OUTPUT_READ_CHUNK_BYTES;
-use super::process::{GroupGuard, Process, ProcessPermits};
+use super::state::{GroupGuard, Process, ProcessPermits};
 use crate::outbound::Attachment;
 use crate::protocol::process::StreamName;
 use crate::spawn::{self, Ended, ExitWait, Pty};

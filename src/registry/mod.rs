@@ -471,7 +471,7 @@ impl Pool {
         tracing::info!(pool = %self.name, executor = %executor.id, name = %ticket.name, link = link.serial, "executor link up");
         self.arrived.notify_waiters();
         let pool = self.clone();
-        crate::task::spawn("executor-link-watch", async move {
+        crate::task::start("executor-link-watch", async move {
             link.closed().await;
             let was_idle = {
                 let mut idle = executor.idle.lock();

@@ -15,12 +15,12 @@ use std::task::{Context, Poll};
 
 use hyper::http;
 
-use super::grpc::pb::environment_service_server::EnvironmentServiceServer;
-use super::grpc::pb::file_service_server::FileServiceServer;
-use super::grpc::pb::process_service_server::ProcessServiceServer;
-use super::grpc::pb::session_service_server::SessionServiceServer;
-use super::grpc::{AuthenticateLayer, GrpcApi, MAX_GRPC_MESSAGE_BYTES};
-use super::limits::{ConnInfo, ConnectionLimits, Door, LimitSettings};
+use super::super::grpc::pb::environment_service_server::EnvironmentServiceServer;
+use super::super::grpc::pb::file_service_server::FileServiceServer;
+use super::super::grpc::pb::process_service_server::ProcessServiceServer;
+use super::super::grpc::pb::session_service_server::SessionServiceServer;
+use super::super::grpc::{AuthenticateLayer, GrpcApi, MAX_GRPC_MESSAGE_BYTES};
+use super::super::limits::{ConnInfo, ConnectionLimits, Door, LimitSettings};
 use super::relay::pb::relay_service_server::RelayServiceServer;
 use super::relay::{PeerReplica, RelayApi, max_relay_frame};
 use crate::fleet::CREDENTIAL_HEADER;
@@ -140,13 +140,13 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
         },
         gw.metrics.clone(),
     );
-    let incoming = super::grpc::accepted(listener, gw.clone(), limits, Door::Peer);
+    let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer);
     let api = GrpcApi::new(gw.clone());
     let relay_limit = max_relay_frame(&gw);
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(PEER_STREAM_WINDOW_BYTES))
         .initial_connection_window_size(Some(PEER_CONNECTION_WINDOW_BYTES))
-        .max_frame_size(Some(super::grpc::HTTP2_MAX_FRAME_BYTES))
+        .max_frame_size(Some(super::super::grpc::HTTP2_MAX_FRAME_BYTES))
         .max_concurrent_streams(MAX_PEER_STREAMS)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::output::OutputLog;
-use super::process::{GroupGuard, NewProcess, Process, ProcessPermits};
 use super::pump::{Output, Pump};
+use super::state::{GroupGuard, NewProcess, Process, ProcessPermits};
 use super::stdin::Stdin;
 use super::write_ids::MAX_WRITE_ID_BYTES;
 use crate::outbound::{Outbound, Reservation};
@@ -298,7 +298,7 @@ impl ProcessTable {
                 })
             },
         };
-        crate::task::spawn("process-pump", pump.run());
+        crate::task::start("process-pump", pump.run());
         Ok(process)
     }
 
