@@ -1,0 +1,58 @@
+//! Scopes: the permissions a token grants, and the set a caller holds.
+
+/// A permission a token grants (docs/protocol.md, "Scopes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// `exec`: process/* and command/exec*.
+    Exec,
+    /// `fs:read`: readFile, getMetadata, readDirectory.
+    FsRead,
+    /// `fs:write`: writeFile, createDirectory, remove, copy.
+    FsWrite,
+}
+
+impl Scope {
+    /// Every scope, in the order tokens list them.
+    pub const ALL: [Scope; 3] = [Scope::Exec, Scope::FsRead, Scope::FsWrite];
+
+    /// The scope's name in tokens and error data.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Exec => "exec",
+            Scope::FsRead => "fs:read",
+            Scope::FsWrite => "fs:write",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Scope> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// The set of scopes a caller holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    pub const ALL: Scopes = Scopes(0b111);
+
+    pub fn grants(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    /// Add a scope by name; unknown names are ignored (tokens may carry
+    /// scopes meant for other services).
+    pub(super) fn add(&mut self, name: &str) {
+        if let Some(s) = Scope::parse(name) {
+            self.0 |= s.bit();
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}

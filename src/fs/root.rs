@@ -1,0 +1,418 @@
+//! The tenant root and path confinement: the one place that decides whether
+//! a path may be reached, and the only code that touches the filesystem for
+//! the operations (security-critical; meant to be reviewed on its own).
+//!
+//! What it guarantees, for a root made by [`FsRoot::confined`] or
+//! [`FsRoot::confined_at`]:
+//!
+//! - A path is used only if it is absolute (a relative one is
+//!   `InvalidParams`), and only after lexical normalisation ([`normalize`]:
+//!   `.` dropped, `..` pops, never above `/`).
+//! - The normalised path must lie at or below the root's path, compared
+//!   component by component; anything else is `OutsideRoot` before any
+//!   system call. What remains is a path *relative* to the root.
+//! - Every access (`Target`) goes through the root's directory
+//!   descriptor with cap-std, which resolves each component beneath it
+//!   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` where the kernel
+//!   has it): `..` through a symlink, absolute symlinks (even ones pointing
+//!   back inside), symlinks pointing out and symlinks swapped in mid-call
+//!   all fail; `is_escape` recognises cap-std's refusal.
+//! - Files are opened `O_NONBLOCK` and checked to be regular (a planted
+//!   FIFO cannot hang a thread; a directory or device is refused).
+//! - `followSymlinks: false` refuses a path with a symbolic link in any
+//!   component (`resolve_following`); confinement does not depend on it.
+//! - A process's working directory must resolve, beneath the root, to an
+//!   existing directory ([`FsRoot::check_cwd`]).
+//!
+//! [`FsRoot::host`] confines nothing: paths are used as given (the
+//! reference's behaviour). Not here: the credentials an operation runs as
+//! (`creds.rs`) and what each operation does (`run.rs` and its siblings).
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use cap_std::fs::{Dir, OpenOptions as CapOpenOptions, OpenOptionsExt as _};
+
+use super::error::{Failed, FsError};
+use super::meta::Meta;
+use crate::protocol::path::WirePath;
+
+/// Where fs paths resolve, and as whom.
+pub struct FsRoot {
+    kind: RootKind,
+    /// (uid, gid) file operations run as (`setfsuid`/`setfsgid` on the
+    /// blocking thread for the duration of one operation): the kernel then
+    /// checks the tenant's own permissions and new files are the tenant's.
+    pub(super) creds: Option<(u32, u32)>,
+}
+
+enum RootKind {
+    /// The whole host: paths are used as given (the reference's behaviour).
+    Host,
+    /// Paths must lie inside `path`; all access goes through `dir`.
+    Confined { path: PathBuf, dir: Dir },
+}
+
+impl std::fmt::Debug for FsRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            RootKind::Host => f.write_str("FsRoot::Host"),
+            RootKind::Confined { path, .. } => write!(f, "FsRoot::Confined({})", path.display()),
+        }
+    }
+}
+
+impl FsRoot {
+    /// The whole host.
+    pub fn host() -> FsRoot {
+        FsRoot {
+            kind: RootKind::Host,
+            creds: None,
+        }
+    }
+
+    /// Open a confined root at `path` (which must exist and be a directory).
+    pub fn confined(path: &Path) -> io::Result<FsRoot> {
+        let dir = Dir::open_ambient_dir(path, cap_std::ambient_authority())?;
+        Ok(FsRoot {
+            kind: RootKind::Confined {
+                path: path.to_path_buf(),
+                dir,
+            },
+            creds: None,
+        })
+    }
+
+    /// A confined root reached through `tree` (a directory descriptor,
+    /// such as a detached idmapped mount of `path`).
+    pub fn confined_at(path: &Path, tree: std::os::fd::OwnedFd) -> FsRoot {
+        FsRoot {
+            kind: RootKind::Confined {
+                path: path.to_path_buf(),
+                dir: Dir::from_std_file(std::fs::File::from(tree)),
+            },
+            creds: None,
+        }
+    }
+
+    /// Run file operations as `creds` (uid, gid).
+    pub fn with_creds(mut self, creds: Option<(u32, u32)>) -> FsRoot {
+        self.creds = creds;
+        self
+    }
+
+    /// The root's path (`/` for the host).
+    pub fn path(&self) -> &Path {
+        match &self.kind {
+            RootKind::Host => Path::new("/"),
+            RootKind::Confined { path, .. } => path,
+        }
+    }
+
+    /// Check a working directory for a process: absolute, inside the root,
+    /// and (when confined) an existing directory reached without escaping.
+    pub fn check_cwd(&self, cwd: &str) -> Result<(), FsError> {
+        match &self.kind {
+            RootKind::Host => Ok(()),
+            RootKind::Confined { .. } => {
+                // A missing or non-directory cwd fails as the reference's
+                // spawn does: -32603 with the OS text.
+                let meta = self
+                    .resolve(cwd)?
+                    .metadata()
+                    .map_err(|e| FsError::Io(e.to_string()))?;
+                if meta.is_dir() {
+                    Ok(())
+                } else {
+                    Err(FsError::Io(
+                        io::Error::from_raw_os_error(libc::ENOTDIR).to_string(),
+                    ))
+                }
+            }
+        }
+    }
+
+    pub(super) fn resolve(&self, raw: &str) -> Result<Target<'_>, FsError> {
+        let path = Path::new(raw);
+        if !path.is_absolute() {
+            return Err(FsError::InvalidParams(
+                "AbsolutePathBuf deserialized without a base path".to_owned(),
+            ));
+        }
+        let norm = normalize(path);
+        match &self.kind {
+            RootKind::Host => Ok(Target::Host(norm)),
+            RootKind::Confined { path: root, dir } => {
+                let rel = norm
+                    .strip_prefix(root)
+                    .map_err(|_| FsError::OutsideRoot(raw.to_owned()))?;
+                let rel = if rel.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    rel.to_path_buf()
+                };
+                Ok(Target::Confined { dir, rel, norm })
+            }
+        }
+    }
+}
+
+/// Lexical normalisation: `.` dropped, `..` pops (never above `/`).
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// A resolved path: a host path, or a path relative to a confined `Dir`.
+pub(super) enum Target<'a> {
+    Host(PathBuf),
+    Confined {
+        dir: &'a Dir,
+        rel: PathBuf,
+        /// The normalised absolute path, for messages and containment checks.
+        norm: PathBuf,
+    },
+}
+
+impl<'a> Target<'a> {
+    pub(super) fn abs(&self) -> &Path {
+        match self {
+            Target::Host(p) => p,
+            Target::Confined { norm, .. } => norm,
+        }
+    }
+
+    pub(super) fn join(&self, name: &std::ffi::OsStr) -> Target<'a> {
+        match self {
+            Target::Host(p) => Target::Host(p.join(name)),
+            Target::Confined { dir, rel, norm } => Target::Confined {
+                dir,
+                rel: rel.join(name),
+                norm: norm.join(name),
+            },
+        }
+    }
+
+    /// True if any component below the root (the last included) is a
+    /// symbolic link.
+    fn has_symlink(&self) -> io::Result<bool> {
+        let (base, rel): (Option<&Dir>, &Path) = match self {
+            Target::Host(p) => (None, p),
+            Target::Confined { dir, rel, .. } => (Some(dir), rel),
+        };
+        let mut prefix = PathBuf::new();
+        for c in rel.components() {
+            prefix.push(c);
+            let is_link = match base {
+                None => std::fs::symlink_metadata(&prefix).map(|m| m.file_type().is_symlink()),
+                Some(d) => d
+                    .symlink_metadata(&prefix)
+                    .map(|m| m.file_type().is_symlink()),
+            };
+            match is_link {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                // A missing component: the operation reports it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    pub(super) fn canonicalize(&self) -> io::Result<PathBuf> {
+        match self {
+            Target::Host(p) => std::fs::canonicalize(p),
+            Target::Confined { dir, rel, norm } => {
+                let real = dir.canonicalize(rel)?;
+                // The root's own path, plus the resolved path beneath it.
+                let root = norm
+                    .ancestors()
+                    .nth(rel.components().filter(|c| *c != Component::CurDir).count())
+                    .unwrap_or(Path::new("/"));
+                Ok(normalize(&root.join(real)))
+            }
+        }
+    }
+
+    pub(super) fn metadata(&self) -> io::Result<Meta> {
+        match self {
+            Target::Host(p) => std::fs::metadata(p).map(Meta::Std),
+            Target::Confined { dir, rel, .. } => dir.metadata(rel).map(Meta::Cap),
+        }
+    }
+
+    pub(super) fn symlink_metadata(&self) -> io::Result<Meta> {
+        match self {
+            Target::Host(p) => std::fs::symlink_metadata(p).map(Meta::Std),
+            Target::Confined { dir, rel, .. } => dir.symlink_metadata(rel).map(Meta::Cap),
+        }
+    }
+
+    /// Open for reading: non-blocking (FIFOs cannot hang us), regular files only.
+    pub(super) fn open_read(&self) -> io::Result<std::fs::File> {
+        let file = match self {
+            Target::Host(p) => {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)?
+            }
+            Target::Confined { dir, rel, .. } => {
+                let mut o = CapOpenOptions::new();
+                o.read(true).custom_flags(libc::O_NONBLOCK);
+                dir.open_with(rel, &o)?.into_std()
+            }
+        };
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    pub(super) fn open_write(&self) -> io::Result<std::fs::File> {
+        let file = match self {
+            Target::Host(p) => {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)?
+            }
+            Target::Confined { dir, rel, .. } => {
+                let mut o = CapOpenOptions::new();
+                o.write(true)
+                    .create(true)
+                    .truncate(true)
+                    .custom_flags(libc::O_NONBLOCK);
+                dir.open_with(rel, &o)?.into_std()
+            }
+        };
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    pub(super) fn create_dir(&self, recursive: bool) -> io::Result<()> {
+        match (self, recursive) {
+            (Target::Host(p), true) => std::fs::create_dir_all(p),
+            (Target::Host(p), false) => std::fs::create_dir(p),
+            (Target::Confined { dir, rel, .. }, true) => dir.create_dir_all(rel),
+            (Target::Confined { dir, rel, .. }, false) => dir.create_dir(rel),
+        }
+    }
+
+    /// Entry names of a directory.
+    pub(super) fn list(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        match self {
+            Target::Host(p) => std::fs::read_dir(p)?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect(),
+            Target::Confined { dir, rel, .. } => dir
+                .read_dir(rel)?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect(),
+        }
+    }
+
+    pub(super) fn remove_file(&self) -> io::Result<()> {
+        match self {
+            Target::Host(p) => std::fs::remove_file(p),
+            Target::Confined { dir, rel, .. } => dir.remove_file(rel),
+        }
+    }
+
+    pub(super) fn remove_dir(&self, recursive: bool) -> io::Result<()> {
+        match (self, recursive) {
+            (Target::Host(p), true) => std::fs::remove_dir_all(p),
+            (Target::Host(p), false) => std::fs::remove_dir(p),
+            (Target::Confined { dir, rel, .. }, true) => dir.remove_dir_all(rel),
+            (Target::Confined { dir, rel, .. }, false) => dir.remove_dir(rel),
+        }
+    }
+
+    pub(super) fn read_link(&self) -> io::Result<PathBuf> {
+        match self {
+            Target::Host(p) => std::fs::read_link(p),
+            // The link's text, not resolved: it is copied verbatim.
+            Target::Confined { dir, rel, .. } => dir.read_link_contents(rel),
+        }
+    }
+
+    pub(super) fn symlink(&self, original: &Path) -> io::Result<()> {
+        match self {
+            Target::Host(p) => std::os::unix::fs::symlink(original, p),
+            Target::Confined { dir, rel, .. } => dir.symlink_contents(original, rel),
+        }
+    }
+}
+
+/// Resolve `path`; with `follow: Some(false)`, refuse one that goes
+/// through a symbolic link (the last component included).
+pub(super) fn resolve_following<'r>(
+    root: &'r FsRoot,
+    path: &WirePath,
+    follow: Option<bool>,
+) -> Result<Target<'r>, Failed> {
+    let target = root.resolve(path.as_str())?;
+    if follow == Some(false) && target.has_symlink()? {
+        return Err(FsError::SymlinkInPath.into());
+    }
+    Ok(target)
+}
+
+/// cap-std refuses a resolution that would leave the root with this error
+/// (it has no error type of its own for it).
+pub(super) fn is_escape(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
+        && e.to_string() == "a path led outside of the filesystem"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_is_lexical() {
+        assert_eq!(
+            normalize(Path::new("/a/b/../c/./d")),
+            PathBuf::from("/a/c/d")
+        );
+        assert_eq!(normalize(Path::new("/../..")), PathBuf::from("/"));
+    }
+
+    #[test]
+    fn confined_root_rejects_outside_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = FsRoot::confined(tmp.path()).unwrap();
+        let outside = format!("{}/../etc/passwd", tmp.path().display());
+        let e = root.resolve(&outside).err().unwrap();
+        assert!(matches!(e, FsError::OutsideRoot(_)), "{e:?}");
+        let e = root.resolve("relative").err().unwrap();
+        assert!(matches!(e, FsError::InvalidParams(_)), "{e:?}");
+        assert!(root.resolve(&tmp.path().display().to_string()).is_ok());
+    }
+}

@@ -1,0 +1,93 @@
+//! The cgroup layout: the hierarchy in use (v1 or v2, fixed by the probe),
+//! the names in it and where this gateway's subtree lies.
+
+use std::path::{Path, PathBuf};
+
+/// Root of the v1 hierarchies.
+pub(super) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Our subtree under each controller.
+pub(super) const SUBTREE: &str = "exec-gateway";
+/// Controllers used. Per-process cgroups live in `pids` (membership).
+pub(super) const CONTROLLERS: &[&str] = &["pids", "memory", "cpu"];
+/// The controller that holds per-process cgroups.
+pub(super) const MEMBERSHIP: &str = "pids";
+/// The directory under a tenant's membership cgroup holding per-process
+/// cgroups (the only part of the tree a tenant's worker may write).
+pub(super) const PROCS: &str = "procs";
+
+/// The hierarchy in use, fixed by [`probe`] (v1 until then).
+#[derive(Debug, Clone)]
+pub(super) enum Hierarchy {
+    V1,
+    V2 {
+        /// Where the cgroup2 filesystem is mounted.
+        mount: PathBuf,
+        /// `<parent>/exec-gateway`.
+        base: PathBuf,
+        /// Controllers handed down to tenants (of pids, memory, cpu).
+        controllers: Vec<&'static str>,
+    },
+}
+
+pub(super) static HIERARCHY: std::sync::OnceLock<Hierarchy> = std::sync::OnceLock::new();
+
+pub(super) fn hierarchy() -> &'static Hierarchy {
+    HIERARCHY.get().unwrap_or(&Hierarchy::V1)
+}
+
+/// The v2 leaf the gateway moves its own processes into when its cgroup
+/// was delegated to it.
+pub(super) const SUPERVISOR: &str = "exec-gateway-supervisor";
+/// The v2 leaf of a tenant's workers (root-owned: a tenant process cannot
+/// move itself there).
+pub(super) const WORKERS: &str = "worker";
+
+/// This gateway's v2 instance directory, when v2 is in use (the reaper
+/// kills it if the gateway dies).
+pub fn v2_instance() -> Option<PathBuf> {
+    match hierarchy() {
+        Hierarchy::V2 { base, .. } => Some(base.join(instance_name(std::process::id()))),
+        Hierarchy::V1 => None,
+    }
+}
+
+/// Which hierarchy is in use, for `/readyz` and logs.
+pub fn describe() -> String {
+    match hierarchy() {
+        Hierarchy::V1 => "v1: pids, memory, cpu".to_owned(),
+        Hierarchy::V2 {
+            base, controllers, ..
+        } => format!(
+            "v2 at {} (controllers: {})",
+            base.display(),
+            if controllers.is_empty() {
+                "none: limits are not enforced".to_owned()
+            } else {
+                controllers.join(" ")
+            }
+        ),
+    }
+}
+
+/// `exec-gateway` under a controller (all gateways).
+pub(super) fn subtree(controller: &str) -> PathBuf {
+    Path::new(CGROUP_ROOT).join(controller).join(SUBTREE)
+}
+
+pub(super) fn instance_name(pid: u32) -> String {
+    format!("gw-{pid}")
+}
+
+/// This gateway's subtree under a controller.
+pub(super) fn controller_dir(controller: &str) -> PathBuf {
+    subtree(controller).join(instance_name(std::process::id()))
+}
+
+/// Enable `controllers` for `dir`'s children; returns those that took.
+pub(super) fn hand_down(dir: &Path, controllers: &[&'static str]) -> Vec<&'static str> {
+    controllers
+        .iter()
+        .copied()
+        .filter(|c| std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}")).is_ok())
+        .collect()
+}

@@ -1,0 +1,186 @@
+//! Choosing the hierarchy at start and checking it is usable by doing it
+//! (v1 controllers, or the v2 unified hierarchy, delegated or not).
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+
+use super::kill::members;
+use super::layout::{
+    CGROUP_ROOT, CONTROLLERS, HIERARCHY, Hierarchy, SUBTREE, SUPERVISOR, controller_dir, hand_down,
+    instance_name,
+};
+
+/// Choose the hierarchy (`version`) and check it is usable by doing it:
+/// create (and remove) a probe cgroup. `Err` says what is missing.
+pub fn probe(version: crate::config::CgroupVersion) -> Result<(), String> {
+    use crate::config::CgroupVersion;
+    let v2 = match version {
+        CgroupVersion::V1 => None,
+        CgroupVersion::V2 => {
+            Some(cgroup2_mount().ok_or_else(|| "no cgroup2 filesystem is mounted".to_owned())?)
+        }
+        CgroupVersion::Auto if is_cgroup2(Path::new(CGROUP_ROOT)) => {
+            Some(PathBuf::from(CGROUP_ROOT))
+        }
+        CgroupVersion::Auto => None,
+    };
+    let chosen = match v2 {
+        Some(mount) => probe_v2(mount)?,
+        None => {
+            probe_v1()?;
+            Hierarchy::V1
+        }
+    };
+    // The first probe decides for the process (one gateway per process).
+    let _ = HIERARCHY.set(chosen);
+    Ok(())
+}
+
+fn probe_v1() -> Result<(), String> {
+    for c in CONTROLLERS {
+        let base = Path::new(CGROUP_ROOT).join(c);
+        if !base.join("cgroup.procs").exists() {
+            return Err(format!(
+                "cgroup v1 controller `{c}` is not mounted at {}",
+                base.display()
+            ));
+        }
+        let dir = controller_dir(c);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if *c == "memory" {
+            // Children must be charged to their tenant's limit.
+            let _ = std::fs::write(dir.join("memory.use_hierarchy"), "1");
+        }
+        let probe = dir.join(format!("probe-{}", std::process::id()));
+        std::fs::create_dir(&probe)
+            .map_err(|e| format!("cannot create {}: {e}", probe.display()))?;
+        let _ = std::fs::remove_dir(&probe);
+    }
+    Ok(())
+}
+
+/// Set up the unified hierarchy mounted at `mount`: find (and, when it was
+/// delegated, vacate) the gateway's cgroup, hand the controllers down to
+/// our instance directory, and try a cgroup there.
+fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
+    let e = |what: &str, p: &Path, err: io::Error| format!("{what} {}: {err}", p.display());
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("0::").map(|p| p.trim().to_owned()))
+        })
+        .ok_or_else(|| "no cgroup v2 membership in /proc/self/cgroup".to_owned())?;
+    let own = mount.join(own.trim_start_matches('/'));
+    // A container runtime mounts the cgroup filesystem read-only; in the
+    // container's own mount and cgroup namespaces, with CAP_SYS_ADMIN,
+    // the mount may be made writable (deploy/README.md).
+    if nix::unistd::access(&own, nix::unistd::AccessFlags::W_OK)
+        .is_err_and(|e| e == nix::errno::Errno::EROFS)
+    {
+        remount_writable(&mount).map_err(|err| {
+            e(
+                "the cgroup filesystem is read-only and could not be remounted",
+                &mount,
+                err,
+            )
+        })?;
+    }
+    // The hierarchy's real root has no `cgroup.type` and may hold
+    // processes; any other cgroup must be emptied into a leaf first.
+    if own.join("cgroup.type").exists() {
+        let leaf = own.join(SUPERVISOR);
+        match std::fs::create_dir(&leaf) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(err) => return Err(e("cannot create", &leaf, err)),
+        }
+        for pid in members(&own) {
+            std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
+                .map_err(|err| e("cannot move our processes into", &leaf, err))?;
+        }
+    }
+    let parent = own;
+    let available = std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+    let mut controllers: Vec<&'static str> = CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| available.split_whitespace().any(|a| a == *c))
+        .collect();
+    let base = parent.join(SUBTREE);
+    let instance = base.join(instance_name(std::process::id()));
+    for dir in [&parent, &base, &instance] {
+        if *dir != parent {
+            std::fs::create_dir_all(dir).map_err(|err| e("cannot create", dir, err))?;
+        }
+        controllers = hand_down(dir, &controllers);
+    }
+    if !instance.join("cgroup.kill").exists() {
+        return Err(format!(
+            "{} has no cgroup.kill (needs Linux 5.14)",
+            instance.display()
+        ));
+    }
+    let probe = instance.join(format!("probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).map_err(|err| e("cannot create", &probe, err))?;
+    let _ = std::fs::remove_dir(&probe);
+    if controllers.len() < CONTROLLERS.len() {
+        tracing::warn!(
+            hierarchy = %mount.display(),
+            available = %controllers.join(" "),
+            "cgroup v2: not every controller (pids memory cpu) can be handed down: the missing limits are not enforced; membership and kills work"
+        );
+    }
+    Ok(Hierarchy::V2 {
+        mount,
+        base,
+        controllers,
+    })
+}
+
+/// Clear the read-only flag of the mount at `mount`.
+fn remount_writable(mount: &Path) -> io::Result<()> {
+    let c = CString::new(mount.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: mount(2) with a NUL-terminated path and no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        tracing::info!(mount = %mount.display(), "cgroup filesystem remounted read-write");
+        Ok(())
+    }
+}
+
+/// The first cgroup2 mount point, preferring `/sys/fs/cgroup`.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let point = pre.split_whitespace().nth(4)?;
+            (post.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
+        })
+        .collect();
+    found.sort_by_key(|p| p != Path::new(CGROUP_ROOT));
+    found.into_iter().next()
+}
+
+fn is_cgroup2(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
