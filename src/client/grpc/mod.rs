@@ -3,18 +3,23 @@
 //! metadata; the channel reconnects on its own, and an `Attach` stream
 //! that breaks is opened again after the last seq it delivered.
 
-use std::time::Duration;
+mod attach;
+mod files;
 
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+pub(super) use self::attach::GrpcAttachment;
+use super::common::{Backoff, Ids, error_chain, redact_url};
+use super::error::{
+    ClientError, Result, auth_as_connect, is_overloaded, retry_after, status_error,
+};
+use super::types::{
+    ConnectOptions, MAX_MESSAGE_BYTES, ProcessInfo, ProcessSpec, Signal, WriteStatus, state_name,
+    write_status,
+};
+use crate::protocol::process::{self as wire, ProcessState, SignalName};
+use crate::transport::grpc::pb;
 use tonic::codegen::InterceptedService;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
-
-use super::{
-    Backoff, ClientError, ConnectOptions, DirEntry, Event, FILE_BLOCK_BYTES, MAX_MESSAGE_BYTES,
-    Metadata, ProcessInfo, ProcessSpec, Result, Signal, Stream, WriteStatus, unique_prefix,
-};
-use crate::transport::grpc::pb;
 
 type Svc = InterceptedService<Channel, Bearer>;
 
@@ -29,80 +34,18 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-/// A gRPC status as the JSON-RPC error it stands for.
-fn status_error(s: tonic::Status) -> ClientError {
-    use tonic::Code;
-    let data = s
-        .metadata()
-        .get("x-exec-gateway-error-data")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| serde_json::from_str(v).ok());
-    let message = s.message().to_owned();
-    let code = match s.code() {
-        Code::Unavailable if data.is_none() && is_transport(&message) => {
-            return ClientError::Disconnected(message);
-        }
-        // What hyper and h2 report when the connection breaks mid-call.
-        Code::Unknown | Code::Internal | Code::Cancelled if is_broken_stream(&message) => {
-            return ClientError::Disconnected(message);
-        }
-        Code::InvalidArgument | Code::AlreadyExists | Code::FailedPrecondition => -32600,
-        Code::NotFound if message.starts_with("unknown process id") => -32600,
-        Code::NotFound => -32004,
-        Code::Unimplemented => -32601,
-        Code::Unavailable | Code::ResourceExhausted
-            if data
-                .as_ref()
-                .is_some_and(|d: &serde_json::Value| d.get("quota").is_some()) =>
-        {
-            -32006
-        }
-        Code::Unavailable => -32001,
-        Code::ResourceExhausted => -32006,
-        Code::Unauthenticated => -32002,
-        Code::PermissionDenied => -32003,
-        Code::DeadlineExceeded => -32005,
-        _ => -32603,
-    };
-    ClientError::Rpc {
-        code,
-        message,
-        data,
-    }
-}
-
-/// Whether an error ending a stream is the connection's.
-fn is_broken_stream(message: &str) -> bool {
-    let m = message.to_ascii_lowercase();
-    m.starts_with("h2 protocol error")
-        || m.starts_with("transport error")
-        || m.contains("connection reset")
-        || m.contains("broken pipe")
-}
-
-/// Whether an UNAVAILABLE is the connection's, not the gateway's answer.
-fn is_transport(message: &str) -> bool {
-    let m = message.to_ascii_lowercase();
-    m.contains("transport")
-        || m.contains("connection")
-        || m.contains("connect")
-        || m.contains("broken pipe")
-        || m.contains("error trying")
-}
-
 pub(super) struct GrpcClient {
     opts: ConnectOptions,
     session_id: String,
     root: String,
     channel: Channel,
     bearer: Bearer,
-    prefix: String,
-    counter: std::sync::atomic::AtomicU64,
+    ids: Ids,
 }
 
 impl GrpcClient {
     pub(super) async fn connect(opts: ConnectOptions) -> Result<GrpcClient> {
-        let target = super::redact_url(&opts.url);
+        let target = redact_url(&opts.url);
         let connect_err = |detail: String| ClientError::Connect {
             url: target.clone(),
             detail,
@@ -131,15 +74,9 @@ impl GrpcClient {
             root: String::new(),
             channel,
             bearer,
-            prefix: unique_prefix(),
-            counter: std::sync::atomic::AtomicU64::new(0),
+            ids: Ids::new(),
         };
-        let auth_err = |e: ClientError| match e {
-            ClientError::Rpc { code, message, .. } if code == -32002 || code == -32003 => {
-                connect_err(message)
-            }
-            e => e,
-        };
+        let auth_err = |e: ClientError| auth_as_connect(e, &target);
         client.session_id = match client.opts.resume_session.clone() {
             Some(s) => {
                 client
@@ -226,32 +163,16 @@ impl GrpcClient {
                         return Err(e);
                     }
                 }
-                Err(ClientError::Rpc { code: -32001, .. }) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(e) if is_overloaded(&e) => {
+                    tokio::time::sleep(retry_after(&e)).await;
                 }
                 Err(e) => return Err(e),
             }
         }
     }
 
-    fn spec(spec: &ProcessSpec) -> pb::ProcessSpec {
-        pb::ProcessSpec {
-            process_id: spec.process_id.clone(),
-            argv: spec.argv.clone(),
-            cwd: spec.cwd.clone(),
-            env: spec.env.clone().into_iter().collect(),
-            tty: spec.tty,
-            pipe_stdin: spec.pipe_stdin && !spec.tty,
-            arg0: None,
-            env_policy: Some(pb::EnvPolicy {
-                inherit: pb::EnvInherit::All as i32,
-                ..pb::EnvPolicy::default()
-            }),
-        }
-    }
-
     pub(super) async fn start(&self, spec: &ProcessSpec) -> Result<()> {
-        let spec = Self::spec(spec);
+        let spec = process_spec(spec);
         let mut first = true;
         let r = self
             .retrying(|| {
@@ -282,7 +203,7 @@ impl GrpcClient {
         let mut a = self.attachment(&spec.process_id, 0);
         let req = pb::ExecRequest {
             session_id: self.session_id.clone(),
-            spec: Some(Self::spec(spec)),
+            spec: Some(process_spec(spec)),
         };
         // The gateway starts the process before it answers: a refused
         // start is this call's status.
@@ -297,18 +218,13 @@ impl GrpcClient {
     }
 
     fn attachment(&self, process_id: &str, after_seq: u64) -> GrpcAttachment {
-        GrpcAttachment {
-            client: self.processes(),
-            session_id: self.session_id.clone(),
-            process_id: process_id.to_owned(),
-            resume_within: self.opts.resume_within,
-            stream: None,
-            cursor: after_seq,
-            last_seq: after_seq,
-            exited: false,
-            closed: false,
-            resyncs: 0,
-        }
+        GrpcAttachment::new(
+            self.processes(),
+            &self.session_id,
+            process_id,
+            self.opts.resume_within,
+            after_seq,
+        )
     }
 
     pub(super) async fn attach(&self, process_id: &str, after_seq: u64) -> Result<GrpcAttachment> {
@@ -330,12 +246,7 @@ impl GrpcClient {
     }
 
     pub(super) async fn write(&self, process_id: &str, data: &[u8]) -> Result<WriteStatus> {
-        let write_id = format!(
-            "w-{}-{}",
-            self.prefix,
-            self.counter
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
+        let write_id = self.ids.next("w");
         let r = self
             .retrying(|| {
                 let req = pb::WriteRequest {
@@ -348,13 +259,10 @@ impl GrpcClient {
                 async move { c.write(req).await }
             })
             .await?;
-        Ok(match pb::WriteStatus::try_from(r.status) {
-            Ok(pb::WriteStatus::Accepted) => WriteStatus::Accepted,
-            Ok(pb::WriteStatus::UnknownProcess) => WriteStatus::UnknownProcess,
-            Ok(pb::WriteStatus::StdinClosed) => WriteStatus::StdinClosed,
-            Ok(pb::WriteStatus::Starting) => WriteStatus::Starting,
-            _ => return Err(ClientError::Protocol(format!("write status {}", r.status))),
-        })
+        match wire_write_status(r.status) {
+            Some(s) => Ok(write_status(s)),
+            None => Err(ClientError::Protocol(format!("write status {}", r.status))),
+        }
     }
 
     pub(super) async fn close_stdin(&self, process_id: &str) -> Result<()> {
@@ -371,15 +279,7 @@ impl GrpcClient {
     }
 
     pub(super) async fn signal(&self, process_id: &str, signal: Signal) -> Result<()> {
-        let kind = match signal {
-            Signal::Interrupt => pb::SignalKind::Interrupt,
-            Signal::Terminate => pb::SignalKind::Terminate,
-            Signal::Kill => pb::SignalKind::Kill,
-            Signal::Hangup => pb::SignalKind::Hangup,
-            Signal::Quit => pb::SignalKind::Quit,
-            Signal::User1 => pb::SignalKind::User1,
-            Signal::User2 => pb::SignalKind::User2,
-        };
+        let kind = signal_kind(signal.wire());
         self.retrying(|| {
             let req = pb::SignalRequest {
                 session_id: self.session_id.clone(),
@@ -434,14 +334,7 @@ impl GrpcClient {
         Ok(r.processes
             .into_iter()
             .map(|p| ProcessInfo {
-                state: match pb::ProcessState::try_from(p.state) {
-                    Ok(pb::ProcessState::Starting) => "starting",
-                    Ok(pb::ProcessState::Running) => "running",
-                    Ok(pb::ProcessState::Exited) => "exited",
-                    Ok(pb::ProcessState::Closed) => "closed",
-                    _ => "unknown",
-                }
-                .to_owned(),
+                state: state_name(wire_state(p.state)).to_owned(),
                 process_id: p.process_id,
                 tty: p.tty,
                 exit_code: p.exit_code,
@@ -449,296 +342,56 @@ impl GrpcClient {
             })
             .collect())
     }
+}
 
-    pub(super) async fn read_file_to<W: AsyncWrite + Unpin + Send>(
-        &self,
-        path: &str,
-        sink: &mut W,
-    ) -> Result<u64> {
-        // A broken stream goes on from the bytes already written.
-        let mut total = 0u64;
-        let mut backoff: Option<Backoff> = None;
-        loop {
-            let req = pb::ReadFileRequest {
-                path: path.to_owned(),
-                offset: total,
-                length: 0,
-            };
-            let broken = match self.files().read_file(req).await {
-                Ok(r) => {
-                    let mut stream = r.into_inner();
-                    loop {
-                        match stream.message().await {
-                            Ok(Some(m)) => {
-                                sink.write_all(&m.data).await?;
-                                total += m.data.len() as u64;
-                            }
-                            Ok(None) => {
-                                sink.flush().await?;
-                                return Ok(total);
-                            }
-                            Err(s) => break status_error(s),
-                        }
-                    }
-                }
-                Err(s) => status_error(s),
-            };
-            match broken {
-                e @ ClientError::Disconnected(_) => {
-                    let b = backoff.get_or_insert_with(|| Backoff::new(self.opts.resume_within));
-                    if !b.wait().await {
-                        return Err(e);
-                    }
-                }
-                e => return Err(e),
-            }
-        }
-    }
+// The gRPC messages as the protocol's types, which the client's own are
+// made from (`types`).
 
-    pub(super) async fn write_file_from<R: AsyncRead + Unpin + Send>(
-        &self,
-        path: &str,
-        source: &mut R,
-    ) -> Result<u64> {
-        // Blocks are read ahead into a bounded channel the call streams.
-        let (tx, rx) = tokio::sync::mpsc::channel::<pb::WriteFileRequest>(4);
-        let call = {
-            let mut files = self.files();
-            async move {
-                files
-                    .write_file(tokio_stream::wrappers::ReceiverStream::new(rx))
-                    .await
-            }
-        };
-        let path = path.to_owned();
-        let feed = async move {
-            let mut first = true;
-            loop {
-                let mut buf = vec![0u8; FILE_BLOCK_BYTES];
-                let mut n = 0;
-                while n < buf.len() {
-                    let got = source.read(&mut buf[n..]).await?;
-                    if got == 0 {
-                        break;
-                    }
-                    n += got;
-                }
-                buf.truncate(n);
-                if n == 0 && !first {
-                    return Ok::<(), ClientError>(());
-                }
-                let msg = pb::WriteFileRequest {
-                    path: if first { path.clone() } else { String::new() },
-                    data: buf.into(),
-                };
-                first = false;
-                if tx.send(msg).await.is_err() {
-                    // The call ended early; its status says why.
-                    return Ok(());
-                }
-                if n < FILE_BLOCK_BYTES {
-                    return Ok(());
-                }
-            }
-        };
-        let (fed, answer) = tokio::join!(feed, call);
-        let written = answer.map_err(status_error)?.into_inner().bytes_written;
-        fed?;
-        Ok(written)
-    }
-
-    pub(super) async fn create_directory(&self, path: &str, recursive: bool) -> Result<()> {
-        self.retrying(|| {
-            let req = pb::CreateDirectoryRequest {
-                path: path.to_owned(),
-                recursive,
-            };
-            let mut c = self.files();
-            async move { c.create_directory(req).await }
-        })
-        .await
-        .map(|_| ())
-    }
-
-    pub(super) async fn metadata(&self, path: &str) -> Result<Metadata> {
-        let m = self
-            .retrying(|| {
-                let req = pb::GetMetadataRequest {
-                    path: path.to_owned(),
-                };
-                let mut c = self.files();
-                async move { c.get_metadata(req).await }
-            })
-            .await?;
-        Ok(Metadata {
-            is_directory: m.is_directory,
-            is_file: m.is_file,
-            is_symlink: m.is_symlink,
-            size: m.size,
-            modified_at_ms: m.modified_at_ms,
-        })
-    }
-
-    pub(super) async fn read_directory(&self, path: &str) -> Result<Vec<DirEntry>> {
-        let r = self
-            .retrying(|| {
-                let req = pb::ReadDirectoryRequest {
-                    path: path.to_owned(),
-                };
-                let mut c = self.files();
-                async move { c.read_directory(req).await }
-            })
-            .await?;
-        Ok(r.entries
-            .into_iter()
-            .map(|e| DirEntry {
-                file_name: e.file_name,
-                is_directory: e.is_directory,
-                is_file: e.is_file,
-            })
-            .collect())
-    }
-
-    pub(super) async fn remove(&self, path: &str, recursive: bool, force: bool) -> Result<()> {
-        self.retrying(|| {
-            let req = pb::RemoveRequest {
-                path: path.to_owned(),
-                recursive,
-                force,
-            };
-            let mut c = self.files();
-            async move { c.remove(req).await }
-        })
-        .await
-        .map(|_| ())
+/// `Start`'s spec: the same process `process/start` would start.
+fn process_spec(spec: &ProcessSpec) -> pb::ProcessSpec {
+    pb::ProcessSpec {
+        process_id: spec.process_id.clone(),
+        argv: spec.argv.clone(),
+        cwd: spec.cwd.clone(),
+        env: spec.env.clone().into_iter().collect(),
+        tty: spec.tty,
+        pipe_stdin: spec.wants_pipe_stdin(),
+        arg0: None,
+        env_policy: Some(pb::EnvPolicy {
+            inherit: pb::EnvInherit::All as i32,
+            ..pb::EnvPolicy::default()
+        }),
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+fn signal_kind(s: SignalName) -> pb::SignalKind {
+    match s {
+        SignalName::Interrupt => pb::SignalKind::Interrupt,
+        SignalName::Terminate => pb::SignalKind::Terminate,
+        SignalName::Kill => pb::SignalKind::Kill,
+        SignalName::Hangup => pb::SignalKind::Hangup,
+        SignalName::Quit => pb::SignalKind::Quit,
+        SignalName::User1 => pb::SignalKind::User1,
+        SignalName::User2 => pb::SignalKind::User2,
     }
-    s
 }
 
-/// The events of an `Attach` or `Exec` stream.
-type EventStream = std::pin::Pin<
-    Box<dyn futures_util::Stream<Item = Result<Option<pb::ProcessEvent>, tonic::Status>> + Send>,
->;
-
-/// A process's events over an `Attach` stream, opened again after the
-/// last seq when it breaks.
-pub(super) struct GrpcAttachment {
-    client: pb::process_service_client::ProcessServiceClient<Svc>,
-    session_id: String,
-    process_id: String,
-    resume_within: Duration,
-    stream: Option<EventStream>,
-    /// The last output seq yielded.
-    cursor: u64,
-    /// The last seq of any event seen.
-    last_seq: u64,
-    exited: bool,
-    closed: bool,
-    resyncs: u64,
+fn wire_write_status(status: i32) -> Option<wire::WriteStatus> {
+    Some(match pb::WriteStatus::try_from(status).ok()? {
+        pb::WriteStatus::Accepted => wire::WriteStatus::Accepted,
+        pb::WriteStatus::UnknownProcess => wire::WriteStatus::UnknownProcess,
+        pb::WriteStatus::StdinClosed => wire::WriteStatus::StdinClosed,
+        pb::WriteStatus::Starting => wire::WriteStatus::Starting,
+        pb::WriteStatus::Unspecified => return None,
+    })
 }
 
-impl GrpcAttachment {
-    pub(super) fn cursor(&self) -> u64 {
-        self.cursor
-    }
-
-    pub(super) fn resyncs(&self) -> u64 {
-        self.resyncs
-    }
-
-    async fn open(&mut self) -> Result<()> {
-        let mut backoff = Backoff::new(self.resume_within);
-        loop {
-            let req = pb::AttachRequest {
-                session_id: self.session_id.clone(),
-                process_id: self.process_id.clone(),
-                after_seq: self.last_seq,
-            };
-            match self.client.attach(req).await.map_err(status_error) {
-                Ok(s) => {
-                    use futures_util::StreamExt as _;
-                    self.stream = Some(Box::pin(s.into_inner().map(|r| r.map(|m| m.event))));
-                    return Ok(());
-                }
-                Err(e @ ClientError::Disconnected(_)) => {
-                    if !backoff.wait().await {
-                        return Err(e);
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    pub(super) async fn next(&mut self) -> Result<Option<Event>> {
-        loop {
-            if self.closed {
-                return Ok(None);
-            }
-            let Some(stream) = self.stream.as_mut() else {
-                self.resyncs += 1;
-                self.open().await?;
-                continue;
-            };
-            let msg = match futures_util::StreamExt::next(stream).await {
-                Some(Ok(m)) => m,
-                None => {
-                    // Ended before `closed`: attach again.
-                    self.stream = None;
-                    continue;
-                }
-                Some(Err(s)) => {
-                    let e = status_error(s);
-                    // A reader the live feed dropped, or a broken connection:
-                    // attach again after the last seq.
-                    if matches!(e, ClientError::Disconnected(_))
-                        || e.to_string().contains("attach again")
-                    {
-                        self.stream = None;
-                        continue;
-                    }
-                    return Err(e);
-                }
-            };
-            let Some(ev) = msg else { continue };
-            if ev.seq <= self.last_seq {
-                continue;
-            }
-            self.last_seq = ev.seq;
-            match ev.event {
-                Some(pb::process_event::Event::Output(o)) => {
-                    self.cursor = ev.seq;
-                    let stream = match pb::OutputStream::try_from(o.stream) {
-                        Ok(pb::OutputStream::Stderr) => Stream::Stderr,
-                        Ok(pb::OutputStream::Pty) => Stream::Pty,
-                        _ => Stream::Stdout,
-                    };
-                    return Ok(Some(Event::Output {
-                        seq: ev.seq,
-                        stream,
-                        data: o.data,
-                    }));
-                }
-                Some(pb::process_event::Event::Exited(x)) if !self.exited => {
-                    self.exited = true;
-                    return Ok(Some(Event::Exited {
-                        code: x.exit_code,
-                        signal: x.signal,
-                    }));
-                }
-                Some(pb::process_event::Event::Closed(_)) => self.closed = true,
-                Some(pb::process_event::Event::Exited(_)) | None => {}
-            }
-        }
-    }
+fn wire_state(state: i32) -> Option<ProcessState> {
+    Some(match pb::ProcessState::try_from(state).ok()? {
+        pb::ProcessState::Starting => ProcessState::Starting,
+        pb::ProcessState::Running => ProcessState::Running,
+        pb::ProcessState::Exited => ProcessState::Exited,
+        pb::ProcessState::Closed => ProcessState::Closed,
+        pb::ProcessState::Unspecified => return None,
+    })
 }
