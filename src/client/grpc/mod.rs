@@ -395,3 +395,39 @@ fn wire_state(state: i32) -> Option<ProcessState> {
         pb::ProcessState::Unspecified => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pb_enums_map_to_the_protocols() {
+        assert_eq!(
+            wire_write_status(pb::WriteStatus::Starting as i32),
+            Some(wire::WriteStatus::Starting)
+        );
+        assert_eq!(wire_write_status(pb::WriteStatus::Unspecified as i32), None);
+        assert_eq!(wire_write_status(99), None);
+        assert_eq!(
+            wire_state(pb::ProcessState::Exited as i32),
+            Some(ProcessState::Exited)
+        );
+        assert_eq!(state_name(wire_state(0)), "unknown");
+        assert_eq!(signal_kind(Signal::Hangup.wire()), pb::SignalKind::Hangup);
+        assert_eq!(signal_kind(Signal::User1.wire()), pb::SignalKind::User1);
+    }
+
+    #[test]
+    fn a_terminal_spec_asks_for_no_stdin_pipe() {
+        let mut spec = ProcessSpec::new("p", ["sh"]);
+        spec.pipe_stdin = true;
+        assert!(process_spec(&spec).pipe_stdin);
+        spec.tty = true;
+        let pb = process_spec(&spec);
+        assert!(pb.tty && !pb.pipe_stdin);
+        assert_eq!(
+            pb.env_policy.map(|p| p.inherit),
+            Some(pb::EnvInherit::All as i32)
+        );
+    }
+}
