@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use super::{Client, ClientError, Result};
+use super::common::Backoff;
+use super::error::is_overloaded;
+use super::{Client, ClientError, DEFAULT_RESUME_WITHIN, Result};
 
 /// What a copy did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -138,11 +140,11 @@ pub async fn upload(client: &Client, local: &Path, remote: &str) -> Result<CopyS
 
 /// One local file to the gateway; a refusal for load is retried.
 async fn upload_file(client: &Client, local: &Path, remote: &str) -> Result<u64> {
-    let mut backoff = super::Backoff::new(super::DEFAULT_RESUME_WITHIN);
+    let mut backoff = Backoff::new(DEFAULT_RESUME_WITHIN);
     loop {
         let mut f = tokio::fs::File::open(local).await?;
         match client.write_file_from(remote, &mut f).await {
-            Err(e) if super::is_overloaded(&e) && backoff.wait().await => {}
+            Err(e) if is_overloaded(&e) && backoff.wait().await => {}
             r => return r,
         }
     }

@@ -38,264 +38,22 @@
 //! `exec-gateway serve`.
 
 pub mod copy;
-mod grpc;
-mod ws;
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+mod common;
+mod error;
+mod grpc;
+mod types;
+mod ws;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// How long a dropped connection is retried before calls fail: below the
-/// gateway's detach TTL for the sessions this client makes (80 s), so a
-/// resume that succeeds finds the session.
-pub const DEFAULT_RESUME_WITHIN: Duration = Duration::from_secs(60);
-
-/// The size of one file block moved per request (the protocol's largest
-/// `fs/readBlock`).
-pub const FILE_BLOCK_BYTES: usize = 1024 * 1024;
-
-/// File blocks in flight at once during a transfer.
-pub const FILE_BLOCKS_IN_FLIGHT: usize = 8;
-
-/// Events held for one attachment that is not being read; past this (or
-/// [`ATTACH_BUFFER_BYTES`]) the link stops reading and the gateway holds
-/// the process back.
-pub const ATTACH_BUFFER_EVENTS: usize = 1024;
-
-/// Output bytes held for one attachment that is not being read.
-pub const ATTACH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
-
-/// Largest message the client accepts from the gateway (the gateway's
-/// own answers stay far below: 1 MiB blocks, 256 KiB chunks).
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
-
-/// What went wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The gateway could not be reached, or refused the connection (the
-    /// HTTP status and the gateway's reason).
-    #[error("cannot connect to {url}: {detail}")]
-    Connect { url: String, detail: String },
-    /// The connection dropped and could not be resumed in time.
-    #[error("connection lost: {0}")]
-    Disconnected(String),
-    /// The gateway answered a call with an error. `code` is the JSON-RPC
-    /// code (gRPC statuses are mapped to the nearest one); `data` as sent.
-    #[error("{message} ({code})")]
-    Rpc {
-        code: i64,
-        message: String,
-        data: Option<serde_json::Value>,
-    },
-    /// The gateway answered with something this client does not understand.
-    #[error("unexpected answer from the gateway: {0}")]
-    Protocol(String),
-    /// A local file or stream failed.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// A usage error (a bad URL, a relative path).
-    #[error("{0}")]
-    Usage(String),
-}
-
-impl ClientError {
-    /// Whether a process id or file handle was already in use.
-    pub fn is_already_exists(&self) -> bool {
-        matches!(self, ClientError::Rpc { code: -32600, message, .. } if message.ends_with("already exists"))
-    }
-
-    /// Whether a path or process was not found.
-    pub fn is_not_found(&self) -> bool {
-        match self {
-            ClientError::Rpc { code: -32004, .. } => true,
-            ClientError::Rpc {
-                code: -32600,
-                message,
-                ..
-            } => message.starts_with("unknown process id"),
-            _ => false,
-        }
-    }
-
-    fn protocol(e: impl std::fmt::Display) -> ClientError {
-        ClientError::Protocol(e.to_string())
-    }
-}
-
-pub type Result<T, E = ClientError> = std::result::Result<T, E>;
-
-/// Where and how to connect.
-#[derive(Debug, Clone)]
-pub struct ConnectOptions {
-    /// `ws://` or `wss://` (exec-server JSON-RPC), `grpc://` or `http://`
-    /// (gRPC, plaintext).
-    pub url: String,
-    /// The JWT, sent as `Authorization: Bearer`.
-    pub token: String,
-    /// `clientName` sent at `initialize`.
-    pub client_name: String,
-    /// Resume this session instead of creating one.
-    pub resume_session: Option<String>,
-    /// How long a dropped connection is retried.
-    pub resume_within: Duration,
-}
-
-impl ConnectOptions {
-    pub fn new(url: &str, token: &str) -> ConnectOptions {
-        ConnectOptions {
-            url: url.to_owned(),
-            token: token.to_owned(),
-            client_name: format!("exec-gateway-client/{}", env!("CARGO_PKG_VERSION")),
-            resume_session: None,
-            resume_within: DEFAULT_RESUME_WITHIN,
-        }
-    }
-}
-
-/// A process to start.
-#[derive(Debug, Clone)]
-pub struct ProcessSpec {
-    /// Chosen by the client, unique in the session.
-    pub process_id: String,
-    pub argv: Vec<String>,
-    /// Absolute working directory; empty: the tenant's root.
-    pub cwd: String,
-    /// Variables laid over the tenant's base environment.
-    pub env: BTreeMap<String, String>,
-    /// Give the process a terminal (24×80 until resized).
-    pub tty: bool,
-    /// A writable stdin pipe (without `tty`); otherwise stdin is empty.
-    pub pipe_stdin: bool,
-}
-
-impl ProcessSpec {
-    pub fn new<I, S>(process_id: &str, argv: I) -> ProcessSpec
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        ProcessSpec {
-            process_id: process_id.to_owned(),
-            argv: argv.into_iter().map(Into::into).collect(),
-            cwd: String::new(),
-            env: BTreeMap::new(),
-            tty: false,
-            pipe_stdin: false,
-        }
-    }
-}
-
-/// Which stream output came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-    /// A terminal's output (stdout and stderr together).
-    Pty,
-}
-
-/// What an attachment yields, in seq order; the stream ends after the
-/// process has closed (exited and every stream reached its end).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Output {
-        seq: u64,
-        stream: Stream,
-        data: bytes::Bytes,
-    },
-    /// The exit code, as the session's revision reports it (128 + n for
-    /// a pipe process signal n killed, over websocket; 1 under a
-    /// terminal), and the signal when one killed it and the gateway says
-    /// so (gRPC). Output may still follow (a background child holding the
-    /// pipe).
-    Exited { code: i32, signal: Option<i32> },
-    /// Output the gateway no longer retained when this client caught up
-    /// (it keeps a process's newest 1 MiB while a connection is away):
-    /// `chunks` chunks are missing before the next output.
-    OutputLost { chunks: u64 },
-}
-
-/// Signals `signal` sends to a process group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    Interrupt,
-    Terminate,
-    Kill,
-    Hangup,
-    Quit,
-    User1,
-    User2,
-}
-
-impl Signal {
-    /// The protocol's name (`process/signal`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Signal::Interrupt => "interrupt",
-            Signal::Terminate => "terminate",
-            Signal::Kill => "kill",
-            Signal::Hangup => "hangup",
-            Signal::Quit => "quit",
-            Signal::User1 => "user1",
-            Signal::User2 => "user2",
-        }
-    }
-
-    /// The signal of a Unix signal number, if the protocol has it.
-    pub fn from_number(n: i32) -> Option<Signal> {
-        Some(match n {
-            libc::SIGINT => Signal::Interrupt,
-            libc::SIGTERM => Signal::Terminate,
-            libc::SIGKILL => Signal::Kill,
-            libc::SIGHUP => Signal::Hangup,
-            libc::SIGQUIT => Signal::Quit,
-            libc::SIGUSR1 => Signal::User1,
-            libc::SIGUSR2 => Signal::User2,
-            _ => return None,
-        })
-    }
-}
-
-/// Whether a write reached the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteStatus {
-    Accepted,
-    UnknownProcess,
-    /// The process has no stdin (or it was closed).
-    StdinClosed,
-    /// The process is still being spawned; retry.
-    Starting,
-}
-
-/// One row of [`Client::list`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessInfo {
-    pub process_id: String,
-    /// `starting`, `running`, `exited` or `closed`.
-    pub state: String,
-    pub tty: bool,
-    pub exit_code: Option<i32>,
-    pub next_seq: u64,
-}
-
-/// What [`Client::metadata`] tells.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Metadata {
-    pub is_directory: bool,
-    pub is_file: bool,
-    pub is_symlink: bool,
-    pub size: u64,
-    pub modified_at_ms: i64,
-}
-
-/// One entry of [`Client::read_directory`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub file_name: String,
-    pub is_directory: bool,
-    pub is_file: bool,
-}
+pub use self::common::redact_url;
+pub use self::error::{ClientError, Result};
+pub use self::types::{
+    ATTACH_BUFFER_BYTES, ATTACH_BUFFER_EVENTS, ConnectOptions, DEFAULT_RESUME_WITHIN, DirEntry,
+    Event, FILE_BLOCK_BYTES, FILE_BLOCKS_IN_FLIGHT, MAX_MESSAGE_BYTES, Metadata, ProcessInfo,
+    ProcessSpec, Signal, Stream, WriteStatus,
+};
 
 /// A connected client: one session on the gateway.
 pub struct Client {
@@ -305,31 +63,6 @@ pub struct Client {
 enum Inner {
     Ws(ws::WsClient),
     Grpc(grpc::GrpcClient),
-}
-
-/// `url` as it may be shown: no password, no `access_token` value.
-pub fn redact_url(url: &str) -> String {
-    let Ok(mut u) = url::Url::parse(url) else {
-        return url.split(['?', '#']).next().unwrap_or_default().to_owned();
-    };
-    if u.password().is_some() {
-        let _ = u.set_password(Some("REDACTED"));
-    }
-    if u.query().is_some() {
-        let pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if k == "access_token" {
-                    "REDACTED".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        u.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    u.into()
 }
 
 /// Which door a URL names.
@@ -611,40 +344,4 @@ impl Attachment<'_> {
             AttachInner::Grpc(a) => a.resyncs(),
         }
     }
-}
-
-/// -32001: the gateway or the tenant is over a limit; retry after a while.
-fn is_overloaded(e: &ClientError) -> bool {
-    matches!(e, ClientError::Rpc { code: -32001, .. })
-}
-
-/// Backoff between reconnection attempts.
-struct Backoff {
-    next: Duration,
-    deadline: tokio::time::Instant,
-}
-
-impl Backoff {
-    fn new(within: Duration) -> Backoff {
-        Backoff {
-            next: Duration::from_millis(50),
-            deadline: tokio::time::Instant::now() + within,
-        }
-    }
-
-    /// Sleep before the next attempt; false once the time is up.
-    async fn wait(&mut self) -> bool {
-        let now = tokio::time::Instant::now();
-        if now >= self.deadline {
-            return false;
-        }
-        tokio::time::sleep(self.next.min(self.deadline - now)).await;
-        self.next = (self.next * 2).min(Duration::from_secs(2));
-        true
-    }
-}
-
-/// A unique prefix for the ids this client makes up (write ids).
-fn unique_prefix() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }

@@ -271,6 +271,23 @@ pub fn encode_notification<T: Serialize>(method: &str, params: &T) -> String {
     serde_json::to_string(&NotificationOut { method, params }).unwrap_or_default()
 }
 
+#[derive(Serialize)]
+struct RequestOut<'a, T: Serialize> {
+    id: &'a RequestId,
+    method: &'a str,
+    params: &'a T,
+}
+
+/// Serialise a request, as a client sends it: `{"id":…,"method":…,"params":…}`
+/// (no `"jsonrpc"`; `params` always present, `null` for none).
+pub fn encode_request<T: Serialize>(
+    id: &RequestId,
+    method: &str,
+    params: &T,
+) -> Result<String, serde_json::Error> {
+    serde_json::to_string(&RequestOut { id, method, params })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,5 +429,25 @@ mod tests {
             encode_response_around(&RequestId::Integer(1), "{}".to_owned(), 0),
             r#"{"id":1,"result":{}}"#
         );
+    }
+
+    #[test]
+    fn requests_carry_id_method_and_params_in_that_order() {
+        let s = encode_request(&RequestId::Integer(3), "process/list", &()).unwrap();
+        assert_eq!(s, r#"{"id":3,"method":"process/list","params":null}"#);
+        let s = encode_request(
+            &RequestId::String("a".into()),
+            "m",
+            &serde_json::json!({"k": 1}),
+        )
+        .unwrap();
+        assert_eq!(s, r#"{"id":"a","method":"m","params":{"k":1}}"#);
+        // What the server decodes it into.
+        let (id, method, params) = request(&s);
+        assert_eq!(
+            (id, method),
+            (RequestId::String("a".into()), "m".to_owned())
+        );
+        assert_eq!(params.as_deref(), Some(r#"{"k":1}"#));
     }
 }

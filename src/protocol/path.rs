@@ -75,7 +75,9 @@ impl WirePath {
         }
     }
 
-    fn parse(raw: String) -> WirePath {
+    /// A path as written on the wire: a plain path or a `file://` URI
+    /// (what decoding gives; the client builds its paths with it).
+    pub fn parse(raw: String) -> WirePath {
         // `scheme:` (a letter, then letters/digits/+-.) marks a URI; a plain
         // path has no such prefix (absolute paths start with `/`).
         let is_uri = raw.split_once(':').is_some_and(|(scheme, _)| {
