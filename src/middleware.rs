@@ -29,8 +29,22 @@ pub struct StackSettings {
     pub request_timeout: Duration,
 }
 
-/// Build the stack.
+/// Build the stack over the dispatcher.
 pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
+    stack_over(settings, metrics, Dispatch)
+}
+
+/// Build the stack over any innermost service (its unit tests run it over
+/// a fake handler).
+pub fn stack_over<S>(settings: &StackSettings, metrics: Arc<Metrics>, inner: S) -> RpcService
+where
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let svc = ServiceBuilder::new()
         // Outermost: one span per call covering everything below, so a call
         // refused by any layer is still traced with its method and tenant.
@@ -68,7 +82,7 @@ pub fn stack(settings: &StackSettings, metrics: Arc<Metrics>) -> RpcService {
             timeout: settings.request_timeout,
         })
         // Innermost: the backend that runs the call's session.
-        .service(Dispatch);
+        .service(inner);
     BoxCloneSyncService::new(svc)
 }
 
@@ -414,5 +428,243 @@ where
                 Err(_) => Err(GatewayError::DeadlineExceeded),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use governor::{Quota, RateLimiter};
+    use tokio::sync::Semaphore;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::auth::{Principal, Scope, Scopes};
+    use crate::backend::{Backend, OpFuture, SessionBackend};
+    use crate::dispatch::RequestContext;
+    use crate::outbound::{Attachment, ByteBudget};
+    use crate::protocol::Empty;
+    use crate::protocol::revision::RevisionCell;
+    use crate::rpc::{Call, NoParams, Op, Reply};
+    use crate::tenant::Tenant;
+
+    /// A tenant's backend that is never reached: the fake handler stands
+    /// in for the dispatcher.
+    struct Unreached;
+
+    impl Backend for Unreached {
+        fn open_session(
+            &self,
+            _: Arc<Attachment>,
+            _: Arc<RevisionCell>,
+        ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
+            unreachable!()
+        }
+        fn run_sessionless(&self, _: Op) -> OpFuture {
+            unreachable!()
+        }
+        fn retire(&self) {}
+    }
+
+    /// Tenant `name` with `rate` requests per second (burst the same) and
+    /// `in_flight` calls at once.
+    fn tenant(metrics: &Metrics, name: &str, rate: u32, in_flight: usize) -> Arc<Tenant> {
+        let key = std::env::temp_dir().join("exec-gateway-middleware-test.key");
+        std::fs::write(&key, "k".repeat(40)).unwrap();
+        let config: crate::config::Config = toml::from_str(&format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n[tenants.{name}]\nroot = \"/\"\n",
+            key.display()
+        ))
+        .unwrap();
+        let settings = config.validate().unwrap().tenants.remove(name).unwrap();
+        let rate = std::num::NonZeroU32::new(rate).unwrap();
+        Arc::new(Tenant {
+            name: name.into(),
+            settings,
+            backend: Arc::new(Unreached),
+            remote: None,
+            limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(rate)),
+            in_flight: Arc::new(Semaphore::new(in_flight)),
+            sessions: AtomicUsize::new(0),
+            outbound: ByteBudget::unlimited(),
+            connections: Arc::new(Semaphore::new(1)),
+            streams: Arc::new(Semaphore::new(1)),
+            metrics: metrics.tenant(name),
+        })
+    }
+
+    fn request(tenant: &Arc<Tenant>, scopes: &[Scope]) -> RpcRequest {
+        RpcRequest {
+            op: Op::Call(Call::ProcessList(NoParams)),
+            ctx: RequestContext {
+                principal: Arc::new(Principal {
+                    tenant: tenant.name.clone(),
+                    subject: None,
+                    scopes: Scopes::of(scopes),
+                }),
+                tenant: tenant.clone(),
+                session: None,
+                evicted: CancellationToken::new(),
+                reply: None,
+            },
+        }
+    }
+
+    /// A handler that counts its calls and, while `gate` is closed, waits.
+    #[derive(Clone)]
+    struct Fake {
+        calls: Arc<AtomicUsize>,
+        gate: Arc<Semaphore>,
+    }
+
+    impl Fake {
+        fn open() -> Fake {
+            Fake {
+                calls: Arc::default(),
+                gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            }
+        }
+    }
+
+    impl Service<RpcRequest> for Fake {
+        type Response = Outcome;
+        type Error = GatewayError;
+        type Future = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: RpcRequest) -> Self::Future {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let gate = self.gate.clone();
+            Box::pin(async move {
+                let _pass = gate.acquire().await;
+                Ok(Outcome::Reply(Reply::Empty(Empty {})))
+            })
+        }
+    }
+
+    fn settings() -> StackSettings {
+        StackSettings {
+            max_in_flight: 64,
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn counted(metrics: &Metrics, tenant: &str, outcome: &str) -> u64 {
+        metrics
+            .requests
+            .get_or_create(&crate::metrics::RequestLabels {
+                tenant: tenant.to_owned(),
+                method: "process/list".to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_call_without_its_scope_is_refused_before_the_handler_and_the_rate() {
+        let metrics = Arc::new(Metrics::new());
+        let t = tenant(&metrics, "a", 1, 8);
+        let fake = Fake::open();
+        let svc = stack_over(&settings(), metrics.clone(), fake.clone());
+        for _ in 0..3 {
+            let e = svc
+                .clone()
+                .oneshot(request(&t, &[Scope::FsRead]))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, GatewayError::MissingScope(_)), "{e:?}");
+        }
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 0);
+        // Refusals spent none of the tenant's rate (one per second).
+        svc.clone()
+            .oneshot(request(&t, &[Scope::Exec]))
+            .await
+            .unwrap();
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(counted(&metrics, "a", "ok"), 1);
+        assert!(counted(&metrics, "a", GatewayError::MissingScope("exec").outcome()) >= 3);
+    }
+
+    #[tokio::test]
+    async fn one_tenants_rate_does_not_spend_anothers() {
+        let metrics = Arc::new(Metrics::new());
+        let (a, b) = (tenant(&metrics, "a", 2, 8), tenant(&metrics, "b", 2, 8));
+        let svc = stack_over(&settings(), metrics.clone(), Fake::open());
+        let call = |t: &Arc<Tenant>| svc.clone().oneshot(request(t, &[Scope::Exec]));
+        call(&a).await.unwrap();
+        call(&a).await.unwrap();
+        let e = call(&a).await.unwrap_err();
+        let GatewayError::RateLimited { retry_after_ms } = e else {
+            panic!("{e:?}")
+        };
+        assert!((1..=1000).contains(&retry_after_ms), "{retry_after_ms}");
+        // b's budget is its own.
+        call(&b).await.unwrap();
+        call(&b).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_tenants_slow_calls_fill_only_its_own_slots() {
+        let metrics = Arc::new(Metrics::new());
+        let (a, b) = (tenant(&metrics, "a", 100, 1), tenant(&metrics, "b", 100, 1));
+        let fake = Fake {
+            calls: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        };
+        let svc = stack_over(&settings(), metrics.clone(), fake.clone());
+        let held = tokio::spawn(svc.clone().oneshot(request(&a, &[Scope::Exec])));
+        while fake.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // a's one slot is taken: shed at once, not queued.
+        let e = svc
+            .clone()
+            .oneshot(request(&a, &[Scope::Exec]))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, GatewayError::Overloaded), "{e:?}");
+        // b is not held up by a: its call reaches the handler.
+        let b_call = tokio::spawn(svc.clone().oneshot(request(&b, &[Scope::Exec])));
+        while fake.calls.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        fake.gate.add_permits(2);
+        held.await.unwrap().unwrap();
+        b_call.await.unwrap().unwrap();
+        // The slot came back with the call.
+        svc.oneshot(request(&a, &[Scope::Exec])).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_deadline_fails_and_frees_its_slot() {
+        let metrics = Arc::new(Metrics::new());
+        let t = tenant(&metrics, "a", 100, 1);
+        let fake = Fake {
+            calls: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        };
+        // The handler never finishes: only the deadline ends the call.
+        let short = StackSettings {
+            request_timeout: Duration::from_millis(20),
+            ..settings()
+        };
+        let svc = stack_over(&short, metrics.clone(), fake.clone());
+        let e = svc
+            .clone()
+            .oneshot(request(&t, &[Scope::Exec]))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, GatewayError::DeadlineExceeded), "{e:?}");
+        assert_eq!(counted(&metrics, "a", e.outcome()), 1);
+        // The tenant's only slot was given back: the next call reaches the
+        // handler (and times out too, as the gate stays shut).
+        let e = svc.oneshot(request(&t, &[Scope::Exec])).await.unwrap_err();
+        assert!(matches!(e, GatewayError::DeadlineExceeded), "{e:?}");
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 2);
     }
 }

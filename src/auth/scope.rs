@@ -52,6 +52,11 @@ impl Scopes {
         }
     }
 
+    /// Exactly these scopes.
+    pub fn of(scopes: &[Scope]) -> Scopes {
+        Scopes(scopes.iter().fold(0, |bits, s| bits | s.bit()))
+    }
+
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
