@@ -617,7 +617,10 @@ mod tests {
             gate: Arc::new(Semaphore::new(0)),
         };
         let svc = stack_over(&settings(), metrics.clone(), fake.clone());
-        let held = tokio::spawn(svc.clone().oneshot(request(&a, &[Scope::Exec])));
+        let held = crate::task::start(
+            "test-call",
+            svc.clone().oneshot(request(&a, &[Scope::Exec])),
+        );
         while fake.calls.load(Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
@@ -629,7 +632,10 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, GatewayError::Overloaded), "{e:?}");
         // b is not held up by a: its call reaches the handler.
-        let b_call = tokio::spawn(svc.clone().oneshot(request(&b, &[Scope::Exec])));
+        let b_call = crate::task::start(
+            "test-call",
+            svc.clone().oneshot(request(&b, &[Scope::Exec])),
+        );
         while fake.calls.load(Ordering::SeqCst) < 2 {
             tokio::task::yield_now().await;
         }

@@ -6,7 +6,7 @@ use std::io;
 use serde::{Deserialize, Serialize};
 
 use crate::error::GatewayError;
-use crate::protocol::revision::Revision;
+use crate::protocol::revision::{MAY_2026, Policy};
 
 /// Why a file operation failed, classified as the reference's
 /// `map_fs_error` does (it crosses the worker link as is).
@@ -54,21 +54,17 @@ impl FsError {
 }
 
 impl FsError {
-    /// As a call error in a session of `revision`: 0.169.0 says a
-    /// directory or special file "is not a file" (-32600), 0.130.0 gave the
-    /// OS error (-32603 for a directory, -32600 for a special file).
-    pub fn into_gateway_error(self, revision: Revision) -> GatewayError {
+    /// As a call error in a session answering by `policy`: a directory or
+    /// special file "is not a file" (-32600, 0.169.0), or the OS error
+    /// (-32603 for a directory, -32600 for a special file, 0.130.0).
+    pub fn into_gateway_error(self, policy: &Policy) -> GatewayError {
         match self {
-            FsError::NotAFile { path, is_dir } => match (revision, is_dir) {
-                (Revision::Nov2026, _) => {
-                    GatewayError::InvalidRequest(format!("path `{path}` is not a file"))
-                }
-                (Revision::May2026, true) => {
+            FsError::NotAFile { path, is_dir } => match (policy.not_a_file_uniform, is_dir) {
+                (true, _) => GatewayError::InvalidRequest(format!("path `{path}` is not a file")),
+                (false, true) => {
                     GatewayError::Internal(io::Error::from_raw_os_error(libc::EISDIR).to_string())
                 }
-                (Revision::May2026, false) => {
-                    GatewayError::InvalidRequest("not a regular file".to_owned())
-                }
+                (false, false) => GatewayError::InvalidRequest("not a regular file".to_owned()),
             },
             other => other.into(),
         }
@@ -83,9 +79,7 @@ impl From<FsError> for GatewayError {
             FsError::InvalidParams(m) => GatewayError::InvalidParams(m),
             FsError::Io(m) => GatewayError::Internal(m),
             outside @ FsError::OutsideRoot(_) => GatewayError::OutsideRoot(outside.to_string()),
-            not_a_file @ FsError::NotAFile { .. } => {
-                not_a_file.into_gateway_error(Revision::May2026)
-            }
+            not_a_file @ FsError::NotAFile { .. } => not_a_file.into_gateway_error(&MAY_2026),
             symlink @ FsError::SymlinkInPath => GatewayError::InvalidRequest(symlink.to_string()),
         }
     }

@@ -42,7 +42,7 @@ async fn done(shared: &Shared, op: FsOp, policy: &Policy) -> Result<FsDone, Gate
     shared
         .fs(op)
         .await
-        .map_err(|e| e.into_gateway_error(policy.revision))
+        .map_err(|e| e.into_gateway_error(policy))
 }
 
 /// `fs/readFile`: over the limit is -32602 naming it. On a JSON-RPC
@@ -55,7 +55,7 @@ async fn read_file(
     policy: &Policy,
     reply: Option<Responder>,
 ) -> Result<Outcome, GatewayError> {
-    let err = |e: FsError| e.into_gateway_error(policy.revision);
+    let err = |e: FsError| e.into_gateway_error(policy);
     let file = shared.fs_file(FsOp::OpenRead(p)).await.map_err(err)?;
     let len = file
         .metadata()
@@ -96,7 +96,7 @@ async fn write_file(
     p: WriteFileParams,
     policy: &Policy,
 ) -> Result<Reply, GatewayError> {
-    let err = |e: FsError| e.into_gateway_error(policy.revision);
+    let err = |e: FsError| e.into_gateway_error(policy);
     let data = base64_decode(&p.data_base64).map_err(|e| {
         GatewayError::InvalidRequest(format!(
             "fs/writeFile requires valid base64 dataBase64: {e}"
@@ -209,6 +209,6 @@ pub(super) async fn open_stream(
     let file = shared
         .fs_file(op)
         .await
-        .map_err(|e| e.into_gateway_error(policy.revision))?;
+        .map_err(|e| e.into_gateway_error(policy))?;
     Ok(Outcome::Opened(Opened::File(file)))
 }

@@ -70,7 +70,7 @@ pub(super) async fn open(
         .shared
         .fs_file(op)
         .await
-        .map_err(|e| e.into_gateway_error(policy.revision))?;
+        .map_err(|e| e.into_gateway_error(policy))?;
     let mut handles = s.handles.lock();
     if handles.contains_key(&p.handle_id) {
         return Err(exists());
