@@ -77,20 +77,26 @@ fn modules(src: &Path) -> BTreeMap<String, Vec<PathBuf>> {
     mods
 }
 
-/// The `crate::name`s a file mentions outside its unit tests.
-fn crate_names(text: &str) -> Vec<String> {
-    let text = text
-        .split("\n#[cfg(test)]\nmod tests")
+/// A file's text without its unit tests at the bottom.
+fn outside_tests(text: &str) -> &str {
+    text.split("\n#[cfg(test)]\nmod tests")
         .next()
-        .unwrap_or_default();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
+        .unwrap_or_default()
+}
+
+/// The identifier at the start of `s`.
+fn ident(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The names right after each `prefix` in `text`: `prefix name` or
+/// `prefix{a, b::c}` (each item of the group).
+fn names_after(text: &str, prefix: &str) -> Vec<String> {
     let mut names = Vec::new();
-    for (i, _) in text.match_indices("crate::") {
-        let rest = &text[i + "crate::".len()..];
+    for (i, _) in text.match_indices(prefix) {
+        let rest = &text[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             let inner = group.split('}').next().unwrap_or_default();
             names.extend(inner.split(',').map(|item| ident(item.trim())));
@@ -100,6 +106,11 @@ fn crate_names(text: &str) -> Vec<String> {
     }
     names.retain(|n| !n.is_empty());
     names
+}
+
+/// The `crate::name`s a file mentions outside its unit tests.
+fn crate_names(text: &str) -> Vec<String> {
+    names_after(outside_tests(text), "crate::")
 }
 
 #[test]
@@ -191,26 +202,8 @@ fn folder_modules(dir: &Path) -> BTreeMap<String, Vec<(PathBuf, usize)>> {
 /// The sibling modules a file of a folder names: `crate::<folder>::x`,
 /// `crate::<folder>::{x, …}` or `super::x` (`super::` repeated `depth` times).
 fn sibling_names(text: &str, folder_path: &str, depth: usize) -> Vec<String> {
-    let text = text
-        .split("\n#[cfg(test)]\nmod tests")
-        .next()
-        .unwrap_or_default();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut names = Vec::new();
-    let prefix = format!("crate::{folder_path}::");
-    for (i, _) in text.match_indices(&prefix) {
-        let rest = &text[i + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = group.split('}').next().unwrap_or_default();
-            names.extend(inner.split(',').map(|item| ident(item.trim())));
-        } else {
-            names.push(ident(rest));
-        }
-    }
+    let text = outside_tests(text);
+    let mut names = names_after(text, &format!("crate::{folder_path}::"));
     let sup = "super::".repeat(depth);
     for (i, _) in text.match_indices(&sup) {
         let before = text[..i].chars().next_back();
