@@ -4,7 +4,12 @@
 //! never notice and the tenant gets a replacement. Skipped, with the
 //! probe's reason, where the worker layer is inactive.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
 
 mod common;
 
@@ -293,8 +298,10 @@ async fn a_tenant_killing_its_worker_is_backed_off_and_others_are_served() {
 /// Issue #26 through a real worker (the tenant's PID namespace included):
 /// short-lived processes, started back to back over several connections,
 /// are checked by the gateway while they exit and are reaped. Every start
-/// must succeed. (The race itself is forced in `worker::client`'s unit
-/// tests; this one keeps the whole path honest.)
+/// must succeed: 800 over 8 connections, the issue's benchmark. (This
+/// keeps the whole path honest; it rarely met the race, even before the
+/// fix, in a debug build: the race itself is forced, and stressed, in
+/// `worker::client`'s unit tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn short_lived_processes_started_at_a_steady_rate_are_never_refused() {
     let gw = gateway();
@@ -302,7 +309,7 @@ async fn short_lived_processes_started_at_a_steady_rate_are_never_refused() {
         return;
     }
     const CONNECTIONS: usize = 8;
-    const EACH: usize = 375;
+    const EACH: usize = 100;
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
         let (mut c, _) = gw.session_of("a").await;

@@ -3,8 +3,9 @@
 //!
 //! A worker is tenant code as far as the gateway is concerned: it runs as
 //! the tenant and the tenant's processes can signal it. So its word is
-//! checked (a spawned pid must be its child), unsolicited answers register
-//! nothing, and a spawn never holds a runtime thread hostage: a worker that
+//! checked (the pidfd it passes for a spawn must name its child, or a
+//! process already reaped: see [`verify_child`]; the gateway signals only
+//! through that pidfd), unsolicited answers register nothing, and a spawn never holds a runtime thread hostage: a worker that
 //! does not answer within [`SPAWN_TIMEOUT`] is killed and replaced.
 
 use std::collections::HashMap;
