@@ -5,8 +5,9 @@
 //! the tenant and the tenant's processes can signal it. So its word is
 //! checked (the pidfd it passes for a spawn must name its child, or a
 //! process already reaped: see [`verify_child`]; the gateway signals only
-//! through that pidfd), unsolicited answers register nothing, and a spawn never holds a runtime thread hostage: a worker that
-//! does not answer within [`SPAWN_TIMEOUT`] is killed and replaced.
+//! through that pidfd), unsolicited answers register nothing, and a spawn
+//! never holds a runtime thread hostage: a worker that does not answer
+//! within [`SPAWN_TIMEOUT`] is killed and replaced.
 
 use std::collections::HashMap;
 use std::ffi::CString;
