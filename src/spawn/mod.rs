@@ -24,7 +24,7 @@ pub mod vfork;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd as _, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -337,18 +337,65 @@ pub fn pidfd_open(pid: i32, flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// What a pidfd's fdinfo says of the process it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidfdInfo {
+    /// Its pid in our PID namespace: -1 once it has been reaped (Linux
+    /// 5.11 on; before, the old number stays), 0 if it is not visible
+    /// from our namespace.
+    pub pid: i32,
+    /// Its pid in its own PID namespace (the last `NSpid:` field), where
+    /// the kernel says (Linux 5.5 on) and it is alive.
+    pub ns_pid: Option<i32>,
+}
+
+/// Read a pidfd's fdinfo. `None`: `fd` is not a pidfd (only a pidfd's
+/// fdinfo has a `Pid:` line; a `/proc/PID` directory, which
+/// `pidfd_send_signal` also takes, has none).
+pub fn pidfd_info(fd: &impl AsRawFd) -> Option<PidfdInfo> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name));
+    let pid = field("Pid:")?.trim().parse::<i32>().ok()?;
+    let ns_pid = field("NSpid:")
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|p| p.parse::<i32>().ok())
+        .filter(|p| *p > 0);
+    Some(PidfdInfo { pid, ns_pid })
+}
+
 /// The pid (in our PID namespace) of the process a pidfd names, from its
 /// fdinfo; `None` once it has been reaped (or where the kernel does not
 /// say).
 pub fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    let pid = info
-        .lines()
-        .find_map(|l| l.strip_prefix("Pid:"))?
-        .trim()
-        .parse::<i32>()
-        .ok()?;
-    (pid > 0).then_some(pid)
+    pidfd_info(fd).map(|i| i.pid).filter(|p| *p > 0)
+}
+
+/// Whether the process a pidfd names still exists (alive or a zombie not
+/// yet reaped): `pidfd_send_signal` with signal 0, which delivers nothing.
+/// `Ok(false)` once it has been reaped; its number may then be anyone's,
+/// but the pidfd can never reach another process. An error: not a pidfd,
+/// or a process outside our PID namespace and its descendants.
+pub fn pidfd_exists(fd: &impl AsRawFd) -> io::Result<bool> {
+    // SAFETY: a syscall on a descriptor the caller holds, with no siginfo.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Ok(false),
+        // It exists; we may not signal it (a gateway without CAP_KILL).
+        Some(libc::EPERM) => Ok(true),
+        _ => Err(e),
+    }
 }
 
 /// A child's streams, ready for async I/O.

@@ -3,9 +3,11 @@
 //!
 //! A worker is tenant code as far as the gateway is concerned: it runs as
 //! the tenant and the tenant's processes can signal it. So its word is
-//! checked (a spawned pid must be its child), unsolicited answers register
-//! nothing, and a spawn never holds a runtime thread hostage: a worker that
-//! does not answer within [`SPAWN_TIMEOUT`] is killed and replaced.
+//! checked (the pidfd it passes for a spawn must name its child, or a
+//! process already reaped: see [`verify_child`]; the gateway signals only
+//! through that pidfd), unsolicited answers register nothing, and a spawn
+//! never holds a runtime thread hostage: a worker that does not answer
+//! within [`SPAWN_TIMEOUT`] is killed and replaced.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -222,46 +224,37 @@ impl WorkerConn {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
     }
 
-    /// A `Spawned` answer: registered only if it answers a request and names
-    /// a child of this worker.
+    /// A `Spawned` answer: registered only if it answers a request and its
+    /// pidfd names a child of this worker (see [`verify_child`]).
     fn spawned(&self, id: u64, pid: i32, fds: Vec<OwnedFd>) {
-        // Never take a worker's word for a pid: one that is alive must be
-        // its child, or the gateway (root) would signal someone else's
-        // process group. A pid that fails the check is refused (the spawn
-        // fails; whatever runs is killed with its process cgroup). In a
-        // PID namespace the number is the namespace's: the host's comes
-        // from the pidfd (0 once gone), and the process must be the child
-        // of the worker, itself the child of the namespace's parent.
-        let host_pid = if self.pid_ns {
-            match fds.first().map(crate::spawn::pidfd_pid) {
-                Some(Some(p)) => p,
-                _ => 0,
-            }
-        } else {
-            pid
+        // The worker sends the child's pidfd first, then its streams.
+        let verdict = match fds.first() {
+            Some(pidfd) => verify_child(pidfd, pid, self.pid, self.pid_ns),
+            None => Err(Refusal::NotAPidfd),
         };
-        let checked = match (self.pid_ns, host_pid) {
-            (true, 0) => Ok(()),
-            (true, p) => match parent_of(p) {
-                Some(worker) => check_child(worker, self.pid),
-                None => Ok(()),
-            },
-            (false, p) => check_child(p, self.pid),
-        };
-        if let Err(ppid) = checked {
-            tracing::warn!(
-                worker = self.pid,
-                pid,
-                ppid,
-                "worker named a process that is not its child; refused"
-            );
-            if let Some(w) = self.spawns.lock().remove(&id) {
-                let _ = w.send(Err(io::Error::other(
-                    "the spawned process could not be verified as the worker's child",
-                )));
+        let host_pid = match verdict {
+            Ok(Verified::Running(host)) => host,
+            // Already reaped: its exit report is on its way, behind this
+            // packet. No number is handed on (it may be anyone's by now:
+            // the reaper sidecar must not register it).
+            Ok(Verified::Reaped) => 0,
+            Err(why) => {
+                // The spawn fails; whatever runs is killed with its
+                // process cgroup.
+                tracing::warn!(
+                    worker = self.pid,
+                    pid,
+                    reason = %why,
+                    "worker named a process that is not its child; refused"
+                );
+                if let Some(w) = self.spawns.lock().remove(&id) {
+                    let _ = w.send(Err(io::Error::other(
+                        "the spawned process could not be verified as the worker's child",
+                    )));
+                }
+                return;
             }
-            return;
-        }
+        };
         // Only an answer to a request registers anything (the map stays
         // bounded by the requests made), and before the reply is handed on:
         // the exit can only be read after this packet.
@@ -274,37 +267,135 @@ impl WorkerConn {
     }
 }
 
-/// The parent of `pid`, from `/proc/PID/stat`.
+/// A spawned child as [`verify_child`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verified {
+    /// Alive, or exited but not yet reaped, and the worker's child: its
+    /// pid in the gateway's namespace.
+    Running(i32),
+    /// Already reaped by the time of the check: nothing says whose child
+    /// it was, and nothing needs to (see [`verify_child`]).
+    Reaped,
+}
+
+/// Why a worker's `Spawned` answer was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The first fd is missing or is not a pidfd.
+    NotAPidfd,
+    /// The pidfd names a process the gateway's namespace cannot see, or
+    /// one outside it and its descendants.
+    NotVisible,
+    /// The pidfd names another process than the pid the worker named.
+    OtherProcess { named: i32, pidfd: i32 },
+    /// The pidfd's process is alive and not the worker's child (its
+    /// parent, if it could be read; in a PID namespace, its parent, which
+    /// is not the worker).
+    NotItsChild { pid: i32, ppid: Option<i32> },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NotAPidfd => write!(f, "no pidfd came with the answer"),
+            Refusal::NotVisible => write!(f, "the pidfd names a process out of reach"),
+            Refusal::OtherProcess { named, pidfd } => {
+                write!(f, "the pidfd names pid {pidfd}, not {named}")
+            }
+            Refusal::NotItsChild { pid, ppid } => match ppid {
+                Some(ppid) => write!(f, "pid {pid} is the child of {ppid}"),
+                None => write!(f, "pid {pid} has no readable parent"),
+            },
+        }
+    }
+}
+
+/// Verify a worker's `Spawned` answer: `pidfd` is the pidfd it passed
+/// and `named` the pid it named (in a PID namespace, the namespace's);
+/// `conn_pid` is the worker (with `pid_ns`: the namespace's parent, whose
+/// one child, the namespace's init, is the worker).
+///
+/// A worker is tenant code: the gateway, root, must never signal a
+/// process that is not the worker's child on its word. So the check is
+/// made on the *pidfd*, which is also the only thing the gateway ever
+/// signals (module `isolation::signal`): a pidfd names one process for
+/// its whole life and never a later holder of its number.
+///
+/// The worker took the pidfd before it could reap the child (under its
+/// link lock), but the child may exit, be reaped and its number be reused
+/// at any point before and during this check: the worker answers first
+/// and the gateway's read thread gets to it later. Every window resolves
+/// safely:
+///
+/// 1. The fdinfo's `Pid:` is read. -1: already reaped → [`Verified::Reaped`].
+/// 2. Its parent is read from `/proc/PID/stat` (for a zombie: still the
+///    worker). This read may straddle the release of an exiting child, and
+///    then names parent 0; or, if the child was reaped and the number
+///    taken since step 1 (or since a reap the fdinfo of an older kernel
+///    does not show), it describes another process.
+/// 3. The pidfd is probed (signal 0). Gone: the child was reaped meanwhile,
+///    whatever step 2 read → [`Verified::Reaped`]. Still there: the
+///    process held its number from step 1 to step 3 (a number is not
+///    reused while its process exists), so step 2 read *this* process,
+///    and a parent other than the worker is a refusal.
+///
+/// Accepting a reaped process unverified keeps the guarantee: its pidfd
+/// can only ever answer ESRCH, and no number is registered for it (the
+/// caller hands on pid 0). What it cannot do is prove which process it
+/// was; a worker that passes some other dead process's pidfd only fools
+/// itself (its own spawn never reports an exit). A pidfd of a live
+/// process that is not the worker's child (init, the gateway, another
+/// tenant's process, the worker's grandchild), one of a different process
+/// than the pid named, or an fd that is not a pidfd, is refused.
+fn verify_child(
+    pidfd: &OwnedFd,
+    named: i32,
+    conn_pid: i32,
+    pid_ns: bool,
+) -> Result<Verified, Refusal> {
+    let info = crate::spawn::pidfd_info(pidfd).ok_or(Refusal::NotAPidfd)?;
+    if info.pid < 0 {
+        return Ok(Verified::Reaped);
+    }
+    if info.pid == 0 {
+        return Err(Refusal::NotVisible);
+    }
+    let pid = info.pid;
+    // The number the worker sees it by (in its own namespace, if any).
+    if let Some(inner) = info.ns_pid
+        && inner != named
+    {
+        return Err(Refusal::OtherProcess {
+            named,
+            pidfd: inner,
+        });
+    }
+    let ppid = parent_of(pid);
+    let is_child = match ppid {
+        Some(worker) if pid_ns => worker > 1 && parent_of(worker) == Some(conn_pid),
+        Some(worker) => worker == conn_pid,
+        None => false,
+    };
+    match crate::spawn::pidfd_exists(pidfd) {
+        Ok(false) => Ok(Verified::Reaped),
+        Ok(true) if is_child && pid > 1 => Ok(Verified::Running(pid)),
+        Ok(true) => Err(Refusal::NotItsChild { pid, ppid }),
+        Err(_) => Err(Refusal::NotVisible),
+    }
+}
+
+/// The parent of `pid`, from `/proc/PID/stat` (0 for a process being
+/// released, or init). `None`: gone, or unreadable.
 fn parent_of(pid: i32) -> Option<i32> {
+    #[cfg(test)]
+    if let Some(ppid) = tests::stat_hook(pid) {
+        return ppid;
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 4, after the parenthesised command (which may hold spaces).
     stat.rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().nth(1))
         .and_then(|ppid| ppid.parse::<i32>().ok())
-}
-
-/// `Ok` if `pid` is a child of `parent`, or already gone (reaped: the
-/// worker reports its exit next); else `Err(its parent)`. A stat that
-/// cannot be parsed is a refusal, never a pass.
-fn check_child(pid: i32, parent: i32) -> Result<(), i32> {
-    if pid <= 1 {
-        return Err(0);
-    }
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Ok(());
-    };
-    // Field 4, after the parenthesised command (which may hold spaces).
-    let ppid = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-        .and_then(|ppid| ppid.parse::<i32>().ok())
-        .ok_or(-1)?;
-    // 0: the process has exited and is being released (the kernel no
-    // longer names a parent): gone, as above.
-    if ppid == parent || ppid == 0 {
-        Ok(())
-    } else {
-        Err(ppid)
-    }
 }
 
 /// How to start a tenant's workers.
@@ -607,25 +698,425 @@ fn own_executable() -> Option<RawFd> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
+
+    /// A connection whose "worker" is `pid` (with `pid_ns`: the namespace's
+    /// parent, whose child names the processes). Only `spawned` is used.
+    fn conn(pid: i32, pid_ns: bool) -> WorkerConn {
+        let (sock, _) = link::pair().unwrap();
+        WorkerConn {
+            pid,
+            pid_ns,
+            sock,
+            send_lock: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+            spawns: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            fs_pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            metrics: None,
+            sessions: AtomicUsize::new(0),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// The gateway's answer to a worker's `Spawned { pid }` carrying `fds`:
+    /// the host pid handed on, or the refusal.
+    fn answer(conn: &WorkerConn, pid: i32, fds: Vec<OwnedFd>) -> io::Result<i32> {
+        let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        conn.spawns.lock().insert(id, tx);
+        conn.spawned(id, pid, fds);
+        conn.exits.lock().clear();
+        rx.try_recv().unwrap().map(|(host, _, _)| host)
+    }
+
+    type StatHook = Box<dyn FnMut(i32) -> Option<Option<i32>>>;
+
+    thread_local! {
+        /// Replaces [`parent_of`]'s read for this thread while set.
+        static STAT_HOOK: std::cell::RefCell<Option<StatHook>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// `Some(answer)` if this thread's hook answers for `pid`.
+    pub(super) fn stat_hook(pid: i32) -> Option<Option<i32>> {
+        STAT_HOOK.with(|h| h.borrow_mut().as_mut().and_then(|f| f(pid)))
+    }
+
+    fn with_stat_hook<T>(hook: StatHook, run: impl FnOnce() -> T) -> T {
+        STAT_HOOK.with(|h| *h.borrow_mut() = Some(hook));
+        let r = run();
+        STAT_HOOK.with(|h| *h.borrow_mut() = None);
+        r
+    }
+
+    /// The connection for this process as a worker: itself, or with a PID
+    /// namespace its parent (the worker being the namespace parent's child).
+    fn worker_conn(pid_ns: bool) -> WorkerConn {
+        if pid_ns {
+            conn(
+                i32::try_from(std::os::unix::process::parent_id()).unwrap(),
+                true,
+            )
+        } else {
+            conn(me(), false)
+        }
+    }
+
+    fn zombie(pid: i32) {
+        use nix::sys::wait::{Id, WaitPidFlag, waitid};
+        waitid(
+            Id::Pid(nix::unistd::Pid::from_raw(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        )
+        .unwrap();
+    }
 
     #[test]
     fn a_pid_is_trusted_only_as_a_child_of_its_worker() {
-        let me = i32::try_from(std::process::id()).unwrap();
+        let me = me();
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
-        assert_eq!(check_child(pid, me), Ok(()));
+        let pidfd = crate::spawn::pidfd_open(pid, 0).unwrap();
+        assert_eq!(
+            verify_child(&pidfd, pid, me, false),
+            Ok(Verified::Running(pid))
+        );
         // Not the child of another process; never init or the caller itself.
-        assert_eq!(check_child(pid, me + 1), Err(me));
-        assert!(check_child(1, me).is_err());
-        assert!(check_child(me, me).is_err());
+        assert!(matches!(
+            verify_child(&pidfd, pid, me + 1, false),
+            Err(Refusal::NotItsChild { ppid: Some(p), .. }) if p == me
+        ));
+        let init = crate::spawn::pidfd_open(1, 0).unwrap();
+        assert!(verify_child(&init, 1, me, false).is_err());
+        let own = crate::spawn::pidfd_open(me, 0).unwrap();
+        assert!(verify_child(&own, me, me, false).is_err());
         child.kill().unwrap();
         child.wait().unwrap();
-        // Gone (reaped): the worker reports its exit next.
-        assert_eq!(check_child(pid, me), Ok(()));
+        // Reaped: accepted as gone (its pidfd reaches nothing); the worker
+        // reports its exit next.
+        assert_eq!(verify_child(&pidfd, pid, me, false), Ok(Verified::Reaped));
+    }
+
+    /// Issue #26, forced: the worker reaps its exited child while the
+    /// gateway reads the child's `/proc/PID/stat`, which then names parent 0
+    /// (the kernel's `do_task_stat` finds the task released). The hook
+    /// reaps for real at the moment of the read and answers what such a
+    /// read answers. Refused before the fix ("ppid=0", in a PID namespace).
+    #[test]
+    fn a_child_released_during_the_check_is_accepted() {
+        for pid_ns in [true, false] {
+            let c = worker_conn(pid_ns);
+            let pid = quick_child();
+            let pidfd = crate::spawn::pidfd_open(pid, 0).unwrap();
+            zombie(pid);
+            let mut released = false;
+            let answered = with_stat_hook(
+                Box::new(move |p| {
+                    (p == pid && !std::mem::replace(&mut released, true)).then(|| {
+                        reap(pid);
+                        Some(0)
+                    })
+                }),
+                || answer(&c, pid, vec![pidfd]),
+            );
+            assert_eq!(
+                answered.map_err(|e| e.to_string()),
+                Ok(0),
+                "pid_ns {pid_ns}: a released child is the worker's, gone (no pid handed on)"
+            );
+        }
+    }
+
+    fn me() -> i32 {
+        i32::try_from(std::process::id()).unwrap()
+    }
+
+    /// A child of this process that exits at once (not reaped).
+    fn quick_child() -> i32 {
+        // SAFETY: the child only calls _exit.
+        #[allow(unsafe_code)]
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::_exit(0);
+            }
+            assert!(pid > 0, "fork: {}", io::Error::last_os_error());
+            pid
+        }
+    }
+
+    fn reap(pid: i32) {
+        nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    }
+
+    /// The race of issue #26: the gateway checks a child that is exiting
+    /// and being reaped by its worker. Each child is checked over and over
+    /// while another thread reaps it, so some checks land in the release
+    /// window (where `/proc/PID/stat` names no parent) and some after it.
+    /// Every answer must be an acceptance: the child was the worker's.
+    fn an_exiting_child_is_never_refused(pid_ns: bool) {
+        // With a PID namespace the worker is the child of `conn.pid`:
+        // here the worker is this process, so `conn.pid` is our parent.
+        let c = worker_conn(pid_ns);
+        // One reaper thread, as in the worker; it reaps each child a little
+        // later than the last (0 to 63 µs after the checks start), so the
+        // release sweeps across the gateway's check.
+        let (to_reap, reaps) = std::sync::mpsc::channel::<(i32, u32)>();
+        let (reaped_tx, reaped) = std::sync::mpsc::channel::<()>();
+        let reaper = std::thread::spawn(move || {
+            for (pid, delay) in reaps {
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_micros(delay.into()) {
+                    std::hint::spin_loop();
+                }
+                reap(pid);
+                reaped_tx.send(()).unwrap();
+            }
+        });
+        let (mut checks, mut refused, mut children, mut hit) = (0u32, 0u32, 0u32, 0u32);
+        let started = std::time::Instant::now();
+        while children < 3000 && started.elapsed() < Duration::from_secs(20) {
+            let pid = quick_child();
+            // As the worker does: a pidfd taken before the child is reaped,
+            // which exits now (a zombie).
+            let pidfd = crate::spawn::pidfd_open(pid, 0).unwrap();
+            zombie(pid);
+            to_reap.send((pid, children % 64)).unwrap();
+            children += 1;
+            let before = refused;
+            loop {
+                let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+                checks += 1;
+                if answer(&c, pid, vec![pidfd.try_clone().unwrap()]).is_err() {
+                    refused += 1;
+                }
+                if gone {
+                    break;
+                }
+            }
+            reaped.recv().unwrap();
+            hit += u32::from(refused > before);
+        }
+        drop(to_reap);
+        reaper.join().unwrap();
+        assert_eq!(
+            refused, 0,
+            "{refused} of {checks} checks refused the worker's own child \
+             ({hit} of {children} children refused at least once)"
+        );
+    }
+
+    #[test]
+    fn an_exiting_child_is_never_refused_in_a_pid_namespace() {
+        an_exiting_child_is_never_refused(true);
+    }
+
+    #[test]
+    fn an_exiting_child_is_never_refused_without_a_pid_namespace() {
+        an_exiting_child_is_never_refused(false);
+    }
+
+    /// `clone3`'s arguments, up to `set_tid_size` (Linux 5.5).
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+    }
+
+    /// A process numbered `pid` that is *not* our child: a grandchild, made
+    /// by a helper child with `clone3` and `set_tid` (the number is taken
+    /// back deliberately). Returns the helper's pid, or `None` where the
+    /// number cannot be chosen (no CAP_SYS_ADMIN, or the pid was taken).
+    fn stranger_numbered(pid: i32) -> Option<i32> {
+        let tid = [pid];
+        let args = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: tid.as_ptr() as u64,
+            set_tid_size: 1,
+            ..Default::default()
+        };
+        // SAFETY: after fork the helper and the grandchild only make raw
+        // syscalls (clone3, pause, waitpid, _exit).
+        #[allow(unsafe_code)]
+        let helper = unsafe {
+            let helper = libc::fork();
+            if helper == 0 {
+                let g = libc::syscall(
+                    libc::SYS_clone3,
+                    &raw const args,
+                    std::mem::size_of::<CloneArgs>(),
+                );
+                if g == 0 {
+                    loop {
+                        libc::pause();
+                    }
+                }
+                if g < 0 {
+                    libc::_exit(1);
+                }
+                libc::waitpid(g as libc::pid_t, std::ptr::null_mut(), 0);
+                libc::_exit(0);
+            }
+            helper
+        };
+        assert!(helper > 0);
+        // Wait for the stranger to appear (or the helper to give up).
+        for _ in 0..500 {
+            if parent_of(pid) == Some(helper) {
+                return Some(helper);
+            }
+            if nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(helper),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            )
+            .is_ok_and(|s| s != nix::sys::wait::WaitStatus::StillAlive)
+            {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the helper neither made pid {pid} nor gave up");
+    }
+
+    /// The other window: the child exits, its worker reaps it and the
+    /// number is taken by some other process before the gateway checks.
+    /// Forced here (the number is reused on purpose): the worker's answer
+    /// must not be refused, and the process now holding the number must
+    /// be out of reach of the pidfd the gateway keeps.
+    #[test]
+    fn a_child_reaped_and_its_pid_reused_before_the_check_is_accepted_not_confused() {
+        for pid_ns in [false, true] {
+            let c = worker_conn(pid_ns);
+            let mut tries = 0;
+            let (pid, pidfd, helper) = loop {
+                let pid = quick_child();
+                let pidfd = crate::spawn::pidfd_open(pid, 0).unwrap();
+                reap(pid);
+                if let Some(helper) = stranger_numbered(pid) {
+                    break (pid, pidfd, helper);
+                }
+                tries += 1;
+                if tries == 5 {
+                    eprintln!("SKIPPED: cannot choose a pid here (clone3 set_tid)");
+                    return;
+                }
+            };
+            let kept = pidfd.try_clone().unwrap();
+            let answered = answer(&c, pid, vec![pidfd]);
+            // Whatever the answer, the stranger is never signalled through
+            // the pidfd (it names the reaped child).
+            crate::isolation::signal::Group::new(kept)
+                .signal(nix::sys::signal::Signal::SIGKILL)
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(parent_of(pid), Some(helper), "the stranger was killed");
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            reap(helper);
+            // Accepted as already gone: no number is handed on (the reaper
+            // sidecar must not register someone else's group).
+            assert_eq!(
+                answered.map_err(|e| e.to_string()),
+                Ok(0),
+                "pid_ns {pid_ns}"
+            );
+        }
+    }
+
+    /// Spoofing: the worker names its child but passes something else.
+    #[test]
+    fn a_worker_passing_a_pidfd_that_is_not_its_child_is_refused() {
+        for pid_ns in [false, true] {
+            let c = worker_conn(pid_ns);
+            let mut child = std::process::Command::new("sleep")
+                .arg("5")
+                .spawn()
+                .unwrap();
+            let pid = i32::try_from(child.id()).unwrap();
+            let pidfd = || crate::spawn::pidfd_open(pid, 0).unwrap();
+            let kept = pidfd();
+            // Its own child, alive: accepted, with its host pid.
+            assert_eq!(answer(&c, pid, vec![pidfd()]).unwrap(), pid);
+            // Init, the gateway (here: the worker itself), a grandchild:
+            // never, whatever number is named.
+            let mut grandparent = std::process::Command::new("sh")
+                .args(["-c", "sleep 5 & echo $!; wait"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(grandparent.stdout.take().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            let gc: i32 = line.trim().parse().unwrap();
+            for (named, other) in [
+                (pid, 1),
+                (1, 1),
+                (pid, me()),
+                (me(), me()),
+                (gc, gc),
+                (pid, gc),
+            ] {
+                let fd = crate::spawn::pidfd_open(other, 0).unwrap();
+                assert!(
+                    answer(&c, named, vec![fd]).is_err(),
+                    "pid_ns {pid_ns}: named {named}, pidfd of {other} accepted"
+                );
+            }
+            // A pidfd for another child than the one named.
+            let mut sibling = std::process::Command::new("sleep")
+                .arg("5")
+                .spawn()
+                .unwrap();
+            let sib = i32::try_from(sibling.id()).unwrap();
+            let fd = crate::spawn::pidfd_open(sib, 0).unwrap();
+            assert!(
+                answer(&c, pid, vec![fd]).is_err(),
+                "pid_ns {pid_ns}: mismatch"
+            );
+            // Not a pidfd at all, or none.
+            let (r, _w) = nix::unistd::pipe().unwrap();
+            assert!(answer(&c, pid, vec![r]).is_err(), "pid_ns {pid_ns}: a pipe");
+            assert!(
+                answer(&c, pid, Vec::new()).is_err(),
+                "pid_ns {pid_ns}: no fd"
+            );
+            let dir = std::fs::File::open(format!("/proc/{pid}")).unwrap();
+            assert!(
+                answer(&c, pid, vec![OwnedFd::from(dir)]).is_err(),
+                "pid_ns {pid_ns}: a /proc/PID directory"
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(gc),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            for c in [&mut child, &mut sibling, &mut grandparent] {
+                c.kill().unwrap();
+                c.wait().unwrap();
+            }
+            // Reaped: accepted (the pidfd reaches nothing), with no pid.
+            assert_eq!(answer(&c, pid, vec![kept]).unwrap(), 0);
+        }
     }
 }
