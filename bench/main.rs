@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
+    /// Only a reliability count: this many `true` spawns over 8
+    /// connections in a tenant with every isolation layer at its default
+    /// (a root of its own), every failure counted by its error.
+    #[arg(long)]
+    pub spawns: Option<u64>,
     /// Print the figures as one JSON array (figure, ours, baseline, ratio,
     /// target, met, reference, and the leading numbers as `ours_value` and
     /// `baseline_value`) instead of the table, to compare commits.
@@ -424,6 +429,48 @@ async fn spawns_per_second(url: &str, conns: usize, secs: u64) -> BenchResult<f6
         total += t.await.map_err(err)??;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// `total` `true` spawns over `conns` connections, none stopping at a
+/// failure: prints how many succeeded, and each failure by its error.
+async fn spawn_reliability(url: &str, cwd: &str, conns: u64, total: u64) -> BenchResult<()> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let (url, cwd) = (url.to_owned(), cwd.to_owned());
+        let share = total / conns + u64::from(c < total % conns);
+        tasks.push(exec_gateway::task::start("bench-reliability", async move {
+            let conn = client(&url).await?;
+            let mut failures = std::collections::BTreeMap::<String, u64>::new();
+            for n in 0..share {
+                if let Err(e) = run_to_close(&conn, &format!("r{c}-{n}"), &["true"], &cwd).await {
+                    *failures.entry(e).or_default() += 1;
+                }
+            }
+            Ok::<_, String>((share, failures))
+        }));
+    }
+    let (mut ran, mut failures) = (0u64, std::collections::BTreeMap::<String, u64>::new());
+    for t in tasks {
+        let (n, f) = t.await.map_err(err)??;
+        ran += n;
+        for (e, k) in f {
+            *failures.entry(e).or_default() += k;
+        }
+    }
+    let failed: u64 = failures.values().sum();
+    println!(
+        "{ran} `true` spawns over {conns} connections in {:.1} s: {} succeeded, {failed} failed",
+        start.elapsed().as_secs_f64(),
+        ran - failed
+    );
+    for (e, k) in &failures {
+        println!("  {k} × {e}");
+    }
+    if failed > 0 {
+        return Err(format!("{failed} spawns failed"));
+    }
+    Ok(())
 }
 
 async fn direct_spawns_per_second(conns: usize, secs: u64) -> BenchResult<f64> {
@@ -958,6 +1005,11 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         Some(p) => Some(Server::start(p, &["exec-server", "--listen", "ws://127.0.0.1:0"]).await?),
         None => None,
     };
+    if let Some(total) = args.spawns {
+        let jail_url = format!("{base_url}/?access_token={jail_token}");
+        let cwd = jail.display().to_string();
+        return spawn_reliability(&jail_url, &cwd, 8, total).await;
+    }
     if args.memory_only {
         let rows = [memory_row(&gw, reference.as_ref(), args.sessions).await?];
         report(&rows, reference.is_some(), args.json);

@@ -265,6 +265,40 @@ fn stdio_errors_and_eof_kills_the_session() {
     }
 }
 
+/// What a client sent before its end of input is answered before the
+/// gateway exits: a pipelined session (`printf ... | exec-gateway stdio`)
+/// gets every reply, slow calls included.
+#[test]
+fn calls_sent_before_eof_are_answered() {
+    let mut s = Stdio1::start();
+    let big = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(big.path(), vec![7u8; 1 << 20]).unwrap();
+    // Readable by the tenant's own uid.
+    std::fs::set_permissions(
+        big.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    s.send(r#"{"id":1,"method":"initialize","params":{"clientName":"t"}}"#);
+    s.send(r#"{"method":"initialized"}"#);
+    s.send(&format!(
+        r#"{{"id":2,"method":"fs/readFile","params":{{"path":"{}"}}}}"#,
+        big.path().display()
+    ));
+    s.send(r#"{"id":3,"method":"process/read","params":{"processId":"none","waitMs":0}}"#);
+    s.send(r#"{"id":4,"method":"process/list"}"#);
+    drop(s.stdin.take());
+    let read = s.response(json!(2));
+    let data = common::unb64(
+        read["result"]["dataBase64"]
+            .as_str()
+            .expect(&read.to_string()),
+    );
+    assert_eq!(data.len(), 1 << 20);
+    assert_eq!(s.response(json!(3))["error"]["code"], -32600);
+    assert!(s.response(json!(4))["result"]["processes"].is_array());
+}
+
 #[test]
 fn an_over_long_line_is_answered_and_the_session_goes_on() {
     let (_dir, secret, config) = write_config("[server]\nmax_message_bytes = 1000\n");

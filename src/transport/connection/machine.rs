@@ -18,6 +18,10 @@ use crate::protocol::process::InitializeParams;
 use crate::protocol::revision::Policy;
 use crate::rpc::{Call, MethodFamily};
 
+/// Longest string request id accepted: every id is held for as long as its
+/// request lives, and echoed in its reply.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
 /// One inbound frame (a websocket message or a stdio line).
 #[derive(Debug)]
 pub enum InFrame {
@@ -138,6 +142,17 @@ impl<H: Held> Machine<H> {
                 return unknown_error(&self.malformed(jsonrpc::BAD_REQUEST_ID));
             }
             Ok(Inbound::Notification { method, .. }) => return self.on_notification(&method),
+            Ok(Inbound::Request {
+                id: RequestId::String(id),
+                ..
+            }) if id.len() > MAX_REQUEST_ID_BYTES => {
+                // Never echoed: a request's id is held (and echoed) for as
+                // long as the request lives.
+                return unknown_error(&GatewayError::InvalidRequest(format!(
+                    "request id is {} bytes; at most {MAX_REQUEST_ID_BYTES} are accepted",
+                    id.len()
+                )));
+            }
             Ok(Inbound::Request { id, method, params }) => (id, method, params),
         };
         if method == methods::SESSION_CLOSE {
@@ -356,6 +371,21 @@ mod tests {
         assert_eq!(may, "unexpected notification `process/list`");
         let (_, _, nov) = sent(initialized(&NOV_2026).on_frame(text(bad_id)));
         assert_eq!(nov, format!("failed to parse: {}", jsonrpc::BAD_REQUEST_ID));
+    }
+
+    #[test]
+    fn request_ids_longer_than_256_bytes_are_refused_without_an_echo() {
+        let mut m = initialized(&MAY_2026);
+        let at_limit = "i".repeat(MAX_REQUEST_ID_BYTES);
+        let frame = format!(r#"{{"id":"{at_limit}","method":"process/list"}}"#);
+        let Action::Call { id, .. } = m.on_frame(text(&frame)) else {
+            panic!()
+        };
+        assert_eq!(id, RequestId::String(at_limit.clone()));
+        let frame = format!(r#"{{"id":"{at_limit}i","method":"process/list"}}"#);
+        let (id, code, msg) = sent(m.on_frame(text(&frame)));
+        assert_eq!((id, code), (serde_json::json!(-1), -32600));
+        assert_eq!(msg, "request id is 257 bytes; at most 256 are accepted");
     }
 
     #[test]

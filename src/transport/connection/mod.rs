@@ -126,7 +126,10 @@ struct Calls {
 
 /// Why the read loop stopped.
 enum Stop {
-    /// The inbound stream ended (or the connection was closed here).
+    /// The client's stream ended: what it already asked is still answered
+    /// where the answer can still reach it (stdio).
+    Eof,
+    /// The connection was closed here (shutdown, eviction, maximum age).
     Ended,
     /// The connection became a relay; its session is the owner's.
     Relayed,
@@ -149,8 +152,11 @@ where
     };
     let mut conn = Machine::<Attached>::new(meta.parse_error_prefix.clone());
     let stop = read_loop(&mut inbound, &calls, &meta, &mut conn).await;
+    if matches!(stop, Stop::Eof) && meta.on_close == OnClose::Kill {
+        drain(&calls).await;
+    }
     calls.cancel.cancel();
-    if let (Stop::Ended, Some(a)) = (stop, conn.into_held()) {
+    if let (Stop::Ended | Stop::Eof, Some(a)) = (stop, conn.into_held()) {
         match meta.on_close {
             OnClose::Detach => calls.gw.sessions.detach(&a.session, &a.token),
             OnClose::Kill => calls.gw.sessions.remove(&a.session),
@@ -209,7 +215,7 @@ where
             f = inbound.next() => f,
         };
         let Some(frame) = frame else {
-            return Stop::Ended;
+            return Stop::Eof;
         };
         match conn.on_frame(frame) {
             Action::Nothing => {}
@@ -254,6 +260,8 @@ where
                 out.send(text).await;
             }
             Action::CloseSession { id } => {
+                // Calls sent before the close are answered first.
+                drain(calls).await;
                 if let Some(a) = conn.held() {
                     tracing::debug!(session.id = %a.session.id, "session closed by its client");
                     gw.sessions.remove(&a.session);
@@ -274,6 +282,16 @@ where
             }
         }
     }
+}
+
+/// How long a connection that ends in order (`session/close`, stdio's
+/// end of input) waits for the calls it already accepted to answer.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wait (bounded) until every call in flight on the connection answered.
+async fn drain(calls: &Calls) {
+    let all = u32::try_from(calls.gw.settings.max_in_flight_per_connection).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, calls.in_flight.acquire_many(all)).await;
 }
 
 /// Validate a call against its session and run it through the stack in
