@@ -292,7 +292,7 @@ fn calls_sent_before_eof_are_answered() {
     let data = common::unb64(
         read["result"]["dataBase64"]
             .as_str()
-            .expect(&read.to_string()),
+            .unwrap_or_else(|| panic!("{read}")),
     );
     assert_eq!(data.len(), 1 << 20);
     assert_eq!(s.response(json!(3))["error"]["code"], -32600);
