@@ -326,3 +326,41 @@ async fn a_slow_header_is_cut_off_and_others_are_served() {
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// `session/close` sent right behind other calls: they are answered first,
+/// then the close, then the connection ends.
+#[tokio::test]
+async fn session_close_answers_the_calls_sent_before_it() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let dir = common::scratch();
+    let file = dir.path().join("big");
+    std::fs::write(&file, vec![5u8; 1 << 20]).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let read = c
+        .request_id("fs/readFile", json!({"path": file.display().to_string()}))
+        .await;
+    let close = c.request_id("session/close", json!({})).await;
+    let r = c.response(read).await;
+    let data = common::unb64(
+        r["result"]["dataBase64"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}")),
+    );
+    assert_eq!(data.len(), 1 << 20);
+    assert!(c.response(close).await["result"].is_object());
+}
+
+/// A request id over 256 bytes is refused on id -1 and never echoed; the
+/// connection goes on.
+#[tokio::test]
+async fn request_ids_over_256_bytes_are_refused() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let long = "i".repeat(100_000);
+    c.send(&json!({"id": long, "method": "process/list"})).await;
+    let r = c.response(-1).await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert!(!r.to_string().contains("iiii"), "the id was echoed");
+    assert!(c.call("process/list", json!({})).await["processes"].is_array());
+}
