@@ -129,6 +129,8 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
     };
     let token = match (args.token.clone(), env_nonempty("EXEC_GATEWAY_TOKEN")) {
         (Some(t), _) | (None, Some(t)) => t.trim().to_owned(),
+        // A URL that carries its token (`?access_token=`) is used as given.
+        (None, None) if let Some(t) = url_token(&url) => t,
         (None, None) if is_loopback(&url) => {
             check_listener_owner(&url)?;
             embedded_token()?
@@ -140,6 +142,15 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
         }
     };
     Ok(ConnectOptions::new(&url, &token))
+}
+
+/// The `access_token` a URL carries in its query, if any.
+fn url_token(url: &str) -> Option<String> {
+    url::Url::parse(url)
+        .ok()?
+        .query_pairs()
+        .find(|(k, v)| k == "access_token" && !v.is_empty())
+        .map(|(_, v)| v.into_owned())
 }
 
 /// The minted token goes only to a listener of this user or root: another
@@ -557,4 +568,20 @@ pub async fn ps(args: PsArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_in_the_url_is_found() {
+        assert_eq!(
+            url_token("ws://127.0.0.1:8765/?access_token=abc.def&x=1"),
+            Some("abc.def".to_owned())
+        );
+        assert_eq!(url_token("ws://127.0.0.1:8765/?access_token="), None);
+        assert_eq!(url_token("ws://127.0.0.1:8765/"), None);
+        assert_eq!(url_token("not a url"), None);
+    }
 }
