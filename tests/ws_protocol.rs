@@ -290,6 +290,13 @@ async fn health_and_readiness_endpoints() {
         ),
         "{body}"
     );
+    // initialize, which does not pass through the stack, is counted too.
+    assert!(
+        body.contains(
+            "exec_gateway_requests_total{tenant=\"t1\",method=\"initialize\",outcome=\"ok\"} 1"
+        ),
+        "{body}"
+    );
     assert_eq!(gw.http_get("/nope").await.0, 404);
 }
 
