@@ -29,14 +29,25 @@ pub fn to_signal(name: SignalName) -> Signal {
 /// `pidfd_send_signal` flag: the pidfd's process group (Linux 6.9).
 const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
 
-/// A child's process group, held by its leader's pidfd.
+/// A child's process group, held by its leader's pidfd until the process
+/// has closed ([`Group::release`]): a closed process is retained for a
+/// while to be read, and must not hold a descriptor all that time (20,000
+/// short processes a retention period would take 20,000 descriptors).
 pub struct Group {
-    pidfd: std::os::fd::OwnedFd,
+    pidfd: parking_lot::Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Group {
     pub fn new(pidfd: std::os::fd::OwnedFd) -> Group {
-        Group { pidfd }
+        Group {
+            pidfd: parking_lot::Mutex::new(Some(pidfd)),
+        }
+    }
+
+    /// The process has closed (exited, reaped, output ended): nothing is
+    /// signalled through it any more; its descriptor is closed now.
+    pub fn release(&self) {
+        self.pidfd.lock().take();
     }
 
     /// Signal every member of the group the leader led. ESRCH (the group is
@@ -45,12 +56,17 @@ impl Group {
     /// the rest on kill).
     pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
         use std::os::fd::AsRawFd as _;
+        let held = self.pidfd.lock();
+        let Some(pidfd) = held.as_ref() else {
+            // Released once the process closed: as gone as ESRCH says.
+            return Ok(());
+        };
         let send = |flags: libc::c_uint| {
             // SAFETY: a syscall on a pidfd we own, with no siginfo.
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_pidfd_send_signal,
-                    self.pidfd.as_raw_fd(),
+                    pidfd.as_raw_fd(),
                     signal as libc::c_int,
                     std::ptr::null::<libc::siginfo_t>(),
                     flags,

@@ -139,6 +139,9 @@ impl Pump {
         drop(permits);
         process.release_cgroup_if_empty();
         process.emit_closed(&attachment).await;
+        // Closed: no signal goes to it any more; its pidfd is not kept for
+        // the retention period.
+        process.group.release();
         on_closed(&process);
     }
 }
