@@ -559,3 +559,41 @@ async fn a_client_that_stops_reading_does_not_stall_others_or_grow_memory() {
         .await;
     drop(slow);
 }
+
+/// A closed process holds no descriptor of the gateway's while it is
+/// retained (its pidfd is given back at close): before, every short
+/// process held one for the retention period, and 20,000 of them within
+/// it ran the gateway out of descriptors.
+#[tokio::test]
+async fn closed_processes_hold_no_gateway_descriptors_while_retained() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", gw.child.id()))
+            .unwrap()
+            .count()
+    };
+    // Warm up (workers, pools), then count.
+    for i in 0..5 {
+        c.start(&format!("w{i}"), &["true"]).await;
+        c.collect(&format!("w{i}")).await;
+    }
+    let before = fds();
+    for i in 0..60 {
+        c.start(&format!("p{i}"), &["true"]).await;
+        c.collect(&format!("p{i}")).await;
+    }
+    // All 60 are closed and retained (retention is 30 s or more).
+    assert_eq!(
+        c.call("process/list", json!({})).await["processes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        65
+    );
+    let after = fds();
+    assert!(
+        after < before + 20,
+        "60 closed processes grew the gateway's descriptors from {before} to {after}"
+    );
+}
