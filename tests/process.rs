@@ -580,10 +580,22 @@ async fn closed_processes_hold_no_gateway_descriptors_while_retained() {
     }
     let before = fds();
     for i in 0..60 {
-        c.start(&format!("p{i}"), &["true"]).await;
+        // Half on a terminal: the PTY master is given back too.
+        c.call(
+            "process/start",
+            json!({"processId": format!("p{i}"), "argv": ["true"], "cwd": "/tmp",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": i % 2 == 0}),
+        )
+        .await;
         c.collect(&format!("p{i}")).await;
     }
-    // All 60 are closed and retained (retention is 30 s or more).
+    // All 60 are closed and retained (retention is 30 s or more); a
+    // closed terminal process still answers a resize.
+    c.call(
+        "process/resize",
+        json!({"processId": "p0", "rows": 30, "cols": 100}),
+    )
+    .await;
     assert_eq!(
         c.call("process/list", json!({})).await["processes"]
             .as_array()

@@ -142,6 +142,7 @@ impl Pump {
         // Closed: no signal goes to it any more; its pidfd is not kept for
         // the retention period.
         process.group.release();
+        process.pty.lock().take();
         on_closed(&process);
     }
 }

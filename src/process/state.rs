@@ -44,8 +44,8 @@ pub struct Process {
     /// Woken on every log change (long-poll readers).
     pub changed: Notify,
     pub stdin: Stdin,
-    /// The PTY master (resize), for a PTY process.
-    pub pty: Option<Arc<Pty>>,
+    /// The PTY master (resize), for a PTY process until it closes.
+    pub pty: Mutex<Option<Arc<Pty>>>,
     /// Set when the worker that spawned it died (reported in `failure`).
     worker_died: AtomicBool,
     pub write_ids: Mutex<WriteIds>,
@@ -99,7 +99,7 @@ impl NewProcess {
             log: Mutex::new(self.log),
             changed: Notify::new(),
             stdin,
-            pty,
+            pty: Mutex::new(pty),
             worker_died: AtomicBool::new(false),
             write_ids: Mutex::new(WriteIds::default()),
             output_bytes: self.output_bytes,

@@ -19,9 +19,10 @@ pub enum Stdin {
         tx: tokio::sync::Mutex<Option<pipe::Sender>>,
         refused: std::sync::atomic::AtomicBool,
     },
-    /// The PTY master; `closed` after the process closes.
+    /// The PTY master, given back when the process closes (a retained
+    /// process holds no descriptor); `closed` from then on.
     Pty {
-        pty: Arc<Pty>,
+        pty: parking_lot::Mutex<Option<Arc<Pty>>>,
         closed: std::sync::atomic::AtomicBool,
     },
 }
@@ -69,10 +70,13 @@ impl Stdin {
                 }
             }
             Stdin::Pty { pty, closed } => {
-                if closed.load(Ordering::Acquire) {
-                    return Err(failed());
+                let pty = pty.lock().clone();
+                match pty {
+                    Some(pty) if !closed.load(Ordering::Acquire) => {
+                        pty.write_all(data).await.map_err(|_| failed())
+                    }
+                    _ => Err(failed()),
                 }
-                pty.write_all(data).await.map_err(|_| failed())
             }
         }
     }
@@ -99,7 +103,10 @@ impl Stdin {
             Stdin::Pipe { tx, .. } => {
                 tx.lock().await.take();
             }
-            Stdin::Pty { closed, .. } => closed.store(true, Ordering::Release),
+            Stdin::Pty { pty, closed } => {
+                closed.store(true, Ordering::Release);
+                pty.lock().take();
+            }
         }
     }
 }

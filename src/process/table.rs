@@ -273,7 +273,7 @@ impl ProcessTable {
             }
             ChildIo::Pty(pty) => {
                 let stdin = Stdin::Pty {
-                    pty: pty.clone(),
+                    pty: parking_lot::Mutex::new(Some(pty.clone())),
                     closed: Default::default(),
                 };
                 (
@@ -450,15 +450,21 @@ impl ProcessTable {
     /// `process/resize` (extension), PTY processes only.
     pub fn resize(&self, params: &ResizeParams) -> Result<(), GatewayError> {
         let process = self.get(&params.process_id)?;
-        let pty = process
-            .pty
-            .as_ref()
-            .ok_or_else(|| invalid(format!("process {} is not a pty", params.process_id)))?;
+        if !process.tty {
+            return Err(invalid(format!(
+                "process {} is not a pty",
+                params.process_id
+            )));
+        }
         if params.rows == 0 || params.cols == 0 {
             return Err(GatewayError::InvalidParams(
                 "rows and cols must be positive".to_owned(),
             ));
         }
+        // A closed process gave its terminal back: nothing left to resize.
+        let Some(pty) = process.pty.lock().clone() else {
+            return Ok(());
+        };
         pty.resize(params.rows, params.cols)
             .map_err(|e| GatewayError::Internal(e.to_string()))
     }
