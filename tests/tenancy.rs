@@ -380,3 +380,24 @@ async fn a_signal_never_reaches_a_recycled_pid() {
     let _ = victim.kill();
     let _ = victim.wait();
 }
+
+/// A cwd whose `..` follows a symlink out of the root starts the process
+/// in the directory the check resolved (`<root>/lnk/..` is the root), not
+/// where the kernel would take the raw string (`/etc/..`, the host's `/`).
+#[tokio::test]
+async fn a_cwd_through_a_symlink_and_dotdot_starts_where_it_was_checked() {
+    let t = two_tenants("");
+    std::os::unix::fs::symlink("/etc", t.a.join("lnk")).unwrap();
+    let (mut a, _) = t.gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId":"p","argv":["pwd","-P"],"cwd": format!("{}/lnk/..", t.a.display()),
+               "env":{},"tty":false}),
+    )
+    .await;
+    let out = a.collect("p").await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        t.a.canonicalize().unwrap().display().to_string()
+    );
+}

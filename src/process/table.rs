@@ -208,7 +208,12 @@ impl ProcessTable {
         let spec = SpawnSpec {
             env: env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env),
             argv: params.argv,
-            cwd: params.cwd.as_str().to_owned(),
+            // The directory the cwd check resolved (lexically normalised),
+            // not the raw string: the kernel follows a symlink before `..`,
+            // so `<root>/lnk/..` with `lnk -> /etc` would start in `/`.
+            cwd: crate::fs::normalize(std::path::Path::new(params.cwd.as_str()))
+                .to_string_lossy()
+                .into_owned(),
             arg0: params.arg0,
             tty: params.tty,
             pipe_stdin: params.pipe_stdin && !params.tty,
