@@ -15,15 +15,16 @@ use crate::protocol::revision::Policy;
 use crate::protocol::{ByteChunk, base64_decode, jsonrpc};
 use crate::rpc::{Call, Open, Opened, Outcome, Reply};
 
-/// Answer a whole-file call; any other call is given back.
+/// Answer a whole-file call; any other call needs a session (only gRPC's
+/// session-less calls come here with one).
 pub(super) async fn route(
     shared: &Shared,
     call: Call,
     policy: &'static Policy,
     reply: Option<Responder>,
-) -> Result<Result<Outcome, GatewayError>, Box<Call>> {
+) -> Result<Outcome, GatewayError> {
     let reply_of = |r: Result<Reply, GatewayError>| r.map(Outcome::Reply);
-    Ok(match call {
+    match call {
         Call::FsReadFile(p) => read_file(shared, p, policy, reply).await,
         Call::FsWriteFile(p) => reply_of(write_file(shared, p, policy).await),
         Call::FsCreateDirectory(p) => reply_of(create_directory(shared, p, policy).await),
@@ -33,8 +34,8 @@ pub(super) async fn route(
         Call::FsCopy(p) => reply_of(copy(shared, p, policy).await),
         Call::FsCanonicalize(p) => reply_of(canonicalize(shared, p, policy).await),
         Call::FsWalk(p) => reply_of(walk(shared, p, policy).await),
-        other => return Err(Box::new(other)),
-    })
+        _ => Err(super::needs_session()),
+    }
 }
 
 /// Run `op` where the tenant's file operations run, errors as `policy` words them.

@@ -133,10 +133,7 @@ impl Backend for LocalBackend {
                 Op::Call(Call::EnvironmentInfo(_)) => {
                     Ok(Outcome::Reply(environment::info(&shared, policy)))
                 }
-                Op::Call(call) => match files::route(&shared, call, policy, None).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(needs_session()),
-                },
+                Op::Call(call) => files::route(&shared, call, policy, None).await,
                 Op::Open(open @ (Open::ReadFile(_) | Open::WriteFile(_))) => {
                     files::open_stream(&shared, open, policy).await
                 }
@@ -152,7 +149,7 @@ impl Backend for LocalBackend {
     }
 }
 
-fn needs_session() -> GatewayError {
+pub(super) fn needs_session() -> GatewayError {
     GatewayError::InvalidRequest("this call needs a session".to_owned())
 }
 
@@ -219,10 +216,6 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Op::Open(Open::Exec(p)) => return process::exec_stream(s, *p),
         Op::Open(file) => return files::open_stream(&s.shared, file, policy).await,
     };
-    let call = match files::route(&s.shared, call, policy, scope.reply.clone()).await {
-        Ok(outcome) => return outcome,
-        Err(not_a_file_call) => *not_a_file_call,
-    };
     let reply = match call {
         // Handled by the connection, which owns the once-per-connection state.
         Call::Initialize(_) => return Err(initialize_once()),
@@ -247,8 +240,9 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::EnvironmentConfigRead(p) => environment::config_read(&s.shared, &p)?,
         Call::CapabilitiesDiscover(p) => environment::discover(&s.shared, &p)?,
         Call::CapabilityRootsDiscover(p) => environment::roots(p),
-        // Whole-file calls: answered by `files::route` above.
-        Call::FsReadFile(_)
+        // Whole-file calls: one handler each in `files`, which gRPC's
+        // session-less calls reach too.
+        file @ (Call::FsReadFile(_)
         | Call::FsWriteFile(_)
         | Call::FsCreateDirectory(_)
         | Call::FsGetMetadata(_)
@@ -256,7 +250,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         | Call::FsRemove(_)
         | Call::FsCopy(_)
         | Call::FsCanonicalize(_)
-        | Call::FsWalk(_) => return Err(GatewayError::Internal("unrouted file call".to_owned())),
+        | Call::FsWalk(_)) => return files::route(&s.shared, file, policy, scope.reply).await,
     };
     Ok(Outcome::Reply(reply))
 }

@@ -9,8 +9,6 @@
 //! lookup and params decoding (-32601 / -32602 before the gate, as the
 //! reference does), and `session/close`'s gate.
 
-use serde_json::value::RawValue;
-
 use crate::error::GatewayError;
 use crate::protocol::jsonrpc::{self, Inbound, RequestId};
 use crate::protocol::methods;
@@ -162,7 +160,8 @@ impl<H: Held> Machine<H> {
             return error(&id, &GatewayError::MethodNotFound(method));
         };
         if family == MethodFamily::Initialize {
-            return self.on_initialize(id, params, &text);
+            let params = jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams);
+            return self.on_initialize(id, params, text);
         }
         // Params are decoded before the initialize gate, as the reference
         // does: a malformed request says so even then.
@@ -208,7 +207,12 @@ impl<H: Held> Machine<H> {
         unknown_error(&GatewayError::InvalidRequest(message))
     }
 
-    fn on_initialize(&self, id: RequestId, params: Option<&RawValue>, text: &str) -> Action {
+    fn on_initialize(
+        &self,
+        id: RequestId,
+        params: Result<InitializeParams, GatewayError>,
+        frame: String,
+    ) -> Action {
         if self.held().is_some() {
             return error(
                 &id,
@@ -217,11 +221,10 @@ impl<H: Held> Machine<H> {
                 ),
             );
         }
-        let params = jsonrpc::decode_params(params).map_err(GatewayError::InvalidParams);
         Action::Initialize {
             id,
             params: Box::new(params),
-            frame: text.to_owned(),
+            frame,
         }
     }
 
