@@ -67,6 +67,7 @@ pub struct Metrics {
     pub fleet_auth_failures: Family<ReasonLabel, Counter>,
     pub outbound_bytes: Family<TenantLabel, Gauge>,
     pub outbound_bytes_peak: Family<TenantLabel, Gauge>,
+    pub retained_output_bytes: Family<TenantLabel, Gauge>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -226,6 +227,12 @@ impl Metrics {
         let outbound_bytes = Family::<TenantLabel, Gauge>::default();
         let outbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
         let outbound_waiting = Family::<TenantLabel, Gauge>::default();
+        let retained_output_bytes = Family::<TenantLabel, Gauge>::default();
+        r.register(
+            "retained_output_bytes",
+            "Process output bytes retained for the tenant's clients to read (closed processes until their retention ends; counted by max_retained_output_bytes)",
+            retained_output_bytes.clone(),
+        );
         let connections = Family::<ConnectionLabels, Gauge>::default();
         let connections_refused = Family::<ConnectionRefusedLabels, Counter>::default();
         let jwks_fetches = Family::<OutcomeLabel, Counter>::default();
@@ -314,6 +321,7 @@ impl Metrics {
             outbound_bytes,
             outbound_bytes_peak,
             outbound_waiting,
+            retained_output_bytes,
             connections,
             connections_refused,
             jwks_fetches,
@@ -336,6 +344,7 @@ impl Metrics {
             outbound_bytes: self.outbound_bytes.get_or_create(&l).clone(),
             outbound_bytes_peak: self.outbound_bytes_peak.get_or_create(&l).clone(),
             outbound_waiting: self.outbound_waiting.get_or_create(&l).clone(),
+            retained_output_bytes: self.retained_output_bytes.get_or_create(&l).clone(),
         }
     }
 
@@ -389,6 +398,9 @@ pub struct TenantMetrics {
     pub outbound_bytes: Gauge,
     pub outbound_bytes_peak: Gauge,
     pub outbound_waiting: Gauge,
+    /// Output bytes retained over all the tenant's processes (what its
+    /// `max_retained_output_bytes` quota counts).
+    pub retained_output_bytes: Gauge,
 }
 
 impl TenantMetrics {
@@ -405,6 +417,7 @@ impl TenantMetrics {
             outbound_bytes: Gauge::default(),
             outbound_bytes_peak: Gauge::default(),
             outbound_waiting: Gauge::default(),
+            retained_output_bytes: Gauge::default(),
         }
     }
 }

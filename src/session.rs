@@ -331,14 +331,20 @@ impl SessionRegistry {
         session.touch();
         let epoch = session.epoch.load(Ordering::Relaxed);
         let registry = Arc::downgrade(self);
-        let session = session.clone();
         let ttl = self
             .detach_ttl
             .unwrap_or(session.revision.policy().detach_ttl);
+        // The timer holds the session weakly: a session closed meanwhile
+        // (removed from the registry, its connection gone) is freed at
+        // once with its processes' retained output, not a TTL later.
+        let mut deadline = *session.last_active.lock() + ttl;
+        let weak = Arc::downgrade(session);
         crate::task::start("session-ttl", async move {
             loop {
-                let deadline = *session.last_active.lock() + ttl;
                 tokio::time::sleep_until(deadline).await;
+                let Some(session) = weak.upgrade() else {
+                    return;
+                };
                 if session.epoch.load(Ordering::Relaxed) != epoch
                     || session.attachment.is_attached()
                 {
@@ -347,10 +353,11 @@ impl SessionRegistry {
                 }
                 if session.streams.load(Ordering::Acquire) > 0 {
                     session.touch();
-                    continue;
                 }
-                if *session.last_active.lock() + ttl > tokio::time::Instant::now() {
+                let last = *session.last_active.lock();
+                if last + ttl > tokio::time::Instant::now() {
                     // Used meanwhile: wait out the new deadline.
+                    deadline = last + ttl;
                     continue;
                 }
                 if let Some(registry) = registry.upgrade() {

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{EVENT_TIMEOUT, Gateway, scratch, serve_expecting_refusal, write_file};
+use common::{EVENT_TIMEOUT, Gateway, metric, scratch, serve_expecting_refusal, write_file};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
@@ -32,17 +32,8 @@ fn t1_with(settings: &str) -> Gateway {
     })
 }
 
-/// The value of metric `name` with exactly `labels`, if exported.
-fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 async fn admin_metric(gw: &Gateway, name: &str, labels: &str) -> Option<f64> {
-    let (_, body) = gw.admin_get("/metrics").await;
-    metric(&body, name, labels)
+    gw.metric(name, labels).await
 }
 
 /// A TCP connection from `source` (any 127/8 address is this host).

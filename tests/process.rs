@@ -609,3 +609,59 @@ async fn closed_processes_hold_no_gateway_descriptors_while_retained() {
         "60 closed processes grew the gateway's descriptors from {before} to {after}"
     );
 }
+
+/// A closed session gives back its processes' retained output at once
+/// (the tenant's `max_retained_output_bytes` counts it), not when a detach
+/// timer would have run out: a session that had once been detached (a
+/// dropped connection, resumed; every gRPC session) used to be held by its
+/// timer for the detach TTL after it was closed, and a tenant that closed
+/// sessions as it went could pin (and be refused for) output nobody could
+/// read any more.
+#[tokio::test]
+async fn closing_a_session_releases_its_retained_output_at_once() {
+    let gw = Gateway::start("[server]\ndetach_ttl = \"10m\"\n");
+    let retained = || gw.metric("exec_gateway_retained_output_bytes", "tenant=\"t1\"");
+    let (mut c, sid) = gw.session().await;
+    c.start("p", &["head", "-c", "300000", "/dev/zero"]).await;
+    assert_eq!(c.collect("p").await.stdout.len(), 300_000);
+    let held = retained().await.unwrap();
+    assert!(held >= 300_000.0, "retained {held}");
+    // The connection drops (the session is detached) and is resumed.
+    drop(c);
+    let mut c = gw.connect().await;
+    let mut tries = 0;
+    loop {
+        let r = c
+            .call_raw(
+                "initialize",
+                json!({"clientName":"t","resumeSessionId": sid}),
+            )
+            .await;
+        if r.get("result").is_some() {
+            break;
+        }
+        // The old connection may not be gone on the gateway yet.
+        tries += 1;
+        assert!(tries < 200, "never resumed: {r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.send(&json!({"method":"initialized"})).await;
+    c.call("session/close", json!({})).await;
+    drop(c);
+    let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
+    loop {
+        let now = retained().await.unwrap();
+        if now == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{now} bytes still retained for a closed session"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The quota follows: the whole budget is free for a new session.
+    let (mut c, _) = gw.session().await;
+    c.start("q", &["true"]).await;
+    assert_eq!(c.collect("q").await.exit_code, Some(0));
+}

@@ -28,7 +28,6 @@ mod write_ids;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -69,8 +68,6 @@ pub struct ExecSettings {
     pub reaper: Option<Arc<Reaper>>,
     /// Gateway-wide running-process slots (past them: -32001).
     pub global_slots: Option<Arc<Semaphore>>,
-    /// Output bytes retained over all the tenant's processes.
-    pub retained: Arc<AtomicUsize>,
     /// Past this, new processes are refused with -32006.
     pub max_retained_bytes: usize,
     pub metrics: TenantMetrics,
@@ -98,7 +95,6 @@ impl ExecSettings {
             max_processes,
             reaper: None,
             global_slots: None,
-            retained: Arc::default(),
             max_retained_bytes: usize::MAX,
             metrics: TenantMetrics::detached("default"),
             subscriber_timeout: Duration::from_secs(30),

@@ -8,10 +8,9 @@
 //! the newest chunk alone when it is larger.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::protocol::process::{ProcessEvent, StreamName};
 
@@ -66,18 +65,17 @@ pub struct OutputLog {
     exit_seq: Option<u64>,
     close_seq: Option<u64>,
     /// The tenant's retained-bytes total, charged and credited with ours.
-    tenant_retained: Arc<AtomicUsize>,
+    tenant_retained: Gauge,
 }
 
 impl Drop for OutputLog {
     fn drop(&mut self) {
-        self.tenant_retained
-            .fetch_sub(self.retained_bytes, Ordering::Relaxed);
+        self.tenant_retained.dec_by(self.retained_bytes as i64);
     }
 }
 
 impl OutputLog {
-    pub fn new(cap_bytes: usize, tenant_retained: Arc<AtomicUsize>) -> Self {
+    pub fn new(cap_bytes: usize, tenant_retained: Gauge) -> Self {
         Self {
             chunks: VecDeque::new(),
             retained_bytes: 0,
@@ -104,7 +102,7 @@ impl OutputLog {
         let seq = self.take_seq();
         let cost = charge(&data);
         self.retained_bytes += cost;
-        self.tenant_retained.fetch_add(cost, Ordering::Relaxed);
+        self.tenant_retained.inc_by(cost as i64);
         self.chunks.push_back(RetainedChunk { seq, stream, data });
         while let Some(front) = self.chunks.front() {
             if self.retained_bytes <= self.cap_bytes || self.chunks.len() == 1 {
@@ -112,7 +110,7 @@ impl OutputLog {
             }
             let cost = charge(&front.data);
             self.retained_bytes -= cost;
-            self.tenant_retained.fetch_sub(cost, Ordering::Relaxed);
+            self.tenant_retained.dec_by(cost as i64);
             self.chunks.pop_front();
         }
         seq
@@ -233,7 +231,7 @@ mod tests {
 
     #[test]
     fn one_byte_chunks_are_charged_their_overhead() {
-        let tenant = Arc::new(AtomicUsize::new(0));
+        let tenant = Gauge::default();
         let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, tenant.clone());
         for _ in 0..200_000 {
             log.push(StreamName::Stdout, Bytes::from_static(b"x"));
@@ -241,9 +239,9 @@ mod tests {
         let kept = log.chunks.len();
         assert!(kept <= RETAINED_OUTPUT_BYTES_PER_PROCESS / (1 + CHUNK_OVERHEAD_BYTES));
         assert!(kept > 10_000, "{kept}");
-        assert_eq!(tenant.load(Ordering::Relaxed), log.retained_bytes());
+        assert_eq!(tenant.get(), log.retained_bytes() as i64);
         drop(log);
-        assert_eq!(tenant.load(Ordering::Relaxed), 0);
+        assert_eq!(tenant.get(), 0);
     }
 
     use super::*;
@@ -254,7 +252,7 @@ mod tests {
 
     #[test]
     fn seqs_count_output_exit_and_close() {
-        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Gauge::default());
         assert_eq!(log.push(StreamName::Stdout, chunk(3)), 1);
         assert_eq!(log.exit(0, None), 2);
         assert_eq!(log.close(), 3);
@@ -268,7 +266,7 @@ mod tests {
 
     #[test]
     fn the_current_revision_moves_next_seq_past_the_close() {
-        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Gauge::default());
         log.push(StreamName::Stdout, chunk(3));
         log.push(StreamName::Stderr, chunk(3));
         log.exit(0, None);
@@ -284,7 +282,7 @@ mod tests {
 
     #[test]
     fn first_chunk_always_included_and_budget_respected() {
-        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Arc::default());
+        let mut log = OutputLog::new(RETAINED_OUTPUT_BYTES_PER_PROCESS, Gauge::default());
         for _ in 0..4 {
             log.push(StreamName::Stdout, chunk(4096));
         }
@@ -304,7 +302,7 @@ mod tests {
 
     #[test]
     fn retention_evicts_whole_chunks_oldest_first() {
-        let mut log = OutputLog::new(1024 * 1024, Arc::default());
+        let mut log = OutputLog::new(1024 * 1024, Gauge::default());
         for _ in 0..733 {
             log.push(StreamName::Stdout, chunk(4096));
         }
@@ -321,7 +319,7 @@ mod tests {
 
     #[test]
     fn readiness_rule() {
-        let mut log = OutputLog::new(1024, Arc::default());
+        let mut log = OutputLog::new(1024, Gauge::default());
         log.push(StreamName::Stdout, chunk(1));
         log.exit(0, None);
         // exited and caller has not seen the exit (seq 2) yet.
@@ -334,7 +332,7 @@ mod tests {
 
     #[test]
     fn events_since_interleave_exit_and_close_by_seq() {
-        let mut log = OutputLog::new(1024, Arc::default());
+        let mut log = OutputLog::new(1024, Gauge::default());
         log.push(StreamName::Stdout, chunk(1));
         log.exit(3, None);
         log.push(StreamName::Stderr, chunk(1));
@@ -354,18 +352,18 @@ mod tests {
     #[test]
     fn tenant_budget_is_charged_and_credited() {
         let o = CHUNK_OVERHEAD_BYTES;
-        let total = Arc::new(AtomicUsize::new(0));
+        let total = Gauge::default();
         let mut log = OutputLog::new(8 + 2 * o, total.clone());
         log.push(StreamName::Stdout, chunk(5));
         log.push(StreamName::Stdout, chunk(2));
-        assert_eq!(total.load(Ordering::Relaxed), 7 + 2 * o);
+        assert_eq!(total.get(), (7 + 2 * o) as i64);
         log.push(StreamName::Stdout, chunk(5));
         // The oldest chunk is evicted: 7 of the cap of 8 stay.
-        assert_eq!(total.load(Ordering::Relaxed), 7 + 2 * o);
+        assert_eq!(total.get(), (7 + 2 * o) as i64);
         // A chunk larger than the cap stays alone.
         log.push(StreamName::Stdout, chunk(9 + 2 * o));
-        assert_eq!(total.load(Ordering::Relaxed), 9 + 3 * o);
+        assert_eq!(total.get(), (9 + 3 * o) as i64);
         drop(log);
-        assert_eq!(total.load(Ordering::Relaxed), 0);
+        assert_eq!(total.get(), 0);
     }
 }

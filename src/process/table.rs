@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -154,7 +154,8 @@ impl ProcessTable {
     /// Take the slots a running process holds, or refuse with the quota.
     fn permits(&self) -> Result<ProcessPermits, GatewayError> {
         let settings = &self.settings;
-        if settings.retained.load(Ordering::Relaxed) >= settings.max_retained_bytes {
+        let retained = usize::try_from(settings.metrics.retained_output_bytes.get()).unwrap_or(0);
+        if retained >= settings.max_retained_bytes {
             // Retained output drains as closed processes are evicted.
             return Err(GatewayError::QuotaExceeded {
                 quota: "retained_output_bytes",
@@ -236,7 +237,7 @@ impl ProcessTable {
                     .retained_cap
                     .unwrap_or(usize::MAX)
                     .min(settings.retained_output_bytes),
-                settings.retained.clone(),
+                settings.metrics.retained_output_bytes.clone(),
             ),
             output_bytes: settings.metrics.output_bytes.clone(),
             subscriber_timeout: settings.subscriber_timeout,

@@ -292,6 +292,12 @@ impl Gateway {
     }
 
     /// GET `path` on the admin listener.
+    /// The value of metric `name` with exactly `labels`, if exported.
+    pub async fn metric(&self, name: &str, labels: &str) -> Option<f64> {
+        let (_, body) = self.admin_get("/metrics").await;
+        metric(&body, name, labels)
+    }
+
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
         http_get_at(&self.admin, path, None).await
     }
@@ -539,6 +545,14 @@ pub fn pid_alive(pid: i32) -> bool {
             .is_some_and(|rest| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
+}
+
+/// The value of metric `name` with exactly `labels` in `text`.
+pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Poll `cond` until true or the timeout.
