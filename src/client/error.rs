@@ -126,6 +126,10 @@ fn is_broken_stream(message: &str) -> bool {
         || m.starts_with("transport error")
         || m.contains("connection reset")
         || m.contains("broken pipe")
+        // hyper's word for a call whose connection went away under it.
+        || m == "operation was canceled"
+        // A stream a balancer ended when the replica behind it died.
+        || m.contains("stream was terminated without a final status")
 }
 
 /// Whether an UNAVAILABLE is the connection's, not the gateway's answer.
@@ -293,6 +297,14 @@ mod tests {
             (Code::Unknown, "h2 protocol error: stream reset"),
             (Code::Internal, "transport error"),
             (Code::Cancelled, "Connection reset by peer"),
+            // Seen when a connection is reset mid-call (the soak's cuts).
+            (Code::Cancelled, "operation was canceled"),
+            // What tonic says of a stream HAProxy ended when the replica
+            // forwarding it was killed (the soak's replica chaos).
+            (
+                Code::Internal,
+                "protocol error: missing grpc-status trailer, stream was terminated without a final status (possible truncation by a proxy or load balancer)",
+            ),
         ] {
             assert!(
                 matches!(status(c, message, None), ClientError::Disconnected(m) if m == message),

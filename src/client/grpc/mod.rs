@@ -172,8 +172,14 @@ impl GrpcClient {
     }
 
     pub(super) async fn start(&self, spec: &ProcessSpec) -> Result<()> {
+        self.start_from(spec, false).await
+    }
+
+    /// [`GrpcClient::start`]; `after_drop`: an earlier call that may have
+    /// started it broke, so finding the process there counts as started.
+    async fn start_from(&self, spec: &ProcessSpec, after_drop: bool) -> Result<()> {
         let spec = process_spec(spec);
-        let mut first = true;
+        let mut first = !after_drop;
         let r = self
             .retrying(|| {
                 let retried = !first;
@@ -207,13 +213,20 @@ impl GrpcClient {
         };
         // The gateway starts the process before it answers: a refused
         // start is this call's status.
-        let stream = self
-            .processes()
-            .exec(req)
-            .await
-            .map_err(status_error)?
-            .into_inner();
-        a.stream = Some(Box::pin(stream.map(|r| r.map(|m| m.event))));
+        match self.processes().exec(req).await.map_err(status_error) {
+            Ok(stream) => {
+                let stream = stream.into_inner();
+                a.stream = Some(Box::pin(stream.map(|r| r.map(|m| m.event))));
+            }
+            // The connection broke before the answer: the process may or
+            // may not have started. Start it (finding it there counts) and
+            // attach from its first event.
+            Err(ClientError::Disconnected(_)) => {
+                self.start_from(spec, true).await?;
+                a.open().await?;
+            }
+            Err(e) => return Err(e),
+        }
         Ok(a)
     }
 
