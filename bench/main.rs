@@ -22,6 +22,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 mod executors;
 mod fleet;
+mod reliability;
 mod soak;
 
 #[derive(Debug, clap::Parser)]
@@ -56,6 +57,21 @@ pub struct BenchArgs {
     /// The soak's first phase, victims alone (their baseline).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
     pub soak_baseline: Duration,
+    /// With `--soak`: the reliability soak instead (a mixed workload on both
+    /// doors in several tenants, chaos on a schedule, every outcome
+    /// classified; exits non-zero on any unexpected failure).
+    #[arg(long)]
+    pub reliability: bool,
+    /// Reliability soak: 1 gateway, or 3 replicas behind HAProxy.
+    #[arg(long, default_value_t = 1)]
+    pub soak_replicas: usize,
+    /// Reliability soak: the chaos to run, in turn (worker, cut, stall,
+    /// replica, drain; default: all that apply).
+    #[arg(long, value_delimiter = ',')]
+    pub soak_chaos: Option<Vec<String>>,
+    /// Reliability soak: time between two acts of chaos.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub soak_interval: Duration,
     /// Only the fleet figures (relayed vs owner).
     #[arg(long)]
     pub fleet_only: bool,
@@ -118,10 +134,19 @@ impl Server {
     }
 
     async fn start(program: &std::path::Path, args: &[&str]) -> BenchResult<Server> {
+        Self::start_logged(program, args, Stdio::null()).await
+    }
+
+    /// [`Server::start`] with the server's log (stderr) sent to `log`.
+    async fn start_logged(
+        program: &std::path::Path,
+        args: &[&str],
+        log: Stdio,
+    ) -> BenchResult<Server> {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
@@ -896,6 +921,38 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             .with_file_name("exec-gateway"),
     };
     let dir = tempfile_dir()?;
+    if let (Some(duration), true) = (args.soak, args.reliability) {
+        let chaos = match &args.soak_chaos {
+            Some(list) => list
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| reliability::Chaos::parse(s))
+                .collect::<BenchResult<Vec<_>>>()?,
+            None if args.soak_replicas > 1 => ["worker", "cut", "stall", "replica", "drain"]
+                .iter()
+                .map(|s| reliability::Chaos::parse(s))
+                .collect::<BenchResult<Vec<_>>>()?,
+            None => ["worker", "cut", "stall"]
+                .iter()
+                .map(|s| reliability::Chaos::parse(s))
+                .collect::<BenchResult<Vec<_>>>()?,
+        };
+        let result = reliability::run(
+            &exe,
+            &dir,
+            reliability::ReliabilityArgs {
+                duration,
+                baseline: args.soak_baseline,
+                replicas: args.soak_replicas,
+                chaos,
+                interval: args.soak_interval,
+                json: args.json,
+            },
+        )
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return result;
+    }
     if let Some(duration) = args.soak {
         return soak::soak(
             &exe,

@@ -72,7 +72,7 @@ struct Phase {
     elapsed: Duration,
 }
 
-fn proc_status_kib(pid: u32, key: &str) -> u64 {
+pub(super) fn proc_status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -84,7 +84,7 @@ fn proc_status_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn fd_count(pid: u32) -> u64 {
+pub(super) fn fd_count(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count() as u64)
         .unwrap_or(0)
