@@ -142,6 +142,13 @@ fn is_transport(message: &str) -> bool {
         || m.contains("error trying")
 }
 
+/// The replica reached is draining and takes no new session
+/// (`data.reason = "serverShuttingDown"`); another connection through the
+/// balancer reaches another replica.
+pub(super) fn is_draining(e: &ClientError) -> bool {
+    matches!(e, ClientError::Rpc { data: Some(d), .. } if d.get("reason").and_then(|r| r.as_str()) == Some("serverShuttingDown"))
+}
+
 /// -32001: the gateway or the tenant is over a limit; retry after a while.
 pub(super) fn is_overloaded(e: &ClientError) -> bool {
     matches!(
@@ -284,6 +291,23 @@ mod tests {
         // Data comes through as sent.
         let e = status(Code::Unavailable, "busy", Some(r#"{"retryAfterMs":700}"#));
         assert_eq!(retry_after(&e), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn a_draining_replica_is_told_by_its_reason() {
+        let draining = ClientError::Rpc {
+            code: -32600,
+            message: "server is shutting down".into(),
+            data: Some(json!({"reason": "serverShuttingDown"})),
+        };
+        assert!(is_draining(&draining));
+        assert!(!is_draining(&rpc(-32600, "server is shutting down")));
+        let other = ClientError::Rpc {
+            code: -32600,
+            message: "x".into(),
+            data: Some(json!({"reason": "ownerRestarted"})),
+        };
+        assert!(!is_draining(&other));
     }
 
     #[test]

@@ -77,27 +77,34 @@ impl GrpcClient {
             ids: Ids::new(),
         };
         let auth_err = |e: ClientError| auth_as_connect(e, &target);
+        // A dropped connection, or a replica that is over its limits or
+        // draining (the balancer sends the next call elsewhere), is asked
+        // again within `resume_within`.
         client.session_id = match client.opts.resume_session.clone() {
             Some(s) => {
                 client
-                    .sessions()
-                    .resume_session(pb::ResumeSessionRequest { session_id: s })
+                    .retrying(|| {
+                        let mut c = client.sessions();
+                        let req = pb::ResumeSessionRequest {
+                            session_id: s.clone(),
+                        };
+                        async move { c.resume_session(req).await }
+                    })
                     .await
-                    .map_err(status_error)
                     .map_err(auth_err)?
-                    .into_inner()
                     .session_id
             }
             None => {
                 client
-                    .sessions()
-                    .create_session(pb::CreateSessionRequest {
-                        client_name: client.opts.client_name.clone(),
+                    .retrying(|| {
+                        let mut c = client.sessions();
+                        let req = pb::CreateSessionRequest {
+                            client_name: client.opts.client_name.clone(),
+                        };
+                        async move { c.create_session(req).await }
                     })
                     .await
-                    .map_err(status_error)
                     .map_err(auth_err)?
-                    .into_inner()
                     .session_id
             }
         };

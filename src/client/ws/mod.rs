@@ -31,7 +31,7 @@ pub(super) use self::attach::WsAttachment;
 use self::link::{Link, TAKEN_OVER, open_link};
 use self::mailbox::Subs;
 use super::common::{Backoff, Ids};
-use super::error::{ClientError, Result, is_overloaded, is_transient, retry_after};
+use super::error::{ClientError, Result, is_draining, is_overloaded, is_transient, retry_after};
 use super::types::ConnectOptions;
 use crate::error::code;
 use crate::protocol::environment::EnvironmentInfo;
@@ -60,13 +60,17 @@ impl WsClient {
     pub(super) async fn connect(opts: ConnectOptions) -> Result<WsClient> {
         let subs = Arc::new(Subs::default());
         let next_id = AtomicI64::new(1);
-        // A gateway over its limits (-32001) is asked again, a while later.
+        // A gateway over its limits (-32001), or a replica that is draining
+        // (a new connection through the balancer reaches another), is asked
+        // again, a while later.
         let mut backoff = Backoff::new(opts.resume_within);
         let (link, init) = loop {
             let link = open_link(&opts, 0, subs.clone()).await?;
             match handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await {
                 Ok(init) => break (link, init),
-                Err(e) if is_overloaded(&e) && backoff.wait().await => link.dead.cancel(),
+                Err(e) if (is_overloaded(&e) || is_draining(&e)) && backoff.wait().await => {
+                    link.dead.cancel()
+                }
                 Err(e) => return Err(e),
             }
         };
