@@ -303,24 +303,10 @@ async fn resume(l: &Loop, client: Option<Client>, n: u64) -> (Result<(), String>
     let sid = c.session_id().to_owned();
     // The connection goes without session/close: the session stays.
     drop(c);
-    let mut last = String::new();
-    let mut fresh = None;
-    for _ in 0..50 {
-        match connect(l, Some(sid.clone())).await {
-            Ok(f) => {
-                fresh = Some(f);
-                break;
-            }
-            // The old connection may not be gone on the gateway yet.
-            Err(e) if e.contains("already attached") => {
-                last = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return (Err(format!("resuming: {e}")), None),
-        }
-    }
-    let Some(c) = fresh else {
-        return (Err(format!("resuming: {last}")), None);
+    // The library resumes (waiting out the old connection's going).
+    let c = match connect(l, Some(sid)).await {
+        Ok(c) => c,
+        Err(e) => return (Err(format!("resuming: {e}")), None),
     };
     let rest = async {
         let mut a = c.attach(&id, cursor).await.map_err(s)?;

@@ -85,7 +85,9 @@ pub(super) fn status_error(s: tonic::Status) -> ClientError {
         .and_then(|v| serde_json::from_str(v).ok());
     let message = s.message().to_owned();
     let code = match s.code() {
-        Code::Unavailable if data.is_none() && is_transport(&message) => {
+        Code::Unavailable
+            if data.is_none() && (is_transport(&message) || is_broken_stream(&message)) =>
+        {
             return ClientError::Disconnected(message);
         }
         // What hyper and h2 report when the connection breaks mid-call.
@@ -323,6 +325,9 @@ mod tests {
             (Code::Cancelled, "Connection reset by peer"),
             // Seen when a connection is reset mid-call (the soak's cuts).
             (Code::Cancelled, "operation was canceled"),
+            // A call forwarded through a replica that was killed (the
+            // soak's replica chaos).
+            (Code::Unavailable, "h2 protocol error: http2 error"),
             // What tonic says of a stream HAProxy ended when the replica
             // forwarding it was killed (the soak's replica chaos).
             (

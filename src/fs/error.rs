@@ -35,6 +35,14 @@ pub enum FsError {
     /// `followSymlinks: false` and the path goes through a symbolic link.
     #[error("path contains a symbolic link")]
     SymlinkInPath,
+    /// Not done, worth asking again: the tenant's worker is backing off
+    /// its restart (-32001 with when to retry).
+    #[error("the tenant's worker is restarting; retry in {retry_after_ms} ms")]
+    Restarting { retry_after_ms: u64 },
+    /// Not done: this gateway is shutting down (its draining error; another
+    /// replica serves the retry).
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
 }
 
 impl FsError {
@@ -81,6 +89,8 @@ impl From<FsError> for GatewayError {
             outside @ FsError::OutsideRoot(_) => GatewayError::OutsideRoot(outside.to_string()),
             not_a_file @ FsError::NotAFile { .. } => not_a_file.into_gateway_error(&MAY_2026),
             symlink @ FsError::SymlinkInPath => GatewayError::InvalidRequest(symlink.to_string()),
+            FsError::Restarting { retry_after_ms } => GatewayError::RateLimited { retry_after_ms },
+            FsError::ShuttingDown => GatewayError::Draining,
         }
     }
 }

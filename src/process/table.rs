@@ -246,16 +246,8 @@ impl ProcessTable {
         };
         let started = std::time::Instant::now();
         let child = self.spawner.spawn(spec).map_err(|e| {
-            // A worker backing off its restart: -32001 with when to retry.
-            match e
-                .get_ref()
-                .and_then(|r| r.downcast_ref::<crate::worker::Restarting>())
-            {
-                Some(r) => GatewayError::RateLimited {
-                    retry_after_ms: r.retry_after_ms,
-                },
-                None => GatewayError::Internal(e.to_string()),
-            }
+            // A worker backing off its restart, or retired at shutdown.
+            crate::worker::unavailable(&e).unwrap_or_else(|| GatewayError::Internal(e.to_string()))
         })?;
         settings
             .metrics

@@ -22,4 +22,4 @@ pub mod client;
 pub mod link;
 pub mod serve;
 
-pub use client::{Restarting, SessionWorker, WorkerLaunch, WorkerPool};
+pub use client::{Restarting, Retired, SessionWorker, WorkerLaunch, WorkerPool, unavailable};

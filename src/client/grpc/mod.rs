@@ -54,15 +54,22 @@ impl GrpcClient {
             Some(rest) => format!("http://{rest}"),
             None => opts.url.clone(),
         };
-        let channel = Channel::from_shared(url)
+        let endpoint = Channel::from_shared(url)
             .map_err(|e| connect_err(e.to_string()))?
             .initial_stream_window_size(crate::transport::grpc::HTTP2_STREAM_WINDOW_BYTES)
             .initial_connection_window_size(crate::transport::grpc::HTTP2_CONNECTION_WINDOW_BYTES)
             .http2_adaptive_window(true)
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| connect_err(error_chain(&e)))?;
+            .tcp_nodelay(true);
+        // A session being resumed outlasts a connection that fails, as a
+        // live client's calls do; a new one reports it at once.
+        let mut backoff = Backoff::new(opts.resume_within);
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(c) => break c,
+                Err(_) if opts.resume_session.is_some() && backoff.wait().await => {}
+                Err(e) => return Err(connect_err(error_chain(&e))),
+            }
+        };
         let bearer = Bearer(
             format!("Bearer {}", opts.token)
                 .parse()

@@ -62,15 +62,21 @@ impl WsClient {
         let next_id = AtomicI64::new(1);
         // A gateway over its limits (-32001), or a replica that is draining
         // (a new connection through the balancer reaches another), is asked
-        // again, a while later.
+        // again, a while later; a session being resumed also outlasts a
+        // connection that fails as the reconnects of a live client do.
         let mut backoff = Backoff::new(opts.resume_within);
+        let resuming = opts.resume_session.is_some();
+        let worth_retrying =
+            |e: &ClientError| is_overloaded(e) || is_draining(e) || (resuming && is_transient(e));
         let (link, init) = loop {
-            let link = open_link(&opts, 0, subs.clone()).await?;
+            let link = match open_link(&opts, 0, subs.clone()).await {
+                Ok(link) => link,
+                Err(e) if worth_retrying(&e) && backoff.wait().await => continue,
+                Err(e) => return Err(e),
+            };
             match handshake(&link, &next_id, &opts, opts.resume_session.as_deref()).await {
                 Ok(init) => break (link, init),
-                Err(e) if (is_overloaded(&e) || is_draining(&e)) && backoff.wait().await => {
-                    link.dead.cancel()
-                }
+                Err(e) if worth_retrying(&e) && backoff.wait().await => link.dead.cancel(),
                 Err(e) => return Err(e),
             }
         };

@@ -21,6 +21,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::error::GatewayError;
+
 use super::link::{self, FromWorker, MAX_MESSAGE_BYTES, Received, ToWorker, WORKER_FD};
 use crate::fs::{FsDone, FsError, FsOp};
 use crate::isolation::sandbox::Sandbox;
@@ -420,6 +422,8 @@ pub struct WorkerPool {
     workers: Mutex<Vec<Arc<WorkerConn>>>,
     /// Replacements of workers that died young wait longer each time.
     backoff: Mutex<Backoff>,
+    /// Set at shutdown: no worker is started any more.
+    retired: AtomicBool,
 }
 
 /// A worker that dies within this of its start counts as killed on
@@ -435,6 +439,27 @@ pub const WORKER_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_se
 #[error("the tenant's worker is restarting; retry in {retry_after_ms} ms")]
 pub struct Restarting {
     pub retry_after_ms: u64,
+}
+
+/// A spawn or file operation after the gateway retired its workers (it is
+/// shutting down): the draining error, which clients take elsewhere.
+#[derive(Debug, thiserror::Error)]
+#[error("the gateway is shutting down")]
+pub struct Retired;
+
+/// The error a client is given when no worker could take a call: a
+/// restart backoff is -32001 with when to retry, a retired pool the
+/// draining error; anything else is internal.
+pub fn unavailable(e: &io::Error) -> Option<GatewayError> {
+    let inner = e.get_ref()?;
+    if let Some(r) = inner.downcast_ref::<Restarting>() {
+        return Some(GatewayError::RateLimited {
+            retry_after_ms: r.retry_after_ms,
+        });
+    }
+    inner
+        .downcast_ref::<Retired>()
+        .map(|_| GatewayError::Draining)
 }
 
 #[derive(Debug, Default)]
@@ -457,6 +482,7 @@ impl WorkerPool {
             launch,
             workers: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff::default()),
+            retired: AtomicBool::new(false),
         });
         for _ in 0..pool.launch.min.max(1) {
             let w = pool.launch_one()?;
@@ -469,6 +495,9 @@ impl WorkerPool {
     /// one when all carry `SESSIONS_PER_WORKER` and the pool may grow, or
     /// a replacement when the pool has none alive.
     fn pick(&self) -> io::Result<Arc<WorkerConn>> {
+        if self.retired.load(Ordering::Acquire) {
+            return Err(io::Error::other(Retired));
+        }
         let mut ws = self.workers.lock();
         let lived: Vec<bool> = ws
             .iter()
@@ -525,9 +554,13 @@ impl WorkerPool {
 
     /// Run a file operation in the least loaded live worker.
     pub async fn fs(&self, op: FsOp) -> Result<FsDone, FsError> {
-        let w = self
-            .pick()
-            .map_err(|e| FsError::Io(format!("worker: {e}")))?;
+        let w = self.pick().map_err(|e| match unavailable(&e) {
+            Some(GatewayError::RateLimited { retry_after_ms }) => {
+                FsError::Restarting { retry_after_ms }
+            }
+            Some(GatewayError::Draining) => FsError::ShuttingDown,
+            _ => FsError::Io(format!("worker: {e}")),
+        })?;
         self.release(&w);
         w.fs(op).await
     }
@@ -635,6 +668,7 @@ impl WorkerPool {
 
     /// Kill every worker (shutdown, probe).
     pub fn kill_all(&self) {
+        self.retired.store(true, Ordering::Release);
         for w in self.workers.lock().iter() {
             w.retiring.store(true, Ordering::Release);
             w.kill();
