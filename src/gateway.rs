@@ -34,6 +34,8 @@ pub struct Gateway {
     pub executors: Option<Arc<Registry>>,
     /// Connections and calls relayed from here to the sessions' owners.
     pub relays: std::sync::atomic::AtomicUsize,
+    /// Bytes held of what all clients send (`server.max_inbound_bytes`).
+    pub inbound: Arc<crate::outbound::ByteBudget>,
     /// Cancelled when draining starts: `/readyz` turns 503, gRPC health
     /// NOT_SERVING, new sessions get the draining error (live ones are
     /// served until the stop).
@@ -106,7 +108,14 @@ impl Gateway {
             },
             metrics.clone(),
         );
+        let inbound = crate::outbound::ByteBudget::new(
+            settings.max_inbound_bytes,
+            Default::default(),
+            Default::default(),
+            Default::default(),
+        );
         let gw = Arc::new(Gateway {
+            inbound,
             settings: Arc::new(settings),
             auth,
             tenants,

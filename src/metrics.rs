@@ -68,6 +68,9 @@ pub struct Metrics {
     pub outbound_bytes: Family<TenantLabel, Gauge>,
     pub outbound_bytes_peak: Family<TenantLabel, Gauge>,
     pub retained_output_bytes: Family<TenantLabel, Gauge>,
+    pub inbound_bytes: Family<TenantLabel, Gauge>,
+    pub inbound_bytes_peak: Family<TenantLabel, Gauge>,
+    pub inbound_waiting: Family<TenantLabel, Gauge>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -228,6 +231,24 @@ impl Metrics {
         let outbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
         let outbound_waiting = Family::<TenantLabel, Gauge>::default();
         let retained_output_bytes = Family::<TenantLabel, Gauge>::default();
+        let inbound_bytes = Family::<TenantLabel, Gauge>::default();
+        let inbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
+        let inbound_waiting = Family::<TenantLabel, Gauge>::default();
+        r.register(
+            "inbound_bytes",
+            "Bytes received from the tenant's clients and not yet done with (messages being assembled, requests waiting or running)",
+            inbound_bytes.clone(),
+        );
+        r.register(
+            "inbound_bytes_peak",
+            "Highest inbound_bytes since start",
+            inbound_bytes_peak.clone(),
+        );
+        r.register(
+            "inbound_waiting",
+            "Connections whose reads wait for room in the tenant's or the gateway's inbound budget",
+            inbound_waiting.clone(),
+        );
         r.register(
             "retained_output_bytes",
             "Process output bytes retained for the tenant's clients to read (closed processes until their retention ends; counted by max_retained_output_bytes)",
@@ -322,6 +343,9 @@ impl Metrics {
             outbound_bytes_peak,
             outbound_waiting,
             retained_output_bytes,
+            inbound_bytes,
+            inbound_bytes_peak,
+            inbound_waiting,
             connections,
             connections_refused,
             jwks_fetches,
@@ -345,6 +369,9 @@ impl Metrics {
             outbound_bytes_peak: self.outbound_bytes_peak.get_or_create(&l).clone(),
             outbound_waiting: self.outbound_waiting.get_or_create(&l).clone(),
             retained_output_bytes: self.retained_output_bytes.get_or_create(&l).clone(),
+            inbound_bytes: self.inbound_bytes.get_or_create(&l).clone(),
+            inbound_bytes_peak: self.inbound_bytes_peak.get_or_create(&l).clone(),
+            inbound_waiting: self.inbound_waiting.get_or_create(&l).clone(),
         }
     }
 
@@ -401,6 +428,9 @@ pub struct TenantMetrics {
     /// Output bytes retained over all the tenant's processes (what its
     /// `max_retained_output_bytes` quota counts).
     pub retained_output_bytes: Gauge,
+    pub inbound_bytes: Gauge,
+    pub inbound_bytes_peak: Gauge,
+    pub inbound_waiting: Gauge,
 }
 
 impl TenantMetrics {
@@ -418,6 +448,9 @@ impl TenantMetrics {
             outbound_bytes_peak: Gauge::default(),
             outbound_waiting: Gauge::default(),
             retained_output_bytes: Gauge::default(),
+            inbound_bytes: Gauge::default(),
+            inbound_bytes_peak: Gauge::default(),
+            inbound_waiting: Gauge::default(),
         }
     }
 }

@@ -489,6 +489,7 @@ mod tests {
             in_flight: Arc::new(Semaphore::new(in_flight)),
             sessions: AtomicUsize::new(0),
             outbound: ByteBudget::unlimited(),
+            inbound: ByteBudget::unlimited(),
             connections: Arc::new(Semaphore::new(1)),
             streams: Arc::new(Semaphore::new(1)),
             metrics: metrics.tenant(name),

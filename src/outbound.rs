@@ -85,6 +85,18 @@ impl ByteBudget {
         }
     }
 
+    /// Reserve `bytes` here alone if there is room now (never waits).
+    pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+        let want = u32::try_from(bytes.clamp(1, self.capacity.max(1))).unwrap_or(u32::MAX);
+        let permit = self.sem.clone().try_acquire_many_owned(want).ok()?;
+        self.account(i64::from(want));
+        Some(Reservation {
+            bytes,
+            _conn: None,
+            tenant: Some((permit, self.clone())),
+        })
+    }
+
     /// Bytes held now.
     pub fn held(&self) -> i64 {
         self.held.load(Ordering::Relaxed)
@@ -113,6 +125,22 @@ impl Reservation {
     /// Bytes this reservation covers.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Hold `other`'s bytes here too (reservations of one budget alone, as
+    /// [`ByteBudget::reserve`] and [`ByteBudget::try_reserve`] make them).
+    pub fn merge(&mut self, mut other: Reservation) {
+        match (&mut self.tenant, other.tenant.take()) {
+            (Some((mine, _)), Some((theirs, _))) => {
+                self.bytes += other.bytes;
+                mine.merge(theirs);
+            }
+            (None, theirs) => {
+                self.bytes += other.bytes;
+                self.tenant = theirs;
+            }
+            (Some(_), None) => self.bytes += other.bytes,
+        }
     }
 }
 

@@ -45,6 +45,8 @@ pub struct Tenant {
     pub sessions: AtomicUsize,
     /// Bytes held for the tenant's clients (`max_outbound_bytes`).
     pub outbound: Arc<ByteBudget>,
+    /// Bytes held of what the tenant's clients send (`max_inbound_bytes`).
+    pub inbound: Arc<ByteBudget>,
     /// Authenticated connections (`max_connections`).
     pub connections: Arc<Semaphore>,
     /// Open gRPC server streams (`max_streams`).
@@ -221,6 +223,12 @@ impl Tenants {
                         tm.outbound_bytes.clone(),
                         tm.outbound_bytes_peak.clone(),
                         tm.outbound_waiting.clone(),
+                    ),
+                    inbound: ByteBudget::new(
+                        t.max_inbound_bytes,
+                        tm.inbound_bytes.clone(),
+                        tm.inbound_bytes_peak.clone(),
+                        tm.inbound_waiting.clone(),
                     ),
                     connections: Arc::new(Semaphore::new(t.max_connections)),
                     streams: Arc::new(Semaphore::new(t.max_streams)),

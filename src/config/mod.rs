@@ -103,6 +103,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     pub max_message_bytes: usize,
     pub slow_client_timeout: Duration,
+    pub max_inbound_bytes: usize,
+    pub inbound_message_timeout: Duration,
     pub max_connection_age: Option<Duration>,
     pub shutdown_grace: Duration,
     pub allowed_origins: Vec<String>,
@@ -227,7 +229,7 @@ impl Config {
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
         let executors = validate_executors(self.executors, &tenants)?;
-        Ok(Settings {
+        let settings = Settings {
             listen,
             grpc_listen,
             detach_ttl: optional_duration("server.detach_ttl", s.detach_ttl.as_deref())?,
@@ -252,6 +254,16 @@ impl Config {
             slow_client_timeout: duration(
                 "server.slow_client_timeout",
                 s.slow_client_timeout.as_deref(),
+                Duration::from_secs(30),
+            )?,
+            max_inbound_bytes: positive(
+                "server.max_inbound_bytes",
+                s.max_inbound_bytes,
+                DEFAULT_GATEWAY_MAX_INBOUND_BYTES,
+            )?,
+            inbound_message_timeout: duration(
+                "server.inbound_message_timeout",
+                s.inbound_message_timeout.as_deref(),
                 Duration::from_secs(30),
             )?,
             max_connection_age: match optional_duration(
@@ -304,8 +316,34 @@ impl Config {
             isolation,
             fleet,
             executors,
-        })
+        };
+        refuse_unfit_inbound(&settings)?;
+        Ok(settings)
     }
+}
+
+/// Gateway-wide bytes held of what clients send.
+pub const DEFAULT_GATEWAY_MAX_INBOUND_BYTES: usize = 1024 * 1024 * 1024;
+
+/// An inbound budget smaller than the largest message would hold back a
+/// message that is allowed but can never fit: refused.
+fn refuse_unfit_inbound(s: &Settings) -> Result<(), ConfigError> {
+    let m = s.max_message_bytes;
+    if s.max_inbound_bytes < m {
+        return Err(ConfigError(format!(
+            "server.max_inbound_bytes ({}) is less than server.max_message_bytes ({m}): a message of the allowed size could never be received",
+            s.max_inbound_bytes
+        )));
+    }
+    for (name, t) in &s.tenants {
+        if t.max_inbound_bytes < m {
+            return Err(ConfigError(format!(
+                "tenants.{name}.max_inbound_bytes ({}) is less than server.max_message_bytes ({m}): a message of the allowed size could never be received",
+                t.max_inbound_bytes
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -35,6 +35,13 @@ pub struct ServerConfig {
     pub max_message_bytes: Option<usize>,
     /// A client whose writes stall this long is disconnected. Default: `30s`.
     pub slow_client_timeout: Option<String>,
+    /// Bytes received from clients and not yet done with (messages being
+    /// assembled, requests waiting or running), over all connections;
+    /// past it, reads wait. At least `max_message_bytes`. Default: 1 GiB.
+    pub max_inbound_bytes: Option<usize>,
+    /// A websocket message still incomplete this long after its first
+    /// byte ends its connection (1008). Default: `30s`.
+    pub inbound_message_timeout: Option<String>,
     /// A websocket connection older than this (plus up to 10% jitter) is
     /// closed with 1001 and its session detached: the client resumes it,
     /// through the balancer, on any replica. Spreads long-lived connections

@@ -34,6 +34,10 @@ pub struct TenantConfig {
     /// (built, not yet written to the socket). A reply that does not fit
     /// waits for room. Default: 256 MiB.
     pub max_outbound_bytes: Option<usize>,
+    /// Bytes received from the tenant's clients and not yet done with
+    /// (messages being assembled, requests waiting or running); past it,
+    /// their reads wait. At least `server.max_message_bytes`. Default: 64 MiB.
+    pub max_inbound_bytes: Option<usize>,
     /// Largest file `fs/readFile` returns; larger ones get -32602 (read
     /// them with `fs/readBlock` or gRPC `ReadFile`). Default: 64 MiB.
     pub max_read_file_bytes: Option<u64>,
@@ -134,6 +138,7 @@ pub struct TenantSettings {
     pub max_in_flight: usize,
     pub max_retained_output_bytes: usize,
     pub max_outbound_bytes: usize,
+    pub max_inbound_bytes: usize,
     pub max_read_file_bytes: u64,
     pub max_connections: usize,
     pub max_streams: usize,
@@ -167,6 +172,9 @@ pub const MAX_READ_FILE_LIMIT: u64 = 512 * 1024 * 1024;
 pub const DEFAULT_MAX_READ_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Default bytes held for one tenant's clients.
 pub const DEFAULT_MAX_OUTBOUND_BYTES: usize = 256 * 1024 * 1024;
+/// Default bytes held of what one tenant's clients send: four messages of
+/// the largest default size at once.
+pub const DEFAULT_MAX_INBOUND_BYTES: usize = 64 * 1024 * 1024;
 /// Bytes a base64 `fs/readFile` result of `len` file bytes takes on the wire.
 pub fn read_file_reply_bytes(len: u64) -> u64 {
     len.div_ceil(3).saturating_mul(4).saturating_add(96)
@@ -287,6 +295,11 @@ pub(super) fn validate_tenant(
             256 * 1024 * 1024,
         )?,
         max_outbound_bytes,
+        max_inbound_bytes: p(
+            "max_inbound_bytes",
+            t.max_inbound_bytes,
+            DEFAULT_MAX_INBOUND_BYTES,
+        )?,
         max_read_file_bytes,
         max_connections: p("max_connections", t.max_connections, 1024)?,
         max_streams: p("max_streams", t.max_streams, 64)?,

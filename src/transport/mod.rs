@@ -29,6 +29,7 @@ pub mod connection;
 pub mod fleet;
 pub mod grpc;
 pub mod http;
+pub mod inbound;
 pub mod limits;
 pub mod remote;
 pub mod stdio;

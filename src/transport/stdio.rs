@@ -66,7 +66,7 @@ pub async fn serve<R, W>(
         .filter_map(move |line| async move {
             match line {
                 Ok(Line::Text(l)) if l.trim().is_empty() => None,
-                Ok(Line::Text(l)) => Some(InFrame::Text(l)),
+                Ok(Line::Text(l)) => Some(InFrame::Text(l, Default::default())),
                 Ok(Line::TooLong) => Some(InFrame::TooLarge(format!(
                     "line exceeds the {max}-byte message limit"
                 ))),

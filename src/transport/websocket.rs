@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
-use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -20,25 +19,30 @@ use tokio_util::sync::CancellationToken;
 
 use super::authenticate::Caller;
 use super::connection::{ConnMeta, InFrame, OnClose, Relay, serve_connection};
+use super::inbound::InboundMeter;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound, QueuedText};
 
 /// Outbound frames written before one flush.
 const WRITE_BATCH: usize = 32;
 
-/// The server side of an upgraded connection, messages up to `limit` bytes.
-pub(super) async fn server_websocket(
-    upgraded: hyper::upgrade::Upgraded,
+/// The server side of an upgraded connection (`io`), messages up to
+/// `limit` bytes.
+pub(super) async fn server_websocket<S>(
+    io: S,
     limit: usize,
     max_write_buffer: usize,
-) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
+) -> WebSocketStream<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let config = WebSocketConfig::default()
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_write_buffer_size(max_write_buffer);
-    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
 }
 
 /// Bytes read from the socket per read call. Small keeps idle sessions cheap
@@ -119,13 +123,15 @@ where
 }
 
 /// Serve one JSON-RPC connection over `ws` (the server role, whoever
-/// dialled) for `caller`.
+/// dialled) for `caller`; `meter` charges what it reads (a client's
+/// connection; not a link this binary dialled).
 pub(crate) async fn run<S>(
     ws: WebSocketStream<S>,
     gw: Arc<Gateway>,
     peer: SocketAddr,
     caller: Caller,
     relay: Option<Arc<dyn Relay>>,
+    meter: Option<InboundMeter>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -204,24 +210,46 @@ pub(crate) async fn run<S>(
     // Reader: frames → InFrame; ping/pong are answered by tungstenite.
     let (in_tx, in_rx) = mpsc::channel::<InFrame>(1);
     let reader_done = done.clone();
-    let too_large = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader_too_large = too_large.clone();
+    let ended_by = Arc::new(std::sync::OnceLock::<(u16, &'static str)>::new());
+    let reader_ended_by = ended_by.clone();
+    let message_timeout = gw.settings.inbound_message_timeout;
     let reader = crate::task::start("ws-reader", async move {
         let mut pings = ControlBudget::default();
         loop {
+            // A message being assembled must complete in time; between
+            // messages the check only comes round once per timeout.
+            let check_at = meter
+                .as_ref()
+                .and_then(InboundMeter::partial_since)
+                .unwrap_or_else(tokio::time::Instant::now)
+                + message_timeout;
             let msg = tokio::select! {
                 m = stream.next() => m,
                 () = reader_done.cancelled() => break,
+                () = tokio::time::sleep_until(check_at) => {
+                    let late = meter
+                        .as_ref()
+                        .and_then(InboundMeter::partial_since)
+                        .is_some_and(|since| since.elapsed() >= message_timeout);
+                    if late {
+                        tracing::info!(%peer, "closing a client whose message did not complete in time");
+                        let _ = reader_ended_by.set((1008, "message not completed in time"));
+                        break;
+                    }
+                    continue;
+                }
             };
+            let charge = || meter.as_ref().map(InboundMeter::take).unwrap_or_default();
             let frame = match msg {
                 None | Some(Ok(Message::Close(_))) => break,
-                Some(Ok(Message::Text(t))) => InFrame::Text(t.as_str().to_owned()),
+                Some(Ok(Message::Text(t))) => InFrame::Text(t.as_str().to_owned(), charge()),
                 Some(Ok(Message::Binary(b))) => match String::from_utf8(b.to_vec()) {
-                    Ok(t) => InFrame::Text(t),
+                    Ok(t) => InFrame::Text(t, charge()),
                     // Not JSON: let the decoder produce the malformed answer.
-                    Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned()),
+                    Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned(), charge()),
                 },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    drop(charge());
                     // Each ping costs a pong; a client may keep a
                     // connection alive with a few, not flood with them.
                     if pings.note(tokio::time::Instant::now()) {
@@ -230,9 +258,12 @@ pub(crate) async fn run<S>(
                     }
                     continue;
                 }
-                Some(Ok(_)) => continue,
+                Some(Ok(_)) => {
+                    drop(charge());
+                    continue;
+                }
                 Some(Err(WsError::Capacity(e))) => {
-                    reader_too_large.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = reader_ended_by.set((1009, "message too big"));
                     let _ = in_tx.send(InFrame::TooLarge(e.to_string())).await;
                     break;
                 }
@@ -257,11 +288,11 @@ pub(crate) async fn run<S>(
     };
     let inbound = tokio_stream_from(in_rx);
     serve_connection(inbound, out.clone(), gw, meta).await;
-    // A too-large frame ended the read side: say so with 1009 before closing.
-    if too_large.load(std::sync::atomic::Ordering::Relaxed) {
-        out.close(1009, "message too big").await;
-    } else {
-        out.close(1000, "").await;
+    // A too-large or unfinished message ended the read side: say so
+    // (1009, 1008) before closing.
+    match ended_by.get() {
+        Some(&(code, reason)) => out.close(code, reason).await,
+        None => out.close(1000, "").await,
     }
     drop(out);
     // Give queued responses a moment to drain, then stop both halves.

@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 use super::authenticate::authenticate;
 use super::connection::Relay;
 use super::fleet::relay::RelayOrigin;
+use super::inbound::{InboundMeter, Metered};
 use super::limits::{Conn, ConnectionLimits, Door, Guarded};
 use super::websocket::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run, server_websocket};
 use crate::gateway::Gateway;
@@ -178,7 +179,11 @@ async fn handle(
     crate::task::start("ws-conn", async move {
         match upgrade.await {
             Ok(upgraded) => {
-                let ws = server_websocket(upgraded, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
+                // What the client sends is charged to its tenant and the
+                // gateway as it is read.
+                let meter = InboundMeter::new(caller.tenant().inbound.clone(), gw.inbound.clone());
+                let io = Metered::new(TokioIo::new(upgraded), meter.clone());
+                let ws = server_websocket(io, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
                 let relay = match (&gw.fleet, token) {
                     (Some(_), Some(token)) => Some(Arc::new(RelayOrigin {
                         token,
@@ -186,7 +191,7 @@ async fn handle(
                     }) as Arc<dyn Relay>),
                     _ => None,
                 };
-                run(ws, gw, peer, caller, relay).await;
+                run(ws, gw, peer, caller, relay, Some(meter)).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }
@@ -235,7 +240,9 @@ fn rendezvous(
         match upgrade.await {
             Ok(upgraded) => {
                 // Calls go to the executor whole (up to the message limit).
-                let ws = server_websocket(upgraded, limit, limit + WS_WRITE_BUFFER_BYTES).await;
+                let ws =
+                    server_websocket(TokioIo::new(upgraded), limit, limit + WS_WRITE_BUFFER_BYTES)
+                        .await;
                 registry.attach(ticket, crate::registry::Link::start(ws));
             }
             Err(e) => tracing::debug!(error = %e, "executor link upgrade failed"),

@@ -15,6 +15,7 @@ use crate::protocol::methods;
 use crate::protocol::process::InitializeParams;
 use crate::protocol::revision::Policy;
 use crate::rpc::{Call, MethodFamily};
+use crate::transport::inbound::Charge;
 
 /// Longest string request id accepted: every id is held for as long as its
 /// request lives, and echoed in its reply.
@@ -23,7 +24,9 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// One inbound frame (a websocket message or a stdio line).
 #[derive(Debug)]
 pub enum InFrame {
-    Text(String),
+    /// A message, with what it is charged of the inbound budgets (nothing
+    /// for stdio, whose one client is the operator).
+    Text(String, Charge),
     /// The frame exceeded the size limit; the transport says how.
     TooLarge(String),
 }
@@ -47,8 +50,14 @@ pub enum Action {
         params: Box<Result<InitializeParams, GatewayError>>,
         frame: String,
     },
-    /// A call for the connection's session.
-    Call { id: RequestId, call: Call },
+    /// A call for the connection's session; the message's inbound charge
+    /// is held until the call is answered (every other action gives it
+    /// back as soon as the frame is decided).
+    Call {
+        id: RequestId,
+        call: Call,
+        charge: Charge,
+    },
     /// `session/close`: end the session, answer, close the connection.
     CloseSession { id: RequestId },
 }
@@ -118,8 +127,8 @@ impl<H: Held> Machine<H> {
 
     /// The next step for one inbound frame.
     pub fn on_frame(&mut self, frame: InFrame) -> Action {
-        let text = match frame {
-            InFrame::Text(t) => t,
+        let (text, charge) = match frame {
+            InFrame::Text(t, charge) => (t, charge),
             InFrame::TooLarge(reason) => return unknown_error(&self.malformed(&reason)),
         };
         let current = self.current_texts();
@@ -186,7 +195,7 @@ impl<H: Held> Machine<H> {
                     family.label()
                 )),
             ),
-            Phase::Attached { .. } => Action::Call { id, call },
+            Phase::Attached { .. } => Action::Call { id, call, charge },
         }
     }
 
@@ -273,7 +282,7 @@ mod tests {
     }
 
     fn text(s: &str) -> InFrame {
-        InFrame::Text(s.to_owned())
+        InFrame::Text(s.to_owned(), Charge::default())
     }
 
     /// The error a `Send` carries: (id, code, message).
@@ -330,6 +339,40 @@ mod tests {
         let (_, code, msg) = sent(m.on_frame(text(INIT)));
         assert_eq!(code, -32600);
         assert_eq!(msg, "initialize may only be sent once per connection");
+    }
+
+    /// A call keeps what its message is charged of the inbound budgets
+    /// until it is answered; a frame that becomes anything else gives it
+    /// back at once.
+    #[test]
+    fn only_a_call_keeps_its_messages_inbound_charge() {
+        use crate::outbound::ByteBudget;
+        use prometheus_client::metrics::gauge::Gauge;
+        let held = Gauge::default();
+        let tenant = ByteBudget::new(4096, held.clone(), Gauge::default(), Gauge::default());
+        let charged = |s: &str| {
+            let charge = Charge::new(
+                tenant.try_reserve(s.len()).unwrap(),
+                ByteBudget::unlimited().try_reserve(s.len()).unwrap(),
+            );
+            InFrame::Text(s.to_owned(), charge)
+        };
+        let mut m = Machine::<Fake>::new("p".to_owned());
+        m.attach(Fake(&NOV_2026));
+        assert!(matches!(
+            m.on_frame(charged(r#"{"method":"initialized"}"#)),
+            Action::Nothing
+        ));
+        assert_eq!(held.get(), 0);
+        assert!(matches!(m.on_frame(charged("{not json")), Action::Send(_)));
+        assert_eq!(held.get(), 0);
+        let Action::Call { charge, .. } = m.on_frame(charged(LIST)) else {
+            panic!("not a call")
+        };
+        assert_eq!(charge.bytes(), LIST.len());
+        assert_eq!(held.get(), LIST.len() as i64);
+        drop(charge);
+        assert_eq!(held.get(), 0);
     }
 
     #[test]

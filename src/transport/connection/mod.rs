@@ -30,6 +30,7 @@ use tower::ServiceExt as _;
 use tracing::Instrument as _;
 
 use super::authenticate::Caller;
+use super::inbound::Charge;
 use crate::dispatch::RpcRequest;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
@@ -272,11 +273,11 @@ where
                 out.close(1000, "session closed").await;
                 return Stop::Closed;
             }
-            Action::Call { id, call } => {
+            Action::Call { id, call, charge } => {
                 let Some(a) = conn.held() else {
                     continue;
                 };
-                if !start_call(calls, a, id, call).await {
+                if !start_call(calls, a, id, call, charge).await {
                     return Stop::Ended;
                 }
             }
@@ -296,7 +297,13 @@ async fn drain(calls: &Calls) {
 
 /// Validate a call against its session and run it through the stack in
 /// its own task. False when the connection can take no more calls.
-async fn start_call(calls: &Calls, a: &Attached, id: RequestId, call: Call) -> bool {
+async fn start_call(
+    calls: &Calls,
+    a: &Attached,
+    id: RequestId,
+    call: Call,
+    charge: Charge,
+) -> bool {
     let out = &calls.out;
     if let Err(e) = a.session.validate_call(&call) {
         out.send(jsonrpc::encode_error(&id, &e.to_jsonrpc())).await;
@@ -316,6 +323,8 @@ async fn start_call(calls: &Calls, a: &Attached, id: RequestId, call: Call) -> b
     let cancel = calls.cancel.clone();
     let penalty = calls.penalty.clone();
     crate::task::start("rpc", async move {
+        // What the client sent for this call stays charged while it runs.
+        let _charge = charge;
         let req = RpcRequest {
             op: Op::Call(call),
             ctx,

@@ -142,7 +142,8 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
     let up = async {
         while let Some(frame) = inbound.next().await {
             match frame {
-                InFrame::Text(text) => {
+                // The charge is given back once the frame is handed on.
+                InFrame::Text(text, _charge) => {
                     let req = OpenRequest {
                         text: Bytes::from(text.into_bytes()),
                     };
@@ -275,6 +276,7 @@ impl RelayService for RelayApi {
                     InFrame::Text(
                         String::from_utf8(f.text.to_vec())
                             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                        Default::default(),
                     )
                 }))
             })

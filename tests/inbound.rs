@@ -1,0 +1,232 @@
+//! What a client *sends* is bounded like what it is sent: bytes the
+//! gateway holds of unfinished websocket messages count against the
+//! tenant's `max_inbound_bytes` (and the gateway's), read as they arrive;
+//! past the budget the gateway stops reading (TCP holds the client back),
+//! and a message left unfinished is cut at `inbound_message_timeout`.
+//! Claims are read from the gateway's own accounting
+//! (`exec_gateway_inbound_bytes*`), never from timing.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{EVENT_TIMEOUT, Gateway, serve_expecting_refusal, write_file};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+const MIB: usize = 1024 * 1024;
+
+/// A websocket of `tenant`, upgraded by hand so that frames can be cut
+/// anywhere.
+async fn raw_websocket(gw: &Gateway, tenant: &str) -> TcpStream {
+    let mut s = TcpStream::connect(&gw.addr).await.unwrap();
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        gw.token(tenant)
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    // The 101 head, byte by byte (nothing may be read past it).
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        tokio::time::timeout(EVENT_TIMEOUT, s.read_exact(&mut b))
+            .await
+            .expect("101 in time")
+            .unwrap();
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+/// A client frame header (masked, key 0: the payload goes as it is).
+fn frame_header(opcode: u8, fin: bool, len: usize) -> Vec<u8> {
+    let mut h = vec![if fin { 0x80 } else { 0 } | opcode];
+    if len < 126 {
+        h.push(0x80 | len as u8);
+    } else if len <= 0xFFFF {
+        h.push(0x80 | 126);
+        h.extend_from_slice(&(len as u16).to_be_bytes());
+    } else {
+        h.push(0x80 | 127);
+        h.extend_from_slice(&(len as u64).to_be_bytes());
+    }
+    h.extend_from_slice(&[0, 0, 0, 0]);
+    h
+}
+
+/// All of a `len`-byte text message but its last byte: one frame, or
+/// fragments of 256 KiB with the final one short.
+fn unfinished_message(len: usize, fragmented: bool) -> Vec<u8> {
+    let payload = b"x".repeat(len);
+    let mut out = Vec::new();
+    if fragmented {
+        let chunks: Vec<&[u8]> = payload.chunks(256 * 1024).collect();
+        for (i, c) in chunks.iter().enumerate() {
+            let opcode = if i == 0 { 1 } else { 0 };
+            out.extend(frame_header(opcode, i + 1 == chunks.len(), c.len()));
+            out.extend_from_slice(c);
+        }
+    } else {
+        out.extend(frame_header(1, true, len));
+        out.extend_from_slice(&payload);
+    }
+    out.pop();
+    out
+}
+
+/// The code of the close frame among the frames in `buf` (the gateway's
+/// small frames: no extended lengths).
+fn close_code(buf: &[u8]) -> Option<u16> {
+    let mut i = 0;
+    while i + 4 <= buf.len() {
+        if buf[i] & 0x0F == 8 {
+            return Some(u16::from_be_bytes([buf[i + 2], buf[i + 3]]));
+        }
+        i += 2 + (buf[i + 1] & 0x7F) as usize;
+    }
+    None
+}
+
+async fn inbound(gw: &Gateway, what: &str, tenant: &str) -> f64 {
+    gw.metric(
+        &format!("exec_gateway_inbound_{what}"),
+        &format!("tenant=\"{tenant}\""),
+    )
+    .await
+    .unwrap_or(0.0)
+}
+
+/// Seen on d384597: 40 connections each holding all but the last byte of
+/// a 15 MiB message kept +600 MiB of the gateway's memory for as long as
+/// they liked. Now they hold at most the tenant's budget, the gateway
+/// stops reading them, another tenant is served meanwhile, and each is cut
+/// at the message timeout, which gives every byte back.
+#[tokio::test]
+async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[server]\nmax_message_bytes = 4194304\ninbound_message_timeout = \"4s\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n\
+             [tenants.t2]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    // Ten connections of t1, half sending one frame, half fragments: 30
+    // MiB offered against a budget of 8.
+    let mut writers = Vec::new();
+    for i in 0..10 {
+        let s = raw_websocket(&gw, "t1").await;
+        let (mut rd, mut wr) = s.into_split();
+        let bytes = unfinished_message(3 * MIB, i % 2 == 1);
+        writers.push(tokio::spawn(async move {
+            // Blocks once the gateway stops reading; fails once it closes.
+            let _ = wr.write_all(&bytes).await;
+            let mut buf = Vec::new();
+            let ended = tokio::time::timeout(EVENT_TIMEOUT, rd.read_to_end(&mut buf))
+                .await
+                .is_ok();
+            (buf, ended, wr)
+        }));
+    }
+    // The budget fills and reads wait for room.
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(&gw, "waiting", "t1").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no read ever waited; held {}",
+            inbound(&gw, "bytes", "t1").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = inbound(&gw, "bytes", "t1").await;
+    // The budget, and at most one socket read past it per connection.
+    assert!(held <= (8 * MIB + 10 * 64 * 1024) as f64, "held {held}");
+    assert!(held >= (4 * MIB) as f64, "held {held}");
+    // Another tenant is served meanwhile.
+    let (mut c, _) = gw.session_of("t2").await;
+    c.start("p", &["echo", "ok"]).await;
+    assert_eq!(c.collect("p").await.stdout, b"ok\n");
+    // Each unfinished message is cut (1008) and its bytes given back.
+    for w in writers {
+        let (buf, ended, _wr) = w.await.unwrap();
+        assert!(ended, "a connection was never cut");
+        // 1008, unless the reset that closing a socket with unread bytes
+        // sends overtook the close frame.
+        assert!(matches!(close_code(&buf), Some(1008) | None), "{buf:?}");
+    }
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(&gw, "bytes", "t1").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(inbound(&gw, "bytes_peak", "t1").await <= (8 * MIB + 10 * 64 * 1024) as f64);
+}
+
+/// A client that trickles a small message is cut at the message timeout
+/// though it holds almost nothing: the connection is not held open by a
+/// message that never ends.
+#[tokio::test]
+async fn a_trickled_message_is_cut_at_the_message_timeout() {
+    let gw = Gateway::start("[server]\ninbound_message_timeout = \"2s\"\n");
+    let s = raw_websocket(&gw, "t1").await;
+    let (mut rd, mut wr) = s.into_split();
+    let bytes = unfinished_message(1000, false);
+    let trickle = tokio::spawn(async move {
+        for b in bytes.chunks(1) {
+            if wr.write_all(b).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(EVENT_TIMEOUT, rd.read_to_end(&mut buf)).await;
+    // Cut long before the 100 s the whole message would take.
+    assert_eq!(close_code(&buf), Some(1008), "{buf:?}");
+    assert!(!trickle.is_finished(), "the whole message was sent");
+    trickle.abort();
+}
+
+/// A budget smaller than the largest message would hold back a message
+/// that is allowed but could never fit: refused at start.
+#[test]
+fn an_inbound_budget_below_the_message_limit_is_refused() {
+    let dir = common::scratch();
+    write_file(dir.path(), "hs256.key", &"k".repeat(64));
+    let config = write_file(
+        dir.path(),
+        "gateway.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 1048576\n",
+            dir.path().display()
+        ),
+    );
+    let out = serve_expecting_refusal(&config);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "tenants.t1.max_inbound_bytes (1048576) is less than server.max_message_bytes"
+        ),
+        "{err}"
+    );
+}
