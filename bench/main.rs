@@ -1677,6 +1677,7 @@ async fn stack_cost(
                 tenant: tenant.name.clone(),
                 subject: None,
                 scopes: exec_gateway::auth::Scopes::ALL,
+                expires_at: None,
             }),
             tenant: tenant.clone(),
             session: Some(session),

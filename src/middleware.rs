@@ -504,6 +504,7 @@ mod tests {
                     tenant: tenant.name.clone(),
                     subject: None,
                     scopes: Scopes::of(scopes),
+                    expires_at: None,
                 }),
                 tenant: tenant.clone(),
                 session: None,

@@ -16,6 +16,10 @@ pub struct Principal {
     pub tenant: Arc<str>,
     pub subject: Option<String>,
     pub scopes: Scopes,
+    /// When the token stops being accepted (its `exp` plus the configured
+    /// leeway); a connection it opened is closed then. `None`: never (the
+    /// operator's stdio, this binary's own executor links).
+    pub expires_at: Option<std::time::SystemTime>,
 }
 
 /// Why a token was refused. `reason()` is a fixed label (metrics, logs).
@@ -272,10 +276,18 @@ impl Authenticator {
         if scopes.is_empty() {
             return Err(AuthError::NoScope);
         }
+        // The verifier accepts the token through the whole second `exp`
+        // (plus leeway) and refuses it from the next one on.
+        let expires_at = claims.get("exp").and_then(Value::as_u64).map(|exp| {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(exp.saturating_add(1))
+                + self.settings.leeway
+        });
         Ok(Principal {
             tenant: Arc::from(tenant),
             subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
             scopes,
+            expires_at,
         })
     }
 }

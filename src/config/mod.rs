@@ -275,7 +275,8 @@ impl Config {
                         "server.max_connection_age: at least 1s".to_owned(),
                     ));
                 }
-                d => d,
+                Some(d) => Some(d),
+                None => Some(DEFAULT_MAX_CONNECTION_AGE),
             },
             shutdown_grace: duration(
                 "server.shutdown_grace",
@@ -321,6 +322,13 @@ impl Config {
         Ok(settings)
     }
 }
+
+/// A websocket connection is closed (1001, its session detached and
+/// resumable) this long after it opened, plus up to 10% jitter. Long
+/// enough that no client sees it in a working day; short enough that no
+/// connection outlives a day of key rotation and fleet changes. A token
+/// that expires first closes it earlier (1008).
+pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// Gateway-wide bytes held of what clients send.
 pub const DEFAULT_GATEWAY_MAX_INBOUND_BYTES: usize = 1024 * 1024 * 1024;

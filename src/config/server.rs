@@ -46,7 +46,8 @@ pub struct ServerConfig {
     /// closed with 1001 and its session detached: the client resumes it,
     /// through the balancer, on any replica. Spreads long-lived connections
     /// over replicas added since, and makes a client present its token
-    /// again. Default: none.
+    /// again. Default: `24h`. (A connection also closes, 1008, when the
+    /// token that opened it expires.)
     pub max_connection_age: Option<String>,
     /// On SIGTERM, how long running processes may finish before being killed. Default: `5s`.
     pub shutdown_grace: Option<String>,

@@ -66,6 +66,7 @@ pub fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
             tenant: tenant.name.clone(),
             subject: Some("executor-link".to_owned()),
             scopes: crate::auth::Scopes::ALL,
+            expires_at: None,
         }),
         tenant,
     })

@@ -184,6 +184,15 @@ where
         }),
         OnClose::Kill => None,
     };
+    let expiry = match (&meta.caller, meta.on_close) {
+        (Ok(caller), OnClose::Detach) => caller.principal().expires_at.map(|at| {
+            let left = at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            tokio::time::Instant::now() + left
+        }),
+        _ => None,
+    };
     loop {
         let pause = calls.penalty.lock().take();
         if let Some(until) = pause {
@@ -211,6 +220,12 @@ where
             }
             () = async { match max_age { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                 out.close(MAX_AGE_CLOSE_CODE, "connection reached its maximum age; resume the session").await;
+                return Stop::Ended;
+            }
+            // The token that opened the connection no longer holds: the
+            // session is detached, to be resumed with a fresh one.
+            () = async { match expiry { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
+                out.close(TOKEN_EXPIRED_CLOSE_CODE, "token expired; resume the session with a fresh token").await;
                 return Stop::Ended;
             }
             f = inbound.next() => f,
@@ -418,6 +433,10 @@ pub const SHUTDOWN_CLOSE_CODE: u16 = 1012;
 /// The close code when a connection reaches `server.max_connection_age`:
 /// "going away"; the session is detached and resumable.
 pub const MAX_AGE_CLOSE_CODE: u16 = 1001;
+
+/// The close code when the token that opened a connection expires:
+/// "policy violation"; the session is detached, resumable with a fresh token.
+pub const TOKEN_EXPIRED_CLOSE_CODE: u16 = 1008;
 
 fn rand_u16() -> u16 {
     let mut b = [0u8; 2];

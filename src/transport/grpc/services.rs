@@ -123,6 +123,7 @@ impl GrpcApi {
         let tenant = caller.tenant();
         match tenant.streams.clone().try_acquire_owned() {
             Ok(permit) => Ok(StreamSlot {
+                expires_at: caller.principal().expires_at,
                 permit,
                 stall: self.gw.settings.slow_client_timeout,
             }),
@@ -209,7 +210,7 @@ where
             f();
         }
     });
-    finish(rx, ended, slot.permit)
+    finish(rx, ended, slot.permit, slot.expires_at)
 }
 
 /// An open server stream's place in its tenant's `max_streams`, and how
@@ -217,18 +218,44 @@ where
 pub struct StreamSlot {
     permit: tokio::sync::OwnedSemaphorePermit,
     stall: std::time::Duration,
+    /// When the caller's token expires: the stream ends then.
+    expires_at: Option<std::time::SystemTime>,
 }
 
 /// The receiving end of a server stream: it ends with DEADLINE_EXCEEDED if
 /// the producer gave up on a client that stopped reading (never a silent
-/// end that looks complete); the slot is held until the stream is dropped.
+/// end that looks complete), and with UNAUTHENTICATED when the caller's
+/// token expires (`expires_at`); the slot is held until the stream is
+/// dropped.
 fn finish<T: Send + 'static>(
     rx: mpsc::Receiver<Result<T, Status>>,
     stalled: Arc<std::sync::atomic::AtomicBool>,
     permit: tokio::sync::OwnedSemaphorePermit,
+    expires_at: Option<std::time::SystemTime>,
 ) -> EventStream<T> {
+    let expired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let expiry = {
+        let expired = expired.clone();
+        async move {
+            match expires_at {
+                Some(at) => {
+                    let left = at
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                    tokio::time::sleep(left).await;
+                    expired.store(true, std::sync::atomic::Ordering::Release);
+                }
+                None => std::future::pending().await,
+            }
+        }
+    };
     let tail = futures_util::stream::once(async move {
         let _permit = permit;
+        if expired.load(std::sync::atomic::Ordering::Acquire) {
+            return Some(Err(Status::unauthenticated(
+                "token expired; call again with a fresh token",
+            )));
+        }
         stalled.load(std::sync::atomic::Ordering::Acquire).then(|| {
             Err(Status::deadline_exceeded(
                 "the client stopped reading for longer than the slow-client timeout",
@@ -236,7 +263,11 @@ fn finish<T: Send + 'static>(
         })
     })
     .filter_map(std::future::ready);
-    Box::pin(ReceiverStream::new(rx).chain(tail))
+    Box::pin(
+        ReceiverStream::new(rx)
+            .take_until(Box::pin(expiry))
+            .chain(tail),
+    )
 }
 
 #[tonic::async_trait]
@@ -605,7 +636,12 @@ impl pb::file_service_server::FileService for GrpcApi {
                 }
             }
         });
-        Ok(Response::new(finish(data_rx, ended, slot.permit)))
+        Ok(Response::new(finish(
+            data_rx,
+            ended,
+            slot.permit,
+            slot.expires_at,
+        )))
     }
 
     async fn write_file(
