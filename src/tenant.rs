@@ -99,7 +99,7 @@ impl Tenants {
         layers: Layers,
         executors: Option<&Arc<Registry>>,
     ) -> Result<Tenants, ConfigError> {
-        let hidden = crate::config::key_files(&settings.auth.keys);
+        let hidden = settings.secret_files.clone();
         let hide = Hide {
             dirs: settings
                 .tenants

@@ -597,3 +597,36 @@ fn a_config_file_inside_a_tenant_root_is_refused() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("the config file"), "{err}");
 }
+
+/// The fleet key and the admin token are secrets like the auth keys: one
+/// inside a tenant's root (which the tenant can read) is refused at start.
+#[test]
+fn a_fleet_key_or_admin_token_inside_a_tenant_root_is_refused() {
+    let keys = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(keys.path().join("k"), "k".repeat(40)).unwrap();
+    std::fs::write(root.path().join("secret"), "s".repeat(40)).unwrap();
+    for section in [
+        "[server]\nadmin_token_file = \"ROOT/secret\"\n",
+        "[fleet]\nreplica = \"gw-0\"\nkey_file = \"ROOT/secret\"\n[fleet.peers]\ngw-0 = \"127.0.0.1:1\"\n",
+    ] {
+        let config = keys.path().join("gateway.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.a]\nroot = \"{}\"\n",
+                section.replace("ROOT", &root.path().display().to_string()),
+                keys.path().display(),
+                root.path().display()
+            ),
+        )
+        .unwrap();
+        let out = common::serve_expecting_refusal(&config);
+        assert_eq!(out.status.code(), Some(64), "{section}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("secret file") && err.contains("which the tenant can read"),
+            "{section}: {err}"
+        );
+    }
+}

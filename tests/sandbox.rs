@@ -56,7 +56,11 @@ fn gateway(r: &Roots, isolation: &str, a_extra: &str, b_extra: &str) -> Gateway 
 
 /// `Some(reason)` when `/readyz` does not list `layer` as active.
 async fn skip_reason(gw: &Gateway, layer: &str) -> Option<String> {
-    let (_, body) = gw.admin_get("/readyz").await;
+    // A gateway configured with an admin token (its file holds the secret
+    // copied beside the test's key) is asked with it.
+    let token = std::fs::read_to_string(gw.dir.path().join("admin.token")).ok();
+    let auth = token.map(|t| format!("Bearer {}", t.trim()));
+    let (_, body) = common::http_get_at(&gw.admin, "/readyz", auth.as_deref()).await;
     (!body.contains(&format!("{layer}: active")))
         .then(|| format!("{layer} layer inactive on this host: {}", body.trim()))
 }
@@ -294,12 +298,28 @@ async fn the_gateways_key_files_stay_hidden_under_readable_system_dirs() {
     }
     let _cleanup = RemoveOnDrop(keydir.clone());
     let key = keydir.join("hs256.key");
+    // The fleet key and the admin token are covered like the auth key (on
+    // d384597 a tenant read both; from the fleet key it derived a
+    // rendezvous ticket and took another tenant's next process/start).
+    let fleet_key = keydir.join("fleet.key");
+    let admin_token = keydir.join("admin.token");
+    std::fs::write(&fleet_key, "fleet-secret-".repeat(4)).unwrap();
+    std::fs::write(&admin_token, "admin-secret-".repeat(4)).unwrap();
+    let token_copy = admin_token.clone();
     let (a, b) = (tenant("a", &r.a, ""), tenant("b", &r.b, ""));
     let key_for_config = key.clone();
+    let peer_port = common::free_port();
     let gw = Gateway::start_with(|dir| {
         std::fs::copy(dir.join("hs256.key"), &key_for_config).unwrap();
+        // For the layer check (skip_reason), which reads /readyz with it.
+        std::fs::copy(&token_copy, dir.join("admin.token")).unwrap();
         format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n{a}{b}",
+            "[server]\nadmin_token_file = \"{}\"\n\
+             [fleet]\nreplica = \"gw-0\"\nlisten = \"127.0.0.1:{peer_port}\"\nkey_file = \"{}\"\n\
+             [fleet.peers]\ngw-0 = \"127.0.0.1:{peer_port}\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}\"\n{a}{b}",
+            admin_token.display(),
+            fleet_key.display(),
             key_for_config.display()
         )
     });
@@ -324,6 +344,20 @@ async fn the_gateways_key_files_stay_hidden_under_readable_system_dirs() {
     );
     let secret = std::fs::read_to_string(&key).unwrap();
     assert!(!out.contains(secret.trim()), "the key leaked: {out}");
+    let script = format!(
+        "cat {f}; echo fleet=$?; cat {t}; echo token=$?",
+        f = fleet_key.display(),
+        t = admin_token.display()
+    );
+    let (out, _, _) = sh(&mut c, "peek2", &r.a, &script).await;
+    assert!(
+        !out.contains("fleet-secret"),
+        "the fleet key was read: {out}"
+    );
+    assert!(
+        !out.contains("admin-secret"),
+        "the admin token was read: {out}"
+    );
     // Nor can file operations: the key is outside the tenant's root.
     let (_, msg) = c.call_err("fs/readFile", json!({"path": key})).await;
     assert!(msg.contains("outside the tenant root"), "{msg}");

@@ -1,7 +1,7 @@
 //! Key files: the embedded default's HS256 key in the state directory, the
 //! list of the gateway's key files, and the refusal of keys a tenant can reach.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::auth::KeySettings;
 use super::common::{ConfigError, state_dir};
@@ -46,9 +46,15 @@ pub fn default_key_file() -> Result<PathBuf, ConfigError> {
 /// The gateway's key files, absolute (as written and resolved through
 /// symlinks): no tenant may reach them.
 pub fn key_files(keys: &[KeySettings]) -> Vec<PathBuf> {
+    secret_paths(keys.iter().filter_map(|k| k.source.file()))
+}
+
+/// `files`, absolute, each as written and as resolved through symlinks
+/// (a tenant must reach neither), sorted.
+pub fn secret_paths<'a>(files: impl Iterator<Item = &'a Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for k in keys {
-        if let Some(p) = k.source.file() {
+    for p in files {
+        {
             let abs = if p.is_absolute() {
                 p.to_path_buf()
             } else {
@@ -79,8 +85,8 @@ pub(super) fn refuse_exposed_keys(
     for dir in t.writable_dirs() {
         if let Some(key) = keys.iter().find(|k| k.starts_with(&dir)) {
             return Err(ConfigError(format!(
-                "tenants.{name}: key file {} lies inside {}, which the tenant can read; \
-                 move the key (for example to /run/exec-gateway) or choose another root",
+                "tenants.{name}: secret file {} lies inside {}, which the tenant can read; \
+                 move it (for example to /run/exec-gateway) or choose another root",
                 key.display(),
                 dir.display()
             )));

@@ -40,7 +40,7 @@ pub use fleet::{
 pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
 };
-pub use keys::{default_key_file, key_files};
+pub use keys::{default_key_file, key_files, secret_paths};
 pub use server::{
     AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, MIN_ADMIN_TOKEN_BYTES, ServerConfig,
     parse_listen,
@@ -54,7 +54,7 @@ pub use uids::{HostIds, IdsInUse, allocate_uids};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -111,6 +111,10 @@ pub struct Settings {
     /// `None`: no admin listener.
     pub admin_listen: Option<SocketAddr>,
     pub admin_token: Option<AdminToken>,
+    /// Files holding secrets (auth keys, fleet key, admin token), absolute,
+    /// as written and resolved: hidden from every tenant, refused inside
+    /// one's writable paths.
+    pub secret_files: Vec<PathBuf>,
     pub handshake_timeout: Duration,
     pub max_unauthenticated: usize,
     pub max_unauthenticated_per_source: usize,
@@ -215,9 +219,20 @@ impl Config {
                 &HostIds,
             )?;
         }
-        let keys = key_files(&auth.keys);
+        // Every secret a file holds (the auth keys, the fleet key, the
+        // admin token) is kept from the tenants the same way.
+        let mut secret_files = key_files(&auth.keys);
+        secret_files.extend(secret_paths(
+            self.fleet
+                .key_file
+                .iter()
+                .chain(s.admin_token_file.iter())
+                .map(PathBuf::as_path),
+        ));
+        secret_files.sort();
+        secret_files.dedup();
         for (name, t) in &tenants {
-            refuse_exposed_keys(name, t, &keys)?;
+            refuse_exposed_keys(name, t, &secret_files)?;
         }
         refuse_nested_roots(&tenants)?;
         let caps_explicit = CapsExplicit {
@@ -317,6 +332,7 @@ impl Config {
             isolation,
             fleet,
             executors,
+            secret_files,
         };
         refuse_unfit_inbound(&settings)?;
         Ok(settings)
