@@ -127,6 +127,27 @@ impl Reservation {
         self.bytes
     }
 
+    /// Split `n` bytes off into a reservation of their own (given back
+    /// when it is dropped); `None` if this one holds no more than `n`.
+    pub fn split(&mut self, n: usize) -> Option<Reservation> {
+        if n == 0 || n >= self.bytes {
+            return None;
+        }
+        let part = match &mut self.tenant {
+            Some((permit, budget)) => {
+                let p = permit.split(n)?;
+                Some((p, budget.clone()))
+            }
+            None => None,
+        };
+        self.bytes -= n;
+        Some(Reservation {
+            bytes: n,
+            _conn: None,
+            tenant: part,
+        })
+    }
+
     /// Hold `other`'s bytes here too (reservations of one budget alone, as
     /// [`ByteBudget::reserve`] and [`ByteBudget::try_reserve`] make them).
     pub fn merge(&mut self, mut other: Reservation) {

@@ -230,3 +230,62 @@ fn an_inbound_budget_below_the_message_limit_is_refused() {
         "{err}"
     );
 }
+
+/// A ping between the fragments of a message gives back only its own
+/// bytes: the message keeps its charge and its deadline (found by the
+/// attack review: each ping used to hand the whole partial message's
+/// charge back and restart its clock, so 40 connections held 1.2 GB
+/// against a 16 MiB budget). Keep-alive pings between messages are no
+/// unfinished message.
+#[tokio::test]
+async fn pings_inside_a_fragmented_message_keep_its_charge_and_deadline() {
+    let gw = Gateway::start("[server]\ninbound_message_timeout = \"3s\"\n");
+    let mut s = raw_websocket(&gw, "t1").await;
+    let mut ping = frame_header(9, true, 1);
+    ping.push(b'p');
+    // Keep-alive pings alone, past the message timeout: still open.
+    for _ in 0..8 {
+        s.write_all(&ping).await.unwrap();
+        let mut pong = [0u8; 3];
+        s.read_exact(&mut pong).await.unwrap();
+        assert_eq!(pong[0], 0x8A, "{pong:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(inbound(&gw, "bytes", "t1").await, 0.0);
+    // A message's first fragment, then pings: its charge stays.
+    let fragment = b"y".repeat(MIB);
+    s.write_all(&frame_header(1, false, fragment.len()))
+        .await
+        .unwrap();
+    s.write_all(&fragment).await.unwrap();
+    let mut code = None;
+    for _ in 0..40 {
+        if s.write_all(&ping).await.is_err() {
+            break;
+        }
+        let mut head = [0u8; 2];
+        if s.read_exact(&mut head).await.is_err() {
+            break;
+        }
+        let mut rest = vec![0u8; (head[1] & 0x7F) as usize];
+        s.read_exact(&mut rest).await.unwrap();
+        if head[0] == 0x88 {
+            code = Some(u16::from_be_bytes([rest[0], rest[1]]));
+            break;
+        }
+        assert_eq!(head[0], 0x8A);
+        // The pong is sent: the ping was read; the fragment is charged.
+        assert!(inbound(&gw, "bytes", "t1").await >= MIB as f64);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Cut at the message's deadline (3 s), pings or not (40 × 250 ms is 10 s).
+    let code = match code {
+        Some(c) => Some(c),
+        None => {
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf)).await;
+            close_code(&buf)
+        }
+    };
+    assert_eq!(code, Some(1008));
+}

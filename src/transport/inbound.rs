@@ -95,6 +95,28 @@ impl InboundMeter {
         std::mem::take(&mut held.charge)
     }
 
+    /// A control frame (ping, pong) of `payload` bytes came between the
+    /// fragments of a message, or between messages: give back its own
+    /// bytes only (a client's control frames are masked and unfragmented:
+    /// 6 bytes of header and mask), so that the message being assembled
+    /// keeps its charge and its deadline.
+    pub fn control_frame(&self, payload: usize) {
+        let n = payload + 6;
+        let mut held = self.held.lock();
+        if held.charge.bytes() <= n {
+            held.since = None;
+            held.charge = Charge::default();
+            return;
+        }
+        let charge = &mut held.charge;
+        for r in [&mut charge.tenant, &mut charge.gateway]
+            .into_iter()
+            .flatten()
+        {
+            drop(r.split(n));
+        }
+    }
+
     /// Since when the message being assembled has been coming in (`None`
     /// between messages).
     pub fn partial_since(&self) -> Option<Instant> {

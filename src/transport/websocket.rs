@@ -248,8 +248,12 @@ pub(crate) async fn run<S>(
                     // Not JSON: let the decoder produce the malformed answer.
                     Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned(), charge()),
                 },
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
-                    drop(charge());
+                Some(Ok(Message::Ping(p) | Message::Pong(p))) => {
+                    // Only the frame's own bytes: a message whose fragments
+                    // it came between keeps its charge and its deadline.
+                    if let Some(m) = &meter {
+                        m.control_frame(p.len());
+                    }
                     // Each ping costs a pong; a client may keep a
                     // connection alive with a few, not flood with them.
                     if pings.note(tokio::time::Instant::now()) {
@@ -258,10 +262,7 @@ pub(crate) async fn run<S>(
                     }
                     continue;
                 }
-                Some(Ok(_)) => {
-                    drop(charge());
-                    continue;
-                }
+                Some(Ok(_)) => continue,
                 Some(Err(WsError::Capacity(e))) => {
                     let _ = reader_ended_by.set((1009, "message too big"));
                     let _ = in_tx.send(InFrame::TooLarge(e.to_string())).await;
