@@ -665,3 +665,32 @@ async fn closing_a_session_releases_its_retained_output_at_once() {
     c.start("q", &["true"]).await;
     assert_eq!(c.collect("q").await.exit_code, Some(0));
 }
+
+/// Closing a session ends its processes for the gateway even when a
+/// process of another session holds their output pipes open (found by the
+/// attack review: the closed session's processes and their retained
+/// output stayed counted, unreachable, until the holder died).
+#[tokio::test]
+async fn a_closed_sessions_processes_end_though_another_session_holds_their_pipes() {
+    let gw = Gateway::start("");
+    let running = || gw.metric("exec_gateway_processes_running", "tenant=\"t1\"");
+    let (mut a, _) = gw.session().await;
+    a.start("p", &["sh", "-c", "echo $$; exec sleep 60"]).await;
+    let pid = a.first_line("p").await.trim().to_owned();
+    let (mut b, _) = gw.session().await;
+    let hold = format!("exec 3>/proc/{pid}/fd/1; echo held; exec sleep 60");
+    b.start("holder", &["sh", "-c", &hold]).await;
+    assert_eq!(b.first_line("holder").await.trim(), "held");
+    assert_eq!(running().await, Some(2.0));
+    a.call("session/close", json!({})).await;
+    drop(a);
+    let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
+    while running().await != Some(1.0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the closed session's process is still counted: {:?}",
+            running().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -37,6 +37,10 @@ pub struct Pump {
     pub permits: ProcessPermits,
     /// Told last, after `closed` went out (the table forgets the process).
     pub on_closed: OnClosed,
+    /// The session ended: stop reading (the process was killed; a pipe
+    /// another session's process still holds must not keep it, and its
+    /// retained output, forever).
+    pub abandoned: tokio_util::sync::CancellationToken,
 }
 
 /// One output stream being read.
@@ -99,6 +103,7 @@ impl Pump {
             guard,
             permits,
             on_closed,
+            abandoned,
         } = self;
         let mut guard = Some(guard);
         let (stdout, stderr, pty) = match output {
@@ -117,6 +122,11 @@ impl Pump {
                 r = stdout.read(), if stdout.open() => emit(&process, &attachment, &mut stdout.reader, &mut stdout.buf, stdout.stream, r).await,
                 r = stderr.read(), if stderr.open() => emit(&process, &attachment, &mut stderr.reader, &mut stderr.buf, stderr.stream, r).await,
                 r = pty.read(), if pty.open() => emit(&process, &attachment, &mut pty.reader, &mut pty.buf, pty.stream, r).await,
+                () = abandoned.cancelled(), if stdout.open() || stderr.open() || pty.open() => {
+                    stdout.reader = None;
+                    stderr.reader = None;
+                    pty.reader = None;
+                }
                 ended = exit.wait(), if !exited => {
                     exited = true;
                     // The leader is reaped: its number may be reused once its

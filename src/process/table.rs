@@ -60,6 +60,10 @@ pub struct ProcessTable {
     spawner: Box<dyn Spawner>,
     /// The session's protocol revision.
     revision: Arc<RevisionCell>,
+    /// Cancelled when the session ends ([`ProcessTable::kill_all`]): its
+    /// processes' output is read no further, even where a process of
+    /// another session still holds their pipes open.
+    abandoned: CancellationToken,
 }
 
 fn invalid(msg: String) -> GatewayError {
@@ -80,6 +84,7 @@ impl ProcessTable {
             settings,
             spawner,
             revision,
+            abandoned: CancellationToken::new(),
         })
     }
 
@@ -281,6 +286,7 @@ impl ProcessTable {
             }
         };
         let pump = Pump {
+            abandoned: self.abandoned.clone(),
             guard: GroupGuard::new(settings.reaper.clone(), child.pid),
             process: process.clone(),
             attachment: self.attachment.clone(),
@@ -516,6 +522,7 @@ impl ProcessTable {
 
     /// SIGKILL every live process group (session end, shutdown).
     pub fn kill_all(&self) {
+        self.abandoned.cancel();
         let all: Vec<Arc<Process>> = self
             .entries
             .lock()
