@@ -416,7 +416,7 @@ mod tests {
         let e = c.validate().unwrap_err().0;
         assert!(
             e.contains(
-                "tenants.c: key file /var/tmp/exec-gateway-config-test.key lies inside /var/tmp"
+                "tenants.c: secret file /var/tmp/exec-gateway-config-test.key lies inside /var/tmp"
             ),
             "{e}"
         );
