@@ -629,23 +629,7 @@ async fn closing_a_session_releases_its_retained_output_at_once() {
     // The connection drops (the session is detached) and is resumed.
     drop(c);
     let mut c = gw.connect().await;
-    let mut tries = 0;
-    loop {
-        let r = c
-            .call_raw(
-                "initialize",
-                json!({"clientName":"t","resumeSessionId": sid}),
-            )
-            .await;
-        if r.get("result").is_some() {
-            break;
-        }
-        // The old connection may not be gone on the gateway yet.
-        tries += 1;
-        assert!(tries < 200, "never resumed: {r}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    c.send(&json!({"method":"initialized"})).await;
+    c.resume(&sid).await;
     c.call("session/close", json!({})).await;
     drop(c);
     let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;

@@ -464,6 +464,30 @@ impl Client {
         )
     }
 
+    /// Resume session `sid` on this connection (retrying while the one
+    /// that held it is still going away), then send `initialized`; the
+    /// `initialize` result.
+    pub async fn resume(&mut self, sid: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let r = self
+                .call_raw(
+                    "initialize",
+                    json!({"clientName": "t", "resumeSessionId": sid}),
+                )
+                .await;
+            if let Some(result) = r.get("result") {
+                let result = result.clone();
+                self.send(&json!({"method": "initialized"})).await;
+                return result;
+            }
+            let message = r["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("already attached"), "resume refused: {r}");
+            assert!(tokio::time::Instant::now() < deadline, "never resumed: {r}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn initialize(&mut self) -> String {
         let r = self.call("initialize", json!({"clientName": "test"})).await;
         self.send(&json!({"method": "initialized"})).await;
