@@ -144,6 +144,15 @@ fn is_transport(message: &str) -> bool {
         || m.contains("error trying")
 }
 
+/// A balancer (or the gateway) answered the handshake 502, 503 or 504: the
+/// replica behind it died mid-handshake, or is over its connection limit.
+/// A websocket handshake creates nothing (the session comes with
+/// `initialize`, after it), so asking again is safe.
+pub(super) fn is_unavailable_at_handshake(e: &ClientError) -> bool {
+    matches!(e, ClientError::Connect { detail, .. }
+        if ["502", "503", "504"].iter().any(|s| detail.starts_with(s)))
+}
+
 /// The replica reached is draining and takes no new session
 /// (`data.reason = "serverShuttingDown"`); another connection through the
 /// balancer reaches another replica.
@@ -293,6 +302,24 @@ mod tests {
         // Data comes through as sent.
         let e = status(Code::Unavailable, "busy", Some(r#"{"retryAfterMs":700}"#));
         assert_eq!(retry_after(&e), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn a_handshake_the_balancer_could_not_complete_is_asked_again() {
+        let connect = |detail: &str| ClientError::Connect {
+            url: "ws://h".into(),
+            detail: detail.into(),
+        };
+        assert!(is_unavailable_at_handshake(&connect(
+            "502 Bad Gateway <html>..."
+        )));
+        assert!(is_unavailable_at_handshake(&connect(
+            "503 Service Unavailable connection limit reached"
+        )));
+        assert!(!is_unavailable_at_handshake(&connect("401 Unauthorized")));
+        assert!(!is_unavailable_at_handshake(&connect(
+            "IO error: Connection refused (os error 111)"
+        )));
     }
 
     #[test]

@@ -31,7 +31,10 @@ pub(super) use self::attach::WsAttachment;
 use self::link::{Link, TAKEN_OVER, open_link};
 use self::mailbox::Subs;
 use super::common::{Backoff, Ids};
-use super::error::{ClientError, Result, is_draining, is_overloaded, is_transient, retry_after};
+use super::error::{
+    ClientError, Result, is_draining, is_overloaded, is_transient, is_unavailable_at_handshake,
+    retry_after,
+};
 use super::types::ConnectOptions;
 use crate::error::code;
 use crate::protocol::environment::EnvironmentInfo;
@@ -66,8 +69,12 @@ impl WsClient {
         // connection that fails as the reconnects of a live client do.
         let mut backoff = Backoff::new(opts.resume_within);
         let resuming = opts.resume_session.is_some();
-        let worth_retrying =
-            |e: &ClientError| is_overloaded(e) || is_draining(e) || (resuming && is_transient(e));
+        let worth_retrying = |e: &ClientError| {
+            is_overloaded(e)
+                || is_draining(e)
+                || is_unavailable_at_handshake(e)
+                || (resuming && is_transient(e))
+        };
         let (link, init) = loop {
             let link = match open_link(&opts, 0, subs.clone()).await {
                 Ok(link) => link,
