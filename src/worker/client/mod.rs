@@ -67,6 +67,28 @@ impl std::fmt::Debug for WorkerConn {
 }
 
 impl WorkerConn {
+    /// A connection to the worker `pid` (`pid_ns`: the pid is the
+    /// namespace's parent's) over `sock`, with nothing in flight.
+    fn new(pid: i32, pid_ns: bool, sock: OwnedFd, metrics: Option<TenantMetrics>) -> WorkerConn {
+        WorkerConn {
+            pid,
+            pid_ns,
+            sock,
+            send_lock: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+            spawns: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            fs_pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            metrics,
+            sessions: AtomicUsize::new(0),
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl WorkerConn {
     pub fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
@@ -636,25 +658,17 @@ impl WorkerPool {
         let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
         // The read loop reaps it; the std handle is not needed.
         drop(child);
-        let conn = Arc::new(WorkerConn {
+        let pid_ns = self
+            .launch
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| s.spec.namespace.as_ref().is_some_and(|n| n.pid));
+        let conn = Arc::new(WorkerConn::new(
             pid,
-            pid_ns: self
-                .launch
-                .sandbox
-                .as_ref()
-                .is_some_and(|s| s.spec.namespace.as_ref().is_some_and(|n| n.pid)),
-            sock: ours,
-            send_lock: Mutex::new(()),
-            next_id: AtomicU64::new(1),
-            spawns: Mutex::new(HashMap::new()),
-            exits: Mutex::new(HashMap::new()),
-            fs_pending: Mutex::new(HashMap::new()),
-            dead: AtomicBool::new(false),
-            retiring: AtomicBool::new(false),
-            metrics: self.launch.metrics.clone(),
-            sessions: AtomicUsize::new(0),
-            started: std::time::Instant::now(),
-        });
+            pid_ns,
+            ours,
+            self.launch.metrics.clone(),
+        ));
         let reader = conn.clone();
         std::thread::Builder::new()
             .name(format!("worker-{}", self.launch.tenant))

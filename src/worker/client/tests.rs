@@ -8,21 +8,7 @@ use super::*;
 /// parent, whose child names the processes). Only `spawned` is used.
 fn conn(pid: i32, pid_ns: bool) -> WorkerConn {
     let (sock, _) = link::pair().unwrap();
-    WorkerConn {
-        pid,
-        pid_ns,
-        sock,
-        send_lock: Mutex::new(()),
-        next_id: AtomicU64::new(1),
-        spawns: Mutex::new(HashMap::new()),
-        exits: Mutex::new(HashMap::new()),
-        fs_pending: Mutex::new(HashMap::new()),
-        dead: AtomicBool::new(false),
-        retiring: AtomicBool::new(false),
-        metrics: None,
-        sessions: AtomicUsize::new(0),
-        started: std::time::Instant::now(),
-    }
+    WorkerConn::new(pid, pid_ns, sock, None)
 }
 
 /// The gateway's answer to a worker's `Spawned { pid }` carrying `fds`:
