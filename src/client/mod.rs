@@ -24,6 +24,7 @@
 //!     match event {
 //!         Event::Output { data, .. } => print!("{}", String::from_utf8_lossy(&data)),
 //!         Event::Exited { code, .. } => println!("exit code {code}"),
+//!         Event::OutputLost { chunks } => eprintln!("{chunks} chunks no longer retained"),
 //!     }
 //! }
 //! client
