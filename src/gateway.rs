@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, Network, Settings};
 use crate::error::GatewayError;
 use crate::fleet::{Fleet, Owner};
 use crate::isolation::Layers;
@@ -152,7 +152,7 @@ impl Gateway {
             .filter(|t| t.uid.is_some())
             .count();
         format!(
-            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\nnetwork: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
             on(
                 l.workers,
                 "per tenant; processes spawned by a confined worker"
@@ -177,8 +177,31 @@ impl Gateway {
             ),
             on(
                 l.namespaces,
-                "mount (private /tmp), PID (with workers), IPC, UTS per confined tenant; network where `none`"
+                "mount (private /tmp), PID (with workers), IPC, UTS per confined tenant"
             ),
+            {
+                let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+                for t in self.settings.tenants.values() {
+                    let n = match crate::tenant::effective_network(t, l) {
+                        Network::Isolated => format!("isolated, egress {}", t.egress.describe()),
+                        Network::None => "loopback only".to_owned(),
+                        Network::Host => "host".to_owned(),
+                    };
+                    *by.entry(n).or_default() += 1;
+                }
+                let tenants = by
+                    .iter()
+                    .map(|(n, c)| format!("{c} {n}"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                if l.network {
+                    format!(
+                        "active (own namespace per tenant, egress through pasta; tenants: {tenants})"
+                    )
+                } else {
+                    format!("inactive (tenants: {tenants})")
+                }
+            },
             if self.reaper.is_some() {
                 "active"
             } else {

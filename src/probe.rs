@@ -4,7 +4,7 @@
 //! `exec_gateway_isolation_layer{layer}`. A layer that is `required` and
 //! fails stops the gateway (fail closed).
 
-use crate::config::{ConfigError, LayerPolicy, Settings};
+use crate::config::{ConfigError, LayerPolicy, Network, Settings};
 use crate::isolation::namespace::NamespaceSpec;
 use crate::isolation::sandbox::{SandboxSpec, probe};
 use crate::isolation::{Layers, cgroup};
@@ -102,7 +102,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
             namespace: Some(NamespaceSpec {
                 tmp: Some(dir.clone()),
                 root: std::path::PathBuf::from("/"),
-                isolate_network: true,
+                net: crate::isolation::namespace::NetSpec::Loopback,
                 hide_dirs: Vec::new(),
                 hide_files: Vec::new(),
                 private_devpts: true,
@@ -115,7 +115,23 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
         let _ = std::fs::remove_dir(&dir);
         result
     })?;
+    // Only worth probing when some tenant could use it.
+    let wanted = settings
+        .tenants
+        .values()
+        .any(|t| matches!(t.network, None | Some(Network::Isolated)));
+    let network = wanted
+        && probe_layer("network", iso.network, metrics, || {
+            if !namespaces {
+                return Err("needs the namespaces layer".to_owned());
+            }
+            let dir = crate::config::state_dir()
+                .map_err(|e| e.to_string())?
+                .join("net");
+            crate::isolation::egress::probe(&dir).map(|_| ())
+        })?;
     Ok(Layers {
+        network,
         workers,
         cgroups,
         landlock,

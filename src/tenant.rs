@@ -20,8 +20,9 @@ use crate::config::{ConfigError, Network, Settings, TenantSettings};
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::egress::{NetTools, TenantNet};
 use crate::isolation::idmap::IdMap;
-use crate::isolation::namespace::NamespaceSpec;
+use crate::isolation::namespace::{NamespaceSpec, NetSpec};
 use crate::isolation::reaper::Reaper;
 use crate::isolation::sandbox::{Sandbox, SandboxSpec};
 use crate::metrics::{Metrics, TenantMetrics};
@@ -150,7 +151,17 @@ impl Tenants {
             exec.max_retained_bytes = t.max_retained_output_bytes;
             exec.metrics = tm.clone();
             exec.subscriber_timeout = settings.slow_client_timeout;
-            let spec = sandbox_spec(name, t, layers, &hidden, &hide, idmap)?;
+            let net = if layers.network && effective_network(t, layers) == Network::Isolated {
+                let tools = NetTools::find().map_err(ConfigError)?;
+                let dir = crate::config::state_dir()?.join("net");
+                let net = TenantNet::create(name, &t.egress, &tools, &dir, reaper.clone())
+                    .map_err(|e| ConfigError(format!("tenants.{name}: network: {e}")))?;
+                tracing::info!(tenant = name.as_str(), egress = %t.egress.describe(), "tenant network");
+                Some(Arc::new(net))
+            } else {
+                None
+            };
+            let spec = sandbox_spec(name, t, layers, &hidden, &hide, idmap, net)?;
             let cgroup = if layers.cgroups {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
@@ -263,6 +274,17 @@ struct Hide {
     files: Vec<PathBuf>,
 }
 
+/// The network a tenant gets: as configured, else its own where the
+/// network layer is active.
+pub fn effective_network(t: &TenantSettings, layers: Layers) -> Network {
+    match t.network {
+        Some(n) => n,
+        None if layers.network => Network::Isolated,
+        None => Network::Host,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn sandbox_spec(
     name: &str,
     t: &TenantSettings,
@@ -270,49 +292,60 @@ fn sandbox_spec(
     hidden: &[PathBuf],
     hide: &Hide,
     idmap: Option<IdMap>,
+    net: Option<Arc<TenantNet>>,
 ) -> Result<SandboxSpec, ConfigError> {
     let uid = if layers.uid { t.uid } else { None };
-    if t.network == Network::None && !layers.namespaces {
+    let network = effective_network(t, layers);
+    if network == Network::None && !layers.namespaces {
         return Err(ConfigError(format!(
             "tenants.{name}.network = \"none\" needs the namespaces layer, which is off or unavailable on this host"
         )));
     }
+    let net = match (network, net) {
+        (Network::Host, _) => NetSpec::Host,
+        (Network::None, _) => NetSpec::Loopback,
+        (Network::Isolated, Some(net)) => NetSpec::Joined(net),
+        (Network::Isolated, None) => {
+            return Err(ConfigError(format!(
+                "tenants.{name}.network = \"isolated\" needs the network layer, which is off or unavailable on this host (see the network probe above)"
+            )));
+        }
+    };
     // A confined tenant gets its own /tmp (a root of / means unconfined).
     let private_tmp = match (&t.root, layers.namespaces) {
         (Some(root), true) => Some(private_tmp(name, uid, Some(root))?),
         _ => None,
     };
-    let namespace =
-        (layers.namespaces && (t.root.is_some() || t.network == Network::None)).then(|| {
-            NamespaceSpec {
-                tmp: private_tmp.clone(),
-                root: t.root.clone().unwrap_or_else(|| PathBuf::from("/")),
-                isolate_network: t.network == Network::None,
-                // Only a confined tenant is kept from the others' roots
-                // and the gateway's state (a root of / sees the host).
-                hide_dirs: if t.root.is_some() {
-                    hide.dirs
-                        .iter()
-                        .filter(|d| Some(d.as_path()) != t.root.as_deref())
-                        .cloned()
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-                hide_files: hide.files.clone(),
-                // Workers enter once; per child (workers off) every spawn
-                // would add Landlock rules to the tenant's ruleset.
-                private_devpts: t.root.is_some() && layers.workers,
-                // The worker is the namespace's init; with workers off,
-                // every child would need a parent process of its own.
-                pid: t.root.is_some() && layers.workers,
-                idmap,
-                cover: match (&t.root, uid) {
-                    (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),
-                    _ => None,
-                },
-            }
-        });
+    let namespace = (layers.namespaces && (t.root.is_some() || net != NetSpec::Host)).then(|| {
+        NamespaceSpec {
+            tmp: private_tmp.clone(),
+            root: t.root.clone().unwrap_or_else(|| PathBuf::from("/")),
+            net,
+            // Only a confined tenant is kept from the others' roots
+            // and the gateway's state (a root of / sees the host).
+            hide_dirs: if t.root.is_some() {
+                hide.dirs
+                    .iter()
+                    .filter(|d| Some(d.as_path()) != t.root.as_deref())
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            hide_files: hide.files.clone(),
+            // Workers enter once; per child (workers off) every spawn
+            // would add Landlock rules to the tenant's ruleset.
+            private_devpts: t.root.is_some() && layers.workers,
+            // The worker is the namespace's init; with workers off,
+            // every child would need a parent process of its own.
+            pid: t.root.is_some() && layers.workers,
+            idmap,
+            cover: match (&t.root, uid) {
+                (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),
+                _ => None,
+            },
+        }
+    });
     let landlock_rw = layers.landlock.then(|| {
         let root = t.root.clone().unwrap_or_else(|| PathBuf::from("/"));
         // Where TMPDIR lies under /tmp, Landlock grants the private
@@ -329,10 +362,20 @@ fn sandbox_spec(
             .chain(t.landlock_write.iter().cloned())
             .collect()
     });
+    // The tenant's resolv.conf, bound over the host's: Landlock grants
+    // /etc entry by entry (inodes), and this one is not the host's.
+    let mut landlock_ro = t.landlock_read.clone();
+    if let Some(NamespaceSpec {
+        net: NetSpec::Joined(n),
+        ..
+    }) = &namespace
+    {
+        landlock_ro.push(n.resolv_conf().to_path_buf());
+    }
     Ok(SandboxSpec {
         uid,
         landlock_rw,
-        landlock_ro: t.landlock_read.clone(),
+        landlock_ro,
         seccomp: layers.seccomp,
         hidden: hidden.to_vec(),
         namespace,

@@ -471,11 +471,12 @@ async fn namespaces_give_each_tenant_its_own_tmp() {
 }
 
 /// `network = "none"`: loopback only; the gateway's own port is not
-/// reachable. The other tenant keeps the host network.
+/// reachable. The other tenant, with the network layer off, keeps the
+/// host network.
 #[tokio::test]
 async fn network_none_leaves_only_loopback() {
     let r = roots();
-    let gw = gateway(&r, "", "network = \"none\"", "");
+    let gw = gateway(&r, "network = \"off\"", "network = \"none\"", "");
     require!(gw, "namespaces");
     let port = gw.addr.rsplit(':').next().unwrap().to_owned();
     let script = format!(

@@ -26,6 +26,11 @@ pub struct IsolationConfig {
     /// other tenants' roots under `/tmp` gone; needed by `network = "none"`.
     /// Default: `optional`.
     pub namespaces: Option<LayerPolicy>,
+    /// A network namespace per tenant with filtered egress through pasta
+    /// (`tenants.NAME.network = "isolated"`, the default where active;
+    /// needs the namespaces layer, `pasta` and `nft`). `off` lets tenants
+    /// use `network = "host"`. Default: `optional`.
+    pub network: Option<LayerPolicy>,
     /// `[first, last]`: uids (and gids) allocated to tenants without a
     /// configured `uid` when the gateway runs as root. A tenant's uid is
     /// stable (a hash of its name picks the start) and skips ids that name
@@ -62,6 +67,7 @@ pub struct IsolationSettings {
     pub seccomp: LayerPolicy,
     pub uid: LayerPolicy,
     pub namespaces: LayerPolicy,
+    pub network: LayerPolicy,
     pub cgroup_version: CgroupVersion,
 }
 
@@ -83,6 +89,7 @@ pub(super) fn validate_isolation(i: &IsolationConfig) -> IsolationSettings {
         seccomp: layer(i.seccomp),
         uid: layer(i.uid),
         namespaces: layer(i.namespaces),
+        network: layer(i.network),
         cgroup_version: i.cgroup_version.unwrap_or_default(),
     }
 }

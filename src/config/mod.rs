@@ -47,8 +47,8 @@ pub use server::{
 };
 pub use tenants::{
     CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_OUTBOUND_BYTES, DEFAULT_MAX_READ_FILE_BYTES,
-    DEFAULT_TENANT_MEMORY_BYTES, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network, Placement,
-    TenantConfig, TenantSettings, read_file_reply_bytes,
+    DEFAULT_TENANT_MEMORY_BYTES, Egress, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network,
+    Placement, TenantConfig, TenantSettings, read_file_reply_bytes,
 };
 pub use uids::{HostIds, IdsInUse, allocate_uids};
 
@@ -235,6 +235,15 @@ impl Config {
             refuse_exposed_keys(name, t, &secret_files)?;
         }
         refuse_nested_roots(&tenants)?;
+        if isolation.network != LayerPolicy::Off
+            && let Some((name, _)) = tenants
+                .iter()
+                .find(|(_, t)| t.network == Some(Network::Host))
+        {
+            return Err(ConfigError(format!(
+                "tenants.{name}.network = \"host\" gives the tenant the host's loopback, the gateway's listeners and every other host-network tenant; it is allowed only with [isolation] network = \"off\""
+            )));
+        }
         let caps_explicit = CapsExplicit {
             connections: s.max_connections.is_some(),
             grpc: s.grpc_max_connections.is_some(),

@@ -76,9 +76,17 @@ pub struct TenantConfig {
     /// Extra paths the tenant's processes may write (Landlock). Default: none.
     #[serde(default)]
     pub landlock_write: Vec<PathBuf>,
-    /// `host` (default) or `none`: a network namespace with only loopback
-    /// (needs the namespaces layer; refused at start when it is inactive).
+    /// `isolated`: a network namespace of the tenant's own, with the way
+    /// out `egress` allows (the default where the `[isolation] network`
+    /// layer is active); `none`: a namespace with only loopback; `host`:
+    /// the host's network, loopback and listeners included (allowed only
+    /// with `[isolation] network = "off"`).
     pub network: Option<Network>,
+    /// Where an `isolated` tenant's processes may connect: `"internet"`
+    /// (default: every public address), `"none"`, or a list of CIDRs
+    /// (private ranges allowed), which may include `"internet"`. The
+    /// gateway host's own addresses are never reachable.
+    pub egress: Option<EgressConfig>,
     /// The executor pool (`[executors.pools.NAME]`) the tenant's sessions
     /// may run on. Default: none.
     pub pool: Option<String>,
@@ -90,13 +98,88 @@ pub struct TenantConfig {
     pub placement: Option<Placement>,
 }
 
+/// Where a tenant's processes may connect (`tenants.NAME.egress`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Egress {
+    /// Every public address.
+    pub internet: bool,
+    /// These too, private ranges included (never the host's own addresses).
+    pub allow: Vec<ipnet::IpNet>,
+}
+
+impl Egress {
+    pub fn none() -> Egress {
+        Egress::default()
+    }
+
+    /// Short form for logs and `/readyz`.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        if self.internet {
+            parts.push("internet".to_owned());
+        }
+        parts.extend(self.allow.iter().map(|n| n.to_string()));
+        if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
 /// A tenant's network.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
-    #[default]
+    Isolated,
     Host,
     None,
+}
+
+/// `tenants.NAME.egress` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum EgressConfig {
+    Word(String),
+    List(Vec<String>),
+}
+
+/// Validate `egress`: words `internet` and `none`, or CIDRs (a bare
+/// address is a /32 or /128).
+fn validate_egress(name: &str, e: Option<EgressConfig>) -> Result<Egress, ConfigError> {
+    let items = match e {
+        None => {
+            return Ok(Egress {
+                internet: true,
+                allow: Vec::new(),
+            });
+        }
+        Some(EgressConfig::Word(w)) if w == "none" => return Ok(Egress::none()),
+        Some(EgressConfig::Word(w)) => vec![w],
+        Some(EgressConfig::List(l)) => l,
+    };
+    let mut out = Egress::none();
+    for item in items {
+        if item == "internet" {
+            out.internet = true;
+            continue;
+        }
+        let net = item
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| item.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                ConfigError(format!(
+                    "tenants.{name}.egress: {item:?} is neither \"internet\", \"none\" nor a CIDR"
+                ))
+            })?;
+        if net.prefix_len() == 0 {
+            return Err(ConfigError(format!(
+                "tenants.{name}.egress: {item} would allow everything, private ranges and cloud metadata included; write \"internet\" for public addresses"
+            )));
+        }
+        out.allow.push(net);
+    }
+    Ok(out)
 }
 
 /// Where a tenant's JSON-RPC sessions run.
@@ -155,7 +238,10 @@ pub struct TenantSettings {
     pub workers_max: usize,
     pub landlock_read: Vec<PathBuf>,
     pub landlock_write: Vec<PathBuf>,
-    pub network: Network,
+    /// As configured; `None`: `isolated` where the network layer is
+    /// active, else the host's.
+    pub network: Option<Network>,
+    pub egress: Egress,
     pub pool: Option<String>,
     pub pool_labels: BTreeMap<String, String>,
     pub placement: Placement,
@@ -330,7 +416,15 @@ pub(super) fn validate_tenant(
             .max(t.workers_min.unwrap_or(1)),
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
-        network: t.network.unwrap_or_default(),
+        network: t.network,
+        egress: {
+            if t.egress.is_some() && matches!(t.network, Some(Network::Host | Network::None)) {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.egress applies to network = \"isolated\" only"
+                )));
+            }
+            validate_egress(name, t.egress)?
+        },
         placement: match (t.placement, &t.pool) {
             (Some(Placement::Local) | None, None) => Placement::Local,
             (Some(p), None) => {

@@ -5,6 +5,7 @@
 //! probed by module `probe`.
 
 pub mod cgroup;
+pub mod egress;
 pub mod fds;
 pub mod idmap;
 pub mod namespace;
@@ -21,4 +22,6 @@ pub struct Layers {
     pub seccomp: bool,
     pub uid: bool,
     pub namespaces: bool,
+    /// A network namespace per tenant with filtered egress.
+    pub network: bool,
 }

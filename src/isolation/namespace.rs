@@ -18,6 +18,7 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use super::egress::{TenantNet, loopback_up};
 use super::idmap::IdMap;
 
 /// What a tenant's namespaces look like.
@@ -28,8 +29,8 @@ pub struct NamespaceSpec {
     pub tmp: Option<PathBuf>,
     /// The tenant root (bound back at its path when it lies under `/tmp`).
     pub root: PathBuf,
-    /// A network namespace with only loopback (`network = "none"`).
-    pub isolate_network: bool,
+    /// The network the tenant's processes see.
+    pub net: NetSpec,
     /// Directories that must not exist for the tenant (other tenants'
     /// roots, the gateway's state directory): an empty read-only tmpfs
     /// with mode 000 is mounted on each.
@@ -54,6 +55,31 @@ pub struct NamespaceSpec {
     /// only the path down to the root, which is bound back there.
     pub cover: Option<PathBuf>,
 }
+
+/// A tenant's network.
+#[derive(Debug, Clone, Default)]
+pub enum NetSpec {
+    /// The host's (`network = "host"`).
+    #[default]
+    Host,
+    /// A new namespace with only loopback (`network = "none"`).
+    Loopback,
+    /// The tenant's namespace, shared by its workers, with the way out
+    /// its egress allows; its `resolv.conf` is bound over the host's.
+    Joined(Arc<TenantNet>),
+}
+
+impl PartialEq for NetSpec {
+    fn eq(&self, other: &NetSpec) -> bool {
+        match (self, other) {
+            (NetSpec::Host, NetSpec::Host) | (NetSpec::Loopback, NetSpec::Loopback) => true,
+            (NetSpec::Joined(a), NetSpec::Joined(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for NetSpec {}
 
 /// Where the root tree is attached in the namespace.
 #[derive(Debug)]
@@ -98,7 +124,9 @@ pub struct Namespace {
     /// The root, when it is attached anew (under `/tmp`, a cover, or
     /// idmapped).
     root: Option<RootMount>,
-    isolate_network: bool,
+    net: NetSpec,
+    /// The tenant's `resolv.conf` (joined networks), held `O_PATH`.
+    resolv_conf: Option<OwnedFd>,
     hide_dirs: Vec<CString>,
     hide_files: Vec<CString>,
     private_devpts: bool,
@@ -108,18 +136,18 @@ pub struct Namespace {
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_SYMLINKS: libc::c_uint = 0x10;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 
 fn path_fd(p: &Path) -> io::Result<OwnedFd> {
+    open_path(p, libc::O_DIRECTORY)
+}
+
+fn open_path(p: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     let c = CString::new(p.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: a plain open of a NUL-terminated path.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -176,9 +204,13 @@ impl Namespace {
             None => None,
         };
         let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-        if spec.isolate_network {
+        if spec.net == NetSpec::Loopback {
             flags |= libc::CLONE_NEWNET;
         }
+        let resolv_conf = match &spec.net {
+            NetSpec::Joined(net) => Some(open_path(net.resolv_conf(), libc::O_NOFOLLOW)?),
+            _ => None,
+        };
         if spec.pid {
             flags |= libc::CLONE_NEWPID;
         }
@@ -195,7 +227,8 @@ impl Namespace {
             flags,
             tmp,
             root,
-            isolate_network: spec.isolate_network,
+            net: spec.net.clone(),
+            resolv_conf,
             hide_dirs: cstrings(&spec.hide_dirs)?,
             hide_files: cstrings(&spec.hide_files)?,
             private_devpts: spec.private_devpts,
@@ -279,6 +312,13 @@ impl Namespace {
                 Some(fd) => Some(clone(fd.as_raw_fd(), 0)?),
                 None => None,
             };
+            let resolv_tree = match &self.resolv_conf {
+                Some(fd) => Some(clone(fd.as_raw_fd(), 0)?),
+                None => None,
+            };
+            if let NetSpec::Joined(net) = &self.net {
+                check(libc::setns(net.netns().as_raw_fd(), libc::CLONE_NEWNET).into())?;
+            }
             check(libc::unshare(self.flags).into())?;
             // Nothing mounted here propagates back to the host.
             check(
@@ -318,6 +358,21 @@ impl Namespace {
                     libc::MS_BIND,
                     std::ptr::null(),
                 ))?;
+            }
+            if let Some(tree) = resolv_tree {
+                // Over the file a symlink there names (systemd-resolved's
+                // stub): the host's own view is untouched. A host without
+                // one has nothing to cover.
+                let r = libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    c"/etc/resolv.conf".as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS,
+                );
+                hidden(r as libc::c_int)?;
+                libc::close(tree);
             }
             if let Some(tmp_tree) = tmp_tree {
                 check(libc::syscall(
@@ -404,7 +459,7 @@ impl Namespace {
                     add_rule(r.ruleset, c"/dev/ptmx", 0, r.pty_file)?;
                 }
             }
-            if self.isolate_network {
+            if self.net == NetSpec::Loopback {
                 loopback_up()?;
             }
         }
@@ -445,29 +500,6 @@ unsafe fn add_rule(
         );
         let err = io::Error::last_os_error();
         libc::close(fd);
-        if r < 0 { Err(err) } else { Ok(()) }
-    }
-}
-
-/// Bring `lo` up in a fresh network namespace (it starts down).
-unsafe fn loopback_up() -> io::Result<()> {
-    // SAFETY: a socket and two ioctls on a stack `ifreq`.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req);
-        if r == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
-        }
-        let err = io::Error::last_os_error();
-        libc::close(s);
         if r < 0 { Err(err) } else { Ok(()) }
     }
 }

@@ -1,0 +1,421 @@
+//! A tenant's own network, proven against a small world the test builds:
+//! the gateway runs in a network namespace of its own whose only way out
+//! is a veth to an "outside" namespace holding a public server
+//! (203.0.113.10), a private one (10.77.0.1), a cloud-metadata address
+//! (169.254.169.254) and the DNS resolver the gateway's host uses
+//! (10.77.0.53, private: reached only through pasta's DNS mapping). In the
+//! gateway's namespace a service listens on its loopback and on its own
+//! address. Then, from inside each tenant: what its egress allows is
+//! reached and names resolve; the host's loopback services, the gateway's
+//! listeners (client, admin), the host's own address, private and
+//! metadata addresses and another tenant's listener are not.
+//!
+//! Needs root, `ip`, `pasta` and `nft`; skipped with the reason otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{Client, Gateway};
+use serde_json::json;
+
+/// The two namespaces, the servers in them and `/etc/netns/<gw>`; all
+/// removed on drop.
+struct World {
+    gw: String,
+    net: String,
+    servers: Vec<Child>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for ns in [&self.gw, &self.net] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.gw));
+    }
+}
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("ip");
+    assert!(st.success(), "ip {args:?}");
+}
+
+/// Why this host cannot run the test, if it cannot.
+fn missing() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root (network namespaces)".to_owned());
+    }
+    for (tool, package) in [("ip", "iproute2"), ("pasta", "passt"), ("nft", "nftables")] {
+        let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(tool).is_file());
+        if !found {
+            return Some(format!("`{tool}` not installed (Debian package {package})"));
+        }
+    }
+    None
+}
+
+/// TCP servers that answer their own name, and a DNS server answering every
+/// A query with 203.0.113.10, in `ns`.
+const SERVERS: &str = r#"
+import socket, sys, threading
+def tcp(addr, port, name):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(16)
+    def loop():
+        while True:
+            c, _ = s.accept(); c.sendall(name.encode() + b"\n"); c.close()
+    threading.Thread(target=loop, daemon=True).start()
+def dns(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((addr, 53))
+    while True:
+        q, peer = s.recvfrom(512)
+        end = q.index(b"\0", 12) + 5
+        answer = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + bytes([203, 0, 113, 10])
+        s.sendto(q[:2] + b"\x81\x80" + q[4:6] + b"\x00\x01\x00\x00\x00\x00" + q[12:end] + answer, peer)
+for spec in sys.argv[1:]:
+    addr, port, name = spec.split(":")
+    if name == "dns":
+        threading.Thread(target=dns, args=(addr,), daemon=True).start()
+    else:
+        tcp(addr, int(port), name)
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+fn serve_in(ns: &str, specs: &[&str]) -> Child {
+    use std::io::BufRead as _;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", SERVERS])
+        .args(specs)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("servers");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+fn world() -> World {
+    let id = std::process::id();
+    let w = World {
+        gw: format!("egw-gw-{id}"),
+        net: format!("egw-net-{id}"),
+        servers: Vec::new(),
+    };
+    let (gw, net) = (w.gw.clone(), w.net.clone());
+    let (vg, vn) = (format!("eg{id}"), format!("en{id}"));
+    ip(&["netns", "add", &gw]);
+    ip(&["netns", "add", &net]);
+    ip(&[
+        "link", "add", &vg, "netns", &gw, "type", "veth", "peer", "name", &vn, "netns", &net,
+    ]);
+    for (ns, cmds) in [
+        (
+            &gw,
+            vec![
+                vec!["link", "set", "lo", "up"],
+                vec!["link", "set", &vg, "up"],
+                vec!["addr", "add", "198.51.100.2/24", "dev", &vg],
+                vec!["route", "add", "default", "via", "198.51.100.1"],
+                // A public address of the host's own, not on the uplink.
+                vec!["addr", "add", "192.0.2.77/32", "dev", "lo"],
+            ],
+        ),
+        (
+            &net,
+            vec![
+                vec!["link", "set", "lo", "up"],
+                vec!["link", "set", &vn, "up"],
+                vec!["addr", "add", "198.51.100.1/24", "dev", &vn],
+                vec!["addr", "add", "203.0.113.10/32", "dev", "lo"],
+                vec!["addr", "add", "10.77.0.1/32", "dev", "lo"],
+                vec!["addr", "add", "10.77.0.53/32", "dev", "lo"],
+                vec!["addr", "add", "169.254.169.254/32", "dev", "lo"],
+            ],
+        ),
+    ] {
+        for c in cmds {
+            let mut args = vec!["-n", ns.as_str()];
+            args.extend(c);
+            ip(&args);
+        }
+    }
+    // `ip netns exec` binds this over /etc/resolv.conf for the gateway.
+    std::fs::create_dir_all(format!("/etc/netns/{gw}")).unwrap();
+    std::fs::write(
+        format!("/etc/netns/{gw}/resolv.conf"),
+        "nameserver 10.77.0.53\nsearch corp.example\noptions ndots:2\n",
+    )
+    .unwrap();
+    w
+}
+
+/// Enter `ns` on this thread (the test's runtime is single-threaded, so
+/// every socket the test opens is made here).
+fn enter(ns: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    // SAFETY: setns on this thread with a descriptor we hold.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+}
+
+/// A shell script that runs the gateway binary in `ns` (with its
+/// `/etc/netns` resolver).
+fn wrapper(dir: &Path, ns: &str) -> PathBuf {
+    let path = dir.join("gateway-in-netns");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nexec ip netns exec {ns} {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// What a tenant's process reaches: `name=ok:<answer>` or `name=<error>`.
+const PROBE: &str = r#"
+import socket, sys
+for spec in sys.argv[1:]:
+    name, addr, port = spec.split(",")
+    try:
+        s = socket.create_connection((addr, int(port)), timeout=3)
+        print(f"{name}=ok:{s.recv(64).decode().strip()}")
+    except OSError as e:
+        print(f"{name}={e.__class__.__name__}:{e.errno}")
+try:
+    print("dns=" + socket.gethostbyname("pkg.corp.example"))
+except OSError as e:
+    print(f"dns={e}")
+print("resolv=" + open("/etc/resolv.conf").read().replace("\n", "|"))
+"#;
+
+async fn probe(c: &mut Client, id: &str, root: &Path, targets: &[String]) -> String {
+    let mut argv = vec!["python3".to_owned(), "-c".to_owned(), PROBE.to_owned()];
+    argv.extend(targets.iter().cloned());
+    c.call(
+        "process/start",
+        json!({"processId": id, "argv": argv, "cwd": root, "tty": false,
+               "env": {"PATH": "/usr/bin:/bin"}}),
+    )
+    .await;
+    let out = c.collect(id).await;
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn field<'a>(out: &'a str, name: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
+}
+
+#[tokio::test]
+async fn each_tenant_reaches_only_what_its_egress_allows() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let mut w = world();
+    w.servers.push(serve_in(
+        &w.net,
+        &[
+            "203.0.113.10:8080:public",
+            "10.77.0.1:8080:private",
+            "169.254.169.254:80:metadata",
+            "10.77.0.53:53:dns",
+        ],
+    ));
+    w.servers.push(serve_in(
+        &w.gw,
+        &[
+            "127.0.0.1:8099:host-loopback",
+            "198.51.100.2:8098:host-uplink",
+            "192.0.2.77:8098:host-address",
+        ],
+    ));
+    enter(&w.gw);
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let bin = wrapper(scratch.path(), &w.gw);
+    let gw = Gateway::launch(&bin, None, &[], |dir| {
+        format!(
+            "[isolation]\nnetwork = \"required\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\n\
+             [tenants.b]\nroot = \"{}\"\negress = [\"10.77.0.1/32\"]\n",
+            dir.display(),
+            ra.display(),
+            rb.display()
+        )
+    });
+    let (_, ready) = gw.admin_get("/readyz").await;
+    assert!(
+        ready.contains("network: active") && ready.contains("1 isolated, egress internet"),
+        "{ready}"
+    );
+    let port = |a: &str| a.rsplit(':').next().unwrap().to_owned();
+    let (client, admin) = (port(&gw.addr), port(&gw.admin));
+    let targets = |extra: &[(&str, &str, &str)]| -> Vec<String> {
+        [
+            ("public", "203.0.113.10", "8080"),
+            ("private", "10.77.0.1", "8080"),
+            ("metadata", "169.254.169.254", "80"),
+            ("host-loopback", "127.0.0.1", "8099"),
+            ("host-address", "192.0.2.77", "8098"),
+            ("host-uplink", "198.51.100.2", "8098"),
+            ("client-port", "127.0.0.1", client.as_str()),
+            ("client-port-by-address", "192.0.2.77", client.as_str()),
+            ("admin-port", "127.0.0.1", admin.as_str()),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(n, a, p)| format!("{n},{a},{p}"))
+        .collect()
+    };
+
+    // a: the internet, nothing else.
+    let (mut a, _) = gw.session_of("a").await;
+    // A listener of a's own, on its loopback, for b to try.
+    a.call(
+        "process/start",
+        json!({"processId": "srv", "argv": ["python3", "-c",
+            "import socket;s=socket.socket();s.bind(('127.0.0.1',9000));s.listen();print('up',flush=True)\nwhile True:\n c,_=s.accept();c.sendall(b'tenant-a\\n');c.close()"],
+            "cwd": ra, "tty": false, "env": {"PATH": "/usr/bin:/bin"}}),
+    )
+    .await;
+    assert_eq!(a.first_line("srv").await, "up");
+    let out = probe(
+        &mut a,
+        "pa",
+        &ra,
+        &targets(&[("own-listener", "127.0.0.1", "9000")]),
+    )
+    .await;
+    assert_eq!(field(&out, "public"), "ok:public", "{out}");
+    assert_eq!(field(&out, "own-listener"), "ok:tenant-a", "{out}");
+    assert_eq!(field(&out, "dns"), "203.0.113.10", "{out}");
+    assert!(
+        field(&out, "resolv")
+            .contains("nameserver 169.254.0.53|search corp.example|options ndots:2"),
+        "{out}"
+    );
+    // Refused by the namespace's ruleset, at once: EHOSTUNREACH.
+    for name in [
+        "private",
+        "metadata",
+        "host-address",
+        "client-port-by-address",
+    ] {
+        assert_eq!(field(&out, name), "OSError:113", "{name}: {out}");
+    }
+    // The tenant's loopback is its own: nothing of the host's listens
+    // there; the uplink's address is copied into the tenant's namespace,
+    // so it is the tenant's own too.
+    for name in ["host-loopback", "client-port", "admin-port", "host-uplink"] {
+        assert_eq!(
+            field(&out, name),
+            "ConnectionRefusedError:111",
+            "{name}: {out}"
+        );
+    }
+    // The host's sockets are not in its /proc/net/tcp either.
+    let hex = format!(":{:04X}", client.parse::<u16>().unwrap());
+    let (_, tcp) = {
+        a.call(
+            "process/start",
+            json!({"processId": "tcp", "argv": ["cat", "/proc/net/tcp"], "cwd": ra,
+                   "tty": false, "env": {}}),
+        )
+        .await;
+        let o = a.collect("tcp").await;
+        ((), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    assert!(
+        !tcp.contains(&hex),
+        "the gateway's port shows in a's /proc/net/tcp: {tcp}"
+    );
+
+    // b: only its allowlisted private address; a's listener is out of reach.
+    let (mut b, _) = gw.session_of("b").await;
+    let out = probe(
+        &mut b,
+        "pb",
+        &rb,
+        &targets(&[("tenant-a", "127.0.0.1", "9000")]),
+    )
+    .await;
+    assert_eq!(field(&out, "private"), "ok:private", "{out}");
+    for name in ["public", "metadata", "host-address"] {
+        assert_eq!(field(&out, name), "OSError:113", "{name}: {out}");
+    }
+    assert_eq!(
+        field(&out, "tenant-a"),
+        "ConnectionRefusedError:111",
+        "{out}"
+    );
+    drop(gw);
+    drop(w);
+}
+
+/// `network = "host"` is refused unless the network layer is turned off,
+/// and an egress entry that is not a CIDR is refused.
+#[test]
+fn unsafe_network_settings_are_refused() {
+    let dir = common::scratch();
+    let root = dir.path().join("r");
+    std::fs::create_dir_all(&root).unwrap();
+    let cases = [
+        (
+            "[tenants.a]\nroot = \"/tmp\"\nnetwork = \"host\"\n",
+            "allowed only with [isolation] network = \"off\"",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\negress = [\"0.0.0.0/0\"]\n",
+            "would allow everything",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\negress = \"everywhere\"\n",
+            "neither \"internet\"",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\nnetwork = \"none\"\negress = \"internet\"\n",
+            "applies to network = \"isolated\" only",
+        ),
+    ];
+    for (i, (tenants, want)) in cases.iter().enumerate() {
+        let tenants = tenants.replace("/tmp", &root.display().to_string());
+        let config = common::write_file(
+            dir.path(),
+            &format!("c{i}.toml"),
+            &format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n{tenants}",
+                dir.path().display()
+            ),
+        );
+        std::fs::write(dir.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+        let out = common::serve_expecting_refusal(&config);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "case {i}: {err}");
+    }
+}
