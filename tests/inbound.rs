@@ -289,3 +289,178 @@ async fn pings_inside_a_fragmented_message_keep_its_charge_and_deadline() {
     };
     assert_eq!(code, Some(1008));
 }
+
+/// An HTTP/2 connection of `tenant` to the gRPC door, driven by hand so
+/// that a message can be left unfinished.
+async fn h2_connection(gw: &Gateway) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = TcpStream::connect(gw.grpc.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// A unary `Write` of `token`'s tenant whose message declares `len`
+/// bytes and carries `sent` of them, sent as flow control allows and never
+/// finished; resolves to the call's `grpc-status:grpc-message` once the
+/// gateway answers (or how the stream ended).
+fn unfinished_grpc_call(
+    send: h2::client::SendRequest<bytes::Bytes>,
+    token: String,
+    len: usize,
+    sent: usize,
+) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let mut send = send.ready().await.unwrap();
+        let req = http::Request::post("/exec_gateway.v1.ProcessService/Write")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {token}"))
+            .body(())
+            .unwrap();
+        let (resp, mut stream) = send.send_request(req, false).unwrap();
+        let mut data = vec![0u8];
+        data.extend_from_slice(&(len as u32).to_be_bytes());
+        data.resize(5 + sent, b'x');
+        let mut left = bytes::Bytes::from(data);
+        let writer = async {
+            while !left.is_empty() {
+                stream.reserve_capacity(left.len().min(64 * 1024));
+                match futures_util::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
+                    Some(Ok(n)) => {
+                        let chunk = left.split_to(n.min(left.len()));
+                        if stream.send_data(chunk, false).is_err() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        let answer = async {
+            let resp = match resp.await {
+                Ok(r) => r,
+                Err(e) => return format!("reset: {e}"),
+            };
+            let (parts, mut body) = resp.into_parts();
+            let status = |h: &http::HeaderMap| {
+                h.get("grpc-status").map(|s| {
+                    format!(
+                        "{}:{}",
+                        s.to_str().unwrap_or_default(),
+                        h.get("grpc-message")
+                            .and_then(|m| m.to_str().ok())
+                            .unwrap_or_default()
+                            .replace("%20", " ")
+                    )
+                })
+            };
+            if let Some(s) = status(&parts.headers) {
+                return s;
+            }
+            while let Some(Ok(_)) = body.data().await {}
+            match body.trailers().await {
+                Ok(Some(t)) => status(&t).unwrap_or_else(|| "no grpc-status".to_owned()),
+                other => format!("no trailers: {other:?}"),
+            }
+        };
+        tokio::select! {
+            s = answer => s,
+            () = writer => unreachable!(),
+        }
+    })
+}
+
+/// Seen on d384597: 3 gRPC connections × 30 unfinished unary messages held
+/// +1.35 GiB. Now what tonic assembles is charged to the tenant before it
+/// is read; past the budget HTTP/2 flow control holds the client back,
+/// another tenant is served, and each call is cut at the message timeout
+/// (DEADLINE_EXCEEDED), which gives every byte back.
+#[tokio::test]
+async fn unfinished_grpc_messages_hold_no_more_than_the_tenants_inbound_budget() {
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[server]\nmax_message_bytes = 4194304\ninbound_message_timeout = \"4s\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n\
+             [tenants.t2]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    // 3 connections × 8 calls × 6 MiB: 144 MiB offered against 8.
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let send = h2_connection(&gw).await;
+        for _ in 0..8 {
+            calls.push(unfinished_grpc_call(
+                send.clone(),
+                gw.token("t1"),
+                6 * MIB,
+                6 * MIB - 1,
+            ));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(&gw, "waiting", "t1").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no read ever waited; held {}",
+            inbound(&gw, "bytes", "t1").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = inbound(&gw, "bytes", "t1").await;
+    assert!(held <= (8 * MIB) as f64, "held {held}");
+    assert!(held >= (4 * MIB) as f64, "held {held}");
+    // Another tenant is served meanwhile.
+    let (mut c, _) = gw.session_of("t2").await;
+    c.start("p", &["echo", "ok"]).await;
+    assert_eq!(c.collect("p").await.stdout, b"ok\n");
+    for call in calls {
+        let status = tokio::time::timeout(EVENT_TIMEOUT * 4, call)
+            .await
+            .expect("every call is cut")
+            .unwrap();
+        assert!(
+            status.starts_with("4:") && status.contains("not completed in time"),
+            "{status}"
+        );
+    }
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(&gw, "bytes", "t1").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(inbound(&gw, "bytes_peak", "t1").await <= (8 * MIB) as f64);
+}
+
+/// A gRPC message whose header declares more than the tenant's budget
+/// could ever hold is refused at once (RESOURCE_EXHAUSTED), not left to
+/// wait for room that cannot come.
+#[tokio::test]
+async fn a_grpc_message_larger_than_the_budget_is_refused_at_its_header() {
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[server]\nmax_message_bytes = 4194304\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n",
+            d.display()
+        )
+    });
+    let send = h2_connection(&gw).await;
+    let status = unfinished_grpc_call(send, gw.token("t1"), 12 * MIB, 1024)
+        .await
+        .unwrap();
+    assert!(
+        status.starts_with("8:") && status.contains("cannot fit"),
+        "{status}"
+    );
+    assert_eq!(inbound(&gw, "bytes", "t1").await, 0.0);
+}

@@ -50,7 +50,19 @@ impl Charge {
         self.tenant.as_ref().map_or(0, Reservation::bytes)
     }
 
-    fn add(&mut self, tenant: Reservation, gateway: Reservation) {
+    /// Give back all but `n` bytes.
+    pub fn keep(&mut self, n: usize) {
+        if n == 0 {
+            *self = Charge::default();
+            return;
+        }
+        for r in [&mut self.tenant, &mut self.gateway].into_iter().flatten() {
+            let excess = r.bytes().saturating_sub(n);
+            drop(r.split(excess));
+        }
+    }
+
+    pub(crate) fn add(&mut self, tenant: Reservation, gateway: Reservation) {
         merge(&mut self.tenant, tenant);
         merge(&mut self.gateway, gateway);
     }

@@ -29,6 +29,7 @@ use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
 use crate::protocol::jsonrpc::{self, RequestId};
+use crate::transport::inbound::Charge;
 
 /// Generated code of the fleet's relay protocol.
 pub mod pb {
@@ -96,14 +97,19 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
         replica: t.replica.to_owned(),
         detail,
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<OpenRequest>(RELAY_QUEUE);
+    // Each queued frame keeps the inbound charge it was read under until
+    // the stream to the owner takes it: the relay holds no more of what a
+    // client sent than a direct connection does.
+    let (tx, rx) = tokio::sync::mpsc::channel::<(OpenRequest, Charge)>(RELAY_QUEUE);
     let opened = async {
         let fleet = gw
             .fleet
             .as_ref()
             .ok_or_else(|| unavailable("not in a fleet".to_owned()))?;
         let channel = fleet.channel(t.session, t.replica)?;
-        let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut req = Request::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(|(frame, _charge)| frame),
+        );
         let md = req.metadata_mut();
         let header = |v: &str| {
             v.parse::<tonic::metadata::AsciiMetadataValue>()
@@ -116,9 +122,12 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
         );
         md.insert(CLIENT_ADDR_HEADER, header(&origin.client.to_string())?);
         let _ = tx
-            .send(OpenRequest {
-                text: Bytes::from(first.into_bytes()),
-            })
+            .send((
+                OpenRequest {
+                    text: Bytes::from(first.into_bytes()),
+                },
+                Charge::default(),
+            ))
             .await;
         let limit = max_relay_frame(gw);
         let mut client = RelayServiceClient::new(channel)
@@ -142,12 +151,11 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
     let up = async {
         while let Some(frame) = inbound.next().await {
             match frame {
-                // The charge is given back once the frame is handed on.
-                InFrame::Text(text, _charge) => {
+                InFrame::Text(text, charge) => {
                     let req = OpenRequest {
                         text: Bytes::from(text.into_bytes()),
                     };
-                    if tx.send(req).await.is_err() {
+                    if tx.send((req, charge)).await.is_err() {
                         return;
                     }
                 }
@@ -268,17 +276,26 @@ impl RelayService for RelayApi {
             .get::<PeerReplica>()
             .map(|p| p.0.clone())
             .unwrap_or_default();
+        // Relayed frames are charged here as the owner's own clients'
+        // messages are, until their calls are answered; while there is no
+        // room the stream is not read, and HTTP/2 holds the relay back.
+        let (tenant_budget, gateway_budget) =
+            (caller.tenant().inbound.clone(), self.gw.inbound.clone());
         let frames = req
             .into_inner()
             .take_while(|r| std::future::ready(r.is_ok()))
-            .filter_map(|r| {
-                std::future::ready(r.ok().map(|f| {
+            .filter_map(|r| std::future::ready(r.ok()))
+            .then(move |f| {
+                let (tenant, gateway) = (tenant_budget.clone(), gateway_budget.clone());
+                async move {
+                    let n = f.text.len();
+                    let charge = Charge::new(tenant.reserve(n).await, gateway.reserve(n).await);
                     InFrame::Text(
                         String::from_utf8(f.text.to_vec())
                             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-                        Default::default(),
+                        charge,
                     )
-                }))
+                }
             })
             .boxed();
         let (out, rx) = Outbound::channel(caller.tenant().outbound.clone());
