@@ -785,3 +785,43 @@ fn a_plain_http_jwks_url_off_loopback_is_refused() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
 }
+
+/// Seen on d384597: 80 idle sockets on the admin listener starved every
+/// scrape. One source now holds at most ADMIN_MAX_PER_SOURCE (8) of its
+/// connections: the ninth is closed at once, and another source is still
+/// answered.
+#[tokio::test]
+async fn one_source_cannot_take_every_admin_connection() {
+    let gw = Gateway::start("");
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(&gw.admin).await.unwrap());
+    }
+    // Connections are admitted in order: the eighth is in before the ninth.
+    let mut ninth = TcpStream::connect(&gw.admin).await.unwrap();
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(EVENT_TIMEOUT, ninth.read(&mut buf))
+        .await
+        .expect("the ninth connection is closed, not left waiting")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the ninth connection of one source was served");
+    // Another source address (127.0.0.2 reaches 127.0.0.1 over loopback).
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = sock.connect(gw.admin.parse().unwrap()).await.unwrap();
+    other
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(EVENT_TIMEOUT, other.read_to_end(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    drop(idle);
+}

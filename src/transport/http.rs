@@ -4,7 +4,9 @@
 //! future admin route) on the admin listener (`server.admin_listen`,
 //! loopback by default, a bearer token required when it is not).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +24,9 @@ use crate::gateway::Gateway;
 const PLAIN: &str = "text/plain; charset=utf-8";
 /// Concurrent admin connections.
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Admin connections from one address at once: one source cannot take
+/// every slot and starve the scrapes of the others.
+pub const ADMIN_MAX_PER_SOURCE: usize = 8;
 /// Time an admin client has to send its request head.
 const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time an admin connection may stay open.
@@ -138,7 +143,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Serve the admin listener until the gateway stops.
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     let slots = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    let sources: Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "admin").await {
+        let Some(source) = SourceSlot::take(&sources, peer.ip()) else {
+            drop(tcp);
+            continue;
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(tcp);
             continue;
@@ -157,7 +167,44 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
                 tracing::debug!(%peer, error = %e, "admin connection ended");
             }
             drop(permit);
+            drop(source);
         });
+    }
+}
+
+/// One of a source address's admin connections; given back on drop.
+struct SourceSlot {
+    sources: Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl SourceSlot {
+    fn take(
+        sources: &Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>>,
+        ip: IpAddr,
+    ) -> Option<SourceSlot> {
+        let mut map = sources.lock();
+        let n = map.entry(ip).or_default();
+        if *n >= ADMIN_MAX_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            sources: sources.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut map = self.sources.lock();
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
     }
 }
 
