@@ -152,7 +152,7 @@ impl Gateway {
             .filter(|t| t.uid.is_some())
             .count();
         format!(
-            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\nnetwork: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
+            "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\nnetwork: {}\ndisk: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
             on(
                 l.workers,
                 "per tenant; processes spawned by a confined worker"
@@ -200,6 +200,20 @@ impl Gateway {
                     )
                 } else {
                     format!("inactive (tenants: {tenants})")
+                }
+            },
+            {
+                let tmp = if l.namespaces {
+                    "/tmp a tmpfs of max_tmp_bytes per confined tenant"
+                } else {
+                    "/tmp unlimited (namespaces layer inactive)"
+                };
+                if l.disk {
+                    format!("active (roots under project quotas of max_disk_bytes; {tmp})")
+                } else {
+                    format!(
+                        "inactive (roots unlimited: no project quota on their filesystems; {tmp})"
+                    )
                 }
             },
             if self.reaper.is_some() {
@@ -295,6 +309,7 @@ impl Gateway {
 
     /// Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
+        self.tenants.refresh_disk_metrics();
         self.metrics.encode()
     }
 }

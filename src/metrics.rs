@@ -71,6 +71,8 @@ pub struct Metrics {
     pub inbound_bytes: Family<TenantLabel, Gauge>,
     pub inbound_bytes_peak: Family<TenantLabel, Gauge>,
     pub inbound_waiting: Family<TenantLabel, Gauge>,
+    pub tmp_bytes: Family<TenantLabel, Gauge>,
+    pub disk_bytes: Family<TenantLabel, Gauge>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -234,6 +236,18 @@ impl Metrics {
         let inbound_bytes = Family::<TenantLabel, Gauge>::default();
         let inbound_bytes_peak = Family::<TenantLabel, Gauge>::default();
         let inbound_waiting = Family::<TenantLabel, Gauge>::default();
+        let tmp_bytes = Family::<TenantLabel, Gauge>::default();
+        let disk_bytes = Family::<TenantLabel, Gauge>::default();
+        r.register(
+            "tmp_bytes",
+            "Bytes in use in the tenant's private /tmp (a tmpfs of max_tmp_bytes), as of the last scrape",
+            tmp_bytes.clone(),
+        );
+        r.register(
+            "disk_bytes",
+            "Bytes the tenant's root uses under its project quota (max_disk_bytes; only where the disk layer is active), as of the last scrape",
+            disk_bytes.clone(),
+        );
         r.register(
             "inbound_bytes",
             "Bytes received from the tenant's clients and not yet done with (messages being assembled, requests waiting or running)",
@@ -346,6 +360,8 @@ impl Metrics {
             inbound_bytes,
             inbound_bytes_peak,
             inbound_waiting,
+            tmp_bytes,
+            disk_bytes,
             connections,
             connections_refused,
             jwks_fetches,
@@ -372,6 +388,8 @@ impl Metrics {
             inbound_bytes: self.inbound_bytes.get_or_create(&l).clone(),
             inbound_bytes_peak: self.inbound_bytes_peak.get_or_create(&l).clone(),
             inbound_waiting: self.inbound_waiting.get_or_create(&l).clone(),
+            tmp_bytes: self.tmp_bytes.get_or_create(&l).clone(),
+            disk_bytes: self.disk_bytes.get_or_create(&l).clone(),
         }
     }
 
@@ -431,6 +449,8 @@ pub struct TenantMetrics {
     pub inbound_bytes: Gauge,
     pub inbound_bytes_peak: Gauge,
     pub inbound_waiting: Gauge,
+    pub tmp_bytes: Gauge,
+    pub disk_bytes: Gauge,
 }
 
 impl TenantMetrics {
@@ -451,6 +471,8 @@ impl TenantMetrics {
             inbound_bytes: Gauge::default(),
             inbound_bytes_peak: Gauge::default(),
             inbound_waiting: Gauge::default(),
+            tmp_bytes: Gauge::default(),
+            disk_bytes: Gauge::default(),
         }
     }
 }

@@ -493,6 +493,8 @@ mod tests {
             connections: Arc::new(Semaphore::new(1)),
             streams: Arc::new(Semaphore::new(1)),
             metrics: metrics.tenant(name),
+            tmp: None,
+            root_quota: None,
         })
     }
 

@@ -130,7 +130,19 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 .join("net");
             crate::isolation::egress::probe(&dir).map(|_| ())
         })?;
+    let roots: Vec<&std::path::Path> = settings
+        .tenants
+        .values()
+        .filter_map(|t| t.root.as_deref())
+        .collect();
+    let disk = !roots.is_empty()
+        && probe_layer("disk", iso.disk, metrics, || {
+            roots
+                .iter()
+                .try_for_each(|r| crate::isolation::disk::probe_project_quota(r))
+        })?;
     Ok(Layers {
+        disk,
         network,
         workers,
         cgroups,

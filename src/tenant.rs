@@ -20,6 +20,7 @@ use crate::config::{ConfigError, Network, Settings, TenantSettings};
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::disk::RootQuota;
 use crate::isolation::egress::{NetTools, TenantNet};
 use crate::isolation::idmap::IdMap;
 use crate::isolation::namespace::{NamespaceSpec, NetSpec};
@@ -53,6 +54,10 @@ pub struct Tenant {
     /// Open gRPC server streams (`max_streams`).
     pub streams: Arc<Semaphore>,
     pub metrics: TenantMetrics,
+    /// Its private `/tmp` (a tmpfs), where it has one.
+    pub tmp: Option<PathBuf>,
+    /// The project quota on its root (the disk layer).
+    pub root_quota: Option<RootQuota>,
 }
 
 impl Tenant {
@@ -162,6 +167,21 @@ impl Tenants {
                 None
             };
             let spec = sandbox_spec(name, t, layers, &hidden, &hide, idmap, net)?;
+            let tmp = spec.namespace.as_ref().and_then(|n| n.tmp.clone());
+            if let (Some(r), Some(dir)) = (&reaper, &tmp) {
+                r.watch_mount(dir);
+            }
+            let root_quota = match (&t.root, layers.disk) {
+                (Some(root), true) => Some(
+                    RootQuota::apply(root, project_id(name, t), t.max_disk_bytes).map_err(|e| {
+                        ConfigError(format!(
+                            "tenants.{name}: project quota on {}: {e}",
+                            root.display()
+                        ))
+                    })?,
+                ),
+                _ => None,
+            };
             let cgroup = if layers.cgroups {
                 let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
                     .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
@@ -244,6 +264,8 @@ impl Tenants {
                     connections: Arc::new(Semaphore::new(t.max_connections)),
                     streams: Arc::new(Semaphore::new(t.max_streams)),
                     metrics: tm,
+                    tmp,
+                    root_quota,
                 }),
             );
         }
@@ -254,10 +276,31 @@ impl Tenants {
         self.by_name.get(name)
     }
 
-    /// Stop every tenant's backend (shutdown; their sessions are gone).
+    /// Stop every tenant's backend (shutdown; their sessions are gone) and
+    /// detach their `/tmp`.
     pub fn retire(&self) {
         for t in self.by_name.values() {
             t.backend.retire();
+            if let Some(tmp) = &t.tmp {
+                crate::isolation::disk::unmount(tmp);
+            }
+        }
+    }
+
+    /// Read each tenant's disk use into its gauges (at a scrape: statfs on
+    /// a tmpfs and one quota query per tenant).
+    pub fn refresh_disk_metrics(&self) {
+        for t in self.by_name.values() {
+            if let Some(Ok(n)) = t.tmp.as_deref().map(crate::isolation::disk::used_bytes) {
+                t.metrics
+                    .tmp_bytes
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            if let Some(Ok(n)) = t.root_quota.as_ref().map(RootQuota::used_bytes) {
+                t.metrics
+                    .disk_bytes
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
         }
     }
 }
@@ -313,7 +356,7 @@ fn sandbox_spec(
     };
     // A confined tenant gets its own /tmp (a root of / means unconfined).
     let private_tmp = match (&t.root, layers.namespaces) {
-        (Some(root), true) => Some(private_tmp(name, uid, Some(root))?),
+        (Some(root), true) => Some(private_tmp(name, uid, Some(root), t.max_tmp_bytes)?),
         _ => None,
     };
     let namespace = (layers.namespaces && (t.root.is_some() || net != NetSpec::Host)).then(|| {
@@ -489,6 +532,7 @@ fn private_tmp(
     name: &str,
     uid: Option<(u32, u32)>,
     root: Option<&std::path::Path>,
+    bytes: u64,
 ) -> Result<PathBuf, ConfigError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let err = |e: std::io::Error, p: &std::path::Path| {
@@ -509,10 +553,26 @@ fn private_tmp(
     if let Some((u, g)) = uid {
         std::os::unix::fs::chown(&dir, Some(u), Some(g)).map_err(|e| err(e, &dir))?;
     }
+    // A tmpfs of its size: a full /tmp is the tenant's ENOSPC, not the
+    // state directory's filesystem filling for everyone.
+    crate::isolation::disk::mount_tmp(&dir, bytes, uid).map_err(|e| err(e, &dir))?;
     if let Some(root) = root {
         clear_mount_point(&dir, root);
     }
     Ok(dir)
+}
+
+/// The project id of a tenant's root quota: its uid where it has one
+/// (unique among tenants, stable across restarts and replicas), else a
+/// stable hash of its name above the uid range.
+fn project_id(name: &str, t: &TenantSettings) -> u32 {
+    use sha2::Digest as _;
+    if let Some((uid, _)) = t.uid {
+        return uid;
+    }
+    let h = sha2::Sha256::digest(name.as_bytes());
+    let n = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    (1 << 20) + n % ((1 << 31) - (1 << 20))
 }
 
 /// Start a tenant's worker pool: each worker joins the tenant's cgroups and

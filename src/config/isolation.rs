@@ -31,6 +31,9 @@ pub struct IsolationConfig {
     /// needs the namespaces layer, `pasta` and `nft`). `off` lets tenants
     /// use `network = "host"`. Default: `optional`.
     pub network: Option<LayerPolicy>,
+    /// A project quota of `max_disk_bytes` on each tenant root (its
+    /// filesystem must be mounted with `prjquota`). Default: `optional`.
+    pub disk: Option<LayerPolicy>,
     /// `[first, last]`: uids (and gids) allocated to tenants without a
     /// configured `uid` when the gateway runs as root. A tenant's uid is
     /// stable (a hash of its name picks the start) and skips ids that name
@@ -68,6 +71,7 @@ pub struct IsolationSettings {
     pub uid: LayerPolicy,
     pub namespaces: LayerPolicy,
     pub network: LayerPolicy,
+    pub disk: LayerPolicy,
     pub cgroup_version: CgroupVersion,
 }
 
@@ -90,6 +94,7 @@ pub(super) fn validate_isolation(i: &IsolationConfig) -> IsolationSettings {
         uid: layer(i.uid),
         namespaces: layer(i.namespaces),
         network: layer(i.network),
+        disk: layer(i.disk),
         cgroup_version: i.cgroup_version.unwrap_or_default(),
     }
 }

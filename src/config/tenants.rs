@@ -49,6 +49,12 @@ pub struct TenantConfig {
     /// `fs/open` handles over all the tenant's sessions (each an open
     /// file in the gateway); past it, -32600. Default: 256.
     pub max_open_files: Option<usize>,
+    /// Size of the tenant's private `/tmp` (a tmpfs; its pages count
+    /// against `memory_max_bytes` too). Default: 1 GiB.
+    pub max_tmp_bytes: Option<u64>,
+    /// Bytes the tenant's root may hold (a project quota; the
+    /// `[isolation] disk` layer). Default: 4 GiB.
+    pub max_disk_bytes: Option<u64>,
     /// Environment `envPolicy` inherits from. Default: PATH, HOME (the root), LANG, SHELL, TMPDIR.
     pub base_env: Option<HashMap<String, String>>,
     /// cgroup `pids.max` over all the tenant's processes. Default: 4096.
@@ -226,6 +232,8 @@ pub struct TenantSettings {
     pub max_connections: usize,
     pub max_streams: usize,
     pub max_open_files: usize,
+    pub max_tmp_bytes: u64,
+    pub max_disk_bytes: u64,
     pub base_env: HashMap<String, String>,
     pub cgroup_limits: CgroupLimits,
     /// (uid, gid): configured, or allocated from `[isolation] uid_range`
@@ -245,6 +253,21 @@ pub struct TenantSettings {
     pub pool: Option<String>,
     pub pool_labels: BTreeMap<String, String>,
     pub placement: Placement,
+}
+
+/// Default size of a tenant's private `/tmp`.
+pub const DEFAULT_MAX_TMP_BYTES: u64 = 1 << 30;
+/// Default project quota of a tenant's root.
+pub const DEFAULT_MAX_DISK_BYTES: u64 = 4 << 30;
+
+/// A disk size of at least 1 MiB (less could not hold a tool's temp files).
+fn bytes_at_least(name: &str, key: &str, v: u64) -> Result<u64, ConfigError> {
+    if v < 1 << 20 {
+        return Err(ConfigError(format!(
+            "tenants.{name}.{key} must be at least 1 MiB (1048576), got {v}"
+        )));
+    }
+    Ok(v)
 }
 
 /// A tenant's memory limit when its config names none.
@@ -390,6 +413,16 @@ pub(super) fn validate_tenant(
         max_connections: p("max_connections", t.max_connections, 1024)?,
         max_streams: p("max_streams", t.max_streams, 64)?,
         max_open_files: p("max_open_files", t.max_open_files, 256)?,
+        max_tmp_bytes: bytes_at_least(
+            name,
+            "max_tmp_bytes",
+            t.max_tmp_bytes.unwrap_or(DEFAULT_MAX_TMP_BYTES),
+        )?,
+        max_disk_bytes: bytes_at_least(
+            name,
+            "max_disk_bytes",
+            t.max_disk_bytes.unwrap_or(DEFAULT_MAX_DISK_BYTES),
+        )?,
         cgroup_limits: CgroupLimits {
             pids_max: Some(t.pids_max.unwrap_or(4096)),
             memory_max_bytes: Some(t.memory_max_bytes.unwrap_or(DEFAULT_TENANT_MEMORY_BYTES)),

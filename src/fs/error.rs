@@ -56,6 +56,11 @@ impl FsError {
             io::ErrorKind::InvalidInput | io::ErrorKind::PermissionDenied => {
                 FsError::InvalidRequest(text)
             }
+            _ if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+                FsError::Io(format!(
+                    "{text}: the tenant's disk quota is used up (max_tmp_bytes for /tmp, max_disk_bytes for its root)"
+                ))
+            }
             _ => FsError::Io(text),
         }
     }
@@ -127,6 +132,13 @@ mod tests {
         assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32004);
         let e = FsError::from_io(&io::Error::from_raw_os_error(libc::EACCES));
         assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32600);
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let e = FsError::from_io(&io::Error::from_raw_os_error(errno));
+            assert!(
+                matches!(&e, FsError::Io(m) if m.contains("disk quota is used up")),
+                "{e:?}"
+            );
+        }
         let e = FsError::from_io(&io::Error::from_raw_os_error(libc::ENOTEMPTY));
         assert_eq!(e.to_string(), "Directory not empty (os error 39)");
         assert_eq!(GatewayError::from(e).to_jsonrpc().code, -32603);

@@ -5,6 +5,7 @@
 //! probed by module `probe`.
 
 pub mod cgroup;
+pub mod disk;
 pub mod egress;
 pub mod fds;
 pub mod idmap;
@@ -24,4 +25,6 @@ pub struct Layers {
     pub namespaces: bool,
     /// A network namespace per tenant with filtered egress.
     pub network: bool,
+    /// A project quota on each tenant root.
+    pub disk: bool,
 }

@@ -70,6 +70,11 @@ impl Reaper {
         self.send(&format!("c{}\n", dir.display()));
     }
 
+    /// A mount (a tenant's `/tmp`) detached when the gateway dies.
+    pub fn watch_mount(&self, dir: &std::path::Path) {
+        self.send(&format!("u{}\n", dir.display()));
+    }
+
     /// Clean stop: close the pipe (the reaper kills what is left) and reap it.
     pub fn stop(&self) {
         self.pipe.lock().take();
@@ -83,11 +88,16 @@ pub fn run() -> ExitCode {
     let gateway = std::os::unix::process::parent_id();
     let mut live: HashSet<i32> = HashSet::new();
     let mut v2: Option<std::path::PathBuf> = None;
+    let mut mounts: Vec<std::path::PathBuf> = Vec::new();
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let (op, pgid) = line.split_at(line.len().min(1));
         if op == "c" {
             v2 = Some(std::path::PathBuf::from(pgid));
+            continue;
+        }
+        if op == "u" {
+            mounts.push(std::path::PathBuf::from(pgid));
             continue;
         }
         let Ok(pgid) = pgid.parse::<i32>() else {
@@ -105,6 +115,10 @@ pub fn run() -> ExitCode {
     }
     for pgid in live {
         super::signal::kill_group(pgid);
+    }
+    // The tenants' /tmp mounts (nothing of them outlives the gateway).
+    for m in mounts {
+        super::disk::unmount(&m);
     }
     // `setsid` escapers left their groups but not their cgroups.
     match v2 {

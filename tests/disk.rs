@@ -1,0 +1,142 @@
+//! What a tenant may put on disk: its private `/tmp` is a tmpfs of
+//! `max_tmp_bytes` (a full one is the writer's ENOSPC and a clear
+//! `fs/writeFile` error, never the gateway's state filesystem filling for
+//! everyone), its use is a metric, and the root's project quota (the
+//! `disk` layer) is enforced where the filesystem keeps project quotas and
+//! refused with the reason under `required` where it does not.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+
+use common::{Gateway, b64};
+use serde_json::json;
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test]
+async fn a_tenants_tmp_holds_max_tmp_bytes_and_no_more() {
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\nmax_tmp_bytes = {}\n\
+             [tenants.b]\nroot = \"{}\"\n",
+            d.display(),
+            ra.display(),
+            8 * MIB,
+            rb.display()
+        )
+    });
+    let (_, ready) = gw.admin_get("/readyz").await;
+    if !ready.contains("namespaces: active") {
+        eprintln!("SKIPPED: the namespaces layer is inactive here: {ready}");
+        return;
+    }
+    assert!(ready.contains("/tmp a tmpfs of max_tmp_bytes"), "{ready}");
+    let (mut a, _) = gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId": "fill", "cwd": ra, "tty": false, "env": {"PATH": "/usr/bin:/bin"},
+               "argv": ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=20 2>&1; echo rc=$?"]}),
+    )
+    .await;
+    let out = String::from_utf8_lossy(&a.collect("fill").await.stdout).into_owned();
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("rc=0"), "{out}");
+    // The use is a metric, read at the scrape.
+    let used = gw
+        .metric("exec_gateway_tmp_bytes", "tenant=\"a\"")
+        .await
+        .unwrap();
+    assert!(
+        used >= (7 * MIB) as f64 && used <= (8 * MIB) as f64,
+        "{used}"
+    );
+    // The other tenant's /tmp is its own, and not full.
+    let (mut b, _) = gw.session_of("b").await;
+    b.call(
+        "process/start",
+        json!({"processId": "w", "cwd": rb, "tty": false, "env": {"PATH": "/usr/bin:/bin"},
+               "argv": ["sh", "-c", "dd if=/dev/zero of=/tmp/x bs=1M count=20 2>/dev/null && ls /tmp"]}),
+    )
+    .await;
+    let out = b.collect("w").await;
+    assert_eq!(out.exit_code, Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "x\n");
+}
+
+/// Under `disk = "required"` the root's project quota is enforced (EDQUOT
+/// past `max_disk_bytes`), or, where the root's filesystem keeps no
+/// project quotas (this host's kernel has no CONFIG_QUOTA), the gateway
+/// refuses to start and says why.
+#[tokio::test]
+async fn a_root_quota_is_enforced_or_its_absence_refused() {
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = scratch.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(scratch.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    let config = common::write_file(
+        scratch.path(),
+        "gateway.toml",
+        &format!(
+            "[isolation]\ndisk = \"required\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.a]\nroot = \"{}\"\nmax_disk_bytes = {}\n",
+            scratch.path().display(),
+            root.display(),
+            4 * MIB
+        ),
+    );
+    let out = common::serve_expecting_refusal(&config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("isolation layer `disk` is required but unavailable") {
+        assert!(
+            err.contains("CONFIG_QUOTA") || err.contains("prjquota"),
+            "the refusal names the reason: {err}"
+        );
+        eprintln!("SKIPPED enforcement: no project quotas on this host; refusal checked");
+        return;
+    }
+    // A host with project quotas on the root's filesystem: enforced.
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[isolation]\ndisk = \"required\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\nmax_disk_bytes = {}\n",
+            d.display(),
+            root.display(),
+            4 * MIB
+        )
+    });
+    let (mut a, _) = gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId": "fill", "cwd": root, "tty": false, "env": {"PATH": "/usr/bin:/bin"},
+               "argv": ["sh", "-c", "dd if=/dev/zero of=fill bs=1M count=20 2>&1; echo rc=$?"]}),
+    )
+    .await;
+    let out = String::from_utf8_lossy(&a.collect("fill").await.stdout).into_owned();
+    assert!(out.contains("Disk quota exceeded"), "{out}");
+    // A file operation past the quota says why.
+    let (code, msg) = a
+        .call_err(
+            "fs/writeFile",
+            json!({"path": root.join("more"), "dataBase64": b64(&[7u8; 1 << 20])}),
+        )
+        .await;
+    assert_eq!(code, -32603, "{msg}");
+    assert!(msg.contains("disk quota is used up"), "{msg}");
+    let used = gw
+        .metric("exec_gateway_disk_bytes", "tenant=\"a\"")
+        .await
+        .unwrap();
+    assert!(used <= (4 * MIB) as f64 && used > 0.0, "{used}");
+}
