@@ -359,6 +359,11 @@ fn sandbox_spec(
         (Some(root), true) => Some(private_tmp(name, uid, Some(root), t.max_tmp_bytes)?),
         _ => None,
     };
+    let cover = match (&t.root, uid) {
+        (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),
+        _ => None,
+    }
+    .or_else(|| shared_parent(t, &hide.dirs));
     let namespace = (layers.namespaces && (t.root.is_some() || net != NetSpec::Host)).then(|| {
         NamespaceSpec {
             tmp: private_tmp.clone(),
@@ -366,10 +371,15 @@ fn sandbox_spec(
             net,
             // Only a confined tenant is kept from the others' roots
             // and the gateway's state (a root of / sees the host).
+            // What its private /tmp or its cover already hides needs
+            // no mount of its own (each would name another tenant's
+            // root in its mountinfo).
             hide_dirs: if t.root.is_some() {
                 hide.dirs
                     .iter()
                     .filter(|d| Some(d.as_path()) != t.root.as_deref())
+                    .filter(|d| !(private_tmp.is_some() && d.starts_with("/tmp")))
+                    .filter(|d| !cover.as_ref().is_some_and(|c| d.starts_with(c)))
                     .cloned()
                     .collect()
             } else {
@@ -383,10 +393,7 @@ fn sandbox_spec(
             // every child would need a parent process of its own.
             pid: t.root.is_some() && layers.workers,
             idmap,
-            cover: match (&t.root, uid) {
-                (Some(root), Some(ids)) => unsearchable_ancestor(root, ids),
-                _ => None,
-            },
+            cover,
         }
     });
     let landlock_rw = layers.landlock.then(|| {
@@ -491,6 +498,28 @@ fn unsearchable_ancestor(root: &std::path::Path, (uid, gid): (u32, u32)) -> Opti
         .filter(|a| std::fs::metadata(a).is_ok_and(|m| !searchable(&m)))
         .last()
         .map(|a| a.to_path_buf())
+}
+
+/// The parent of `t`'s root when it also holds another hidden directory
+/// (other tenants' roots side by side, as under `/srv/tenants`): covered
+/// by one empty tmpfs holding only the way down to the root, the others
+/// are gone without a mount each. Not `/`, not under `/tmp` (the private
+/// `/tmp` hides those), and not where the tenant was granted other paths.
+fn shared_parent(t: &TenantSettings, hidden: &[PathBuf]) -> Option<PathBuf> {
+    let root = t.root.as_deref()?;
+    let parent = root.parent()?;
+    if parent == std::path::Path::new("/") || root.starts_with("/tmp") {
+        return None;
+    }
+    let shares = hidden
+        .iter()
+        .any(|d| d.as_path() != root && d.starts_with(parent));
+    let granted = t
+        .landlock_read
+        .iter()
+        .chain(&t.landlock_write)
+        .any(|p| p.starts_with(parent) && !p.starts_with(root));
+    (shares && !granted).then(|| parent.to_path_buf())
 }
 
 /// A root under /tmp is bound back at its path inside the private /tmp,

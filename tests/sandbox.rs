@@ -946,3 +946,46 @@ async fn a_tenant_cannot_leave_a_setuid_file_in_its_root() {
         assert_eq!(mode & 0o6000, 0, "{f}: {mode:o}");
     }
 }
+
+/// Less of the host in view: a tenant whose root lies beside another's
+/// (as under /srv/tenants) finds neither the other's root nor its path in
+/// its mountinfo, and the kernel's symbol table reads as empty.
+#[tokio::test]
+async fn a_tenant_sees_neither_the_others_root_path_nor_kernel_symbols() {
+    let base =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("roots-{}", std::process::id()));
+    let (ra, rb) = (base.join("alpha"), base.join("beta"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    std::fs::write(rb.join("secret.txt"), "b-secret\n").unwrap();
+    let r = Roots {
+        _dir: tempfile::tempdir().unwrap(),
+        a: ra.clone(),
+        b: rb.clone(),
+    };
+    let gw = gateway(&r, "", "", "");
+    require!(gw, "namespaces");
+    let (mut a, _) = gw.session_of("a").await;
+    let (out, err, _) = sh(
+        &mut a,
+        "view",
+        &ra,
+        &format!(
+            "cat /proc/self/mountinfo; echo KALLSYMS; head -c 200 /proc/kallsyms; echo; ls {} 2>&1; cat {}/secret.txt 2>&1",
+            base.display(),
+            rb.display()
+        ),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&base);
+    let (mountinfo, rest) = out.split_once("KALLSYMS\n").unwrap();
+    assert!(mountinfo.contains("alpha"), "{mountinfo}");
+    assert!(
+        !mountinfo.contains("beta"),
+        "b's root shows: {mountinfo} {err}"
+    );
+    // The shared parent is covered: b's root is not there at all.
+    assert!(!rest.contains("b-secret"), "{rest}");
+    assert!(rest.contains("No such file or directory"), "{rest}");
+    assert!(!rest.contains(" T "), "kernel symbols readable: {rest}");
+}

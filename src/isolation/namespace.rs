@@ -81,6 +81,54 @@ impl PartialEq for NetSpec {
 
 impl Eq for NetSpec {}
 
+/// The host's mount points at or below any of `dirs`, deepest first.
+fn mounts_under(dirs: &[&Path]) -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape_mount_point(m)))
+        .filter(|m| dirs.iter().any(|d| m.starts_with(d)))
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    out.dedup();
+    out
+}
+
+/// A mountinfo path: space, tab, newline and backslash come as `\ooo`.
+fn unescape_mount_point(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Files of a tenant's `/proc` that read as empty.
+const PROC_MASKED_FILES: &[&std::ffi::CStr] = &[
+    c"/proc/kallsyms",
+    c"/proc/kcore",
+    c"/proc/keys",
+    c"/proc/key-users",
+    c"/proc/latency_stats",
+    c"/proc/timer_list",
+    c"/proc/sched_debug",
+    c"/proc/sysrq-trigger",
+];
+/// Directories of a tenant's `/proc` that read as empty.
+const PROC_MASKED_DIRS: &[&std::ffi::CStr] = &[c"/proc/acpi", c"/proc/scsi", c"/proc/asound"];
+
 /// Where the root tree is attached in the namespace.
 #[derive(Debug)]
 enum Base {
@@ -127,6 +175,10 @@ pub struct Namespace {
     net: NetSpec,
     /// The tenant's `resolv.conf` (joined networks), held `O_PATH`.
     resolv_conf: Option<OwnedFd>,
+    /// Mounts of the host's under what the namespace hides or replaces
+    /// (other tenants' `/tmp` tmpfs, other gateways' mounts): detached in
+    /// the namespace, so its mountinfo does not name them.
+    detach: Vec<CString>,
     hide_dirs: Vec<CString>,
     hide_files: Vec<CString>,
     private_devpts: bool,
@@ -229,6 +281,14 @@ impl Namespace {
             root,
             net: spec.net.clone(),
             resolv_conf,
+            detach: {
+                let mut under: Vec<&Path> = spec.hide_dirs.iter().map(PathBuf::as_path).collect();
+                if spec.tmp.is_some() {
+                    under.push(Path::new("/tmp"));
+                }
+                under.extend(spec.cover.as_deref());
+                cstrings(&mounts_under(&under))?
+            },
             hide_dirs: cstrings(&spec.hide_dirs)?,
             hide_files: cstrings(&spec.hide_files)?,
             private_devpts: spec.private_devpts,
@@ -259,6 +319,33 @@ impl Namespace {
             ) < 0
             {
                 return Err(io::Error::last_os_error());
+            }
+            // What of the host the new /proc still shows: kernel symbol
+            // addresses (readable where perf_event_paranoid <= 1), timers,
+            // scheduler and key details (those other runtimes mask too).
+            for file in PROC_MASKED_FILES {
+                let r = libc::mount(
+                    c"/dev/null".as_ptr(),
+                    file.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                );
+                if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for dir in PROC_MASKED_DIRS {
+                let r = libc::mount(
+                    c"exec-gateway-masked".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,nr_inodes=1,mode=000".as_ptr().cast(),
+                );
+                if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
+                    return Err(io::Error::last_os_error());
+                }
             }
             if let Some(r) = rights {
                 add_rule(r.ruleset, c"/proc", libc::O_DIRECTORY, r.proc)?;
@@ -331,6 +418,9 @@ impl Namespace {
                 )
                 .into(),
             )?;
+            for m in &self.detach {
+                libc::umount2(m.as_ptr(), libc::MNT_DETACH);
+            }
             // Hide what the tenant must not reach, in the host's view of
             // the paths (before any tree the tenant writes is attached).
             // A path that does not exist has nothing to hide.
