@@ -630,3 +630,69 @@ fn a_fleet_key_or_admin_token_inside_a_tenant_root_is_refused() {
         );
     }
 }
+
+/// Seen on d384597: `exec-gateway serve` started in the home directory
+/// refused to start (its key lay in ~/.local/state, inside the default
+/// tenant's root). The state now lives in the session's runtime directory
+/// (or /var/lib for root): served from home, the tenant's processes
+/// cannot read the key, and the client mints its token from it.
+#[test]
+fn the_embedded_default_serves_from_the_home_directory_with_its_key_out_of_sight() {
+    use std::io::BufRead as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = common::scratch();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (home, run) = (dir.path().join("home"), dir.path().join("run"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_exec-gateway");
+    let env = |c: &mut std::process::Command| {
+        c.current_dir(&home)
+            .env("HOME", &home)
+            .env("XDG_RUNTIME_DIR", &run)
+            .env_remove("XDG_STATE_HOME")
+            .env_remove("EXEC_GATEWAY_TOKEN");
+    };
+    let mut serve = std::process::Command::new(bin);
+    serve.args([
+        "serve",
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    env(&mut serve);
+    let mut child = serve.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut url = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let url = url.trim().to_owned();
+    assert!(
+        url.starts_with("ws://127.0.0.1:"),
+        "serve did not start: {url:?}"
+    );
+    let key = run.join("exec-gateway/hs256.key");
+    assert!(key.is_file(), "no key at {}", key.display());
+    let mut exec = std::process::Command::new(bin);
+    exec.args(["exec", "--url", &url, "--", "sh", "-c"])
+        .arg(format!(
+            "pwd; cat {} 2>&1 || true; ls -A {} 2>&1 || true",
+            key.display(),
+            run.display()
+        ));
+    env(&mut exec);
+    let out = exec.output().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.starts_with(&format!("{}\n", home.display())), "{text}");
+    let secret = std::fs::read_to_string(&key).unwrap();
+    assert!(
+        !text.contains(secret.trim()),
+        "the tenant read the key: {text}"
+    );
+}

@@ -41,13 +41,31 @@ pub(super) fn positive(
     }
 }
 
-/// `$XDG_STATE_HOME/exec-gateway`, else `~/.local/state/exec-gateway`.
+/// The gateway's state directory (the embedded default's key, tenants'
+/// private `/tmp`, their network files), kept out of the home directory
+/// where another place is at hand, so that a tenant rooted at home (the
+/// embedded default started there) does not hold it:
+/// `$XDG_STATE_HOME/exec-gateway` when set, else
+/// `$XDG_RUNTIME_DIR/exec-gateway` (a login session's private runtime
+/// directory), else `/var/lib/exec-gateway` for root, else
+/// `~/.local/state/exec-gateway`.
 pub fn state_dir() -> Result<PathBuf, ConfigError> {
-    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("exec-gateway"));
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(x) = var("XDG_STATE_HOME") {
+        return Ok(x.join("exec-gateway"));
     }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| ConfigError("neither XDG_STATE_HOME nor HOME is set".to_owned()))?;
-    Ok(PathBuf::from(home).join(".local/state/exec-gateway"))
+    if let Some(x) = var("XDG_RUNTIME_DIR").filter(|p| p.is_absolute()) {
+        return Ok(x.join("exec-gateway"));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/exec-gateway"));
+    }
+    let home = var("HOME").ok_or_else(|| {
+        ConfigError("none of XDG_STATE_HOME, XDG_RUNTIME_DIR and HOME is set".to_owned())
+    })?;
+    Ok(home.join(".local/state/exec-gateway"))
 }
