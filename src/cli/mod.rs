@@ -195,9 +195,15 @@ fn settings(common: &CommonArgs, o: Overrides<'_>) -> Result<Settings, ConfigErr
     if let Some(l) = o.fleet_listen {
         config.fleet.listen = Some(l.to_owned());
     }
-    let settings = config.validate()?;
+    let mut settings = config.validate()?;
     if let Some(path) = &common.config {
         refuse_config_in_reach(path, &settings)?;
+        // It names every tenant, root and key path: hidden like the keys.
+        settings
+            .secret_files
+            .extend(crate::config::secret_paths(std::iter::once(path.as_path())));
+        settings.secret_files.sort();
+        settings.secret_files.dedup();
     }
     Ok(settings)
 }
