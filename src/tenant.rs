@@ -162,7 +162,7 @@ impl Tenants {
                 let net = TenantNet::create(name, &t.egress, &tools, &dir, reaper.clone())
                     .map_err(|e| ConfigError(format!("tenants.{name}: network: {e}")))?;
                 tracing::info!(tenant = name.as_str(), egress = %t.egress.describe(), "tenant network");
-                Some(Arc::new(net))
+                Some(net)
             } else {
                 None
             };

@@ -1,7 +1,7 @@
 //! A tenant's own network, proven against a small world the test builds:
 //! the gateway runs in a network namespace of its own whose only way out
 //! is a veth to an "outside" namespace holding a public server
-//! (203.0.113.10), a private one (10.77.0.1), a cloud-metadata address
+//! (93.184.215.10), a private one (10.77.0.1), a cloud-metadata address
 //! (169.254.169.254) and the DNS resolver the gateway's host uses
 //! (10.77.0.53, private: reached only through pasta's DNS mapping). In the
 //! gateway's namespace a service listens on its loopback and on its own
@@ -10,7 +10,7 @@
 //! listeners (client, admin), the host's own address, private and
 //! metadata addresses and another tenant's listener are not.
 //!
-//! Needs root, `ip`, `pasta` and `nft`; skipped with the reason otherwise.
+//! Needs root, `ip`, `slirp4netns` and `nft`; skipped with the reason otherwise.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -55,7 +55,11 @@ fn missing() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("needs root (network namespaces)".to_owned());
     }
-    for (tool, package) in [("ip", "iproute2"), ("pasta", "passt"), ("nft", "nftables")] {
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("slirp4netns", "slirp4netns"),
+        ("nft", "nftables"),
+    ] {
         let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
             .iter()
             .any(|d| Path::new(d).join(tool).is_file());
@@ -67,7 +71,7 @@ fn missing() -> Option<String> {
 }
 
 /// TCP servers that answer their own name, and a DNS server answering every
-/// A query with 203.0.113.10, in `ns`.
+/// A query with 93.184.215.10, in `ns`.
 const SERVERS: &str = r#"
 import socket, sys, threading
 def tcp(addr, port, name):
@@ -82,7 +86,7 @@ def dns(addr):
     while True:
         q, peer = s.recvfrom(512)
         end = q.index(b"\0", 12) + 5
-        answer = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + bytes([203, 0, 113, 10])
+        answer = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + bytes([93, 184, 215, 10])
         s.sendto(q[:2] + b"\x81\x80" + q[4:6] + b"\x00\x01\x00\x00\x00\x00" + q[12:end] + answer, peer)
 for spec in sys.argv[1:]:
     addr, port, name = spec.split(":")
@@ -133,7 +137,7 @@ fn world() -> World {
                 vec!["addr", "add", "198.51.100.2/24", "dev", &vg],
                 vec!["route", "add", "default", "via", "198.51.100.1"],
                 // A public address of the host's own, not on the uplink.
-                vec!["addr", "add", "192.0.2.77/32", "dev", "lo"],
+                vec!["addr", "add", "93.184.215.77/32", "dev", "lo"],
             ],
         ),
         (
@@ -142,7 +146,7 @@ fn world() -> World {
                 vec!["link", "set", "lo", "up"],
                 vec!["link", "set", &vn, "up"],
                 vec!["addr", "add", "198.51.100.1/24", "dev", &vn],
-                vec!["addr", "add", "203.0.113.10/32", "dev", "lo"],
+                vec!["addr", "add", "93.184.215.10/32", "dev", "lo"],
                 vec!["addr", "add", "10.77.0.1/32", "dev", "lo"],
                 vec!["addr", "add", "10.77.0.53/32", "dev", "lo"],
                 vec!["addr", "add", "169.254.169.254/32", "dev", "lo"],
@@ -237,7 +241,7 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
     w.servers.push(serve_in(
         &w.net,
         &[
-            "203.0.113.10:8080:public",
+            "93.184.215.10:8080:public",
             "10.77.0.1:8080:private",
             "169.254.169.254:80:metadata",
             "10.77.0.53:53:dns",
@@ -248,7 +252,7 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
         &[
             "127.0.0.1:8099:host-loopback",
             "198.51.100.2:8098:host-uplink",
-            "192.0.2.77:8098:host-address",
+            "93.184.215.77:8098:host-address",
         ],
     ));
     enter(&w.gw);
@@ -278,14 +282,14 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
     let (client, admin) = (port(&gw.addr), port(&gw.admin));
     let targets = |extra: &[(&str, &str, &str)]| -> Vec<String> {
         [
-            ("public", "203.0.113.10", "8080"),
+            ("public", "93.184.215.10", "8080"),
             ("private", "10.77.0.1", "8080"),
             ("metadata", "169.254.169.254", "80"),
             ("host-loopback", "127.0.0.1", "8099"),
-            ("host-address", "192.0.2.77", "8098"),
+            ("host-address", "93.184.215.77", "8098"),
             ("host-uplink", "198.51.100.2", "8098"),
             ("client-port", "127.0.0.1", client.as_str()),
-            ("client-port-by-address", "192.0.2.77", client.as_str()),
+            ("client-port-by-address", "93.184.215.77", client.as_str()),
             ("admin-port", "127.0.0.1", admin.as_str()),
         ]
         .iter()
@@ -314,10 +318,9 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
     .await;
     assert_eq!(field(&out, "public"), "ok:public", "{out}");
     assert_eq!(field(&out, "own-listener"), "ok:tenant-a", "{out}");
-    assert_eq!(field(&out, "dns"), "203.0.113.10", "{out}");
+    assert_eq!(field(&out, "dns"), "93.184.215.10", "{out}");
     assert!(
-        field(&out, "resolv")
-            .contains("nameserver 169.254.0.53|search corp.example|options ndots:2"),
+        field(&out, "resolv").contains("nameserver 10.0.2.3|search corp.example|options ndots:2"),
         "{out}"
     );
     // Refused by the namespace's ruleset, at once: EHOSTUNREACH.
@@ -325,14 +328,14 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
         "private",
         "metadata",
         "host-address",
+        "host-uplink",
         "client-port-by-address",
     ] {
         assert_eq!(field(&out, name), "OSError:113", "{name}: {out}");
     }
     // The tenant's loopback is its own: nothing of the host's listens
-    // there; the uplink's address is copied into the tenant's namespace,
-    // so it is the tenant's own too.
-    for name in ["host-loopback", "client-port", "admin-port", "host-uplink"] {
+    // there.
+    for name in ["host-loopback", "client-port", "admin-port"] {
         assert_eq!(
             field(&out, name),
             "ConnectionRefusedError:111",
@@ -355,6 +358,25 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
         !tcp.contains(&hex),
         "the gateway's port shows in a's /proc/net/tcp: {tcp}"
     );
+
+    // An address the host gets later (DHCP, a VIP) is refused too, once the
+    // rules are reloaded (HOST_ADDRESS_POLL, 1 s).
+    ip(&["-n", &w.gw, "addr", "add", "93.184.215.78/32", "dev", "lo"]);
+    w.servers
+        .push(serve_in(&w.gw, &["93.184.215.78:8097:host-later"]));
+    let later = vec!["later,93.184.215.78,8097".to_owned()];
+    let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
+    for i in 0.. {
+        let out = probe(&mut a, &format!("later{i}"), &ra, &later).await;
+        if field(&out, "later") == "OSError:113" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a host address added later stays reachable: {out}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
 
     // b: only its allowlisted private address; a's listener is out of reach.
     let (mut b, _) = gw.session_of("b").await;
@@ -392,7 +414,19 @@ fn unsafe_network_settings_are_refused() {
         ),
         (
             "[tenants.a]\nroot = \"/tmp\"\negress = [\"0.0.0.0/0\"]\n",
-            "would allow everything",
+            "wider than a /8",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\negress = [\"0.0.0.0/1\", \"128.0.0.0/1\"]\n",
+            "wider than a /8",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\negress = [\"169.254.169.254\"]\n",
+            "overlaps 169.254.0.0/16",
+        ),
+        (
+            "[tenants.a]\nroot = \"/tmp\"\negress = [\"127.0.0.1/32\"]\n",
+            "overlaps 127.0.0.0/8",
         ),
         (
             "[tenants.a]\nroot = \"/tmp\"\negress = \"everywhere\"\n",

@@ -150,6 +150,21 @@ pub enum EgressConfig {
     List(Vec<String>),
 }
 
+/// What an egress allowlist may not open: "this network", loopback,
+/// link-local (cloud metadata), multicast and reserved; IPv6 loopback,
+/// mapped, link-local, the EC2 metadata address and multicast.
+const NEVER_ALLOWED: &[&str] = &[
+    "0.0.0.0/8",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "224.0.0.0/3",
+    "::/127",
+    "::ffff:0:0/96",
+    "fe80::/10",
+    "fd00:ec2::254/128",
+    "ff00::/8",
+];
+
 /// Validate `egress`: words `internet` and `none`, or CIDRs (a bare
 /// address is a /32 or /128).
 fn validate_egress(name: &str, e: Option<EgressConfig>) -> Result<Egress, ConfigError> {
@@ -178,9 +193,19 @@ fn validate_egress(name: &str, e: Option<EgressConfig>) -> Result<Egress, Config
                     "tenants.{name}.egress: {item:?} is neither \"internet\", \"none\" nor a CIDR"
                 ))
             })?;
-        if net.prefix_len() == 0 {
+        let shortest = if net.addr().is_ipv4() { 8 } else { 16 };
+        if net.prefix_len() < shortest {
             return Err(ConfigError(format!(
-                "tenants.{name}.egress: {item} would allow everything, private ranges and cloud metadata included; write \"internet\" for public addresses"
+                "tenants.{name}.egress: {item} is wider than a /{shortest}; it would open private ranges and cloud metadata wholesale: write \"internet\" for public addresses and name private ranges one by one"
+            )));
+        }
+        if let Some(f) = NEVER_ALLOWED
+            .iter()
+            .filter_map(|f| f.parse::<ipnet::IpNet>().ok())
+            .find(|f| f.contains(&net.network()) || net.contains(&f.network()))
+        {
+            return Err(ConfigError(format!(
+                "tenants.{name}.egress: {item} overlaps {f} (loopback, link-local with cloud metadata, multicast or reserved), which no tenant may reach"
             )));
         }
         out.allow.push(net);

@@ -2,23 +2,26 @@
 //! namespace per tenant, shared by all its workers and processes, with its
 //! own loopback and a way out that cannot reach the gateway's host.
 //!
-//! The way out is pasta (Debian's `passt` package, Podman's user-mode
-//! network): it owns a tap device in the tenant's namespace and turns
-//! what the tenant sends into ordinary sockets of the gateway's own
-//! namespace, so the host needs no forwarding, NAT rules or addresses per
-//! tenant, and the host's resolver (even one on the host's loopback) is
-//! reached through one mapped address. Port forwarding is off in both
-//! directions (the tenant cannot reach the host's loopback through it, and
-//! nothing of the tenant's is published on the host) and the gateway
-//! address is not mapped to the host.
+//! The way out is slirp4netns (Debian's package; rootless Podman's,
+//! Docker's and BuildKit's user-mode network): it owns a tap device in
+//! the tenant's namespace and turns what the tenant sends into ordinary
+//! sockets of the gateway's own namespace, so the host needs no
+//! forwarding, NAT rules or addresses per tenant, and the host's resolver
+//! is reached through slirp's DNS address. Connections to the host's
+//! loopback through its gateway address are refused
+//! (`--disable-host-loopback`), nothing is published on the host, and it
+//! runs sandboxed (its own mount namespace, capabilities dropped,
+//! seccomp) with a descriptor limit, and exits when the gateway does (its
+//! exit pipe closes).
 //!
 //! What the tenant may reach is decided inside its namespace, by an
-//! nftables ruleset loaded before pasta starts: the tenant's processes
-//! hold no capability there (the namespace belongs to the host's user
-//! namespace), so they cannot change it. Every address of the gateway's
-//! host is dropped first (its listeners answer on them), then the
-//! operator's allowlist is accepted, then (for `internet`) every
-//! non-public range is dropped and the rest accepted.
+//! nftables ruleset loaded before slirp4netns starts: the tenant's
+//! processes hold no capability there (the namespace belongs to the
+//! host's user namespace), so they cannot change it. Every address of the
+//! gateway's host is refused first (its listeners answer on them; the set
+//! is refreshed when the host's addresses change), then the operator's
+//! allowlist is accepted, then (for `internet`) every non-public range is
+//! refused and the rest accepted.
 
 #![allow(unsafe_code)]
 
@@ -36,18 +39,25 @@ use ipnet::IpNet;
 use super::reaper::Reaper;
 use crate::config::Egress;
 
-/// Where a tenant's processes send DNS queries: pasta forwards UDP to port
-/// 53 of this address to the host's first resolver. Link-local, so no
-/// real destination is shadowed.
-pub const DNS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 53);
+/// Where a tenant's processes send DNS queries: slirp4netns forwards
+/// them (UDP and TCP port 53) to the host's resolver.
+pub const DNS_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// slirp4netns's gateway address (the host's loopback when not disabled).
+const SLIRP_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
-/// How long pasta may take to set the namespace up.
-const PASTA_READY: Duration = Duration::from_secs(10);
+/// How long slirp4netns may take to set the namespace up.
+const SLIRP_READY: Duration = Duration::from_secs(10);
+/// Descriptors (sockets) slirp4netns may hold for one tenant: one tenant
+/// cannot take the host's ephemeral ports.
+pub const EGRESS_MAX_SOCKETS: u64 = 4096;
+/// slirp4netns's MTU (its largest: fewer, larger segments).
+const SLIRP_MTU: &str = "65520";
 
 /// Destinations outside the public internet, refused under `internet`
 /// unless allowlisted: "this network", private, shared (CGNAT), loopback,
 /// link-local (cloud metadata at 169.254.169.254), IETF protocol
-/// assignments, benchmarking, multicast and reserved; IPv6 unspecified,
+/// assignments, documentation, benchmarking, multicast and reserved;
+/// IPv6 unspecified,
 /// loopback, IPv4-mapped, discard, unique-local (cloud metadata at
 /// fd00:ec2::254), link-local, site-local and multicast.
 pub const NON_PUBLIC: &[&str] = &[
@@ -59,7 +69,10 @@ pub const NON_PUBLIC: &[&str] = &[
     "172.16.0.0/12",
     "192.0.0.0/24",
     "192.168.0.0/16",
+    "192.0.2.0/24",
     "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
     "224.0.0.0/3",
     "::/127",
     "::ffff:0:0/96",
@@ -73,12 +86,12 @@ pub const NON_PUBLIC: &[&str] = &[
 /// The programs the network layer runs.
 #[derive(Debug, Clone)]
 pub struct NetTools {
-    pub pasta: PathBuf,
+    pub slirp: PathBuf,
     pub nft: PathBuf,
 }
 
 impl NetTools {
-    /// Find pasta and nft on `PATH` or in the system directories.
+    /// Find slirp4netns and nft on `PATH` or in the system directories.
     pub fn find() -> Result<NetTools, String> {
         let find = |name: &str, package: &str| {
             let path = std::env::var_os("PATH").unwrap_or_default();
@@ -89,18 +102,23 @@ impl NetTools {
                 .ok_or_else(|| format!("`{name}` not found (Debian package {package})"))
         };
         Ok(NetTools {
-            pasta: find("pasta", "passt")?,
+            slirp: find("slirp4netns", "slirp4netns")?,
             nft: find("nft", "nftables")?,
         })
     }
 }
 
-/// A tenant's network namespace and the pasta process that connects it.
-/// Dropping it stops pasta; the namespace goes with its last process.
+/// A tenant's network namespace and the slirp4netns process that
+/// connects it. Dropping it stops slirp4netns; the namespace goes with its
+/// last process.
 #[derive(Debug)]
 pub struct TenantNet {
+    nft: PathBuf,
     netns: OwnedFd,
-    pasta: Option<Child>,
+    slirp: Option<Child>,
+    /// The write end of slirp4netns's exit pipe: it exits when this closes
+    /// (the gateway gone, however).
+    exit_pipe: Option<OwnedFd>,
     reaper: Option<Arc<Reaper>>,
     resolv_conf: PathBuf,
     egress: Egress,
@@ -108,7 +126,7 @@ pub struct TenantNet {
 
 impl TenantNet {
     /// Make the namespace, load its ruleset and (when anything may be
-    /// reached) start pasta. `dir` holds the tenant's `resolv.conf` (a
+    /// reached) start slirp4netns. `dir` holds the tenant's `resolv.conf` (a
     /// directory the tenant cannot see).
     pub fn create(
         tenant: &str,
@@ -116,7 +134,7 @@ impl TenantNet {
         tools: &NetTools,
         dir: &Path,
         reaper: Option<Arc<Reaper>>,
-    ) -> io::Result<TenantNet> {
+    ) -> io::Result<Arc<TenantNet>> {
         let netns = new_netns()?;
         let host = host_addresses()?;
         load_ruleset(&tools.nft, &netns, &ruleset(egress, &host))?;
@@ -124,16 +142,19 @@ impl TenantNet {
         let resolv_conf = dir.join(format!("{tenant}.resolv.conf"));
         write_resolv_conf(&resolv_conf)?;
         let mut net = TenantNet {
+            nft: tools.nft.clone(),
             netns,
-            pasta: None,
+            slirp: None,
+            exit_pipe: None,
             reaper,
             resolv_conf,
             egress: egress.clone(),
         };
         if egress.internet || !egress.allow.is_empty() {
-            let pid_file = dir.join(format!("{tenant}.pasta.pid"));
-            net.start_pasta(&tools.pasta, &pid_file)?;
+            net.start_slirp(&tools.slirp)?;
         }
+        let net = Arc::new(net);
+        watch_host_addresses(&net, host);
         Ok(net)
     }
 
@@ -151,98 +172,187 @@ impl TenantNet {
         &self.egress
     }
 
-    fn start_pasta(&mut self, pasta: &Path, pid_file: &Path) -> io::Result<()> {
-        let _ = std::fs::remove_file(pid_file);
-        let ns = self.netns.as_raw_fd();
-        let mut cmd = Command::new(pasta);
+    fn start_slirp(&mut self, slirp: &Path) -> io::Result<()> {
+        let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (exit_r, exit_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let fds = [
+            self.netns.as_raw_fd(),
+            ready_w.as_raw_fd(),
+            exit_r.as_raw_fd(),
+        ];
+        let mut cmd = Command::new(slirp);
         cmd.args([
-            // Stay root (its capabilities are dropped to what it needs,
-            // under its own seccomp filter and an empty mount namespace):
-            // nobody may not enter a namespace the host's root owns.
-            "--runas",
-            "0:0",
-            "--config-net",
-            "--quiet",
-            "--foreground",
-            "--tcp-ports",
-            "none",
-            "--udp-ports",
-            "none",
-            "--tcp-ns",
-            "none",
-            "--udp-ns",
-            "none",
-            "--no-map-gw",
-            "--ipv4-only",
-            "--dns-forward",
-            &DNS_ADDR.to_string(),
-            "--netns",
+            "--configure",
+            "--mtu",
+            SLIRP_MTU,
+            "--disable-host-loopback",
+            "--enable-sandbox",
+            "--enable-seccomp",
+            "--ready-fd=4",
+            "--exit-fd=5",
+            "--netns-type=path",
             "/proc/self/fd/3",
-            "--pid",
+            "tap0",
         ])
-        .arg(pid_file)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        // Its own group, registered with the reaper: it dies with the
-        // gateway however the gateway dies.
+        // Its own group, registered with the reaper too.
         .process_group(0);
-        // SAFETY: dup2/fcntl on a descriptor we hold, between fork and exec.
+        // SAFETY: descriptor juggling and setrlimit between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                let r = if ns == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(ns, 3)
+                // Out of the way first, then to 3, 4, 5 (dup2 clears
+                // close-on-exec on the copies).
+                let mut high = [0; 3];
+                for (h, fd) in high.iter_mut().zip(fds) {
+                    *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
+                    if *h < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                for (target, h) in (3..).zip(high) {
+                    if libc::dup2(h, target) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                let lim = libc::rlimit {
+                    rlim_cur: EGRESS_MAX_SOCKETS,
+                    rlim_max: EGRESS_MAX_SOCKETS,
                 };
-                if r < 0 {
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) < 0 {
                     return Err(io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
         let mut child = cmd.spawn()?;
+        drop(ready_w);
+        drop(exit_r);
         if let Some(r) = &self.reaper {
             r.register(child.id() as i32);
         }
+        // Ready when it writes to the ready pipe; an EOF without it means
+        // it exited.
+        let mut ready = std::fs::File::from(ready_r);
         let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait()? {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = io::Read::read_to_string(&mut e, &mut err);
+        let mut byte = [0u8; 1];
+        let outcome = loop {
+            use std::os::fd::AsFd as _;
+            let mut pfd = [nix::poll::PollFd::new(
+                ready.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let left = SLIRP_READY.saturating_sub(started.elapsed());
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            match nix::poll::poll(&mut pfd, ms) {
+                Ok(0) => {
+                    break Err(io::Error::other(
+                        "slirp4netns did not finish setting up in 10 s",
+                    ));
                 }
-                return Err(io::Error::other(format!(
-                    "pasta exited ({status}) while setting up: {}",
-                    err.trim()
-                )));
+                Ok(_) => match io::Read::read(&mut ready, &mut byte) {
+                    Ok(1) => break Ok(()),
+                    _ => break Err(io::Error::other("slirp4netns exited while setting up")),
+                },
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => break Err(io::Error::from(e)),
             }
-            if pid_file.exists() {
-                break;
+        };
+        if let Err(e) = outcome {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut err = String::new();
+            if let Some(mut s) = child.stderr.take() {
+                let _ = io::Read::read_to_string(&mut s, &mut err);
             }
-            if started.elapsed() > PASTA_READY {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(io::Error::other("pasta did not finish setting up in 10 s"));
-            }
-            std::thread::sleep(Duration::from_millis(2));
+            return Err(io::Error::other(format!("{e}: {}", err.trim())));
         }
-        let _ = std::fs::remove_file(pid_file);
-        // It prints nothing more under --quiet; stop holding the pipe.
+        // Its chatter is not read any more.
         drop(child.stderr.take());
-        self.pasta = Some(child);
+        self.slirp = Some(child);
+        self.exit_pipe = Some(exit_w);
         Ok(())
+    }
+
+    /// Load the ruleset again with the host's current addresses.
+    fn refresh(&self, host: &[IpAddr]) -> io::Result<()> {
+        load_ruleset(&self.nft, &self.netns, &ruleset(&self.egress, host))
     }
 }
 
 impl Drop for TenantNet {
     fn drop(&mut self) {
-        if let Some(mut child) = self.pasta.take() {
+        self.exit_pipe = None;
+        if let Some(mut child) = self.slirp.take() {
             let _ = child.kill();
             let _ = child.wait();
             if let Some(r) = &self.reaper {
                 r.unregister(child.id() as i32);
             }
+        }
+    }
+}
+
+/// How often the host's addresses are read again: an address added to
+/// the host (DHCP, a secondary IP, a VIP) is refused to tenants within
+/// this.
+pub const HOST_ADDRESS_POLL: Duration = Duration::from_secs(1);
+
+/// The live tenant networks, and the host addresses their rulesets hold.
+struct Watched {
+    nets: Vec<std::sync::Weak<TenantNet>>,
+    host: Vec<IpAddr>,
+}
+
+static WATCHED: parking_lot::Mutex<Option<Watched>> = parking_lot::Mutex::new(None);
+
+/// Keep `net`'s ruleset in step with the host's addresses: one thread for
+/// every tenant network, started with the first.
+fn watch_host_addresses(net: &Arc<TenantNet>, host: Vec<IpAddr>) {
+    let mut w = WATCHED.lock();
+    match w.as_mut() {
+        Some(w) => {
+            w.nets.retain(|n| n.strong_count() > 0);
+            w.nets.push(Arc::downgrade(net));
+        }
+        None => {
+            *w = Some(Watched {
+                nets: vec![Arc::downgrade(net)],
+                host,
+            });
+            let spawned = std::thread::Builder::new()
+                .name("egress-watch".to_owned())
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(HOST_ADDRESS_POLL);
+                        refresh_all();
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot watch the host's addresses; tenants' rulesets keep those of their start");
+            }
+        }
+    }
+}
+
+/// Reload every live tenant's ruleset if the host's addresses changed.
+fn refresh_all() {
+    let Ok(now) = host_addresses() else { return };
+    let nets: Vec<Arc<TenantNet>> = {
+        let mut w = WATCHED.lock();
+        let Some(w) = w.as_mut() else { return };
+        w.nets.retain(|n| n.strong_count() > 0);
+        if w.host == now {
+            return;
+        }
+        w.host = now.clone();
+        w.nets.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    tracing::info!(addresses = ?now, tenants = nets.len(), "the host's addresses changed; reloading the tenants' egress rules");
+    for n in nets {
+        if let Err(e) = n.refresh(&now) {
+            tracing::error!(error = %e, "a tenant's egress rules could not be reloaded");
         }
     }
 }
@@ -334,7 +444,8 @@ pub fn ruleset(egress: &Egress, host: &[IpAddr]) -> String {
         "  chain output {".to_owned(),
         "    type filter hook output priority 0; policy drop;".to_owned(),
         "    oifname \"lo\" accept".to_owned(),
-        format!("    ip daddr {DNS_ADDR} udp dport 53 accept"),
+        format!("    ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept"),
+        format!("    ip daddr {SLIRP_GATEWAY} {REFUSE}"),
     ];
     if !host4.is_empty() {
         rules.push(format!(
@@ -414,8 +525,9 @@ fn load_ruleset(nft: &Path, netns: &OwnedFd, rules: &str) -> io::Result<()> {
 /// domains and options (cluster DNS relies on `ndots` and its search list).
 fn write_resolv_conf(path: &Path) -> io::Result<()> {
     let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let mut out =
-        format!("# exec-gateway: the host's resolver, through pasta\nnameserver {DNS_ADDR}\n");
+    let mut out = format!(
+        "# exec-gateway: the host's resolver, through slirp4netns\nnameserver {DNS_ADDR}\n"
+    );
     for line in host.lines() {
         let l = line.trim_start();
         if l.starts_with("search ") || l.starts_with("domain ") || l.starts_with("options ") {
@@ -444,7 +556,7 @@ pub fn probe(dir: &Path) -> Result<NetTools, String> {
     Ok(tools)
 }
 
-/// pasta needs `/dev/net/tun`; a container runtime allows the device but
+/// slirp4netns needs `/dev/net/tun`; a container runtime allows the device but
 /// may not create the node (Kubernetes pods): make it.
 fn ensure_tun() -> io::Result<()> {
     let tun = Path::new("/dev/net/tun");
