@@ -492,6 +492,7 @@ mod tests {
             inbound: ByteBudget::unlimited(),
             connections: Arc::new(Semaphore::new(1)),
             streams: Arc::new(Semaphore::new(1)),
+            grpc_windows: Arc::new(Semaphore::new(1)),
             metrics: metrics.tenant(name),
             tmp: None,
             root_quota: None,

@@ -53,6 +53,10 @@ pub struct Tenant {
     pub connections: Arc<Semaphore>,
     /// Open gRPC server streams (`max_streams`).
     pub streams: Arc<Semaphore>,
+    /// Authenticated gRPC connections, each holding its receive window in
+    /// `inbound`: windows may take half the budget, the rest stays for
+    /// messages.
+    pub grpc_windows: Arc<Semaphore>,
     pub metrics: TenantMetrics,
     /// Its private `/tmp` (a tmpfs), where it has one.
     pub tmp: Option<PathBuf>,
@@ -263,6 +267,7 @@ impl Tenants {
                     ),
                     connections: Arc::new(Semaphore::new(t.max_connections)),
                     streams: Arc::new(Semaphore::new(t.max_streams)),
+                    grpc_windows: Arc::new(Semaphore::new(grpc_window_slots(t))),
                     metrics: tm,
                     tmp,
                     root_quota,
@@ -589,6 +594,13 @@ fn private_tmp(
         clear_mount_point(&dir, root);
     }
     Ok(dir)
+}
+
+/// How many gRPC connections' receive windows half the tenant's inbound
+/// budget holds (at least one).
+pub fn grpc_window_slots(t: &TenantSettings) -> usize {
+    let window = crate::transport::limits::GRPC_RECEIVE_WINDOW_BYTES as usize;
+    (t.max_inbound_bytes / 2 / window).max(1)
 }
 
 /// The project id of a tenant's root quota: its uid where it has one

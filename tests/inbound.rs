@@ -322,9 +322,13 @@ fn unfinished_grpc_call(
             .body(())
             .unwrap();
         let (resp, mut stream) = send.send_request(req, false).unwrap();
-        let mut data = vec![0u8];
-        data.extend_from_slice(&(len as u32).to_be_bytes());
-        data.resize(5 + sent, b'x');
+        // `len` 0 with nothing `sent`: headers only.
+        let mut data = Vec::new();
+        if len > 0 || sent > 0 {
+            data.push(0u8);
+            data.extend_from_slice(&(len as u32).to_be_bytes());
+            data.resize(5 + sent, b'x');
+        }
         let mut left = bytes::Bytes::from(data);
         let writer = async {
             while !left.is_empty() {
@@ -462,5 +466,107 @@ async fn a_grpc_message_larger_than_the_budget_is_refused_at_its_header() {
         status.starts_with("8:") && status.contains("cannot fit"),
         "{status}"
     );
-    assert_eq!(inbound(&gw, "bytes", "t1").await, 0.0);
+    // Nothing of the message stays charged (the connection's window at
+    // most, until it closes).
+    assert!(inbound(&gw, "bytes", "t1").await <= (512 * 1024) as f64);
+}
+
+/// Found by the attack review: streams that sent their headers and then
+/// nothing were never cut (102k of them held +295 MiB). The first message
+/// is now due within the message timeout like any other.
+#[tokio::test]
+async fn a_grpc_stream_that_sends_nothing_is_cut_at_the_message_timeout() {
+    let gw = Gateway::start("[server]\ninbound_message_timeout = \"2s\"\n");
+    let send = h2_connection(&gw).await;
+    let status = tokio::time::timeout(
+        EVENT_TIMEOUT,
+        unfinished_grpc_call(send, gw.token("t1"), 0, 0),
+    )
+    .await
+    .expect("the stream is cut")
+    .unwrap();
+    assert!(
+        status.starts_with("4:") && status.contains("not completed in time"),
+        "{status}"
+    );
+}
+
+/// A complete unary `GetInfo` on `send`; its `grpc-status:grpc-message`.
+async fn get_info(send: &h2::client::SendRequest<bytes::Bytes>, token: &str) -> String {
+    let mut send = send.clone().ready().await.unwrap();
+    let req = http::Request::post("/exec_gateway.v1.EnvironmentService/GetInfo")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap();
+    let (resp, mut stream) = send.send_request(req, false).unwrap();
+    stream
+        .send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let (parts, mut body) = resp.await.unwrap().into_parts();
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status").map(|s| {
+            format!(
+                "{}:{}",
+                s.to_str().unwrap_or_default(),
+                h.get("grpc-message")
+                    .and_then(|m| m.to_str().ok())
+                    .unwrap_or_default()
+                    .replace("%20", " ")
+            )
+        })
+    };
+    if let Some(s) = status(&parts.headers) {
+        return s;
+    }
+    while let Some(Ok(_)) = body.data().await {}
+    status(&body.trailers().await.unwrap().unwrap_or_default()).unwrap_or_default()
+}
+
+/// Found by the attack review: past its budget a tenant could still open
+/// gRPC connections, each holding up to its HTTP/2 window unread and
+/// uncharged (1,000 of them: +2.2 GiB). Each authenticated connection now
+/// holds its 512 KiB window in its tenant's inbound budget while it lives,
+/// windows taking half of it at most: with 8 MiB, the 9th is refused
+/// (RESOURCE_EXHAUSTED, quota inbound_bytes), and closing one makes room.
+#[tokio::test]
+async fn each_grpc_connection_holds_its_window_in_the_tenants_budget() {
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[server]\nmax_message_bytes = 4194304\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n",
+            d.display()
+        )
+    });
+    let token = gw.token("t1");
+    let mut conns = Vec::new();
+    for i in 0..8 {
+        let send = h2_connection(&gw).await;
+        let status = get_info(&send, &token).await;
+        assert!(status.starts_with("0:"), "connection {i}: {status}");
+        conns.push(send);
+    }
+    assert_eq!(inbound(&gw, "bytes", "t1").await, (4 * MIB) as f64);
+    let extra = h2_connection(&gw).await;
+    let status = get_info(&extra, &token).await;
+    assert!(
+        status.starts_with("8:") && status.contains("inbound_bytes"),
+        "{status}"
+    );
+    drop(extra);
+    // Closing one gives its window back.
+    drop(conns.pop());
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(&gw, "bytes", "t1").await > (4 * MIB - 512 * 1024) as f64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the window was never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = h2_connection(&gw).await;
+    let status = get_info(&again, &token).await;
+    assert!(status.starts_with("0:"), "{status}");
 }

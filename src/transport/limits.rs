@@ -205,8 +205,20 @@ struct Pending {
 struct Slot {
     _door: OwnedSemaphorePermit,
     _tenant: Option<OwnedSemaphorePermit>,
+    /// A gRPC connection's receive window, held in its tenant's inbound
+    /// budget: what the client may have sent that HTTP/2 holds unread.
+    _window: Option<(OwnedSemaphorePermit, crate::outbound::Reservation)>,
     gauge: Gauge,
 }
+
+/// The HTTP/2 receive window of a gRPC connection and of each of its
+/// streams: what a client may send before the gateway reads it. Each
+/// authenticated connection holds this much of its tenant's
+/// `max_inbound_bytes` while it lives, so what HTTP/2 buffers is charged
+/// too; windows may take half the budget (64 MiB by default: 64 gRPC
+/// connections a tenant), the rest stays for messages. 512 KiB in flight
+/// fills a 4 Gbit/s link at 1 ms round trip.
+pub const GRPC_RECEIVE_WINDOW_BYTES: u32 = 512 * 1024;
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -300,6 +312,27 @@ impl Conn {
                 return Err(GatewayError::Overloaded);
             }
         };
+        let window = match (self.door, tenant) {
+            (Door::Grpc, Some(t)) => {
+                let slot = t.grpc_windows.clone().try_acquire_owned().ok();
+                let bytes = slot
+                    .as_ref()
+                    .and_then(|_| t.inbound.try_reserve(GRPC_RECEIVE_WINDOW_BYTES as usize));
+                match (slot, bytes) {
+                    (Some(slot), Some(bytes)) => Some((slot, bytes)),
+                    _ => {
+                        adm.metrics
+                            .connection_refused(self.door.name(), "inbound_budget");
+                        return Err(GatewayError::QuotaExceeded {
+                            quota: "inbound_bytes",
+                            limit: t.settings.max_inbound_bytes as u64,
+                            retry_after_ms: None,
+                        });
+                    }
+                }
+            }
+            _ => None,
+        };
         let gauge = adm
             .metrics
             .connection_gauge(self.door.name(), "authenticated");
@@ -309,6 +342,7 @@ impl Conn {
             State::Admitted(Slot {
                 _door: door,
                 _tenant: tenant_slot,
+                _window: window,
                 gauge,
             }),
         );

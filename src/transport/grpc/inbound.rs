@@ -13,8 +13,10 @@
 //! what it has holds no complete message, so at each poll every complete
 //! message already read has been decoded and handed on, and only the
 //! unfinished one keeps its charge. A message unfinished for longer than
-//! `server.inbound_message_timeout` fails its call (DEADLINE_EXCEEDED),
-//! which gives its bytes back.
+//! `server.inbound_message_timeout` (the first one counted from the
+//! stream's start) fails its call (DEADLINE_EXCEEDED), which gives its
+//! bytes back. What HTTP/2 holds unread is bounded by the connection's
+//! window, which its tenant's budget holds (module `transport::limits`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -106,14 +108,18 @@ pub struct MeteredBody<B> {
 }
 
 impl<B> MeteredBody<B> {
+    /// The first message must be complete within the message timeout
+    /// too: a stream that sends its headers and then nothing is cut like
+    /// one that stops halfway.
     pub fn new(inner: B, budgets: InboundBudgets) -> MeteredBody<B> {
+        let first = tokio::time::sleep(budgets.message_timeout);
         MeteredBody {
             inner,
             budgets,
             framing: Framing::default(),
             charge: Charge::default(),
             held: None,
-            deadline: None,
+            deadline: Some(Box::pin(first)),
         }
     }
 

@@ -22,7 +22,9 @@ use hyper::http;
 
 use crate::gateway::Gateway;
 use crate::transport::authenticate::authenticate;
-use crate::transport::limits::{ConnInfo, ConnectionLimits, Door, Guarded};
+use crate::transport::limits::{
+    ConnInfo, ConnectionLimits, Door, GRPC_RECEIVE_WINDOW_BYTES, Guarded,
+};
 pub use services::GrpcApi;
 
 /// Generated code, and the descriptor set for reflection.
@@ -127,15 +129,15 @@ where
 
 /// Largest gRPC message in either direction.
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
-/// HTTP/2 flow-control windows (per stream, per connection): what a
-/// client may send before the gateway reads it. 2 MiB in flight fills a
-/// 10 Gbit/s link at 1.6 ms round trip.
-pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
-pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
+/// HTTP/2 flow-control windows the gateway's own client asks for (per
+/// stream, per connection): bulk output and file reads come this way.
+pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 /// Largest HTTP/2 frame we accept (peers send at most what we advertise).
 pub const HTTP2_MAX_FRAME_BYTES: u32 = 1024 * 1024;
-/// Concurrent HTTP/2 streams per connection.
-pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// Concurrent HTTP/2 streams per connection (gRPC's usual 100): each
+/// costs a few KiB of stream state however little it sends.
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
 
 /// Connections handed from the accept loop to tonic at once.
 const ACCEPT_QUEUE: usize = 64;
@@ -234,11 +236,12 @@ pub async fn serve(
     };
     let incoming = accepted(listener, gw.clone(), limits, Door::Grpc);
     let result = tonic::transport::Server::builder()
-        // Bulk streams need more than HTTP/2's 64 KiB default windows.
-        // Fixed, not adaptive: what a connection may have sent and the
-        // gateway not yet charged (module `inbound`) is its window.
-        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW_BYTES))
-        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW_BYTES))
+        // Uploads need more than HTTP/2's 64 KiB default windows. Fixed,
+        // not adaptive: what a connection may have sent and the gateway not
+        // yet read is its window, which its tenant's inbound budget holds
+        // while it is authenticated (module `transport::limits`).
+        .initial_stream_window_size(Some(GRPC_RECEIVE_WINDOW_BYTES))
+        .initial_connection_window_size(Some(GRPC_RECEIVE_WINDOW_BYTES))
         .http2_adaptive_window(Some(false))
         .max_frame_size(Some(HTTP2_MAX_FRAME_BYTES))
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
