@@ -1262,6 +1262,53 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         delta(ns_p50[2], ns_p50[3]),
     ));
 
+    // 2d. what the tenant's own network costs: the same tenant with its
+    // namespace and pasta (the default) and with the layer off, back to
+    // back (spawns join the namespace the worker entered once).
+    {
+        let path = dir.join("bench-net-off.toml");
+        std::fs::write(
+            &path,
+            std::fs::read_to_string(&config).map_err(err)? + "[isolation]\nnetwork = \"off\"\n",
+        )
+        .map_err(err)?;
+        let path_s = path.display().to_string();
+        let mut off = Server::start(
+            &exe,
+            &["serve", "--listen", "ws://127.0.0.1:0", "--config", &path_s],
+        )
+        .await?;
+        off.url = format!("{}/?access_token={bench_token}", off.url);
+        let (on50, _) = spawn_latency(&gw.url, n).await?;
+        let (off50, _) = spawn_latency(&off.url, n).await?;
+        let on_rate = spawns_per_second(&gw.url, 8, args.seconds).await?;
+        let off_rate = spawns_per_second(&off.url, 8, args.seconds).await?;
+        let (mut on_tp, mut off_tp) = (0f64, 0f64);
+        for _ in 0..2 {
+            on_tp = on_tp.max(throughput(&gw.url, args.output_bytes).await?);
+            off_tp = off_tp.max(throughput(&off.url, args.output_bytes).await?);
+        }
+        drop(off);
+        rows.push(Row::reported(
+            "network namespace cost: `true` p50 (own/host)",
+            ms(on50),
+            format!("{} host network", ms(off50)),
+            delta(on50, off50),
+        ));
+        rows.push(Row::reported(
+            "network namespace cost: spawns/s (own/host)",
+            format!("{on_rate:.0}/s"),
+            format!("{off_rate:.0}/s host network"),
+            format!("{:.0}%", on_rate / off_rate * 100.0),
+        ));
+        rows.push(Row::reported(
+            "network namespace cost: output, best of 2",
+            format!("{on_tp:.0} MB/s"),
+            format!("{off_tp:.0} MB/s host network"),
+            format!("{:.0}%", on_tp / off_tp * 100.0),
+        ));
+    }
+
     // 3. output throughput: best of 3 for each side, since one run on a
     // shared 2-core VM varies by ±30%.
     let mut direct = 0f64;
