@@ -599,7 +599,7 @@ fn private_tmp(
 /// How many gRPC connections' receive windows half the tenant's inbound
 /// budget holds (at least one).
 pub fn grpc_window_slots(t: &TenantSettings) -> usize {
-    let window = crate::transport::limits::GRPC_RECEIVE_WINDOW_BYTES as usize;
+    let window = crate::config::GRPC_RECEIVE_WINDOW_BYTES as usize;
     (t.max_inbound_bytes / 2 / window).max(1)
 }
 

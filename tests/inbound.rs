@@ -303,6 +303,32 @@ async fn h2_connection(gw: &Gateway) -> h2::client::SendRequest<bytes::Bytes> {
     send
 }
 
+/// A gRPC call's `grpc-status:grpc-message`, from its headers (a
+/// trailers-only answer) or its trailers.
+async fn grpc_outcome(resp: http::Response<h2::RecvStream>) -> String {
+    let (parts, mut body) = resp.into_parts();
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status").map(|s| {
+            format!(
+                "{}:{}",
+                s.to_str().unwrap_or_default(),
+                h.get("grpc-message")
+                    .and_then(|m| m.to_str().ok())
+                    .unwrap_or_default()
+                    .replace("%20", " ")
+            )
+        })
+    };
+    if let Some(s) = status(&parts.headers) {
+        return s;
+    }
+    while let Some(Ok(_)) = body.data().await {}
+    match body.trailers().await {
+        Ok(Some(t)) => status(&t).unwrap_or_else(|| "no grpc-status".to_owned()),
+        other => format!("no trailers: {other:?}"),
+    }
+}
+
 /// A unary `Write` of `token`'s tenant whose message declares `len`
 /// bytes and carries `sent` of them, sent as flow control allows and never
 /// finished; resolves to the call's `grpc-status:grpc-message` once the
@@ -350,27 +376,7 @@ fn unfinished_grpc_call(
                 Ok(r) => r,
                 Err(e) => return format!("reset: {e}"),
             };
-            let (parts, mut body) = resp.into_parts();
-            let status = |h: &http::HeaderMap| {
-                h.get("grpc-status").map(|s| {
-                    format!(
-                        "{}:{}",
-                        s.to_str().unwrap_or_default(),
-                        h.get("grpc-message")
-                            .and_then(|m| m.to_str().ok())
-                            .unwrap_or_default()
-                            .replace("%20", " ")
-                    )
-                })
-            };
-            if let Some(s) = status(&parts.headers) {
-                return s;
-            }
-            while let Some(Ok(_)) = body.data().await {}
-            match body.trailers().await {
-                Ok(Some(t)) => status(&t).unwrap_or_else(|| "no grpc-status".to_owned()),
-                other => format!("no trailers: {other:?}"),
-            }
+            grpc_outcome(resp).await
         };
         tokio::select! {
             s = answer => s,
@@ -504,24 +510,7 @@ async fn get_info(send: &h2::client::SendRequest<bytes::Bytes>, token: &str) -> 
     stream
         .send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
         .unwrap();
-    let (parts, mut body) = resp.await.unwrap().into_parts();
-    let status = |h: &http::HeaderMap| {
-        h.get("grpc-status").map(|s| {
-            format!(
-                "{}:{}",
-                s.to_str().unwrap_or_default(),
-                h.get("grpc-message")
-                    .and_then(|m| m.to_str().ok())
-                    .unwrap_or_default()
-                    .replace("%20", " ")
-            )
-        })
-    };
-    if let Some(s) = status(&parts.headers) {
-        return s;
-    }
-    while let Some(Ok(_)) = body.data().await {}
-    status(&body.trailers().await.unwrap().unwrap_or_default()).unwrap_or_default()
+    grpc_outcome(resp.await.unwrap()).await
 }
 
 /// Found by the attack review: past its budget a tenant could still open

@@ -42,8 +42,8 @@ pub use isolation::{
 };
 pub use keys::{default_key_file, key_files, secret_paths};
 pub use server::{
-    AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, MIN_ADMIN_TOKEN_BYTES, ServerConfig,
-    parse_listen,
+    AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
+    MIN_ADMIN_TOKEN_BYTES, ServerConfig, parse_listen,
 };
 pub use tenants::{
     CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_OUTBOUND_BYTES, DEFAULT_MAX_READ_FILE_BYTES,

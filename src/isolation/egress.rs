@@ -428,16 +428,29 @@ fn host_addresses() -> io::Result<Vec<IpAddr>> {
 /// (EHOSTUNREACH, "No route to host") instead of timing out.
 const REFUSE: &str = "reject with icmpx type admin-prohibited";
 
+/// IPv4 items and IPv6 items, apart.
+fn by_family(items: impl Iterator<Item = (bool, String)>) -> (Vec<String>, Vec<String>) {
+    let (v4, v6): (Vec<_>, Vec<_>) = items.partition(|(v4, _)| *v4);
+    (
+        v4.into_iter().map(|(_, s)| s).collect(),
+        v6.into_iter().map(|(_, s)| s).collect(),
+    )
+}
+
 /// The tenant namespace's nftables ruleset.
 pub fn ruleset(egress: &Egress, host: &[IpAddr]) -> String {
-    let (host4, host6): (Vec<&IpAddr>, Vec<&IpAddr>) = host.iter().partition(|a| a.is_ipv4());
-    let (allow4, allow6): (Vec<_>, Vec<_>) = egress
-        .allow
-        .iter()
-        .map(|n| n.trunc())
-        .partition(|n| matches!(n, IpNet::V4(_)));
-    let (np4, np6): (Vec<&&str>, Vec<&&str>) = NON_PUBLIC.iter().partition(|n| !n.contains(':'));
-    let set = |items: Vec<String>| format!("{{ {} }}", items.join(", "));
+    let (host4, host6) = by_family(host.iter().map(|a| (a.is_ipv4(), a.to_string())));
+    let (allow4, allow6) = by_family(
+        egress
+            .allow
+            .iter()
+            .map(|n| (matches!(n, IpNet::V4(_)), n.trunc().to_string())),
+    );
+    let (np4, np6) = by_family(
+        NON_PUBLIC
+            .iter()
+            .map(|n| (!n.contains(':'), (*n).to_owned())),
+    );
     let mut rules = vec![
         "flush ruleset".to_owned(),
         "table inet exec_gateway {".to_owned(),
@@ -447,39 +460,22 @@ pub fn ruleset(egress: &Egress, host: &[IpAddr]) -> String {
         format!("    ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept"),
         format!("    ip daddr {SLIRP_GATEWAY} {REFUSE}"),
     ];
-    if !host4.is_empty() {
-        rules.push(format!(
-            "    ip daddr {} {REFUSE}",
-            set(host4.iter().map(|a| a.to_string()).collect())
-        ));
-    }
-    if !host6.is_empty() {
-        rules.push(format!(
-            "    ip6 daddr {} {REFUSE}",
-            set(host6.iter().map(|a| a.to_string()).collect())
-        ));
-    }
-    if !allow4.is_empty() {
-        rules.push(format!(
-            "    ip daddr {} accept",
-            set(allow4.iter().map(|a| a.to_string()).collect())
-        ));
-    }
-    if !allow6.is_empty() {
-        rules.push(format!(
-            "    ip6 daddr {} accept",
-            set(allow6.iter().map(|a| a.to_string()).collect())
-        ));
-    }
+    // One rule per family and verdict, over a set (none when it is empty).
+    let mut rule = |family: &str, items: Vec<String>, verdict: &str| {
+        if !items.is_empty() {
+            rules.push(format!(
+                "    {family} daddr {{ {} }} {verdict}",
+                items.join(", ")
+            ));
+        }
+    };
+    rule("ip", host4, REFUSE);
+    rule("ip6", host6, REFUSE);
+    rule("ip", allow4, "accept");
+    rule("ip6", allow6, "accept");
     if egress.internet {
-        rules.push(format!(
-            "    ip daddr {} {REFUSE}",
-            set(np4.iter().map(|s| s.to_string()).collect())
-        ));
-        rules.push(format!(
-            "    ip6 daddr {} {REFUSE}",
-            set(np6.iter().map(|s| s.to_string()).collect())
-        ));
+        rule("ip", np4, REFUSE);
+        rule("ip6", np6, REFUSE);
         rules.push("    accept".to_owned());
     } else {
         rules.push(format!("    {REFUSE}"));

@@ -211,15 +211,6 @@ struct Slot {
     gauge: Gauge,
 }
 
-/// The HTTP/2 receive window of a gRPC connection and of each of its
-/// streams: what a client may send before the gateway reads it. Each
-/// authenticated connection holds this much of its tenant's
-/// `max_inbound_bytes` while it lives, so what HTTP/2 buffers is charged
-/// too; windows may take half the budget (64 MiB by default: 64 gRPC
-/// connections a tenant), the rest stays for messages. 512 KiB in flight
-/// fills a 4 Gbit/s link at 1 ms round trip.
-pub const GRPC_RECEIVE_WINDOW_BYTES: u32 = 512 * 1024;
-
 impl Drop for Pending {
     fn drop(&mut self) {
         self.gauge.dec();
@@ -315,9 +306,10 @@ impl Conn {
         let window = match (self.door, tenant) {
             (Door::Grpc, Some(t)) => {
                 let slot = t.grpc_windows.clone().try_acquire_owned().ok();
-                let bytes = slot
-                    .as_ref()
-                    .and_then(|_| t.inbound.try_reserve(GRPC_RECEIVE_WINDOW_BYTES as usize));
+                let bytes = slot.as_ref().and_then(|_| {
+                    t.inbound
+                        .try_reserve(crate::config::GRPC_RECEIVE_WINDOW_BYTES as usize)
+                });
                 match (slot, bytes) {
                     (Some(slot), Some(bytes)) => Some((slot, bytes)),
                     _ => {

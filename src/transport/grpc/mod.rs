@@ -20,11 +20,10 @@ use std::task::{Context, Poll};
 
 use hyper::http;
 
+use crate::config::GRPC_RECEIVE_WINDOW_BYTES;
 use crate::gateway::Gateway;
 use crate::transport::authenticate::authenticate;
-use crate::transport::limits::{
-    ConnInfo, ConnectionLimits, Door, GRPC_RECEIVE_WINDOW_BYTES, Guarded,
-};
+use crate::transport::limits::{ConnInfo, ConnectionLimits, Door, Guarded};
 pub use services::GrpcApi;
 
 /// Generated code, and the descriptor set for reflection.
