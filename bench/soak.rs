@@ -9,12 +9,16 @@
 //!   the gateway drops it);
 //! - pid churn (shells forking `true` as fast as they can);
 //! - oversized frames, oversized `writeId`s and files over the read limit;
+//! - 24 connections holding all but the last byte of a 4 MiB message each
+//!   (the inbound budget holds them back; each is cut at the message
+//!   timeout and comes back);
 //! - idle unauthenticated sockets from four source addresses on both doors,
 //!   reopened as the gateway closes them.
 //!
 //! It samples the gateway process's RSS and open descriptors every second
 //! and prints, per phase, the victims' p50/p99 per operation and the errors
-//! seen, and the gateway's peak RSS, peak descriptors and held outbound bytes.
+//! seen, and the gateway's peak RSS, peak descriptors and held outbound and
+//! inbound bytes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -62,6 +66,7 @@ struct Peaks {
     rss_kib: u64,
     fds: u64,
     outbound_bytes: f64,
+    inbound_bytes: f64,
 }
 
 struct Phase {
@@ -216,6 +221,9 @@ pub async fn soak(exe: &Path, dir: &Path, args: SoakArgs) -> BenchResult<()> {
             peaks.outbound_bytes = peaks
                 .outbound_bytes
                 .max(admin_metric(&admin, "exec_gateway_outbound_bytes").await);
+            peaks.inbound_bytes = peaks
+                .inbound_bytes
+                .max(admin_metric(&admin, "exec_gateway_inbound_bytes").await);
         }
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
@@ -299,10 +307,11 @@ fn report(phases: &[Phase], hwm_kib: u64) {
             println!("abuse: {what}: {n}");
         }
         println!(
-            "gateway peak RSS {:.1} MiB, peak open fds {}, peak outbound bytes held {:.1} MiB",
+            "gateway peak RSS {:.1} MiB, peak open fds {}, peak outbound bytes held {:.1} MiB, peak inbound bytes held {:.1} MiB",
             p.peaks.rss_kib as f64 / 1024.0,
             p.peaks.fds,
-            p.peaks.outbound_bytes / (1024.0 * 1024.0)
+            p.peaks.outbound_bytes / (1024.0 * 1024.0),
+            p.peaks.inbound_bytes / (1024.0 * 1024.0)
         );
     }
     println!(
@@ -400,6 +409,12 @@ pub async fn abuser_main(spec: &str) -> BenchResult<()> {
             oversized(text("url"), text("huge"), stop.clone(), counters.clone()),
         ));
     }
+    if on("unfinished") {
+        tasks.push(exec_gateway::task::start(
+            "soak-unfinished",
+            unfinished(text("url"), stop.clone(), counters.clone()),
+        ));
+    }
     if on("idle") {
         for door in [text("ws"), text("grpc")] {
             tasks.push(exec_gateway::task::start(
@@ -416,6 +431,87 @@ pub async fn abuser_main(spec: &str) -> BenchResult<()> {
     let counts = counters.lock().clone();
     println!("{}", serde_json::to_string(&counts).map_err(err)?);
     Ok(())
+}
+
+/// Connections that each send all but the last byte of a 4 MiB websocket
+/// message and hold it (the inbound attack of issue 27): the gateway
+/// charges them to the tenant's inbound budget, stops reading past it,
+/// and cuts each at the message timeout; they come back.
+async fn unfinished(
+    url: String,
+    stop: Arc<AtomicBool>,
+    c: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+) {
+    const CONNS: usize = 24;
+    const LEN: usize = 4 << 20;
+    let Ok(parsed) = url::Url::parse(&url) else {
+        return;
+    };
+    let addr = format!(
+        "{}:{}",
+        parsed.host_str().unwrap_or("127.0.0.1"),
+        parsed.port().unwrap_or(80)
+    );
+    let token = parsed
+        .query_pairs()
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let mut frame = vec![0x81u8, 0x80 | 127];
+    frame.extend_from_slice(&(LEN as u64).to_be_bytes());
+    frame.extend_from_slice(&[0, 0, 0, 0]);
+    frame.resize(frame.len() + LEN - 1, b'x');
+    let frame = Arc::new(frame);
+    let mut held = tokio::task::JoinSet::new();
+    while !stop.load(Ordering::Relaxed) {
+        while held.len() < CONNS && !stop.load(Ordering::Relaxed) {
+            let (addr, token, frame, c, stop) = (
+                addr.clone(),
+                token.clone(),
+                frame.clone(),
+                c.clone(),
+                stop.clone(),
+            );
+            held.spawn(async move {
+                use tokio::io::AsyncReadExt as _;
+                let Ok(mut s) = TcpStream::connect(&addr).await else {
+                    bump(&c, "unfinished: connect failed");
+                    return;
+                };
+                let req = format!(
+                    "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                     Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+                     Authorization: Bearer {token}\r\n\r\n"
+                );
+                if s.write_all(req.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read_exact(&mut b).await.is_err() {
+                        bump(&c, "unfinished: refused at the handshake");
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                bump(&c, "unfinished: messages started");
+                // Blocks once the gateway stops reading; fails once it cuts.
+                let _ = s.write_all(&frame).await;
+                let mut rest = Vec::new();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(90), s.read_to_end(&mut rest)).await;
+                if !stop.load(Ordering::Relaxed) {
+                    bump(&c, "unfinished: cut by the gateway");
+                }
+            });
+        }
+        tokio::select! {
+            _ = held.join_next() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    held.abort_all();
 }
 
 fn bump(c: &Mutex<BTreeMap<&'static str, u64>>, what: &'static str) {

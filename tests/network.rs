@@ -429,6 +429,10 @@ fn unsafe_network_settings_are_refused() {
             "overlaps 127.0.0.0/8",
         ),
         (
+            "[tenants.a]\nroot = \"/tmp\"\negress = [\"168.63.0.0/16\"]\n",
+            "overlaps 168.63.129.16/32",
+        ),
+        (
             "[tenants.a]\nroot = \"/tmp\"\negress = \"everywhere\"\n",
             "neither \"internet\"",
         ),

@@ -151,12 +151,15 @@ pub enum EgressConfig {
 }
 
 /// What an egress allowlist may not open: "this network", loopback,
-/// link-local (cloud metadata), multicast and reserved; IPv6 loopback,
-/// mapped, link-local, the EC2 metadata address and multicast.
+/// link-local (cloud metadata), Azure's WireServer, Alibaba's metadata
+/// address, multicast and reserved; IPv6 loopback, mapped, link-local, the
+/// EC2 metadata address and multicast.
 const NEVER_ALLOWED: &[&str] = &[
     "0.0.0.0/8",
     "127.0.0.0/8",
     "169.254.0.0/16",
+    "168.63.129.16/32",
+    "100.100.100.200/32",
     "224.0.0.0/3",
     "::/127",
     "::ffff:0:0/96",

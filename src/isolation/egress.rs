@@ -56,7 +56,8 @@ const SLIRP_MTU: &str = "65520";
 /// Destinations outside the public internet, refused under `internet`
 /// unless allowlisted: "this network", private, shared (CGNAT), loopback,
 /// link-local (cloud metadata at 169.254.169.254), IETF protocol
-/// assignments, documentation, benchmarking, multicast and reserved;
+/// assignments, documentation, benchmarking, multicast and reserved,
+/// Azure's host service (168.63.129.16, WireServer);
 /// IPv6 unspecified,
 /// loopback, IPv4-mapped, discard, unique-local (cloud metadata at
 /// fd00:ec2::254), link-local, site-local and multicast.
@@ -70,6 +71,7 @@ pub const NON_PUBLIC: &[&str] = &[
     "192.0.0.0/24",
     "192.168.0.0/16",
     "192.0.2.0/24",
+    "168.63.129.16/32",
     "198.18.0.0/15",
     "198.51.100.0/24",
     "203.0.113.0/24",
