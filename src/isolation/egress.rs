@@ -174,6 +174,10 @@ impl TenantNet {
         &self.egress
     }
 
+    /// Start slirp4netns on the namespace. What it prints is dropped: a
+    /// tenant's packets can make libslirp warn, and neither a file (no
+    /// bound) nor a pipe (SIGPIPE once unread, a stall once full) may take
+    /// that.
     fn start_slirp(&mut self, slirp: &Path) -> io::Result<()> {
         let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (exit_r, exit_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
@@ -198,7 +202,7 @@ impl TenantNet {
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         // Its own group, registered with the reaper too.
         .process_group(0);
         // SAFETY: descriptor juggling and setrlimit between fork and exec.
@@ -264,14 +268,11 @@ impl TenantNet {
         if let Err(e) = outcome {
             let _ = child.kill();
             let _ = child.wait();
-            let mut err = String::new();
-            if let Some(mut s) = child.stderr.take() {
-                let _ = io::Read::read_to_string(&mut s, &mut err);
-            }
-            return Err(io::Error::other(format!("{e}: {}", err.trim())));
+            return Err(io::Error::other(format!(
+                "{e} (run `{} --configure --netns-type=path /run/netns/NAME tap0` by hand to see why)",
+                slirp.display()
+            )));
         }
-        // Its chatter is not read any more.
-        drop(child.stderr.take());
         self.slirp = Some(child);
         self.exit_pipe = Some(exit_w);
         Ok(())
