@@ -534,7 +534,13 @@ fn write_resolv_conf(path: &Path) -> io::Result<()> {
             out.push('\n');
         }
     }
-    let tmp = path.with_extension("tmp");
+    // Unchanged: left as it is (another gateway sharing the state
+    // directory may have bound it already).
+    if std::fs::read_to_string(path).is_ok_and(|old| old == out) {
+        return Ok(());
+    }
+    // A name of this process's own, then an atomic rename.
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, out)?;
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
