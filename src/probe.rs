@@ -49,7 +49,7 @@ fn probe_layer(
 /// in the cgroup tree.
 pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigError> {
     let iso = settings.isolation;
-    let cgroups = probe_layer("cgroup", iso.cgroups, metrics, || {
+    let cgroups = probe_layer("cgroups", iso.cgroups, metrics, || {
         cgroup::probe(iso.cgroup_version)?;
         tracing::info!(hierarchy = %cgroup::describe(), "cgroups");
         let killed = cgroup::cleanup_leftovers();

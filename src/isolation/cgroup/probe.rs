@@ -64,6 +64,10 @@ fn probe_v1() -> Result<(), String> {
     Ok(())
 }
 
+/// Passes over a delegated cgroup's processes when moving them into the
+/// supervisor leaf (processes keep starting there in a pod).
+const VACATE_PASSES: usize = 100;
+
 /// Set up the unified hierarchy mounted at `mount`: find (and, when it was
 /// delegated, vacate) the gateway's cgroup, hand the controllers down to
 /// our instance directory, and try a cgroup there.
@@ -100,9 +104,21 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
             Err(err) => return Err(e("cannot create", &leaf, err)),
         }
-        for pid in members(&own) {
-            std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
-                .map_err(|err| e("cannot move our processes into", &leaf, err))?;
+        // A process that exits between the listing and its move is gone
+        // (ESRCH), and one started meanwhile (an exec probe, `kubectl
+        // exec`) is moved on the next pass.
+        for _ in 0..VACATE_PASSES {
+            let pids = members(&own);
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                match std::fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
+                    Ok(()) => {}
+                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(err) => return Err(e("cannot move our processes into", &leaf, err)),
+                }
+            }
         }
     }
     let parent = own;
