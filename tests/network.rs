@@ -138,6 +138,8 @@ fn world() -> World {
                 vec!["route", "add", "default", "via", "198.51.100.1"],
                 // A public address of the host's own, not on the uplink.
                 vec!["addr", "add", "93.184.215.77/32", "dev", "lo"],
+                // Addresses it owns through a local route (anycast, VIPs).
+                vec!["route", "add", "local", "93.184.217.0/24", "dev", "lo"],
             ],
         ),
         (
@@ -253,6 +255,7 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
             "127.0.0.1:8099:host-loopback",
             "198.51.100.2:8098:host-uplink",
             "93.184.215.77:8098:host-address",
+            "93.184.217.5:8096:host-local-route",
         ],
     ));
     enter(&w.gw);
@@ -287,6 +290,7 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
             ("metadata", "169.254.169.254", "80"),
             ("host-loopback", "127.0.0.1", "8099"),
             ("host-address", "93.184.215.77", "8098"),
+            ("host-local-route", "93.184.217.5", "8096"),
             ("host-uplink", "198.51.100.2", "8098"),
             ("client-port", "127.0.0.1", client.as_str()),
             ("client-port-by-address", "93.184.215.77", client.as_str()),
@@ -328,6 +332,7 @@ async fn each_tenant_reaches_only_what_its_egress_allows() {
         "private",
         "metadata",
         "host-address",
+        "host-local-route",
         "host-uplink",
         "client-port-by-address",
     ] {

@@ -279,7 +279,7 @@ impl TenantNet {
     }
 
     /// Load the ruleset again with the host's current addresses.
-    fn refresh(&self, host: &[IpAddr]) -> io::Result<()> {
+    fn refresh(&self, host: &[IpNet]) -> io::Result<()> {
         load_ruleset(&self.nft, &self.netns, &ruleset(&self.egress, host))
     }
 }
@@ -305,14 +305,14 @@ pub const HOST_ADDRESS_POLL: Duration = Duration::from_secs(1);
 /// The live tenant networks, and the host addresses their rulesets hold.
 struct Watched {
     nets: Vec<std::sync::Weak<TenantNet>>,
-    host: Vec<IpAddr>,
+    host: Vec<IpNet>,
 }
 
 static WATCHED: parking_lot::Mutex<Option<Watched>> = parking_lot::Mutex::new(None);
 
 /// Keep `net`'s ruleset in step with the host's addresses: one thread for
 /// every tenant network, started with the first.
-fn watch_host_addresses(net: &Arc<TenantNet>, host: Vec<IpAddr>) {
+fn watch_host_addresses(net: &Arc<TenantNet>, host: Vec<IpNet>) {
     let mut w = WATCHED.lock();
     match w.as_mut() {
         Some(w) => {
@@ -411,19 +411,47 @@ pub(super) unsafe fn loopback_up() -> io::Result<()> {
 
 /// Every address configured on the gateway's host (its namespace), so
 /// none is reachable through the tenant's way out.
-fn host_addresses() -> io::Result<Vec<IpAddr>> {
+fn host_addresses() -> io::Result<Vec<IpNet>> {
     let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    let mut out: Vec<IpAddr> = addrs
+    let mut out: Vec<IpNet> = addrs
         .filter_map(|a| a.address)
         .filter_map(|s| {
             s.as_sockaddr_in()
                 .map(|v4| IpAddr::V4(v4.ip()))
                 .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
         })
+        .map(IpNet::from)
         .collect();
-    out.sort();
-    out.dedup();
-    Ok(out)
+    // Addresses the host owns through local routes (`ip route add local
+    // ...`: anycast, VIPs), not on any interface.
+    out.extend(local_routes(
+        &std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default(),
+    ));
+    Ok(IpNet::aggregate(&out))
+}
+
+/// The IPv4 prefixes `/proc/net/fib_trie` marks `LOCAL` (an address line
+/// `|-- A.B.C.D`, then `/N host LOCAL` lines for it).
+fn local_routes(trie: &str) -> Vec<IpNet> {
+    let mut out = Vec::new();
+    let mut last: Option<Ipv4Addr> = None;
+    for line in trie.lines().map(str::trim_start) {
+        if let Some(a) = line.strip_prefix("|-- ") {
+            last = a.trim().parse().ok();
+            continue;
+        }
+        let (Some(addr), Some(rest)) = (last, line.strip_prefix('/')) else {
+            continue;
+        };
+        let mut parts = rest.split_whitespace();
+        let len = parts.next().and_then(|n| n.parse::<u8>().ok());
+        if let (Some(len), Some("LOCAL")) = (len, parts.nth(1))
+            && let Ok(net) = ipnet::Ipv4Net::new(addr, len)
+        {
+            out.push(IpNet::V4(net.trunc()));
+        }
+    }
+    out
 }
 
 /// What a refused destination gets: an ICMP "administratively
@@ -441,13 +469,17 @@ fn by_family(items: impl Iterator<Item = (bool, String)>) -> (Vec<String>, Vec<S
 }
 
 /// The tenant namespace's nftables ruleset.
-pub fn ruleset(egress: &Egress, host: &[IpAddr]) -> String {
-    let (host4, host6) = by_family(host.iter().map(|a| (a.is_ipv4(), a.to_string())));
-    let (allow4, allow6) = by_family(
-        egress
-            .allow
+pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
+    // Sets take no overlapping elements: merged first.
+    let (host4, host6) = by_family(
+        IpNet::aggregate(&host.to_vec())
             .iter()
-            .map(|n| (matches!(n, IpNet::V4(_)), n.trunc().to_string())),
+            .map(|n| (matches!(n, IpNet::V4(_)), n.to_string())),
+    );
+    let (allow4, allow6) = by_family(
+        IpNet::aggregate(&egress.allow)
+            .iter()
+            .map(|n| (matches!(n, IpNet::V4(_)), n.to_string())),
     );
     let (np4, np6) = by_family(
         NON_PUBLIC
@@ -588,8 +620,10 @@ mod tests {
             internet: true,
             allow: vec!["10.1.2.0/24".parse().unwrap()],
         };
-        let r = ruleset(&e, &["10.1.2.3".parse().unwrap()]);
-        let host = r.find("ip daddr { 10.1.2.3 } reject").expect("host rule");
+        let r = ruleset(&e, &["10.1.2.3/32".parse().unwrap()]);
+        let host = r
+            .find("ip daddr { 10.1.2.3/32 } reject")
+            .expect("host rule");
         let allow = r
             .find("ip daddr { 10.1.2.0/24 } accept")
             .expect("allow rule");
@@ -597,6 +631,34 @@ mod tests {
         assert!(host < allow && allow < private, "{r}");
         assert!(r.contains("policy drop"));
         assert!(r.trim_end().ends_with("accept\n  }\n}"), "{r}");
+    }
+
+    #[test]
+    fn local_routes_are_read_from_the_fib_trie() {
+        let trie = "Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 93.184.217.0\n        /24 host LOCAL\n     \
+                    |-- 127.255.255.255\n           /32 link BROADCAST\n     |-- 10.0.0.5\n        /32 host LOCAL\n";
+        let got: Vec<String> = local_routes(trie).iter().map(ToString::to_string).collect();
+        assert_eq!(got, ["93.184.217.0/24", "10.0.0.5/32"]);
+    }
+
+    #[test]
+    fn overlapping_entries_are_merged_before_they_reach_a_set() {
+        let e = Egress {
+            internet: false,
+            allow: vec![
+                "10.0.0.0/8".parse().unwrap(),
+                "10.1.0.0/16".parse().unwrap(),
+            ],
+        };
+        let r = ruleset(
+            &e,
+            &[
+                "127.0.0.0/8".parse().unwrap(),
+                "127.0.0.1/32".parse().unwrap(),
+            ],
+        );
+        assert!(r.contains("ip daddr { 127.0.0.0/8 } reject"), "{r}");
+        assert!(r.contains("ip daddr { 10.0.0.0/8 } accept"), "{r}");
     }
 
     #[test]
