@@ -110,14 +110,10 @@ async fn inbound(gw: &Gateway, what: &str, tenant: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-/// Seen on d384597: 40 connections each holding all but the last byte of
-/// a 15 MiB message kept +600 MiB of the gateway's memory for as long as
-/// they liked. Now they hold at most the tenant's budget, the gateway
-/// stops reading them, another tenant is served meanwhile, and each is cut
-/// at the message timeout, which gives every byte back.
-#[tokio::test]
-async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
-    let gw = Gateway::start_with(|d| {
+/// t1 with an 8 MiB budget beside t2; 4 MiB messages, a 4 s message
+/// timeout.
+fn budget_gateway() -> Gateway {
+    Gateway::start_with(|d| {
         format!(
             "[server]\nmax_message_bytes = 4194304\ninbound_message_timeout = \"4s\"\n\
              [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
@@ -125,7 +121,42 @@ async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
              [tenants.t2]\nroot = \"/\"\n",
             d.display()
         )
-    });
+    })
+}
+
+/// Until one of t1's reads waits for room in its budget.
+async fn until_a_read_waits(gw: &Gateway) {
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(gw, "waiting", "t1").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no read ever waited; held {}",
+            inbound(gw, "bytes", "t1").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Until every byte t1's clients sent is given back.
+async fn until_given_back(gw: &Gateway) {
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while inbound(gw, "bytes", "t1").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "bytes never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Seen on d384597: 40 connections each holding all but the last byte of
+/// a 15 MiB message kept +600 MiB of the gateway's memory for as long as
+/// they liked. Now they hold at most the tenant's budget, the gateway
+/// stops reading them, another tenant is served meanwhile, and each is cut
+/// at the message timeout, which gives every byte back.
+#[tokio::test]
+async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
+    let gw = budget_gateway();
     // Ten connections of t1, half sending one frame, half fragments: 30
     // MiB offered against a budget of 8.
     let mut writers = Vec::new();
@@ -144,15 +175,7 @@ async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
         }));
     }
     // The budget fills and reads wait for room.
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    while inbound(&gw, "waiting", "t1").await < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no read ever waited; held {}",
-            inbound(&gw, "bytes", "t1").await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_a_read_waits(&gw).await;
     let held = inbound(&gw, "bytes", "t1").await;
     // The budget, and at most one socket read past it per connection.
     assert!(held <= (8 * MIB + 10 * 64 * 1024) as f64, "held {held}");
@@ -169,14 +192,7 @@ async fn unfinished_messages_hold_no_more_than_the_tenants_inbound_budget() {
         // sends overtook the close frame.
         assert!(matches!(close_code(&buf), Some(1008) | None), "{buf:?}");
     }
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    while inbound(&gw, "bytes", "t1").await > 0.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "bytes never given back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_given_back(&gw).await;
     assert!(inbound(&gw, "bytes_peak", "t1").await <= (8 * MIB + 10 * 64 * 1024) as f64);
 }
 
@@ -392,15 +408,7 @@ fn unfinished_grpc_call(
 /// (DEADLINE_EXCEEDED), which gives every byte back.
 #[tokio::test]
 async fn unfinished_grpc_messages_hold_no_more_than_the_tenants_inbound_budget() {
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[server]\nmax_message_bytes = 4194304\ninbound_message_timeout = \"4s\"\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n\
-             [tenants.t2]\nroot = \"/\"\n",
-            d.display()
-        )
-    });
+    let gw = budget_gateway();
     // 3 connections × 8 calls × 6 MiB: 144 MiB offered against 8.
     let mut calls = Vec::new();
     for _ in 0..3 {
@@ -414,15 +422,7 @@ async fn unfinished_grpc_messages_hold_no_more_than_the_tenants_inbound_budget()
             ));
         }
     }
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    while inbound(&gw, "waiting", "t1").await < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no read ever waited; held {}",
-            inbound(&gw, "bytes", "t1").await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_a_read_waits(&gw).await;
     let held = inbound(&gw, "bytes", "t1").await;
     assert!(held <= (8 * MIB) as f64, "held {held}");
     assert!(held >= (4 * MIB) as f64, "held {held}");
@@ -440,14 +440,7 @@ async fn unfinished_grpc_messages_hold_no_more_than_the_tenants_inbound_budget()
             "{status}"
         );
     }
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    while inbound(&gw, "bytes", "t1").await > 0.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "bytes never given back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_given_back(&gw).await;
     assert!(inbound(&gw, "bytes_peak", "t1").await <= (8 * MIB) as f64);
 }
 
