@@ -54,6 +54,8 @@ impl Stdio1 {
     fn start_with(config: &std::path::Path, token: Option<&str>, dir: tempfile::TempDir) -> Stdio1 {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-gateway"));
         cmd.arg("stdio").arg("--config").arg(config);
+        // A state directory of its own (concurrent gateways must not share one).
+        cmd.env("XDG_STATE_HOME", dir.path().join("state"));
         match token {
             Some(t) => cmd.env("EXEC_GATEWAY_TOKEN", t),
             None => cmd.env_remove("EXEC_GATEWAY_TOKEN"),
@@ -338,10 +340,14 @@ fn inherited_descriptors_do_not_reach_tenant_processes() {
     let leak = std::fs::File::open(dir.path().join("leak")).unwrap();
     let leak_fd = leak.as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exec-gateway"));
-    cmd.arg("stdio").arg("--config").arg(&config).env(
-        "EXEC_GATEWAY_TOKEN",
-        common::mint(&secret, "t1", common::ALL_SCOPES),
-    );
+    cmd.arg("stdio")
+        .arg("--config")
+        .arg(&config)
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .env(
+            "EXEC_GATEWAY_TOKEN",
+            common::mint(&secret, "t1", common::ALL_SCOPES),
+        );
     // SAFETY: dup2 only, after fork.
     #[allow(unsafe_code)]
     unsafe {

@@ -63,6 +63,8 @@ def gateway(tmp_path):
          "--config", str(tmp_path / "gateway.toml")],
         stdout=subprocess.PIPE,
         text=True,
+        # A state directory of its own: concurrent gateways must not share one.
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
     )
     try:
         url = proc.stdout.readline().strip()
