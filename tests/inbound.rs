@@ -449,14 +449,7 @@ async fn unfinished_grpc_messages_hold_no_more_than_the_tenants_inbound_budget()
 /// wait for room that cannot come.
 #[tokio::test]
 async fn a_grpc_message_larger_than_the_budget_is_refused_at_its_header() {
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[server]\nmax_message_bytes = 4194304\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n",
-            d.display()
-        )
-    });
+    let gw = budget_gateway();
     let send = h2_connection(&gw).await;
     let status = unfinished_grpc_call(send, gw.token("t1"), 12 * MIB, 1024)
         .await
@@ -514,14 +507,7 @@ async fn get_info(send: &h2::client::SendRequest<bytes::Bytes>, token: &str) -> 
 /// (RESOURCE_EXHAUSTED, quota inbound_bytes), and closing one makes room.
 #[tokio::test]
 async fn each_grpc_connection_holds_its_window_in_the_tenants_budget() {
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[server]\nmax_message_bytes = 4194304\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 8388608\n",
-            d.display()
-        )
-    });
+    let gw = budget_gateway();
     let token = gw.token("t1");
     let mut conns = Vec::new();
     for i in 0..8 {

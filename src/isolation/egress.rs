@@ -170,10 +170,6 @@ impl TenantNet {
         &self.resolv_conf
     }
 
-    pub fn egress(&self) -> &Egress {
-        &self.egress
-    }
-
     /// Start slirp4netns on the namespace. What it prints is dropped: a
     /// tenant's packets can make libslirp warn, and neither a file (no
     /// bound) nor a pipe (SIGPIPE once unread, a stall once full) may take
@@ -615,7 +611,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_host_is_dropped_before_the_allowlist_and_the_allowlist_before_private_ranges() {
+    fn the_host_is_refused_before_the_allowlist_and_the_allowlist_before_private_ranges() {
         let e = Egress {
             internet: true,
             allow: vec!["10.1.2.0/24".parse().unwrap()],
