@@ -26,6 +26,9 @@ pub(super) enum Hierarchy {
         base: PathBuf,
         /// Controllers handed down to tenants (of pids, memory, cpu).
         controllers: Vec<&'static str>,
+        /// The gateway's cgroup was delegated to it (not the hierarchy's
+        /// root): its processes were moved into [`SUPERVISOR`].
+        delegated: bool,
     },
 }
 
@@ -51,21 +54,56 @@ pub fn v2_instance() -> Option<PathBuf> {
     }
 }
 
-/// Which hierarchy is in use, for `/readyz` and logs.
+/// Which hierarchy is in use and what it enforces, for `/readyz` and logs.
 pub fn describe() -> String {
     match hierarchy() {
-        Hierarchy::V1 => "v1: pids, memory, cpu".to_owned(),
+        Hierarchy::V1 => {
+            "v1; controllers pids memory cpu; a cgroup per process, killed by its members' pids"
+                .to_owned()
+        }
         Hierarchy::V2 {
-            base, controllers, ..
-        } => format!(
-            "v2 at {} (controllers: {})",
-            base.display(),
-            if controllers.is_empty() {
-                "none: limits are not enforced".to_owned()
-            } else {
-                controllers.join(" ")
-            }
-        ),
+            base,
+            controllers,
+            delegated,
+            ..
+        } => {
+            let missing: Vec<&str> = CONTROLLERS
+                .iter()
+                .copied()
+                .filter(|c| !controllers.contains(c))
+                .collect();
+            format!(
+                "v2 at {}{}; controllers {}; a cgroup per process, killed by cgroup.kill; memory.oom.group per process{}",
+                base.display(),
+                if *delegated {
+                    format!(" (delegated: its cgroup's processes moved into {SUPERVISOR})")
+                } else {
+                    String::new()
+                },
+                if controllers.is_empty() {
+                    "none".to_owned()
+                } else {
+                    controllers.join(" ")
+                },
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; not enforced: {} limits (controllers not available to this cgroup)",
+                        missing.join(" ")
+                    )
+                }
+            )
+        }
+    }
+}
+
+/// Whether the hierarchy in use enforces `controller`'s limits (`pids`,
+/// `memory`, `cpu`).
+pub fn enforces(controller: &str) -> bool {
+    match hierarchy() {
+        Hierarchy::V1 => CONTROLLERS.contains(&controller),
+        Hierarchy::V2 { controllers, .. } => controllers.contains(&controller),
     }
 }
 

@@ -53,6 +53,6 @@ mod tenant;
 
 pub use join::join_self;
 pub use kill::{cleanup_leftovers, remove_instance, remove_v2_tree};
-pub use layout::{describe, v2_instance};
+pub use layout::{describe, enforces, v2_instance};
 pub use probe::probe;
 pub use tenant::{ProcessCgroup, TenantCgroup};

@@ -95,32 +95,6 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
             )
         })?;
     }
-    // The hierarchy's real root has no `cgroup.type` and may hold
-    // processes; any other cgroup must be emptied into a leaf first.
-    if own.join("cgroup.type").exists() {
-        let leaf = own.join(SUPERVISOR);
-        match std::fs::create_dir(&leaf) {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(err) => return Err(e("cannot create", &leaf, err)),
-        }
-        // A process that exits between the listing and its move is gone
-        // (ESRCH), and one started meanwhile (an exec probe, `kubectl
-        // exec`) is moved on the next pass.
-        for _ in 0..VACATE_PASSES {
-            let pids = members(&own);
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                match std::fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
-                    Ok(()) => {}
-                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(err) => return Err(e("cannot move our processes into", &leaf, err)),
-                }
-            }
-        }
-    }
     let parent = own;
     let available = std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
     let mut controllers: Vec<&'static str> = CONTROLLERS
@@ -128,12 +102,18 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
         .copied()
         .filter(|c| available.split_whitespace().any(|a| a == *c))
         .collect();
+    // The hierarchy's real root has no `cgroup.type` and may hold
+    // processes; any other cgroup must be emptied into a leaf first.
+    let delegated = parent.join("cgroup.type").exists();
+    if delegated {
+        controllers = vacate_and_hand_down(&parent, &controllers)?;
+    } else {
+        controllers = hand_down(&parent, &controllers);
+    }
     let base = parent.join(SUBTREE);
     let instance = base.join(instance_name(std::process::id()));
-    for dir in [&parent, &base, &instance] {
-        if *dir != parent {
-            std::fs::create_dir_all(dir).map_err(|err| e("cannot create", dir, err))?;
-        }
+    for dir in [&base, &instance] {
+        std::fs::create_dir_all(dir).map_err(|err| e("cannot create", dir, err))?;
         controllers = hand_down(dir, &controllers);
     }
     if !instance.join("cgroup.kill").exists() {
@@ -156,7 +136,55 @@ fn probe_v2(mount: PathBuf) -> Result<Hierarchy, String> {
         mount,
         base,
         controllers,
+        delegated,
     })
+}
+
+/// Move every process of the delegated cgroup `own` into the supervisor
+/// leaf, then enable `controllers` for its children; returns those that
+/// took. Every process, not only the gateway's: v2 lets a cgroup with
+/// controllers enabled for its children hold no process of its own, and in
+/// a pod the container's init (tini) shares the gateway's cgroup. Runtimes
+/// that add a process later (`kubectl exec`, exec probes) meet EBUSY there
+/// and join the init's cgroup instead, which is then the leaf (runc since
+/// 1.0, crun since 0.14): docs/isolation.md, "Kernels".
+///
+/// A process that exits between the listing and its move is gone (ESRCH);
+/// one started meanwhile is moved on the next pass, and one that arrives
+/// after the last move makes enabling fail (EBUSY): then again.
+fn vacate_and_hand_down(
+    own: &Path,
+    controllers: &[&'static str],
+) -> Result<Vec<&'static str>, String> {
+    let e = |what: &str, p: &Path, err: io::Error| format!("{what} {}: {err}", p.display());
+    let leaf = own.join(SUPERVISOR);
+    match std::fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(e("cannot create", &leaf, err)),
+    }
+    for _ in 0..VACATE_PASSES {
+        for pid in members(own) {
+            match std::fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
+                Ok(()) => {}
+                Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(err) => return Err(e("cannot move our processes into", &leaf, err)),
+            }
+        }
+        if !members(own).is_empty() {
+            continue;
+        }
+        let on = hand_down(own, controllers);
+        // Short of some: a process arrived (again), or a controller cannot
+        // be enabled here at all (then the caller reports it).
+        if on.len() == controllers.len() || members(own).is_empty() {
+            return Ok(on);
+        }
+    }
+    Err(format!(
+        "{} keeps gaining processes: it could not be emptied into {SUPERVISOR} in {VACATE_PASSES} passes",
+        own.display()
+    ))
 }
 
 /// Clear the read-only flag of the mount at `mount`.

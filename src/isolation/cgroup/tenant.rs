@@ -65,6 +65,9 @@ impl TenantCgroup {
                 && let Some(v) = limits.memory_max_bytes
             {
                 set("memory.max", v.to_string())?;
+                // The limit is the tenant's memory, not memory plus swap
+                // (absent without swap accounting: then nothing to cap).
+                let _ = set("memory.swap.max", "0".to_owned());
             }
             if on.contains(&"cpu") {
                 if let Some(v) = limits.cpu_shares {
