@@ -4,6 +4,7 @@
 //! decided above (module `tenant`), and whether the host allows a layer is
 //! probed by module `probe`.
 
+pub mod caps;
 pub mod cgroup;
 pub mod disk;
 pub mod egress;

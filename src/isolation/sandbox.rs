@@ -17,6 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use super::caps::{CapData, CapHeader, LINUX_CAPABILITY_VERSION_3};
 use super::namespace::{Namespace, NamespaceSpec, NsRights};
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
@@ -27,8 +28,61 @@ use seccompiler::{
     SeccompRule,
 };
 
-/// Landlock ABI the ruleset is written for (scopes need 6).
-const LANDLOCK_ABI: ABI = ABI::V6;
+/// Highest Landlock ABI the ruleset is written for (scopes need 6).
+const LANDLOCK_ABI_MAX: ABI = ABI::V6;
+
+/// The Landlock ABI the rulesets use: the running kernel's, at most
+/// [`LANDLOCK_ABI_MAX`]. An older kernel (6.1 has ABI 2) gets every right it
+/// can enforce, all of them required, rather than no ruleset; what it
+/// cannot enforce is named by [`landlock_gaps`] in `/readyz`.
+pub fn landlock_abi() -> ABI {
+    static ABI_IN_USE: std::sync::OnceLock<ABI> = std::sync::OnceLock::new();
+    *ABI_IN_USE.get_or_init(|| {
+        // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns
+        // the ABI version (or an error).
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                1u32, // LANDLOCK_CREATE_RULESET_VERSION
+            )
+        };
+        ABI::from(i32::try_from(v).unwrap_or(0)).min(LANDLOCK_ABI_MAX)
+    })
+}
+
+/// `IoctlDev` where the ABI handles it (5), else nothing.
+fn ioctl_dev() -> BitFlags<AccessFs> {
+    AccessFs::from_all(landlock_abi()) & AccessFs::IoctlDev
+}
+
+/// The kernel's Landlock ABI as a number (0: none), for reports.
+pub fn landlock_abi_number() -> u8 {
+    let abi = landlock_abi();
+    [ABI::V1, ABI::V2, ABI::V3, ABI::V4, ABI::V5, ABI::V6]
+        .iter()
+        .filter(|v| **v <= abi)
+        .count() as u8
+}
+
+/// What the ruleset cannot enforce on this kernel (its ABI is below the one
+/// each right needs); empty on 6.12 and later.
+pub fn landlock_gaps() -> Vec<&'static str> {
+    let abi = landlock_abi();
+    [
+        (ABI::V3, "truncating files outside the tenant's writable paths (ABI 3)"),
+        (ABI::V5, "ioctl on devices (ABI 5)"),
+        (
+            ABI::V6,
+            "signal and abstract unix socket scoping (ABI 6; the uid and PID namespace still separate tenants)",
+        ),
+    ]
+    .into_iter()
+    .filter(|(needs, _)| abi < *needs)
+    .map(|(_, what)| what)
+    .collect()
+}
 /// `RLIMIT_NOFILE` ceiling for tenant processes (each process; the
 /// tenant's memory limit bounds the total, file structures being charged
 /// to it).
@@ -237,12 +291,12 @@ impl PidParentExec {
 /// terminals (`DEVICES_PTY`: on a directory, and on the `ptmx` file) and
 /// `/proc` (read-only, as in `SYSTEM_RO`).
 fn ns_rights() -> (u64, u64, u64) {
-    let read_no_exec = AccessFs::from_read(LANDLOCK_ABI) & !AccessFs::Execute;
-    let file_rw = AccessFs::from_file(LANDLOCK_ABI) & !AccessFs::Execute;
-    let dir = file_rw | AccessFs::IoctlDev | read_no_exec;
+    let read_no_exec = AccessFs::from_read(landlock_abi()) & !AccessFs::Execute;
+    let file_rw = AccessFs::from_file(landlock_abi()) & !AccessFs::Execute;
+    let dir = file_rw | ioctl_dev() | read_no_exec;
     (
         dir.bits(),
-        (dir & AccessFs::from_file(LANDLOCK_ABI)).bits(),
+        (dir & AccessFs::from_file(landlock_abi())).bits(),
         read_no_exec.bits(),
     )
 }
@@ -259,23 +313,6 @@ const LOCKED_SECUREBITS: libc::c_ulong = 1 // SECBIT_NOROOT
     | 1 << 5 // SECBIT_KEEP_CAPS_LOCKED
     | 1 << 6 // SECBIT_NO_CAP_AMBIENT_RAISE
     | 1 << 7; // SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// `struct __user_cap_data_struct` (two of them for version 3).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
 
 fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -376,18 +413,22 @@ unsafe fn apply(
 /// (`HardRequirement`): a kernel that cannot is reported by the probe.
 fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Result<OwnedFd, String> {
     let e = |e: landlock::RulesetError| format!("landlock: {e}");
-    let all = AccessFs::from_all(LANDLOCK_ABI);
-    let read = AccessFs::from_read(LANDLOCK_ABI);
+    let all = AccessFs::from_all(landlock_abi());
+    let read = AccessFs::from_read(landlock_abi());
     let read_no_exec = read & !AccessFs::Execute;
-    let file_rw = AccessFs::from_file(LANDLOCK_ABI) & !AccessFs::Execute;
-    let mut created = Ruleset::default()
+    let file_rw = AccessFs::from_file(landlock_abi()) & !AccessFs::Execute;
+    let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(all)
-        .map_err(e)?
-        .scope(Scope::Signal | Scope::AbstractUnixSocket)
-        .map_err(e)?
-        .create()
         .map_err(e)?;
+    let ruleset = if landlock_abi() >= ABI::V6 {
+        ruleset
+            .scope(Scope::Signal | Scope::AbstractUnixSocket)
+            .map_err(e)?
+    } else {
+        ruleset
+    };
+    let mut created = ruleset.create().map_err(e)?;
     let mut grant = |path: &std::path::Path, access| -> Result<(), String> {
         match PathFd::new(path) {
             Ok(fd) => {
@@ -396,7 +437,7 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
                 let access = if is_dir {
                     access
                 } else {
-                    access & AccessFs::from_file(LANDLOCK_ABI)
+                    access & AccessFs::from_file(landlock_abi())
                 };
                 created
                     .as_mut()
@@ -435,7 +476,7 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
     for p in DEVICES_PTY {
         grant(
             std::path::Path::new(p),
-            file_rw | AccessFs::IoctlDev | read_no_exec,
+            file_rw | ioctl_dev() | read_no_exec,
         )?;
     }
     for p in rw {
