@@ -143,7 +143,7 @@ impl Tenants {
         }
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
-            let (idmap, tree) = root_idmap(name, t, layers).unzip();
+            let (idmap, tree) = root_idmap(name, t, layers)?.unzip();
             let fs = match (&t.root, tree) {
                 (None, _) => FsRoot::host(),
                 (Some(root), Some(tree)) => FsRoot::confined_at(root, tree),
@@ -443,20 +443,26 @@ fn sandbox_spec(
 /// it, and where the root's filesystem cannot be idmapped, the root keeps
 /// its ownership and the tenant writes only what its uid may.
 ///
-/// Returns the mapping and the gateway's own idmapped view of the root.
+/// Returns the mapping and the gateway's own idmapped view of the root. A
+/// root whose filesystem cannot be idmapped (tmpfs before Linux 6.3, 9p,
+/// some FUSE) is refused: its tenant could not write it.
 fn root_idmap(
     name: &str,
     t: &TenantSettings,
     layers: Layers,
-) -> Option<(IdMap, std::os::fd::OwnedFd)> {
+) -> Result<Option<(IdMap, std::os::fd::OwnedFd)>, ConfigError> {
     use std::os::unix::fs::MetadataExt as _;
-    let (root, (uid, gid)) = (t.root.as_ref()?, t.uid?);
+    let (Some(root), Some((uid, gid))) = (t.root.as_ref(), t.uid) else {
+        return Ok(None);
+    };
     if !t.uid_allocated || !layers.uid {
-        return None;
+        return Ok(None);
     }
-    let meta = std::fs::metadata(root).ok()?;
+    let Ok(meta) = std::fs::metadata(root) else {
+        return Ok(None);
+    };
     if meta.uid() == uid && meta.gid() == gid {
-        return None;
+        return Ok(None);
     }
     let map = IdMap {
         owner_uid: meta.uid(),
@@ -467,15 +473,16 @@ fn root_idmap(
     if !layers.namespaces {
         tracing::warn!(tenant = name, root = %root.display(), owner = meta.uid(), uid,
             "the namespaces layer is off: the tenant's processes run as its allocated uid and cannot write its root unless its permissions allow; set tenants.NAME.uid");
-        return None;
+        return Ok(None);
     }
     match crate::isolation::idmap::idmapped_tree(root, map) {
-        Ok(tree) => Some((map, tree)),
-        Err(e) => {
-            tracing::warn!(tenant = name, root = %root.display(), error = %e,
-                "the root cannot be idmapped: the tenant's processes run as its allocated uid and cannot write its root unless its permissions allow; set tenants.NAME.uid");
-            None
-        }
+        Ok(tree) => Ok(Some((map, tree))),
+        Err(e) => Err(ConfigError(format!(
+            "tenants.{name}.root {}: cannot be idmapped ({e}{}), so the tenant's processes (uid {uid}) could not write it (owner {}): set tenants.{name}.uid, give the root to an unused uid, or put it on a filesystem that supports idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3)",
+            root.display(),
+            crate::isolation::idmap::why_not(root),
+            meta.uid()
+        ))),
     }
 }
 

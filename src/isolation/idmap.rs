@@ -143,3 +143,42 @@ pub fn idmapped_tree(path: &Path, map: IdMap) -> io::Result<OwnedFd> {
     unsafe { set_idmap(tree.as_raw_fd(), ns.as_raw_fd())? };
     Ok(tree)
 }
+
+/// Why `path`'s filesystem may refuse an idmapping, for the error: tmpfs
+/// supports it from Linux 6.3; empty when nothing is known.
+pub fn why_not(path: &Path) -> String {
+    let tmpfs = nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    if tmpfs && kernel_before(release, (6, 3)) {
+        format!(": tmpfs on Linux {release}, which idmaps tmpfs from 6.3")
+    } else {
+        String::new()
+    }
+}
+
+/// Whether a kernel `release` ("6.1.0-31-amd64") is older than `v`.
+pub fn kernel_before(release: &str, v: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => (major, minor) < v,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_before;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(kernel_before("6.1.0-31-amd64", (6, 3)));
+        assert!(!kernel_before("6.12.95+deb12-amd64", (6, 3)));
+        assert!(!kernel_before("6.3.0", (6, 3)));
+        assert!(kernel_before("5.19.2", (6, 3)));
+        assert!(!kernel_before("garbage", (6, 3)));
+    }
+}
