@@ -321,6 +321,11 @@ pub fn run(cli: Cli) -> ExitCode {
                 Ok(l) => l,
                 Err(e) => return usage_error(&e),
             };
+            // Before the runtime's threads exist, so none of them has it:
+            // file operations for tenants stay under their disk quotas.
+            if let Err(e) = crate::isolation::caps::drop_sys_resource() {
+                return usage_error(&ConfigError(format!("cannot drop CAP_SYS_RESOURCE: {e}")));
+            }
             block_on(serve(settings, lowered))
         }
         Command::Stdio(common) => {

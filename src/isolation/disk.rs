@@ -88,6 +88,11 @@ const PRJQUOTA: u32 = 2;
 const Q_GETINFO: u32 = 0x80_0005;
 const Q_GETQUOTA: u32 = 0x80_0007;
 const Q_SETQUOTA: u32 = 0x80_0008;
+/// `Q_XGETQSTATV`: accounting and enforcement state of each quota type.
+const Q_XGETQSTATV: u32 = 0x5808;
+const FS_QSTATV_VERSION1: u8 = 1;
+/// In `fs_quota_statv.qs_flags`: project quota limits are enforced.
+const FS_QUOTA_PDQ_ENFD: u16 = 1 << 5;
 const QIF_BLIMITS: u32 = 1;
 /// `dqb_bhardlimit` is in these units.
 const QIF_DQBLKSIZE: u64 = 1024;
@@ -179,7 +184,26 @@ pub fn probe_project_quota(root: &Path) -> Result<(), String> {
             _ => e.to_string(),
         };
         format!("{}: {why}", root.display())
-    })
+    })?;
+    // Tracked is not enforced: ext4 with the quota feature counts project
+    // usage at every mount, but enforces limits only when mounted with
+    // `prjquota` (xfs: `pquota` or `prjquota`).
+    // `struct fs_quota_statv` (160 bytes): version, pad, flags, then
+    // counters this check does not read.
+    #[repr(C, align(8))]
+    struct StatV([u8; 160]);
+    let mut statv = StatV([0; 160]);
+    statv.0[0] = FS_QSTATV_VERSION1;
+    quotactl(&fd, Q_XGETQSTATV, 0, (&raw mut statv).cast())
+        .map_err(|e| format!("{}: quota state: {e}", root.display()))?;
+    let flags = u16::from_ne_bytes([statv.0[2], statv.0[3]]);
+    if flags & FS_QUOTA_PDQ_ENFD == 0 {
+        return Err(format!(
+            "{}: project quotas are tracked but not enforced on its filesystem (mount it with prjquota)",
+            root.display()
+        ));
+    }
+    Ok(())
 }
 
 /// A tenant root under a project quota.
