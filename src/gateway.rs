@@ -18,6 +18,9 @@ use crate::registry::Registry;
 use crate::session::SessionRegistry;
 use crate::tenant::Tenants;
 
+/// Tenants whose limits `/readyz` lists.
+pub const REPORTED_TENANTS: usize = 100;
+
 /// Shared state of one gateway process.
 pub struct Gateway {
     pub settings: Arc<Settings>,
@@ -158,10 +161,24 @@ impl Gateway {
                 "per tenant; processes spawned by a confined worker"
             ),
             on(l.cgroups, &crate::isolation::cgroup::describe()),
-            on(
-                l.landlock,
-                "tenant root and tmp read-write; signal and abstract-socket scoping"
-            ),
+            on(l.landlock, &{
+                use crate::isolation::sandbox::{landlock_abi_number, landlock_gaps};
+                let gaps = landlock_gaps();
+                format!(
+                    "ABI {}; tenant root and tmp read-write, system dirs read-only, nothing else{}; not enforced on this kernel: {}",
+                    landlock_abi_number(),
+                    if gaps.is_empty() {
+                        "; signals and abstract unix sockets scoped to the tenant"
+                    } else {
+                        ""
+                    },
+                    if gaps.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        gaps.join("; ")
+                    }
+                )
+            }),
             on(l.seccomp, "deny-list, no_new_privs"),
             on(
                 l.uid,
@@ -196,7 +213,7 @@ impl Gateway {
                     .join("; ");
                 if l.network {
                     format!(
-                        "active (own namespace per tenant, egress through pasta; tenants: {tenants})"
+                        "active (own namespace per tenant, egress through slirp4netns; tenants: {tenants})"
                     )
                 } else {
                     format!("inactive (tenants: {tenants})")
@@ -222,6 +239,65 @@ impl Gateway {
                 "inactive"
             },
         )
+    }
+
+    /// `/readyz` detail: the limits in force for each tenant (at most
+    /// [`REPORTED_TENANTS`]), and any that the host cannot enforce.
+    pub fn limits_report(&self) -> String {
+        use crate::isolation::cgroup::enforces;
+        let l = self.layers;
+        let mut out = String::new();
+        let tenants = &self.settings.tenants;
+        for (name, t) in tenants.iter().take(REPORTED_TENANTS) {
+            let c = &t.cgroup_limits;
+            let mut parts = Vec::new();
+            let mut cg = |key: &str, controller: &str, value: Option<String>| {
+                let Some(v) = value else { return };
+                if l.cgroups && enforces(controller) {
+                    parts.push(format!("{key} {v}"));
+                } else {
+                    parts.push(format!(
+                        "{key} {v} (not enforced: no {controller} controller)"
+                    ));
+                }
+            };
+            cg("pids_max", "pids", c.pids_max.map(|v| v.to_string()));
+            cg(
+                "memory_max_bytes",
+                "memory",
+                c.memory_max_bytes.map(|v| v.to_string()),
+            );
+            cg(
+                "cpu_max_cores",
+                "cpu",
+                c.cpu_quota_us
+                    .map(|q| format!("{}", q as f64 / crate::config::CPU_PERIOD_US as f64)),
+            );
+            cg("cpu_shares", "cpu", c.cpu_shares.map(|v| v.to_string()));
+            let confined = t.root.is_some();
+            parts.push(match (confined, l.namespaces) {
+                (true, true) => format!("max_tmp_bytes {} (tmpfs)", t.max_tmp_bytes),
+                _ => "max_tmp_bytes (not enforced: no private /tmp)".to_owned(),
+            });
+            parts.push(match (confined, l.disk) {
+                (true, true) => format!("max_disk_bytes {} (project quota)", t.max_disk_bytes),
+                (true, false) => format!(
+                    "max_disk_bytes {} (not enforced: no project quota on the root's filesystem)",
+                    t.max_disk_bytes
+                ),
+                (false, _) => "max_disk_bytes (not enforced: unconfined root)".to_owned(),
+            });
+            parts.push(format!("max_processes {}", t.max_processes));
+            parts.push(format!("max_open_files {}", t.max_open_files));
+            out.push_str(&format!("limits {name}: {}\n", parts.join(", ")));
+        }
+        if tenants.len() > REPORTED_TENANTS {
+            out.push_str(&format!(
+                "limits: {} more tenants not listed\n",
+                tenants.len() - REPORTED_TENANTS
+            ));
+        }
+        out
     }
 
     /// Who owns `session_id` (always this replica outside a fleet).

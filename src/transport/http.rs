@@ -113,7 +113,11 @@ fn route_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
                     .as_ref()
                     .map(|r| r.report())
                     .unwrap_or_default();
-                format!("{head}{}{executors}", gw.isolation_report())
+                format!(
+                    "{head}{}{}{executors}",
+                    gw.isolation_report(),
+                    gw.limits_report()
+                )
             } else {
                 head.to_owned()
             };
