@@ -256,8 +256,11 @@ async fn rate_and_concurrency_shed_one_tenant_only() {
     let t = two_tenants("requests_per_second = 5\nburst = 5\nmax_in_flight = 2\n");
     let (mut a, _) = t.gw.session_of("a").await;
     let (mut b, _) = t.gw.session_of("b").await;
-    // Rate: 20 quick calls against a burst of 5.
+    // Rate: 20 calls in a row against a burst of 5 at 5 per second. How
+    // many pass depends on how long the calls take (the VM lane is 20x
+    // slower), never more than the burst and what refilled meanwhile.
     let mut shed = 0;
+    let began = std::time::Instant::now();
     for _ in 0..20 {
         let r = a.call_raw("process/list", json!({})).await;
         if let Some(e) = r.get("error") {
@@ -267,7 +270,16 @@ async fn rate_and_concurrency_shed_one_tenant_only() {
             shed += 1;
         }
     }
-    assert!(shed >= 10, "only {shed} of 20 shed");
+    let elapsed = began.elapsed().as_secs_f64();
+    let allowed = 5.0 + 5.0 * elapsed + 1.0;
+    assert!(
+        (20 - shed) as f64 <= allowed,
+        "{} of 20 served in {elapsed:.2} s, at most {allowed:.1} allowed",
+        20 - shed
+    );
+    if elapsed < 2.5 {
+        assert!(shed > 0, "none of 20 shed in {elapsed:.2} s");
+    }
     // B is served in full meanwhile.
     for _ in 0..20 {
         b.call("process/list", json!({})).await;

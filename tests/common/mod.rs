@@ -17,8 +17,23 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-/// Upper bound for any single event in a test.
+/// Upper bound for any single event in a test, on the host.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// [`EVENT_TIMEOUT`] times `EXEC_GATEWAY_TEST_TIME_SCALE` (default 1): the
+/// VM lane (scripts/vm-test) runs under software emulation, 15-40x slower.
+/// Only how long a wait may take before it fails changes, never what passes.
+pub fn event_timeout() -> Duration {
+    static SCALED: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SCALED.get_or_init(|| {
+        let scale = std::env::var("EXEC_GATEWAY_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(1)
+            .clamp(1, 100);
+        EVENT_TIMEOUT * scale
+    })
+}
 
 pub fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
@@ -181,7 +196,7 @@ impl Gateway {
             let _ = tx.send((ws, grpc, admin, fleet));
         });
         let (line, grpc_line, admin_line, fleet) = rx
-            .recv_timeout(EVENT_TIMEOUT)
+            .recv_timeout(event_timeout())
             .expect("gateway printed its URLs");
         let url = line.trim().to_owned();
         assert!(url.starts_with("ws://127.0.0.1:"), "first line: {url:?}");
@@ -242,7 +257,7 @@ impl Gateway {
         );
         s.write_all(req.as_bytes()).await.expect("write");
         let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(EVENT_TIMEOUT, s.read(&mut buf))
+        let n = tokio::time::timeout(event_timeout(), s.read(&mut buf))
             .await
             .expect("handshake timeout")
             .expect("read");
@@ -276,7 +291,7 @@ impl Gateway {
 
     /// Wait for exit, up to the timeout.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+        let deadline = std::time::Instant::now() + event_timeout();
         loop {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
                 return s;
@@ -310,14 +325,14 @@ pub async fn http_get_at(addr: &str, path: &str, authorization: Option<&str>) ->
         let auth = authorization
             .map(|a| format!("Authorization: {a}\r\n"))
             .unwrap_or_default();
-        let mut s = tokio::time::timeout(EVENT_TIMEOUT, TcpStream::connect(addr))
+        let mut s = tokio::time::timeout(event_timeout(), TcpStream::connect(addr))
             .await
             .expect("connect timeout")
             .expect("connect");
         let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n");
         s.write_all(req.as_bytes()).await.expect("write");
         let mut buf = Vec::new();
-        tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf))
+        tokio::time::timeout(event_timeout(), s.read_to_end(&mut buf))
             .await
             .expect("http response timeout")
             .expect("read");
@@ -355,7 +370,7 @@ impl Client {
             "authorization",
             format!("Bearer {token}").parse().expect("header"),
         );
-        let (ws, _) = tokio::time::timeout(EVENT_TIMEOUT, tokio_tungstenite::connect_async(req))
+        let (ws, _) = tokio::time::timeout(event_timeout(), tokio_tungstenite::connect_async(req))
             .await
             .expect("websocket connect timeout")
             .expect("websocket connect");
@@ -376,10 +391,13 @@ impl Client {
     }
 
     pub async fn send_raw(&mut self, text: &str) {
-        tokio::time::timeout(EVENT_TIMEOUT, self.ws.send(Message::text(text.to_owned())))
-            .await
-            .expect("send timeout")
-            .expect("send");
+        tokio::time::timeout(
+            event_timeout(),
+            self.ws.send(Message::text(text.to_owned())),
+        )
+        .await
+        .expect("send timeout")
+        .expect("send");
     }
 
     pub async fn send(&mut self, v: &Value) {
@@ -389,7 +407,7 @@ impl Client {
     /// Next message from the socket (not from `pending`); None on close.
     pub async fn recv_raw(&mut self) -> Option<Value> {
         loop {
-            let msg = tokio::time::timeout(EVENT_TIMEOUT, self.ws.next())
+            let msg = tokio::time::timeout(event_timeout(), self.ws.next())
                 .await
                 .expect("timed out waiting for a message")?;
             match msg {
@@ -468,7 +486,7 @@ impl Client {
     /// that held it is still going away), then send `initialized`; the
     /// `initialize` result.
     pub async fn resume(&mut self, sid: &str) -> Value {
-        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        let deadline = tokio::time::Instant::now() + event_timeout();
         loop {
             let r = self
                 .call_raw(
@@ -581,7 +599,7 @@ pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
 
 /// Poll `cond` until true or the timeout.
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + event_timeout();
     while !cond() {
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -599,15 +617,32 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// instead would serve forever: it is killed, and the test fails on the
 /// status (not a hang).
 pub fn serve_expecting_refusal(config: &Path) -> std::process::Output {
+    // A state directory of its own (root's default, /var/lib, may be
+    // read-only, as in the VM lane).
+    let state = tempfile::tempdir().expect("tempdir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
         .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
         .arg(config)
+        .env("XDG_STATE_HOME", state.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("serve");
-    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
-    while child.try_wait().expect("serve").is_none() && std::time::Instant::now() < deadline {
+    // A gateway that starts prints its URL: then there is no refusal to
+    // wait for (the caller sees the success in the exit status, killed).
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (tx, started) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = [0u8; 1];
+        if std::io::Read::read(&mut stdout, &mut first).is_ok_and(|n| n == 1) {
+            let _ = tx.send(());
+        }
+    });
+    let deadline = std::time::Instant::now() + event_timeout();
+    while child.try_wait().expect("serve").is_none()
+        && std::time::Instant::now() < deadline
+        && started.try_recv().is_err()
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let _ = child.kill();
@@ -627,7 +662,7 @@ pub async fn host_pid_of(argv: &[&str]) -> i32 {
         .iter()
         .flat_map(|a| [a.as_bytes(), b"\0"].concat())
         .collect();
-    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    let deadline = std::time::Instant::now() + event_timeout();
     loop {
         if let Some(pid) = host_pids_where(|c| c == want).first() {
             return *pid;
@@ -720,7 +755,7 @@ pub mod grpc {
     /// A connected channel to `url` (`http://HOST:PORT`).
     pub async fn channel(url: &str) -> Channel {
         tokio::time::timeout(
-            super::EVENT_TIMEOUT,
+            super::event_timeout(),
             Channel::from_shared(url.to_owned()).unwrap().connect(),
         )
         .await
