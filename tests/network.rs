@@ -462,3 +462,49 @@ fn unsafe_network_settings_are_refused() {
         assert!(err.contains(want), "case {i}: {err}");
     }
 }
+
+/// A hard descriptor limit below slirp4netns's cap (4,096) keeps tenant
+/// networks: the cap is lowered to fit, never raised (the gateway gives up
+/// CAP_SYS_RESOURCE at start, and raising it failed, turning the layer off
+/// and leaving tenants on the host's network).
+#[tokio::test]
+async fn a_low_descriptor_limit_keeps_tenant_networks() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    let path = dir.path().join("gateway-low-nofile");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nulimit -n 3000 || exit 1\nexec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // `required`: a layer that cannot start stops the gateway.
+    let gw = Gateway::launch(&path, None, &[], |d| {
+        format!(
+            "[isolation]\nnetwork = \"required\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\n",
+            d.display(),
+            root.display()
+        )
+    });
+    let (_, ready) = gw.admin_get("/readyz").await;
+    assert!(ready.contains("network: active"), "{ready}");
+    let (mut a, _) = gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId": "n", "argv": ["cat", "/proc/net/dev"], "cwd": root,
+               "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    let out = String::from_utf8(a.collect("n").await.stdout).unwrap();
+    assert!(out.contains("tap0"), "not its own network: {out}");
+}

@@ -218,9 +218,19 @@ impl TenantNet {
                         return Err(io::Error::last_os_error());
                     }
                 }
+                // Lowered, never raised: the gateway holds no
+                // CAP_SYS_RESOURCE, and a hard limit below the cap stays.
+                let mut lim = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let cap = EGRESS_MAX_SOCKETS.min(lim.rlim_max);
                 let lim = libc::rlimit {
-                    rlim_cur: EGRESS_MAX_SOCKETS,
-                    rlim_max: EGRESS_MAX_SOCKETS,
+                    rlim_cur: cap,
+                    rlim_max: cap,
                 };
                 if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) < 0 {
                     return Err(io::Error::last_os_error());
