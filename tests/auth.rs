@@ -124,6 +124,26 @@ async fn jwt_matrix() {
             "HS256 without kid",
             sign(Algorithm::HS256, None, &hs, &claims()),
         ),
+        // An expiry past the clock's range is taken as year 9999 (the sum
+        // used to overflow and panic the connection's task).
+        (
+            "exp 2^64-1",
+            sign(
+                Algorithm::HS256,
+                Some("hs"),
+                &hs,
+                &with(claims(), "exp", json!(u64::MAX)),
+            ),
+        ),
+        (
+            "exp 2^63-1",
+            sign(
+                Algorithm::HS256,
+                Some("hs"),
+                &hs,
+                &with(claims(), "exp", json!(i64::MAX)),
+            ),
+        ),
         ("RS256", good.clone()),
         (
             "PS256",

@@ -11,6 +11,9 @@ use super::keys::{Authenticator, Binding, Key};
 use super::scope::Scopes;
 
 /// Who is calling.
+/// The latest `exp` taken as given: 9999-12-31T23:59:59Z.
+const LAST_EXP: u64 = 253_402_300_799;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub tenant: Arc<str>,
@@ -278,9 +281,11 @@ impl Authenticator {
         }
         // The verifier accepts the token through the whole second `exp`
         // (plus leeway) and refuses it from the next one on.
+        // An `exp` past year 9999 counts as that (the sum would overflow
+        // the clock's range and panic).
         let expires_at = claims.get("exp").and_then(Value::as_u64).map(|exp| {
             std::time::UNIX_EPOCH
-                + std::time::Duration::from_secs(exp.saturating_add(1))
+                + std::time::Duration::from_secs(exp.min(LAST_EXP).saturating_add(1))
                 + self.settings.leeway
         });
         Ok(Principal {
