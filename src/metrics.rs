@@ -59,6 +59,9 @@ pub struct Metrics {
     pub workers: Family<TenantLabel, Gauge>,
     pub worker_deaths: Family<TenantLabel, Counter>,
     pub draining: Gauge,
+    /// Calls being handled (all tenants): a draining gateway answers them
+    /// before it closes their connections.
+    pub calls_in_flight: Gauge,
     /// Relays to sessions' owner replicas, live (fleet).
     pub relays: Gauge,
     /// Relays started from this replica, in all.
@@ -161,6 +164,7 @@ impl Metrics {
         let quota_refused = Family::<QuotaLabels, Counter>::default();
         let isolation_layer = Family::<LayerLabel, Gauge>::default();
         let draining = Gauge::default();
+        let calls_in_flight = Gauge::default();
         let workers = Family::<TenantLabel, Gauge>::default();
         let worker_deaths = Family::<TenantLabel, Counter>::default();
         r.register("workers", "Live worker processes", workers.clone());
@@ -211,6 +215,11 @@ impl Metrics {
             isolation_layer.clone(),
         );
         r.register("draining", "1 while shutting down", draining.clone());
+        r.register(
+            "calls_in_flight",
+            "Calls being handled, all tenants",
+            calls_in_flight.clone(),
+        );
         let relays = Gauge::default();
         r.register(
             "relays",
@@ -350,6 +359,7 @@ impl Metrics {
             workers,
             worker_deaths,
             draining,
+            calls_in_flight,
             relays,
             relays_started,
             fleet_auth_failures,

@@ -269,11 +269,24 @@ where
         let (metrics, observe) = (self.metrics.clone(), self.observe);
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        // Lowered however the call ends (its future dropped unpolled too).
+        metrics.calls_in_flight.inc();
+        let in_flight = InFlight(metrics.clone());
         Box::pin(async move {
+            let _in_flight = in_flight;
             let result = inner.call(req).await;
             observe(&metrics, &tenant, method, &result);
             result
         })
+    }
+}
+
+/// One call counted in `calls_in_flight` until dropped.
+struct InFlight(Arc<Metrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.calls_in_flight.dec();
     }
 }
 

@@ -130,9 +130,13 @@ pub async fn run_executor(
 async fn shut_down(gw: &Gateway, grace: Duration) {
     gw.start_draining();
     let deadline = tokio::time::Instant::now() + grace;
-    // Live work: processes here, and sessions served through relays from
-    // here (their processes run on other replicas).
-    while (gw.sessions.live_processes() > 0 || gw.live_relays() > 0)
+    // Live work: processes here (and closes no attached client has had
+    // yet), sessions served through relays from here (their processes run
+    // on other replicas), and calls being answered (a long-poll read that
+    // the last output woke): none of it is cut off by the stop.
+    while (gw.sessions.live_processes() > 0
+        || gw.live_relays() > 0
+        || gw.metrics.calls_in_flight.get() > 0)
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;

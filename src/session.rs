@@ -397,10 +397,20 @@ impl SessionRegistry {
         }
     }
 
-    /// Live (not yet closed) processes over all sessions.
+    /// Live (not yet closed) processes over all sessions, and closed ones
+    /// whose close an attached client has not had yet (what a drain waits for).
     pub fn live_processes(&self) -> usize {
         let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
-        all.iter().map(|s| s.backend.live_processes()).sum()
+        all.iter()
+            .map(|s| {
+                let undelivered = if s.attachment.is_attached() {
+                    s.backend.undelivered_closes()
+                } else {
+                    0
+                };
+                s.backend.live_processes() + undelivered
+            })
+            .sum()
     }
 }
 

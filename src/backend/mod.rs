@@ -73,6 +73,12 @@ pub trait SessionBackend: Send + Sync {
     /// Processes that have not closed yet.
     fn live_processes(&self) -> usize;
 
+    /// Processes closed whose close no client has had yet (a draining
+    /// gateway waits for them while a client is attached).
+    fn undelivered_closes(&self) -> usize {
+        0
+    }
+
     /// What the session's commands run in (`initialize`, `environment/info`),
     /// paths as `file://` URIs.
     fn environment(&self) -> EnvironmentInfo;

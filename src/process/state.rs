@@ -48,6 +48,11 @@ pub struct Process {
     pub pty: Mutex<Option<Arc<Pty>>>,
     /// Set when the worker that spawned it died (reported in `failure`).
     worker_died: AtomicBool,
+    /// Its close reached a client (a notification sent to an attached
+    /// connection or subscriber, or a read that returned it): a draining
+    /// gateway waits for this, not only for the exit, so the last output
+    /// is not cut off by the stop.
+    close_delivered: AtomicBool,
     pub write_ids: Mutex<WriteIds>,
     pub output_bytes: prometheus_client::metrics::counter::Counter,
     /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
@@ -101,6 +106,7 @@ impl NewProcess {
             stdin,
             pty: Mutex::new(pty),
             worker_died: AtomicBool::new(false),
+            close_delivered: AtomicBool::new(false),
             write_ids: Mutex::new(WriteIds::default()),
             output_bytes: self.output_bytes,
             subscribers: Mutex::new(Vec::new()),
@@ -265,6 +271,7 @@ impl Process {
             (log.close(), log.exit_code().unwrap_or(-1))
         };
         self.changed.notify_waiters();
+        let subscribed = !self.subscribers.lock().is_empty();
         self.publish(ProcessEvent::Closed { seq }).await;
         // Closed is the last event: end every subscriber's channel.
         self.subscribers.lock().clear();
@@ -273,7 +280,19 @@ impl Process {
             // v0 has no close: `exited` comes once all output has been sent.
             Api::CommandExec => notify::command_exec_exited(&self.id_json, code),
         };
-        attachment.notify(text).await;
+        if attachment.notify(text).await || subscribed {
+            self.mark_close_delivered();
+        }
+    }
+
+    /// A client has its close (see `close_delivered`).
+    pub fn mark_close_delivered(&self) {
+        self.close_delivered.store(true, Ordering::Relaxed);
+    }
+
+    /// Closed, but no client has been told yet.
+    pub fn close_undelivered(&self) -> bool {
+        self.log.lock().closed() && !self.close_delivered.load(Ordering::Relaxed)
     }
 }
 

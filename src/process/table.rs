@@ -323,11 +323,14 @@ impl ProcessTable {
             let notified = process.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let sel = process.log.lock().select(
-                after_seq,
-                params.max_bytes,
-                policy.read_moves_past_close,
-            );
+            let (sel, end) = {
+                let log = process.log.lock();
+                let sel = log.select(after_seq, params.max_bytes, policy.read_moves_past_close);
+                (sel, log.next_seq())
+            };
+            if sel.closed && sel.next_seq >= end {
+                process.mark_close_delivered();
+            }
             if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
                 // The reply's bytes are reserved before its chunks are
                 // copied and encoded (the selection only shares them).
@@ -550,6 +553,15 @@ impl ProcessTable {
                 Entry::Running(p) => !p.log.lock().closed(),
                 Entry::Starting => true,
             })
+            .count()
+    }
+
+    /// Processes closed whose close no client has had yet.
+    pub fn undelivered_count(&self) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|e| matches!(e, Entry::Running(p) if p.close_undelivered()))
             .count()
     }
 

@@ -278,6 +278,10 @@ impl SessionBackend for LocalSession {
         self.table.live_count()
     }
 
+    fn undelivered_closes(&self) -> usize {
+        self.table.undelivered_count()
+    }
+
     fn environment(&self) -> EnvironmentInfo {
         environment::describe(&self.shared, &NOV_2026)
     }
