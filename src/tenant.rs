@@ -143,6 +143,14 @@ impl Tenants {
         }
         let mut by_name = BTreeMap::new();
         for (name, t) in &settings.tenants {
+            let unshared;
+            let (t, unshared_dir) = match unshared_tmp(name, t, layers)? {
+                Some((adjusted, dir)) => {
+                    unshared = adjusted;
+                    (&unshared, Some(dir))
+                }
+                None => (t, None),
+            };
             let (idmap, tree) = root_idmap(name, t, layers)?.unzip();
             let fs = match (&t.root, tree) {
                 (None, _) => FsRoot::host(),
@@ -171,7 +179,11 @@ impl Tenants {
                 None
             };
             let spec = sandbox_spec(name, t, layers, &hidden, &hide, idmap, net)?;
-            let tmp = spec.namespace.as_ref().and_then(|n| n.tmp.clone());
+            let tmp = spec
+                .namespace
+                .as_ref()
+                .and_then(|n| n.tmp.clone())
+                .or(unshared_dir);
             if let (Some(r), Some(dir)) = (&reaper, &tmp) {
                 r.watch_mount(dir);
             }
@@ -566,15 +578,53 @@ fn clear_mount_point(private: &std::path::Path, root: &std::path::Path) {
     }
 }
 
-/// The host directory a confined tenant sees as `/tmp`:
-/// `<state dir>/tenants/NAME/tmp`, owned by the tenant's uid when it has
-/// one, mode 0700; it persists across restarts like a host's /tmp.
-fn private_tmp(
+/// Without the namespaces layer a confined tenant has no `/tmp` of its
+/// own, and the host's holds other tenants' roots and the gateway's files,
+/// so it is not granted: the tenant's `TMPDIR`, where it lies under `/tmp`
+/// (the default), becomes its directory in the state dir (a tmpfs of
+/// `max_tmp_bytes` where the gateway may mount one), which Landlock grants
+/// instead. `None`: nothing to change.
+fn unshared_tmp(
     name: &str,
-    uid: Option<(u32, u32)>,
-    root: Option<&std::path::Path>,
-    bytes: u64,
-) -> Result<PathBuf, ConfigError> {
+    t: &TenantSettings,
+    layers: Layers,
+) -> Result<Option<(TenantSettings, PathBuf)>, ConfigError> {
+    let tmpdir = PathBuf::from(t.base_env.get("TMPDIR").map_or("/tmp", String::as_str));
+    let Ok(rest) = tmpdir.strip_prefix("/tmp") else {
+        return Ok(None);
+    };
+    if layers.namespaces || t.root.is_none() {
+        return Ok(None);
+    }
+    let uid = if layers.uid { t.uid } else { None };
+    let dir = own_tmp_dir(name, uid)?;
+    // The tenant reaches it by its host path: the directories above may
+    // be passed through (0711), not listed; what else is in them is the
+    // gateway's (0600, and never granted by Landlock).
+    let state = crate::config::state_dir()?;
+    for d in [
+        state.clone(),
+        state.join("tenants"),
+        state.join("tenants").join(name),
+    ] {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| ConfigError(format!("tenants.{name}: {}: {e}", d.display())))?;
+    }
+    if let Err(e) = crate::isolation::disk::mount_tmp(&dir, t.max_tmp_bytes, uid) {
+        tracing::warn!(tenant = name, dir = %dir.display(), error = %e,
+            "the namespaces layer is off and no tmpfs could be mounted: the tenant's TMPDIR is a plain directory, max_tmp_bytes not enforced");
+    }
+    let mut adjusted = t.clone();
+    adjusted
+        .base_env
+        .insert("TMPDIR".to_owned(), dir.join(rest).display().to_string());
+    Ok(Some((adjusted, dir)))
+}
+
+/// `<state dir>/tenants/NAME/tmp`, mode 0700, owned by the tenant's uid
+/// when it has one.
+fn own_tmp_dir(name: &str, uid: Option<(u32, u32)>) -> Result<PathBuf, ConfigError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let err = |e: std::io::Error, p: &std::path::Path| {
         ConfigError(format!("tenants.{name}: private /tmp {}: {e}", p.display()))
@@ -594,6 +644,22 @@ fn private_tmp(
     if let Some((u, g)) = uid {
         std::os::unix::fs::chown(&dir, Some(u), Some(g)).map_err(|e| err(e, &dir))?;
     }
+    Ok(dir)
+}
+
+/// The host directory a confined tenant sees as `/tmp`:
+/// `<state dir>/tenants/NAME/tmp`, owned by the tenant's uid when it has
+/// one, mode 0700; it persists across restarts like a host's /tmp.
+fn private_tmp(
+    name: &str,
+    uid: Option<(u32, u32)>,
+    root: Option<&std::path::Path>,
+    bytes: u64,
+) -> Result<PathBuf, ConfigError> {
+    let err = |e: std::io::Error, p: &std::path::Path| {
+        ConfigError(format!("tenants.{name}: private /tmp {}: {e}", p.display()))
+    };
+    let dir = own_tmp_dir(name, uid)?;
     // A tmpfs of its size: a full /tmp is the tenant's ENOSPC, not the
     // state directory's filesystem filling for everyone.
     crate::isolation::disk::mount_tmp(&dir, bytes, uid).map_err(|e| err(e, &dir))?;

@@ -140,3 +140,65 @@ async fn a_root_quota_is_enforced_or_its_absence_refused() {
         .unwrap();
     assert!(used <= (4 * MIB) as f64 && used > 0.0, "{used}");
 }
+
+/// Without the namespaces layer a confined tenant has no `/tmp` of its
+/// own, and the host's holds what is not its: the gateway's key and
+/// another tenant's root here. Its `TMPDIR` is then a directory of its own
+/// in the state directory, and the host's `/tmp` is not granted (it was,
+/// whole: the key could be read and the other root listed).
+#[tokio::test]
+async fn without_namespaces_a_tenant_gets_its_own_tmpdir_not_the_hosts() {
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    std::fs::write(rb.join("secret.txt"), "b-secret\n").unwrap();
+    let gw = Gateway::start_with(|d| {
+        // Its state directory lies below: passable, as /var/lib is.
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::create_dir(d.join("state")).unwrap();
+        std::fs::set_permissions(d.join("state"), std::fs::Permissions::from_mode(0o711)).unwrap();
+        format!(
+            "[isolation]\nnamespaces = \"off\"\nnetwork = \"off\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\n[tenants.b]\nroot = \"{}\"\n",
+            d.display(),
+            ra.display(),
+            rb.display()
+        )
+    });
+    let (_, ready) = gw.admin_get("/readyz").await;
+    if !ready.contains("landlock: active") {
+        eprintln!("SKIPPED: the Landlock layer is inactive here: {ready}");
+        return;
+    }
+    // The key lives in the gateway's directory under the host's /tmp.
+    let key = gw.dir.path().join("hs256.key");
+    assert!(key.starts_with(std::env::temp_dir()), "{}", key.display());
+    let own = gw.dir.path().join("state/exec-gateway/tenants/a/tmp");
+    let (mut a, _) = gw.session_of("a").await;
+    let script = format!(
+        "echo x > {}/mine && echo wrote; \
+         cat {} 2>/dev/null && echo KEY; cat {}/secret.txt 2>/dev/null && echo OTHER; \
+         echo y > /tmp/host-tmp-{} 2>/dev/null && echo HOSTTMP; true",
+        own.display(),
+        key.display(),
+        rb.display(),
+        std::process::id()
+    );
+    a.call(
+        "process/start",
+        json!({"processId": "t", "cwd": ra, "tty": false, "env": {"PATH": "/usr/bin:/bin"},
+               "argv": ["sh", "-c", script]}),
+    )
+    .await;
+    let c = a.collect("t").await;
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    let err = String::from_utf8_lossy(&c.stderr).into_owned();
+    assert!(out.contains("wrote"), "{out} {err}");
+    assert!(own.join("mine").exists());
+    for leak in ["KEY", "OTHER", "b-secret", "HOSTTMP"] {
+        assert!(!out.contains(leak), "{leak}: {out}");
+    }
+}

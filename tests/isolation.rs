@@ -478,3 +478,27 @@ async fn a_pipe_process_leads_its_own_session() {
     assert_eq!(f[0], f[2], "session id is its pid: {line}");
     assert_eq!(f[1], "0", "no controlling terminal: {line}");
 }
+
+/// A tenant's process may set its own limits but not another process's
+/// (`prlimit` with a pid): where a tenant shares the gateway's uid (a
+/// gateway not run as root) it could otherwise shrink the gateway's
+/// descriptor limit and stop every tenant's accepts. Shown on a child of
+/// its own, which its uid would otherwise allow.
+#[tokio::test]
+async fn a_tenant_cannot_set_another_processs_limits() {
+    let gw = gateway();
+    let (_, ready) = gw.admin_get("/readyz").await;
+    if !ready.contains("seccomp: active") {
+        eprintln!("SKIPPED: the seccomp layer is inactive here: {ready}");
+        return;
+    }
+    let (mut a, _) = gw.session_of("a").await;
+    let script = "sleep 30 & \
+        python3 -c 'import resource, sys; resource.prlimit(int(sys.argv[1]), resource.RLIMIT_NOFILE, (16, 16))' $! 2>&1; echo other=$?; \
+        python3 -c 'import resource; resource.prlimit(0, resource.RLIMIT_NOFILE, (64, 64))'; echo own=$?; kill $!";
+    a.start("p", &["sh", "-c", script]).await;
+    let out = String::from_utf8(a.collect("p").await.stdout).unwrap();
+    assert!(out.contains("other=1"), "{out}");
+    assert!(out.contains("Operation not permitted"), "{out}");
+    assert!(out.contains("own=0"), "{out}");
+}

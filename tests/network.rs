@@ -508,3 +508,53 @@ async fn a_low_descriptor_limit_keeps_tenant_networks() {
     let out = String::from_utf8(a.collect("n").await.stdout).unwrap();
     assert!(out.contains("tap0"), "not its own network: {out}");
 }
+
+/// Starting tenants' networks leaves the host's named network namespaces
+/// alone: slirp4netns's sandbox lazily unmounts its old root, and with
+/// only `/` made private that unmount reached the host through the shared
+/// `/run/netns` (every `ip netns exec` then failed with EINVAL).
+#[tokio::test]
+async fn tenant_networks_leave_the_hosts_named_namespaces_mounted() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let ns = format!("egw-keep-{}", std::process::id());
+    ip(&["netns", "add", &ns]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _del = Del(ns.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[isolation]\nnetwork = \"required\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\n",
+            d.display(),
+            root.display()
+        )
+    });
+    let (mut a, _) = gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId": "t", "argv": ["true"], "cwd": root,
+               "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    a.collect("t").await;
+    let exec = Command::new("ip")
+        .args(["netns", "exec", &ns, "true"])
+        .output()
+        .unwrap();
+    assert!(
+        exec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+}

@@ -201,9 +201,26 @@ impl TenantNet {
         .stderr(Stdio::null())
         // Its own group, registered with the reaper too.
         .process_group(0);
-        // SAFETY: descriptor juggling and setrlimit between fork and exec.
+        // SAFETY: descriptor juggling, setrlimit, unshare and mount between
+        // fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                // A mount namespace whose every mount is private: its
+                // sandbox makes only `/` private before it lazily unmounts
+                // the old root, and that unmount propagated through the
+                // host's shared mounts (`ip netns add` makes /run/netns
+                // one), taking the host's named network namespaces with it.
+                if libc::unshare(libc::CLONE_NEWNS) < 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
                 // Out of the way first, then to 3, 4, 5 (dup2 clears
                 // close-on-exec on the copies).
                 let mut high = [0; 3];

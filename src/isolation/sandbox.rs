@@ -662,6 +662,20 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(e)?;
     deny.insert(libc::SYS_socket, socket_rules);
+    // Another process's limits: where a tenant shares the gateway's uid
+    // (a gateway not run as root) it could shrink the gateway's
+    // RLIMIT_NOFILE and stop every accept. A process's own (pid 0, what
+    // setrlimit sends) stays allowed.
+    deny.insert(
+        libc::SYS_prlimit64,
+        vec![
+            SeccompRule::new(vec![
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
+                    .map_err(e)?,
+            ])
+            .map_err(e)?,
+        ],
+    );
     // No setuid or setgid bits: a tenant whose root is idmapped creates
     // files the host sees as the root owner's (root's, typically), so a
     // setuid file it made would be a setuid-root program for anyone on
