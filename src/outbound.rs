@@ -425,22 +425,17 @@ impl Attachment {
 
     /// Deliver a notification to the attached connection, if any; dropped
     /// while detached (the reference does not replay notifications).
-    /// Send `text` to the attached connection; whether one was attached.
-    pub async fn notify(&self, text: String) -> bool {
-        self.notify_with(|| text).await
+    pub async fn notify(&self, text: String) {
+        self.notify_with(|| text).await;
     }
 
     /// As [`Attachment::notify`], building the text only when a connection
     /// is attached: a gRPC session's output is never base64-encoded into
     /// JSON no one reads (9% of the gateway's CPU streaming over gRPC).
-    pub async fn notify_with(&self, build: impl FnOnce() -> String) -> bool {
+    pub async fn notify_with(&self, build: impl FnOnce() -> String) {
         let out = self.current.lock().as_ref().map(|a| a.outbound.clone());
-        match out {
-            Some(out) => {
-                out.send(build()).await;
-                true
-            }
-            None => false,
+        if let Some(out) = out {
+            out.send(build()).await;
         }
     }
 

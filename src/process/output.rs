@@ -193,6 +193,11 @@ impl OutputLog {
         }
     }
 
+    /// The seq of the last output chunk retained (0: none).
+    pub fn last_output_seq(&self) -> u64 {
+        self.chunks.back().map_or(0, |c| c.seq)
+    }
+
     /// Every retained event with `seq > after_seq`, in seq order: output
     /// chunks, the exit and the close (for stream subscribers).
     pub fn events_since(&self, after_seq: u64) -> Vec<ProcessEvent> {

@@ -48,10 +48,12 @@ pub struct Process {
     pub pty: Mutex<Option<Arc<Pty>>>,
     /// Set when the worker that spawned it died (reported in `failure`).
     worker_died: AtomicBool,
-    /// Its close reached a client (a notification sent to an attached
-    /// connection or subscriber, or a read that returned it): a draining
-    /// gateway waits for this, not only for the exit, so the last output
-    /// is not cut off by the stop.
+    /// Its close reached a client for certain (a stream subscriber got
+    /// it, or a `process/read` returned it): a draining gateway waits for
+    /// this, within `shutdown_grace`, while a client is attached, not only
+    /// for the exit, so the last output is not cut off by the stop. A
+    /// notification does not count: a client that reads with
+    /// `process/read` ignores them, and may not have read yet.
     close_delivered: AtomicBool,
     pub write_ids: Mutex<WriteIds>,
     pub output_bytes: prometheus_client::metrics::counter::Counter,
@@ -280,13 +282,21 @@ impl Process {
             // v0 has no close: `exited` comes once all output has been sent.
             Api::CommandExec => notify::command_exec_exited(&self.id_json, code),
         };
-        if attachment.notify(text).await || subscribed {
+        attachment.notify(text).await;
+        if subscribed {
+            self.mark_close_delivered();
+        }
+    }
+
+    /// A `process/read` was answered; `through_close`: it carried the close.
+    pub fn mark_read(&self, through_close: bool) {
+        if through_close {
             self.mark_close_delivered();
         }
     }
 
     /// A client has its close (see `close_delivered`).
-    pub fn mark_close_delivered(&self) {
+    fn mark_close_delivered(&self) {
         self.close_delivered.store(true, Ordering::Relaxed);
     }
 

@@ -323,14 +323,14 @@ impl ProcessTable {
             let notified = process.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (sel, end) = {
+            let (sel, last) = {
                 let log = process.log.lock();
                 let sel = log.select(after_seq, params.max_bytes, policy.read_moves_past_close);
-                (sel, log.next_seq())
+                (sel, log.last_output_seq())
             };
-            if sel.closed && sel.next_seq >= end {
-                process.mark_close_delivered();
-            }
+            // The close, with every output chunk before it.
+            let through = sel.chunks.last().map_or(after_seq, |c| c.seq) >= last;
+            process.mark_read(sel.closed && through);
             if sel.is_ready(after_seq) || tokio::time::Instant::now() >= deadline {
                 // The reply's bytes are reserved before its chunks are
                 // copied and encoded (the selection only shares them).
