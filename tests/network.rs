@@ -463,6 +463,18 @@ fn unsafe_network_settings_are_refused() {
     }
 }
 
+/// One tenant rooted at `root` under `network = "required"` (a layer that
+/// cannot start stops the gateway).
+fn required_network(dir: &Path, root: &Path) -> String {
+    format!(
+        "[isolation]\nnetwork = \"required\"\n\
+         [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+         [tenants.a]\nroot = \"{}\"\n",
+        dir.display(),
+        root.display()
+    )
+}
+
 /// A hard descriptor limit below slirp4netns's cap (4,096) keeps tenant
 /// networks: the cap is lowered to fit, never raised (the gateway gives up
 /// CAP_SYS_RESOURCE at start, and raising it failed, turning the layer off
@@ -486,16 +498,7 @@ async fn a_low_descriptor_limit_keeps_tenant_networks() {
     )
     .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // `required`: a layer that cannot start stops the gateway.
-    let gw = Gateway::launch(&path, None, &[], |d| {
-        format!(
-            "[isolation]\nnetwork = \"required\"\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.a]\nroot = \"{}\"\n",
-            d.display(),
-            root.display()
-        )
-    });
+    let gw = Gateway::launch(&path, None, &[], |d| required_network(d, &root));
     let (_, ready) = gw.admin_get("/readyz").await;
     assert!(ready.contains("network: active"), "{ready}");
     let (mut a, _) = gw.session_of("a").await;
@@ -531,15 +534,7 @@ async fn tenant_networks_leave_the_hosts_named_namespaces_mounted() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("a");
     std::fs::create_dir_all(&root).unwrap();
-    let gw = Gateway::start_with(|d| {
-        format!(
-            "[isolation]\nnetwork = \"required\"\n\
-             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.a]\nroot = \"{}\"\n",
-            d.display(),
-            root.display()
-        )
-    });
+    let gw = Gateway::start_with(|d| required_network(d, &root));
     let (mut a, _) = gw.session_of("a").await;
     a.call(
         "process/start",
