@@ -596,6 +596,17 @@ fn unshared_tmp(
     if layers.namespaces || t.root.is_none() {
         return Ok(None);
     }
+    // Rewritten by its text: a `..` would lead out of the tenant's
+    // directory, and Landlock would grant wherever it leads.
+    if rest
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(ConfigError(format!(
+            "tenants.{name}.base_env.TMPDIR {}: without the namespaces layer it is moved to the tenant's own directory, and may not contain `..`",
+            tmpdir.display()
+        )));
+    }
     let uid = if layers.uid { t.uid } else { None };
     let dir = own_tmp_dir(name, uid)?;
     // The tenant reaches it by its host path: the directories above may
@@ -610,6 +621,15 @@ fn unshared_tmp(
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| ConfigError(format!("tenants.{name}: {}: {e}", d.display())))?;
+    }
+    // Above the state directory (`XDG_STATE_HOME`, `/var/lib`) is the
+    // operator's: say so where the tenant cannot pass.
+    if let Some(closed) = state.ancestors().skip(1).find(|a| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0)
+    }) {
+        tracing::warn!(tenant = name, dir = %closed.display(),
+            "the namespaces layer is off and the tenant's TMPDIR lies below a directory others cannot pass: it cannot use it; make that directory passable (0711) or set XDG_STATE_HOME elsewhere");
     }
     if let Err(e) = crate::isolation::disk::mount_tmp(&dir, t.max_tmp_bytes, uid) {
         tracing::warn!(tenant = name, dir = %dir.display(), error = %e,

@@ -202,3 +202,29 @@ async fn without_namespaces_a_tenant_gets_its_own_tmpdir_not_the_hosts() {
         assert!(!out.contains(leak), "{leak}: {out}");
     }
 }
+
+/// Without namespaces a `TMPDIR` under `/tmp` is moved to the tenant's own
+/// directory by its text: one with `..` would lead elsewhere, and Landlock
+/// would grant it there. Refused at start, naming the setting.
+#[test]
+fn without_namespaces_a_tmpdir_with_dot_dot_is_refused() {
+    let scratch = common::scratch();
+    let root = scratch.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(scratch.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    let config = common::write_file(
+        scratch.path(),
+        "gateway.toml",
+        &format!(
+            "[isolation]\nnamespaces = \"off\"\nnetwork = \"off\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.a]\nroot = \"{}\"\n[tenants.a.base_env]\nTMPDIR = \"/tmp/../../var/tmp\"\n",
+            scratch.path().display(),
+            root.display()
+        ),
+    );
+    let out = common::serve_expecting_refusal(&config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("base_env.TMPDIR"), "{err}");
+}

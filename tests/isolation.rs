@@ -495,10 +495,13 @@ async fn a_tenant_cannot_set_another_processs_limits() {
     let (mut a, _) = gw.session_of("a").await;
     let script = "sleep 30 & \
         python3 -c 'import resource, sys; resource.prlimit(int(sys.argv[1]), resource.RLIMIT_NOFILE, (16, 16))' $! 2>&1; echo other=$?; \
-        python3 -c 'import resource; resource.prlimit(0, resource.RLIMIT_NOFILE, (64, 64))'; echo own=$?; kill $!";
+        python3 -c 'import resource; resource.prlimit(0, resource.RLIMIT_NOFILE, (64, 64))'; echo own=$?; \
+        python3 -c 'import resource, sys; resource.prlimit(int(sys.argv[1]), resource.RLIMIT_NOFILE)' $!; echo read=$?; kill $!";
     a.start("p", &["sh", "-c", script]).await;
     let out = String::from_utf8(a.collect("p").await.stdout).unwrap();
     assert!(out.contains("other=1"), "{out}");
     assert!(out.contains("Operation not permitted"), "{out}");
     assert!(out.contains("own=0"), "{out}");
+    // Reading another's limits (psutil does) stays allowed.
+    assert!(out.contains("read=0"), "{out}");
 }

@@ -662,15 +662,17 @@ fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(e)?;
     deny.insert(libc::SYS_socket, socket_rules);
-    // Another process's limits: where a tenant shares the gateway's uid
-    // (a gateway not run as root) it could shrink the gateway's
-    // RLIMIT_NOFILE and stop every accept. A process's own (pid 0, what
-    // setrlimit sends) stays allowed.
+    // Setting another process's limits: where a tenant shares the
+    // gateway's uid (a gateway not run as root) it could shrink the
+    // gateway's RLIMIT_NOFILE and stop every accept. Its own (pid 0, what
+    // setrlimit sends) and reading any (no new limit) stay allowed.
     deny.insert(
         libc::SYS_prlimit64,
         vec![
             SeccompRule::new(vec![
                 SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
+                    .map_err(e)?,
+                SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, 0)
                     .map_err(e)?,
             ])
             .map_err(e)?,
