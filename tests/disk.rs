@@ -16,13 +16,19 @@ use serde_json::json;
 
 const MIB: u64 = 1 << 20;
 
-#[tokio::test]
-async fn a_tenants_tmp_holds_max_tmp_bytes_and_no_more() {
+/// Roots `a` and `b` side by side in a scratch directory others may pass.
+fn two_roots() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let scratch = common::scratch();
     std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&ra).unwrap();
     std::fs::create_dir_all(&rb).unwrap();
+    (scratch, ra, rb)
+}
+
+#[tokio::test]
+async fn a_tenants_tmp_holds_max_tmp_bytes_and_no_more() {
+    let (_scratch, ra, rb) = two_roots();
     let gw = Gateway::start_with(|d| {
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
@@ -148,11 +154,7 @@ async fn a_root_quota_is_enforced_or_its_absence_refused() {
 /// whole: the key could be read and the other root listed).
 #[tokio::test]
 async fn without_namespaces_a_tenant_gets_its_own_tmpdir_not_the_hosts() {
-    let scratch = common::scratch();
-    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
-    std::fs::create_dir_all(&ra).unwrap();
-    std::fs::create_dir_all(&rb).unwrap();
+    let (_scratch, ra, rb) = two_roots();
     std::fs::write(rb.join("secret.txt"), "b-secret\n").unwrap();
     let gw = Gateway::start_with(|d| {
         // Its state directory lies below: passable, as /var/lib is.
