@@ -16,6 +16,16 @@ use serde_json::json;
 
 const MIB: u64 = 1 << 20;
 
+/// Root `a` in a scratch directory others may pass, beside the key file `k`.
+fn one_root_and_key() -> (tempfile::TempDir, std::path::PathBuf) {
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = scratch.path().join("a");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(scratch.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    (scratch, root)
+}
+
 /// Roots `a` and `b` side by side in a scratch directory others may pass.
 fn two_roots() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let scratch = common::scratch();
@@ -84,11 +94,7 @@ async fn a_tenants_tmp_holds_max_tmp_bytes_and_no_more() {
 /// refuses to start and says why.
 #[tokio::test]
 async fn a_root_quota_is_enforced_or_its_absence_refused() {
-    let scratch = common::scratch();
-    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let root = scratch.path().join("a");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(scratch.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    let (scratch, root) = one_root_and_key();
     let config = common::write_file(
         scratch.path(),
         "gateway.toml",
@@ -210,10 +216,7 @@ async fn without_namespaces_a_tenant_gets_its_own_tmpdir_not_the_hosts() {
 /// would grant it there. Refused at start, naming the setting.
 #[test]
 fn without_namespaces_a_tmpdir_with_dot_dot_is_refused() {
-    let scratch = common::scratch();
-    let root = scratch.path().join("a");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(scratch.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    let (scratch, root) = one_root_and_key();
     let config = common::write_file(
         scratch.path(),
         "gateway.toml",
