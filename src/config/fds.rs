@@ -20,12 +20,39 @@ pub struct CapsExplicit {
     pub grpc: bool,
     pub unauthenticated: bool,
     pub processes: bool,
+    pub active_tenants: bool,
 }
 
 impl Settings {
+    /// Descriptors one active tenant may hold: its workers, `fs/open`
+    /// handles and gRPC streams (each holds a file); the most any
+    /// configured or templated tenant may.
+    pub fn fds_per_active_tenant(&self) -> u64 {
+        self.tenants
+            .values()
+            .chain(self.template.as_ref().map(|t| &t.example))
+            .map(|t| {
+                t.workers_max as u64 * FDS_PER_WORKER
+                    + t.max_open_files as u64
+                    + t.max_streams as u64
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Tenants that may be active at once: every configured one, or
+    /// `max_active_tenants` where fewer (or a template makes any number).
+    pub fn active_tenants_bound(&self) -> usize {
+        if self.template.is_some() {
+            self.max_active_tenants
+        } else {
+            self.max_active_tenants.min(self.tenants.len())
+        }
+    }
+
     /// (descriptors of each cap, set in the file): websocket, gRPC,
-    /// unauthenticated, processes.
-    fn fd_caps(&self) -> [(u64, bool); 4] {
+    /// unauthenticated, processes, active tenants.
+    fn fd_caps(&self) -> [(u64, bool); 5] {
         let e = self.caps_explicit;
         let grpc = if self.grpc_listen.is_some() {
             self.grpc_max_connections as u64
@@ -37,22 +64,19 @@ impl Settings {
             (grpc, e.grpc),
             (self.max_unauthenticated as u64, e.unauthenticated),
             (FDS_PER_PROCESS * self.max_processes as u64, e.processes),
+            // Without a template every configured tenant must fit (the
+            // cap is never lowered below them); with one, a defaulted cap
+            // is lowered with the other caps.
+            (
+                self.fds_per_active_tenant() * self.active_tenants_bound() as u64,
+                e.active_tenants || self.template.is_none(),
+            ),
         ]
     }
 
-    /// Descriptors not scaled by the caps: the reserve, workers, and each
-    /// tenant's `fs/open` handles and gRPC streams (each holds a file).
+    /// Descriptors not scaled by the caps.
     fn reserved_fds(&self) -> u64 {
-        let tenants: u64 = self
-            .tenants
-            .values()
-            .map(|t| {
-                t.workers_max as u64 * FDS_PER_WORKER
-                    + t.max_open_files as u64
-                    + t.max_streams as u64
-            })
-            .sum();
-        FD_RESERVE + tenants
+        FD_RESERVE
     }
 
     /// Descriptors the caps may take at once.
@@ -76,11 +100,13 @@ impl Settings {
         // Room for at least a few of each defaulted cap.
         if flexible == 0 || limit < fixed + 64 {
             return Err(ConfigError(format!(
-                "connection and process caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} for the reserve, workers, max_open_files and max_streams) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
+                "connection, process and tenant caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} active tenants x {} for their workers, max_open_files and max_streams + {} reserved) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
                 self.max_connections,
                 caps[1].0,
                 self.max_unauthenticated,
                 self.max_processes,
+                self.active_tenants_bound(),
+                self.fds_per_active_tenant(),
                 self.reserved_fds()
             )));
         }
@@ -100,12 +126,16 @@ impl Settings {
             .max_unauthenticated_per_source
             .min(self.max_unauthenticated);
         self.max_processes = scale(self.max_processes, e.processes);
+        if !e.active_tenants && self.template.is_some() {
+            self.max_active_tenants = scale(self.active_tenants_bound(), false);
+        }
         Ok(Some(format!(
-            "RLIMIT_NOFILE is {limit}: caps left at their defaults lowered to fit: server.max_connections {}, server.grpc_max_connections {}, server.max_unauthenticated {}, exec.max_processes {}",
+            "RLIMIT_NOFILE is {limit}: caps left at their defaults lowered to fit: server.max_connections {}, server.grpc_max_connections {}, server.max_unauthenticated {}, exec.max_processes {}, server.max_active_tenants {}",
             self.max_connections,
             self.grpc_max_connections,
             self.max_unauthenticated,
-            self.max_processes
+            self.max_processes,
+            self.max_active_tenants
         )))
     }
 }

@@ -19,6 +19,7 @@ mod fleet;
 mod isolation;
 mod keys;
 mod server;
+mod template;
 mod tenants;
 mod uids;
 
@@ -45,12 +46,13 @@ pub use server::{
     AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, parse_listen,
 };
+pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
 pub use tenants::{
     CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_OUTBOUND_BYTES, DEFAULT_MAX_READ_FILE_BYTES,
     DEFAULT_TENANT_MEMORY_BYTES, Egress, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network,
     Placement, TenantConfig, TenantSettings, read_file_reply_bytes,
 };
-pub use uids::{HostIds, IdsInUse, allocate_uids};
+pub use uids::{HostIds, IdsInUse, UidLedger, allocate_uids};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -78,9 +80,13 @@ pub struct Config {
     pub exec: ExecConfig,
     #[serde(default)]
     pub auth: AuthConfig,
-    /// Tenants by name. At least one is required.
+    /// Tenants by name. At least one, or a `[tenant_template]`, is required.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Settings of every tenant a token names that `[tenants]` does not
+    /// configure: `[tenants.NAME]` fields (`root` ends in `/{tenant}`)
+    /// and `name_pattern`. Default: none (such tokens are refused).
+    pub tenant_template: Option<toml::Table>,
     #[serde(default)]
     pub isolation: IsolationConfig,
     #[serde(default)]
@@ -127,11 +133,28 @@ pub struct Settings {
     pub exited_retention: Option<Duration>,
     pub auth: AuthSettings,
     pub tenants: BTreeMap<String, TenantSettings>,
+    /// `None`: only configured tenants are served.
+    pub template: Option<std::sync::Arc<TemplateSettings>>,
+    /// Tenants with workers, cgroups and namespaces at once.
+    pub max_active_tenants: usize,
+    /// A tenant with nothing live this long is retired (workers, cgroups,
+    /// mounts and namespaces released).
+    pub tenant_idle_timeout: Duration,
+    /// `[isolation] uid_range`, which templated tenants' uids come from.
+    pub uid_range: [u32; 2],
     pub isolation: IsolationSettings,
     /// `None`: a lone gateway.
     pub fleet: Option<FleetSettings>,
     /// `None`: no executor registry.
     pub executors: Option<ExecutorsSettings>,
+}
+
+impl Settings {
+    /// Whether a token naming `name` has a tenant: a configured one, or
+    /// one the template admits.
+    pub fn knows_tenant(&self, name: &str) -> bool {
+        self.tenants.contains_key(name) || self.template.as_ref().is_some_and(|t| t.admits(name))
+    }
 }
 
 /// The name of the embedded configuration's tenant.
@@ -197,12 +220,25 @@ impl Config {
                 )));
             }
         }
-        if self.tenants.is_empty() {
+        if self.tenants.is_empty() && self.tenant_template.is_none() {
             return Err(ConfigError(
-                "no tenants configured: add at least one [tenants.NAME] with a root".to_owned(),
+                "no tenants configured: add at least one [tenants.NAME] with a root, or a [tenant_template]".to_owned(),
             ));
         }
         let isolation = validate_isolation(&self.isolation);
+        let uid_range = self.isolation.uid_range.unwrap_or(DEFAULT_UID_RANGE);
+        let template = self
+            .tenant_template
+            .map(|t| template::validate_template(t, isolation.uid))
+            .transpose()?;
+        if template.is_some()
+            && isolation.uid == LayerPolicy::Required
+            && !nix::unistd::geteuid().is_root()
+        {
+            return Err(ConfigError(
+                "[isolation] uid = \"required\" with a [tenant_template]: templated tenants' uids are allocated, which needs the gateway to run as root".to_owned(),
+            ));
+        }
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {
             tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
@@ -213,11 +249,13 @@ impl Config {
                     "[isolation] uid = \"off\" is refused when the gateway runs as root: tenant processes would run as uid 0".to_owned(),
                 ));
             }
-            allocate_uids(
-                &mut tenants,
-                self.isolation.uid_range.unwrap_or(DEFAULT_UID_RANGE),
-                &HostIds,
-            )?;
+            match &template {
+                Some(t) => {
+                    let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
+                    allocate_uids(&mut tenants, uid_range, &uids::HostAndLedger(&ledger))?
+                }
+                None => allocate_uids(&mut tenants, uid_range, &HostIds)?,
+            }
         }
         // Every secret a file holds (the auth keys, the fleet key, the
         // admin token) is kept from the tenants the same way.
@@ -235,6 +273,9 @@ impl Config {
             refuse_exposed_keys(name, t, &secret_files)?;
         }
         refuse_nested_roots(&tenants)?;
+        if let Some(t) = &template {
+            template::refuse_template_overlaps(t, tenants.iter(), &secret_files)?;
+        }
         if isolation.network != LayerPolicy::Off
             && let Some((name, _)) = tenants
                 .iter()
@@ -249,6 +290,7 @@ impl Config {
             grpc: s.grpc_max_connections.is_some(),
             unauthenticated: s.max_unauthenticated.is_some(),
             processes: self.exec.max_processes.is_some(),
+            active_tenants: s.max_active_tenants.is_some(),
         };
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
@@ -338,12 +380,42 @@ impl Config {
             )?,
             auth,
             tenants,
+            template: template.map(std::sync::Arc::new),
+            max_active_tenants: positive(
+                "server.max_active_tenants",
+                s.max_active_tenants,
+                DEFAULT_MAX_ACTIVE_TENANTS,
+            )?,
+            tenant_idle_timeout: duration(
+                "server.tenant_idle_timeout",
+                s.tenant_idle_timeout.as_deref(),
+                DEFAULT_TENANT_IDLE_TIMEOUT,
+            )?,
+            uid_range,
             isolation,
             fleet,
             executors,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;
+        if let Some(t) = &settings.template {
+            let e = &t.example;
+            if let Some(pool) = &e.pool
+                && !settings
+                    .executors
+                    .as_ref()
+                    .is_some_and(|x| x.pools.contains_key(pool))
+            {
+                return Err(ConfigError(format!(
+                    "tenant_template.pool: no pool `{pool}` in [executors.pools]"
+                )));
+            }
+            if settings.isolation.network != LayerPolicy::Off && e.network == Some(Network::Host) {
+                return Err(ConfigError(
+                    "tenant_template.network = \"host\" is allowed only with [isolation] network = \"off\"".to_owned(),
+                ));
+            }
+        }
         Ok(settings)
     }
 }
@@ -354,6 +426,15 @@ impl Config {
 /// connection outlives a day of key rotation and fleet changes. A token
 /// that expires first closes it earlier (1008).
 pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Default `server.max_active_tenants` (lowered to fit the open-file
+/// limit when not set).
+pub const DEFAULT_MAX_ACTIVE_TENANTS: usize = 1024;
+
+/// Default `server.tenant_idle_timeout`: long enough that a team working
+/// in bursts keeps warm workers, short enough that thousands of teams that
+/// came once cost nothing within a minute.
+pub const DEFAULT_TENANT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Gateway-wide bytes held of what clients send.
 pub const DEFAULT_GATEWAY_MAX_INBOUND_BYTES: usize = 1024 * 1024 * 1024;
@@ -368,7 +449,11 @@ fn refuse_unfit_inbound(s: &Settings) -> Result<(), ConfigError> {
             s.max_inbound_bytes
         )));
     }
-    for (name, t) in &s.tenants {
+    let example = s
+        .template
+        .as_ref()
+        .map(|t| ("tenant_template".to_owned(), &t.example));
+    for (name, t) in s.tenants.iter().map(|(n, t)| (n.clone(), t)).chain(example) {
         if t.max_inbound_bytes < m {
             return Err(ConfigError(format!(
                 "tenants.{name}.max_inbound_bytes ({}) is less than server.max_message_bytes ({m}): a message of the allowed size could never be received",

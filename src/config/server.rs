@@ -74,6 +74,15 @@ pub struct ServerConfig {
     pub max_unauthenticated_per_source: Option<usize>,
     /// Authenticated gRPC connections. Default: 4096.
     pub grpc_max_connections: Option<usize>,
+    /// Tenants active at once (with workers, cgroups, namespaces, a
+    /// private /tmp); a session of another tenant first retires an idle
+    /// one, else is refused as overloaded. Default: 1024, lowered to what
+    /// the open-file limit allows when not set.
+    pub max_active_tenants: Option<usize>,
+    /// A tenant with no session, connection or call this long is retired:
+    /// its workers end and its cgroups, mounts and namespaces are released
+    /// (they come back on its next session). Default: `60s`.
+    pub tenant_idle_timeout: Option<String>,
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";

@@ -243,7 +243,7 @@ pub struct CgroupLimits {
 pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// Validated `[tenants.NAME]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TenantSettings {
     pub name: String,
     /// `None` = the whole host.
@@ -345,6 +345,17 @@ pub(super) fn validate_tenant(
     t: TenantConfig,
     uid_policy: LayerPolicy,
 ) -> Result<TenantSettings, ConfigError> {
+    validate_tenant_at(name, t, uid_policy, true)
+}
+
+/// [`validate_tenant`]; a templated tenant's root may not exist yet
+/// (`root_exists` false): it is made on first use.
+pub(super) fn validate_tenant_at(
+    name: &str,
+    t: TenantConfig,
+    uid_policy: LayerPolicy,
+    root_exists: bool,
+) -> Result<TenantSettings, ConfigError> {
     if name.is_empty()
         || !name
             .chars()
@@ -363,7 +374,7 @@ pub(super) fn validate_tenant(
             root.display()
         )));
     }
-    if !root.is_dir() {
+    if root_exists && !root.is_dir() {
         return Err(ConfigError(format!(
             "tenants.{name}.root is not a directory: {}",
             root.display()
@@ -378,12 +389,12 @@ pub(super) fn validate_tenant(
     let uid = match (t.uid, uid_policy) {
         (_, LayerPolicy::Off) => None,
         (Some(u), _) => Some((u, t.gid.unwrap_or(u))),
-        (None, LayerPolicy::Required) => {
+        (None, LayerPolicy::Required) if root_exists => {
             return Err(ConfigError(format!(
                 "tenants.{name}.uid is required by [isolation] uid = \"required\""
             )));
         }
-        (None, LayerPolicy::Optional) => None,
+        (None, LayerPolicy::Optional | LayerPolicy::Required) => None,
     };
     for p in t.landlock_read.iter().chain(&t.landlock_write) {
         if !p.is_absolute() {
@@ -517,32 +528,34 @@ pub const MAX_EXECUTOR_LABELS: usize = 32;
 pub(super) fn refuse_nested_roots(
     tenants: &BTreeMap<String, TenantSettings>,
 ) -> Result<(), ConfigError> {
-    let roots: Vec<(&String, PathBuf)> = tenants
+    let mut roots: Vec<(PathBuf, &String)> = tenants
         .iter()
         .filter_map(|(n, t)| {
             let r = t.root.as_ref()?;
-            Some((n, r.canonicalize().unwrap_or_else(|_| r.clone())))
+            Some((r.canonicalize().unwrap_or_else(|_| r.clone()), n))
         })
         .collect();
-    for (i, (a, ra)) in roots.iter().enumerate() {
-        for (b, rb) in &roots[i + 1..] {
-            if ra.starts_with(rb) || rb.starts_with(ra) {
-                return Err(ConfigError(format!(
-                    "tenants.{a}.root {} and tenants.{b}.root {} overlap; tenant roots must be disjoint",
-                    ra.display(),
-                    rb.display()
-                )));
-            }
+    // In component order a root's descendants follow it directly: two
+    // overlap only if some root is a prefix of (or equal to) the next.
+    roots.sort();
+    for pair in roots.windows(2) {
+        let [(ra, a), (rb, b)] = pair else { continue };
+        if rb.starts_with(ra) {
+            return Err(ConfigError(format!(
+                "tenants.{a}.root {} and tenants.{b}.root {} overlap; tenant roots must be disjoint",
+                ra.display(),
+                rb.display()
+            )));
         }
-        if let Ok(state) = state_dir() {
-            let state = state.canonicalize().unwrap_or(state);
-            if state.starts_with(ra) {
-                return Err(ConfigError(format!(
-                    "tenants.{a}.root {} holds the gateway's state directory {}; choose another root or set XDG_STATE_HOME",
-                    ra.display(),
-                    state.display()
-                )));
-            }
+    }
+    if let Ok(state) = state_dir() {
+        let state = state.canonicalize().unwrap_or(state);
+        if let Some((ra, a)) = roots.iter().find(|(r, _)| state.starts_with(r)) {
+            return Err(ConfigError(format!(
+                "tenants.{a}.root {} holds the gateway's state directory {}; choose another root or set XDG_STATE_HOME",
+                ra.display(),
+                state.display()
+            )));
         }
     }
     Ok(())

@@ -51,10 +51,7 @@ pub fn allocate_uids(
         if t.uid.is_some() {
             continue;
         }
-        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        let start = hash % count;
+        let start = fnv1a(name) % count;
         let found = (0..count)
             .map(|i| first + ((start + i) % count) as u32)
             .find(|&id| !taken.contains(&id) && !host.uid_used(id) && !host.gid_used(id));
@@ -68,6 +65,118 @@ pub fn allocate_uids(
         t.uid_allocated = true;
     }
     Ok(())
+}
+
+/// The uids of templated tenants, recorded where their roots are: entry
+/// `ROOTS/.uids/UID` is a symlink whose target is the tenant's name.
+/// symlink(2) fails on an existing name, so two replicas (or two
+/// gateways) sharing the roots' filesystem can never give one uid to two
+/// tenants, and a tenant keeps its uid across restarts and replicas. No
+/// tenant can reach the ledger: names never start with `.`, and a
+/// templated tenant sees only its own root.
+pub struct UidLedger {
+    dir: std::path::PathBuf,
+    first: u32,
+    last: u32,
+    /// Configured tenants' uids and gids.
+    reserved: std::collections::HashSet<u32>,
+}
+
+/// Where the ledger of templated roots `roots` lives.
+pub fn ledger_dir(roots: &std::path::Path) -> std::path::PathBuf {
+    roots.join(".uids")
+}
+
+impl UidLedger {
+    pub fn new(
+        roots: &std::path::Path,
+        [first, last]: [u32; 2],
+        configured: &BTreeMap<String, TenantSettings>,
+    ) -> UidLedger {
+        UidLedger {
+            dir: ledger_dir(roots),
+            first,
+            last,
+            reserved: configured
+                .values()
+                .filter_map(|t| t.uid)
+                .flat_map(|(u, g)| [u, g])
+                .collect(),
+        }
+    }
+
+    /// The uid of templated tenant `name`: the one the ledger holds for
+    /// it, else the first free id from where the FNV-1a hash of its name
+    /// points (moving up, wrapping), skipping host users and groups and
+    /// configured tenants. A full range refuses the tenant.
+    pub fn uid_for(&self, name: &str, host: &dyn IdsInUse) -> Result<u32, ConfigError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let (first, last) = (self.first, self.last);
+        let err = |e: std::io::Error| {
+            ConfigError(format!(
+                "tenant `{name}`: uid ledger {}: {e}",
+                self.dir.display()
+            ))
+        };
+        match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err(e)),
+        }
+        let count = u64::from(last - first) + 1;
+        let start = fnv1a(name) % count;
+        for i in 0..count {
+            let id = first + ((start + i) % count) as u32;
+            let entry = self.dir.join(id.to_string());
+            loop {
+                match std::fs::read_link(&entry) {
+                    Ok(holder) if holder.as_os_str() == name => return Ok(id),
+                    Ok(_) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(err(e)),
+                }
+                if self.reserved.contains(&id) || host.uid_used(id) || host.gid_used(id) {
+                    break;
+                }
+                match std::os::unix::fs::symlink(name, &entry) {
+                    Ok(()) => return Ok(id),
+                    // Taken meanwhile (by this tenant elsewhere, or
+                    // another): read who holds it.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(err(e)),
+                }
+            }
+        }
+        Err(ConfigError(format!(
+            "tenant `{name}`: no free uid left in [isolation] uid_range = [{first}, {last}] (the ledger {} holds the templated tenants' uids; remove the entries of tenants gone for good, or widen the range)",
+            self.dir.display()
+        )))
+    }
+
+    /// Whether the ledger gives `id` to a templated tenant.
+    pub fn holds(&self, id: u32) -> bool {
+        std::fs::symlink_metadata(self.dir.join(id.to_string())).is_ok()
+    }
+}
+
+/// FNV-1a of a tenant name: where its uid search starts.
+fn fnv1a(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The host's databases plus a uid ledger: configured tenants' uids skip
+/// what templated tenants hold.
+pub struct HostAndLedger<'a>(pub &'a UidLedger);
+
+impl IdsInUse for HostAndLedger<'_> {
+    fn uid_used(&self, uid: u32) -> bool {
+        HostIds.uid_used(uid) || self.0.holds(uid)
+    }
+    fn gid_used(&self, gid: u32) -> bool {
+        HostIds.gid_used(gid) || self.0.holds(gid)
+    }
 }
 
 #[cfg(test)]
