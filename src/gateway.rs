@@ -3,6 +3,7 @@
 //! stopped). How the state is started and stopped is module `server`'s.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -23,8 +24,12 @@ pub const REPORTED_TENANTS: usize = 100;
 
 /// Shared state of one gateway process.
 pub struct Gateway {
+    /// As at start; tenants and keys are the reloaded ones
+    /// ([`Gateway::reload`]).
     pub settings: Arc<Settings>,
-    pub auth: Authenticator,
+    auth: arc_swap::ArcSwap<Authenticator>,
+    /// Stops the current authenticator's background key fetches.
+    auth_stop: parking_lot::Mutex<CancellationToken>,
     pub tenants: Tenants,
     pub metrics: Arc<Metrics>,
     pub sessions: Arc<SessionRegistry>,
@@ -57,17 +62,8 @@ impl Gateway {
         let global_slots = Arc::new(tokio::sync::Semaphore::new(settings.max_processes));
         // Validate keys before touching the host (cgroups): a bad config
         // must fail with one line and leave nothing behind.
-        let mut auth =
-            Authenticator::new(&settings.auth, settings.tenants.keys().cloned().collect())
-                .map_err(ConfigError)?;
-        let fetches = metrics.jwks_fetches.clone();
-        auth.on_fetch(move |outcome| {
-            fetches
-                .get_or_create(&crate::metrics::OutcomeLabel {
-                    outcome: outcome.to_owned(),
-                })
-                .inc();
-        });
+        let known = Arc::new(std::sync::OnceLock::<std::sync::Weak<Gateway>>::new());
+        let auth = authenticator(&settings, &metrics, &known)?;
         let layers = crate::probe::layers(&settings, &metrics)?;
         let executors = settings
             .executors
@@ -84,10 +80,10 @@ impl Gateway {
         let tenants = Tenants::new(
             &settings,
             reaper.clone(),
-            &metrics,
+            metrics.clone(),
             global_slots,
             layers,
-            executors.as_ref(),
+            executors.clone(),
         )?;
         let fleet = settings
             .fleet
@@ -120,7 +116,8 @@ impl Gateway {
         let gw = Arc::new(Gateway {
             inbound,
             settings: Arc::new(settings),
-            auth,
+            auth: arc_swap::ArcSwap::from_pointee(auth),
+            auth_stop: parking_lot::Mutex::new(CancellationToken::new()),
             tenants,
             metrics,
             sessions,
@@ -133,9 +130,41 @@ impl Gateway {
             stopped: CancellationToken::new(),
             reaper,
         });
+        let _ = known.set(Arc::downgrade(&gw));
         // Remote key sets are fetched in the background from now on.
-        gw.auth.start(gw.stopped.clone());
+        gw.auth().start(gw.auth_stop.lock().clone());
+        crate::task::start("tenant-sweep", sweep(Arc::downgrade(&gw)));
         Ok(gw)
+    }
+
+    /// The token verifier in force.
+    pub fn auth(&self) -> Arc<Authenticator> {
+        self.auth.load_full()
+    }
+
+    /// Take the tenants and keys of `new` (a re-read configuration, fully
+    /// validated): see [`Tenants::reload`]. What else changed needs a
+    /// restart and is named in the returned line; nothing is applied if
+    /// the new tenants or keys are refused.
+    pub fn reload(self: &Arc<Self>, new: &Settings) -> Result<String, ConfigError> {
+        let known = Arc::new(std::sync::OnceLock::new());
+        let _ = known.set(Arc::downgrade(self));
+        let auth = authenticator(new, &self.metrics, &known)?;
+        let tenants = self.tenants.reload(new)?;
+        let stop = CancellationToken::new();
+        auth.start(stop.clone());
+        self.auth.store(Arc::new(auth));
+        let old = std::mem::replace(&mut *self.auth_stop.lock(), stop);
+        old.cancel();
+        let restart: Vec<&str> = restart_needed(&self.settings, new);
+        Ok(if restart.is_empty() {
+            format!("{tenants}; keys reloaded")
+        } else {
+            format!(
+                "{tenants}; keys reloaded; changes to {} need a restart and were not applied",
+                restart.join(", ")
+            )
+        })
     }
 
     /// `/readyz` detail: one line per isolation layer.
@@ -148,12 +177,8 @@ impl Gateway {
             }
         };
         let l = self.layers;
-        let uids = self
-            .settings
-            .tenants
-            .values()
-            .filter(|t| t.uid.is_some())
-            .count();
+        let set = self.tenants.set();
+        let uids = set.configured.values().filter(|t| t.uid.is_some()).count();
         format!(
             "workers: {}\ncgroups: {}\nlandlock: {}\nseccomp: {}\nuid: {}\nnamespaces: {}\nnetwork: {}\ndisk: {}\ncapabilities: none for tenant processes\nprocess-groups: active\nreaper: {}\nfs-confinement: cap-std (per tenant root)\n",
             on(
@@ -183,13 +208,14 @@ impl Gateway {
             on(
                 l.uid,
                 &format!(
-                    "{uids} of {} tenants ({} allocated)",
-                    self.settings.tenants.len(),
-                    self.settings
-                        .tenants
-                        .values()
-                        .filter(|t| t.uid_allocated)
-                        .count()
+                    "{uids} of {} configured tenants ({} allocated){}",
+                    set.configured.len(),
+                    set.configured.values().filter(|t| t.uid_allocated).count(),
+                    if set.template.is_some() {
+                        "; templated tenants: allocated from uid_range"
+                    } else {
+                        ""
+                    }
                 )
             ),
             on(
@@ -198,7 +224,11 @@ impl Gateway {
             ),
             {
                 let mut by: std::collections::BTreeMap<String, usize> = Default::default();
-                for t in self.settings.tenants.values() {
+                for t in set
+                    .configured
+                    .values()
+                    .chain(set.template.as_ref().map(|t| &t.example))
+                {
                     let n = match crate::tenant::effective_network(t, l) {
                         Network::Isolated => format!("isolated, egress {}", t.egress.describe()),
                         Network::None => "loopback only".to_owned(),
@@ -247,8 +277,16 @@ impl Gateway {
         use crate::isolation::cgroup::enforces;
         let l = self.layers;
         let mut out = String::new();
-        let tenants = &self.settings.tenants;
-        for (name, t) in tenants.iter().take(REPORTED_TENANTS) {
+        let set = self.tenants.set();
+        let tenants = &set.configured;
+        let template = set
+            .template
+            .as_ref()
+            .map(|t| (format!("tenant_template ({})", t.name_pattern), &t.example));
+        let listed = template
+            .into_iter()
+            .chain(tenants.iter().map(|(n, t)| (n.clone(), t)));
+        for (name, t) in listed.take(REPORTED_TENANTS) {
             let c = &t.cgroup_limits;
             let mut parts = Vec::new();
             let mut cg = |key: &str, controller: &str, value: Option<String>| {
@@ -291,6 +329,16 @@ impl Gateway {
             parts.push(format!("max_open_files {}", t.max_open_files));
             out.push_str(&format!("limits {name}: {}\n", parts.join(", ")));
         }
+        out.push_str(&format!(
+            "tenants: {} configured, template {}, {} active (server.max_active_tenants {}), retired after {} idle\n",
+            tenants.len(),
+            set.template
+                .as_ref()
+                .map_or("none".to_owned(), |t| format!("for names matching {}", t.name_pattern)),
+            self.tenants.active().len(),
+            self.settings.max_active_tenants,
+            humantime::format_duration(self.settings.tenant_idle_timeout)
+        ));
         if tenants.len() > REPORTED_TENANTS {
             out.push_str(&format!(
                 "limits: {} more tenants not listed\n",
@@ -375,6 +423,7 @@ impl Gateway {
     /// process, retire the backends and the reaper.
     pub(crate) fn stop(&self) {
         self.stopped.cancel();
+        self.auth_stop.lock().cancel();
         self.sessions.kill_all();
         self.tenants.retire();
         if let Some(r) = &self.reaper {
@@ -383,10 +432,113 @@ impl Gateway {
         }
     }
 
+    /// `/accounting`: one JSON line per tenant seen since the start (or
+    /// `only` that one), active or retired, with its usage.
+    pub fn accounting_text(&self, only: Option<&str>) -> String {
+        let (accounts, dropped) = self.tenants.accounts(only);
+        let mut out = String::new();
+        for a in accounts {
+            if let Ok(line) = serde_json::to_string(&a) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(dropped, "tenant accounts not kept: too many tenants");
+        }
+        out
+    }
+
     /// Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
         self.tenants.refresh_disk_metrics();
         self.metrics.encode()
+    }
+}
+
+/// The authenticator of `settings`, knowing tenants through the gateway
+/// (once it exists) so a reload's tenants count at once.
+fn authenticator(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    gw: &Arc<std::sync::OnceLock<std::sync::Weak<Gateway>>>,
+) -> Result<Authenticator, ConfigError> {
+    let gw = gw.clone();
+    let mut auth = Authenticator::new(
+        &settings.auth,
+        Arc::new(move |name: &str| {
+            gw.get()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|g| g.tenants.knows(name))
+        }),
+    )
+    .map_err(ConfigError)?;
+    let fetches = metrics.jwks_fetches.clone();
+    auth.on_fetch(move |outcome| {
+        fetches
+            .get_or_create(&crate::metrics::OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    });
+    Ok(auth)
+}
+
+/// Settings a reload cannot apply (listeners, fleet, executors and the
+/// gateway-wide caps), by section.
+fn restart_needed(old: &Settings, new: &Settings) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if (old.listen, old.grpc_listen, old.admin_listen)
+        != (new.listen, new.grpc_listen, new.admin_listen)
+    {
+        out.push("listeners");
+    }
+    if format!("{:?}", old.fleet) != format!("{:?}", new.fleet) {
+        out.push("[fleet]");
+    }
+    if format!("{:?}", old.executors) != format!("{:?}", new.executors) {
+        out.push("[executors]");
+    }
+    if format!("{:?}", old.isolation) != format!("{:?}", new.isolation) {
+        out.push("[isolation]");
+    }
+    if (
+        old.max_connections,
+        old.max_sessions,
+        old.max_processes,
+        old.max_active_tenants,
+        old.tenant_idle_timeout,
+    ) != (
+        new.max_connections,
+        new.max_sessions,
+        new.max_processes,
+        new.max_active_tenants,
+        new.tenant_idle_timeout,
+    ) {
+        out.push("[server] caps");
+    }
+    out
+}
+
+/// Retire idle tenants until the gateway is gone.
+async fn sweep(gw: std::sync::Weak<Gateway>) {
+    loop {
+        let Some(g) = gw.upgrade() else { return };
+        let every = (g.settings.tenant_idle_timeout / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        if g.is_stopped() {
+            return;
+        }
+        let taken = g.tenants.take_retiring();
+        if !taken.is_empty() {
+            let g2 = g.clone();
+            let _ = tokio::task::spawn_blocking(move || g2.tenants.retire_taken(taken)).await;
+        }
+        g.metrics
+            .tenants_active
+            .set(i64::try_from(g.tenants.active().len()).unwrap_or(i64::MAX));
+        drop(g);
+        tokio::time::sleep(every).await;
     }
 }
 

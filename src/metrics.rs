@@ -22,6 +22,14 @@ pub struct RequestLabels {
     pub outcome: String,
 }
 
+/// A series of a tenant's in a family with more labels.
+#[derive(Debug)]
+enum Remembered {
+    Request(RequestLabels),
+    Shed(ShedLabels),
+    Quota(QuotaLabels),
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
@@ -52,6 +60,12 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub spawn_seconds: Family<TenantLabel, Histogram>,
     pub output_bytes: Family<TenantLabel, Counter>,
+    pub processes_started: Family<TenantLabel, Counter>,
+    pub tenants_active: Gauge,
+    /// Each tenant's series of the families labelled by more than the
+    /// tenant (so they go with it).
+    tenant_series: Mutex<std::collections::HashMap<String, Vec<Remembered>>>,
+    pub config_reloads: Family<OutcomeLabel, Counter>,
     pub auth_failures: Family<ReasonLabel, Counter>,
     pub shed: Family<ShedLabels, Counter>,
     pub quota_refused: Family<QuotaLabels, Counter>,
@@ -141,13 +155,55 @@ impl Metrics {
     /// Count one request of `tenant` by method and outcome (`ok` or the
     /// error's kind).
     pub fn count_request(&self, tenant: &str, method: &str, outcome: &str) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                tenant: tenant.to_owned(),
-                method: method.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
+        let l = RequestLabels {
+            tenant: tenant.to_owned(),
+            method: method.to_owned(),
+            outcome: outcome.to_owned(),
+        };
+        if let Some(c) = self.requests.get(&l) {
+            c.inc();
+            return;
+        }
+        self.requests.get_or_create(&l).inc();
+        self.remember(tenant, Remembered::Request(l));
+    }
+
+    /// Count a call of `tenant` shed for `reason`.
+    pub fn count_shed(&self, tenant: &str, reason: &str) {
+        let l = ShedLabels {
+            tenant: tenant.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if let Some(c) = self.shed.get(&l) {
+            c.inc();
+            return;
+        }
+        self.shed.get_or_create(&l).inc();
+        self.remember(tenant, Remembered::Shed(l));
+    }
+
+    /// Count a call of `tenant` refused by its `quota`.
+    pub fn count_quota(&self, tenant: &str, quota: &str) {
+        let l = QuotaLabels {
+            tenant: tenant.to_owned(),
+            quota: quota.to_owned(),
+        };
+        if let Some(c) = self.quota_refused.get(&l) {
+            c.inc();
+            return;
+        }
+        self.quota_refused.get_or_create(&l).inc();
+        self.remember(tenant, Remembered::Quota(l));
+    }
+
+    /// Note a series of `tenant`'s with more labels than the tenant, to
+    /// drop with it ([`Self::forget_tenant`]).
+    fn remember(&self, tenant: &str, r: Remembered) {
+        self.tenant_series
+            .lock()
+            .entry(tenant.to_owned())
+            .or_default()
+            .push(r);
     }
 
     pub fn new() -> Self {
@@ -159,6 +215,24 @@ impl Metrics {
             spawn_histogram as fn() -> Histogram,
         );
         let output_bytes = Family::<TenantLabel, Counter>::default();
+        let processes_started = Family::<TenantLabel, Counter>::default();
+        let tenants_active = Gauge::default();
+        let config_reloads = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "config_reloads",
+            "Configuration reloads (SIGHUP) by outcome: ok, refused",
+            config_reloads.clone(),
+        );
+        r.register(
+            "processes_started",
+            "Processes started (per active tenant; /accounting keeps every tenant's)",
+            processes_started.clone(),
+        );
+        r.register(
+            "tenants_active",
+            "Tenants with workers, cgroups and namespaces now",
+            tenants_active.clone(),
+        );
         let auth_failures = Family::<ReasonLabel, Counter>::default();
         let shed = Family::<ShedLabels, Counter>::default();
         let quota_refused = Family::<QuotaLabels, Counter>::default();
@@ -352,6 +426,10 @@ impl Metrics {
             requests,
             spawn_seconds,
             output_bytes,
+            processes_started,
+            tenants_active,
+            tenant_series: Mutex::default(),
+            config_reloads,
             auth_failures,
             shed,
             quota_refused,
@@ -389,6 +467,7 @@ impl Metrics {
             processes: self.processes.get_or_create(&l).clone(),
             spawn_seconds: self.spawn_seconds.get_or_create(&l).clone(),
             output_bytes: self.output_bytes.get_or_create(&l).clone(),
+            started: self.processes_started.get_or_create(&l).clone(),
             workers: self.workers.get_or_create(&l).clone(),
             worker_deaths: self.worker_deaths.get_or_create(&l).clone(),
             outbound_bytes: self.outbound_bytes.get_or_create(&l).clone(),
@@ -400,6 +479,44 @@ impl Metrics {
             inbound_waiting: self.inbound_waiting.get_or_create(&l).clone(),
             tmp_bytes: self.tmp_bytes.get_or_create(&l).clone(),
             disk_bytes: self.disk_bytes.get_or_create(&l).clone(),
+        }
+    }
+
+    /// Drop a retired tenant's series: only active tenants have any, so
+    /// thousands of tenants that come and go never pile up labels.
+    pub fn forget_tenant(&self, tenant: &str) {
+        let l = TenantLabel {
+            tenant: tenant.to_owned(),
+        };
+        self.sessions.remove(&l);
+        self.processes.remove(&l);
+        self.spawn_seconds.remove(&l);
+        self.output_bytes.remove(&l);
+        self.processes_started.remove(&l);
+        self.workers.remove(&l);
+        self.worker_deaths.remove(&l);
+        self.outbound_bytes.remove(&l);
+        self.outbound_bytes_peak.remove(&l);
+        self.outbound_waiting.remove(&l);
+        self.retained_output_bytes.remove(&l);
+        self.inbound_bytes.remove(&l);
+        self.inbound_bytes_peak.remove(&l);
+        self.inbound_waiting.remove(&l);
+        self.tmp_bytes.remove(&l);
+        self.disk_bytes.remove(&l);
+        let more = self.tenant_series.lock().remove(tenant).unwrap_or_default();
+        for r in more {
+            match r {
+                Remembered::Request(l) => {
+                    self.requests.remove(&l);
+                }
+                Remembered::Shed(l) => {
+                    self.shed.remove(&l);
+                }
+                Remembered::Quota(l) => {
+                    self.quota_refused.remove(&l);
+                }
+            }
         }
     }
 
@@ -448,6 +565,8 @@ pub struct TenantMetrics {
     pub processes: Gauge,
     pub spawn_seconds: Histogram,
     pub output_bytes: Counter,
+    /// Processes started.
+    pub started: Counter,
     pub workers: Gauge,
     pub worker_deaths: Counter,
     pub outbound_bytes: Gauge,
@@ -472,6 +591,7 @@ impl TenantMetrics {
             processes: Gauge::default(),
             spawn_seconds: spawn_histogram(),
             output_bytes: Counter::default(),
+            started: Counter::default(),
             workers: Gauge::default(),
             worker_deaths: Counter::default(),
             outbound_bytes: Gauge::default(),

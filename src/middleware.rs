@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 
 use crate::dispatch::{Dispatch, RpcRequest};
 use crate::error::GatewayError;
-use crate::metrics::{Metrics, QuotaLabels, ShedLabels};
+use crate::metrics::Metrics;
 use crate::rpc::Outcome;
 
 /// The service type every transport calls.
@@ -113,19 +113,13 @@ fn rate_limit(
 ) -> impl Fn(&RpcRequest) -> Result<Permit, GatewayError> + Clone {
     move |req| {
         let tenant = &req.ctx.tenant;
-        match tenant.limiter.check() {
+        match tenant.check_rate() {
             Ok(()) => Ok(None),
             Err(not_until) => {
                 let wait = not_until.wait_time_from(governor::clock::Clock::now(
                     &governor::clock::DefaultClock::default(),
                 ));
-                metrics
-                    .shed
-                    .get_or_create(&ShedLabels {
-                        tenant: tenant.name.to_string(),
-                        reason: "rate".to_owned(),
-                    })
-                    .inc();
+                metrics.count_shed(&tenant.name, "rate");
                 Err(GatewayError::RateLimited {
                     retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
                 })
@@ -142,13 +136,7 @@ fn tenant_concurrency(
         match tenant.in_flight.clone().try_acquire_owned() {
             Ok(permit) => Ok(Some(permit)),
             Err(_) => {
-                metrics
-                    .shed
-                    .get_or_create(&ShedLabels {
-                        tenant: tenant.name.to_string(),
-                        reason: "tenant_concurrency".to_owned(),
-                    })
-                    .inc();
+                metrics.count_shed(&tenant.name, "tenant_concurrency");
                 Err(GatewayError::Overloaded)
             }
         }
@@ -314,22 +302,10 @@ fn count_refusal(
 ) {
     match result {
         Err(GatewayError::QuotaExceeded { quota, .. }) => {
-            metrics
-                .quota_refused
-                .get_or_create(&QuotaLabels {
-                    tenant: tenant.to_owned(),
-                    quota: (*quota).to_owned(),
-                })
-                .inc();
+            metrics.count_quota(tenant, quota);
         }
         Err(GatewayError::Overloaded) => {
-            metrics
-                .shed
-                .get_or_create(&ShedLabels {
-                    tenant: tenant.to_owned(),
-                    reason: "gateway_processes".to_owned(),
-                })
-                .inc();
+            metrics.count_shed(tenant, "gateway_processes");
         }
         _ => {}
     }
@@ -449,7 +425,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use governor::{Quota, RateLimiter};
     use tokio::sync::Semaphore;
     use tokio_util::sync::CancellationToken;
 
@@ -457,7 +432,7 @@ mod tests {
     use crate::auth::{Principal, Scope, Scopes};
     use crate::backend::{Backend, OpFuture, SessionBackend};
     use crate::dispatch::RequestContext;
-    use crate::outbound::{Attachment, ByteBudget};
+    use crate::outbound::Attachment;
     use crate::protocol::Empty;
     use crate::protocol::revision::RevisionCell;
     use crate::rpc::{Call, NoParams, Op, Reply};
@@ -491,25 +466,18 @@ mod tests {
             key.display()
         ))
         .unwrap();
-        let settings = config.validate().unwrap().tenants.remove(name).unwrap();
-        let rate = std::num::NonZeroU32::new(rate).unwrap();
-        Arc::new(Tenant {
-            name: name.into(),
+        let mut settings = config.validate().unwrap().tenants.remove(name).unwrap();
+        settings.requests_per_second = rate;
+        settings.burst = rate;
+        settings.max_in_flight = in_flight;
+        settings.max_connections = 1;
+        settings.max_streams = 1;
+        Arc::new(Tenant::assemble(
+            name,
             settings,
-            backend: Arc::new(Unreached),
-            remote: None,
-            limiter: RateLimiter::direct(Quota::per_second(rate).allow_burst(rate)),
-            in_flight: Arc::new(Semaphore::new(in_flight)),
-            sessions: AtomicUsize::new(0),
-            outbound: ByteBudget::unlimited(),
-            inbound: ByteBudget::unlimited(),
-            connections: Arc::new(Semaphore::new(1)),
-            streams: Arc::new(Semaphore::new(1)),
-            grpc_windows: Arc::new(Semaphore::new(1)),
-            metrics: metrics.tenant(name),
-            tmp: None,
-            root_quota: None,
-        })
+            Arc::new(Unreached),
+            metrics.tenant(name),
+        ))
     }
 
     fn request(tenant: &Arc<Tenant>, scopes: &[Scope]) -> RpcRequest {

@@ -33,6 +33,8 @@ pub struct ByteBudget {
     capacity: usize,
     held: AtomicI64,
     peak: AtomicI64,
+    /// Bytes ever reserved (what the tenant's account counts).
+    total: std::sync::atomic::AtomicU64,
     held_gauge: Gauge,
     peak_gauge: Gauge,
     waiting_gauge: Gauge,
@@ -47,6 +49,7 @@ impl ByteBudget {
             capacity,
             held: AtomicI64::new(0),
             peak: AtomicI64::new(0),
+            total: std::sync::atomic::AtomicU64::new(0),
             held_gauge: held,
             peak_gauge: peak,
             waiting_gauge: waiting,
@@ -102,10 +105,17 @@ impl ByteBudget {
         self.held.load(Ordering::Relaxed)
     }
 
+    /// Bytes ever reserved here.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
     fn account(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::AcqRel) + delta;
         self.held_gauge.set(now);
         if delta > 0 {
+            self.total
+                .fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
             let peak = self.peak.fetch_max(now, Ordering::AcqRel).max(now);
             self.peak_gauge.set(peak);
         }

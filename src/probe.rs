@@ -86,8 +86,10 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
         pool.kill_all();
         Ok(())
     })?;
-    // Only worth probing (and reporting) when some tenant has a uid.
-    let wanted = settings.tenants.values().any(|t| t.uid.is_some());
+    // Only worth probing (and reporting) when some tenant has a uid
+    // (templated tenants get one where the gateway runs as root).
+    let wanted = settings.tenants.values().any(|t| t.uid.is_some())
+        || (settings.template.is_some() && nix::unistd::geteuid().is_root());
     let uid = wanted
         && probe_layer("uid", iso.uid, metrics, || {
             probe(SandboxSpec {
@@ -119,6 +121,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
     let wanted = settings
         .tenants
         .values()
+        .chain(settings.template.as_ref().map(|t| &t.example))
         .any(|t| matches!(t.network, None | Some(Network::Isolated)));
     let network = wanted
         && probe_layer("network", iso.network, metrics, || {
@@ -130,10 +133,14 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 .join("net");
             crate::isolation::egress::probe(&dir).map(|_| ())
         })?;
+    if let Some(t) = &settings.template {
+        t.make_roots()?;
+    }
     let roots: Vec<&std::path::Path> = settings
         .tenants
         .values()
         .filter_map(|t| t.root.as_deref())
+        .chain(settings.template.as_ref().map(|t| t.roots.as_path()))
         .collect();
     let disk = !roots.is_empty()
         && probe_layer("disk", iso.disk, metrics, || {

@@ -588,7 +588,7 @@ async fn metrics_and_readiness_details_are_only_on_the_admin_listener() {
     assert_eq!((status, body.as_str()), (200, "ready\n"));
     let (status, body) = gw.admin_get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(body.contains("exec_gateway_sessions"), "{body}");
+    assert!(body.contains("exec_gateway_tenants_active"), "{body}");
     let (status, body) = gw.admin_get("/readyz").await;
     assert_eq!(status, 200);
     assert!(body.contains("landlock:"), "{body}");

@@ -165,12 +165,17 @@ async fn a_worker_stopped_by_its_own_tenant_is_replaced_and_others_carry_on() {
     a.start("stopper", &["sh", "-c", &script]).await;
     std::fs::write(&go, "").unwrap();
     let worker: i32 = loop {
-        let pids = std::fs::read_to_string(format!(
-            "/proc/{}/task/{}/children",
-            gw.child.id(),
-            gw.child.id()
-        ))
-        .unwrap_or_default();
+        // Children of any of the gateway's threads (workers are started
+        // where the tenant is activated, off the main thread).
+        let pids: String = std::fs::read_dir(format!("/proc/{}/task", gw.child.id()))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
         let stopped = pids
             .split_whitespace()
             .filter_map(|p| p.parse::<i32>().ok())

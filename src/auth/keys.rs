@@ -2,7 +2,6 @@
 //! URLs fetched, cached and refreshed in the background, all held by the
 //! [`Authenticator`] (its token verification is in `verify.rs`).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,12 +96,16 @@ const MAX_JWKS_BYTES: usize = 1024 * 1024;
 /// of made-up kids costs the issuer one fetch per gap.
 const MIN_KID_REFRESH_GAP: Duration = Duration::from_secs(5);
 
+/// Says whether a tenant claim names a tenant.
+pub type KnownTenants = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Verifies tokens against the configured keys.
 pub struct Authenticator {
     pub(super) keys: Vec<Key>,
     pub(super) remote: Vec<Arc<RemoteJwks>>,
     pub(super) settings: AuthSettings,
-    pub(super) tenants: BTreeSet<String>,
+    /// Whether a tenant name has a tenant (configured or templated).
+    pub(super) tenants: KnownTenants,
     http: reqwest::Client,
     /// Called with each fetch's outcome (`ok`, `error`), for metrics.
     on_fetch: Arc<dyn Fn(&'static str) + Send + Sync>,
@@ -251,7 +254,7 @@ impl Authenticator {
     /// Load every key. Fails on unreadable or invalid key files; a JWKS URL
     /// is fetched in the background (an unreachable issuer must not stop
     /// the gateway): call [`Authenticator::start`] inside the runtime.
-    pub fn new(settings: &AuthSettings, tenants: BTreeSet<String>) -> Result<Self, String> {
+    pub fn new(settings: &AuthSettings, tenants: KnownTenants) -> Result<Self, String> {
         let mut keys = Vec::new();
         let mut remote = Vec::new();
         for k in &settings.keys {

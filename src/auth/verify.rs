@@ -260,7 +260,7 @@ impl Authenticator {
                 return Err(AuthError::MissingClaim(self.settings.tenant_claim.clone()));
             }
         };
-        if !self.tenants.contains(tenant) {
+        if !(self.tenants)(tenant) {
             return Err(AuthError::UnknownTenant);
         }
         let mut scopes = Scopes::default();

@@ -13,6 +13,7 @@ use crate::isolation::reaper::{self, Reaper};
 use crate::server::{self, Listeners};
 use crate::telemetry::{self, LogFormat};
 
+mod reload;
 pub mod remote;
 mod term;
 
@@ -63,7 +64,7 @@ pub enum Command {
     PidnsParent,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {
     /// TOML configuration file; without it the embedded default is used.
     #[arg(long)]
@@ -131,7 +132,7 @@ pub struct ExecutorArgs {
     pub admin_listen: Option<String>,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub common: CommonArgs,
@@ -153,6 +154,36 @@ pub struct ServeArgs {
     /// its URL is printed before the admin URL).
     #[arg(long)]
     pub fleet_listen: Option<String>,
+}
+
+/// `serve`'s settings: the file (or the embedded default) with the
+/// command line's overrides, its caps fitted to `nofile` open files.
+fn serve_settings(
+    args: &ServeArgs,
+    nofile: u64,
+) -> Result<(Settings, Option<String>), ConfigError> {
+    let replica = args.replica.clone().or_else(|| {
+        std::env::var("EXEC_GATEWAY_REPLICA")
+            .ok()
+            .filter(|r| !r.is_empty())
+    });
+    let mut settings = settings(
+        &args.common,
+        Overrides {
+            listen: args.listen.as_deref(),
+            admin_listen: args.admin_listen.as_deref(),
+            replica,
+            fleet_listen: args.fleet_listen.as_deref(),
+        },
+    )?;
+    if let Some(g) = &args.grpc_listen {
+        settings.grpc_listen =
+            Some(g.parse().map_err(|_| {
+                ConfigError(format!("--grpc-listen: expected HOST:PORT, got `{g}`"))
+            })?);
+    }
+    let lowered = settings.fit_fd_limit(nofile)?;
+    Ok((settings, lowered))
 }
 
 /// Command-line values that override the configuration file.
@@ -287,38 +318,11 @@ pub fn run(cli: Cli) -> ExitCode {
             {
                 return usage_error(&e);
             }
-            let replica = args.replica.clone().or_else(|| {
-                std::env::var("EXEC_GATEWAY_REPLICA")
-                    .ok()
-                    .filter(|r| !r.is_empty())
-            });
-            let mut settings = match settings(
-                &args.common,
-                Overrides {
-                    listen: args.listen.as_deref(),
-                    admin_listen: args.admin_listen.as_deref(),
-                    replica,
-                    fleet_listen: args.fleet_listen.as_deref(),
-                },
-            ) {
-                Ok(s) => s,
-                Err(e) => return usage_error(&e),
-            };
-            if let Some(g) = &args.grpc_listen {
-                match g.parse() {
-                    Ok(a) => settings.grpc_listen = Some(a),
-                    Err(_) => {
-                        return usage_error(&ConfigError(format!(
-                            "--grpc-listen: expected HOST:PORT, got `{g}`"
-                        )));
-                    }
-                }
-            }
             // Every connection and process pipe is a descriptor: take all
             // the hard limit allows, then make the caps fit in it.
             let nofile = raise_nofile_limit();
-            let lowered = match settings.fit_fd_limit(nofile) {
-                Ok(l) => l,
+            let (settings, lowered) = match serve_settings(&args, nofile) {
+                Ok(s) => s,
                 Err(e) => return usage_error(&e),
             };
             // Before the runtime's threads exist, so none of them has it:
@@ -326,7 +330,9 @@ pub fn run(cli: Cli) -> ExitCode {
             if let Err(e) = crate::isolation::caps::drop_sys_resource() {
                 return usage_error(&ConfigError(format!("cannot drop CAP_SYS_RESOURCE: {e}")));
             }
-            block_on(serve(settings, lowered))
+            let config = args.common.config.clone();
+            let reread = Box::new(move || serve_settings(&args, nofile).map(|(s, _)| s));
+            block_on(serve(settings, lowered, reread, config))
         }
         Command::Stdio(common) => {
             telemetry::init(common.log_format);
@@ -402,7 +408,7 @@ fn executor(args: &ExecutorArgs) -> ExitCode {
         Err(e) => return usage_error(&e),
     };
     let tenant = match &args.tenant {
-        Some(t) if settings.tenants.contains_key(t) => t.clone(),
+        Some(t) if settings.knows_tenant(t) => t.clone(),
         Some(t) => return usage_error(&ConfigError(format!("--tenant `{t}` is not configured"))),
         None if settings.tenants.len() == 1 => {
             settings.tenants.keys().next().cloned().unwrap_or_default()
@@ -507,7 +513,12 @@ fn raise_nofile_limit() -> u64 {
     }
 }
 
-async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
+async fn serve(
+    settings: Settings,
+    lowered: Option<String>,
+    reread: reload::Reread,
+    config: Option<PathBuf>,
+) -> ExitCode {
     let settings_grpc = settings.grpc_listen;
     let settings_admin = settings.admin_listen;
     let settings_peer = settings.fleet.as_ref().map(|f| f.listen);
@@ -533,6 +544,10 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
     if let Some(l) = lowered {
         tracing::warn!("{l}");
     }
+    crate::task::start(
+        "config-reload",
+        reload::reload_on_change(gw.clone(), reread, config),
+    );
     let grpc = match bind_optional(settings_grpc, "gRPC").await {
         Ok(l) => l,
         Err(code) => return code,
@@ -563,7 +578,7 @@ async fn serve(settings: Settings, lowered: Option<String>) -> ExitCode {
         let _ = writeln!(stdout, "admin http://{a}");
     }
     let _ = stdout.flush();
-    tracing::info!(%addr, tenants = gw.settings.tenants.len(), "listening");
+    tracing::info!(%addr, tenants = gw.settings.tenants.len(), template = gw.settings.template.is_some(), "listening");
     let listeners = Listeners {
         ws: listener,
         grpc,
@@ -646,10 +661,10 @@ fn token(args: &TokenArgs) -> ExitCode {
         }
     }
     if let Some(tenant) = &args.tenant
-        && !settings.tenants.contains_key(tenant)
+        && !settings.knows_tenant(tenant)
     {
         return usage_error(&ConfigError(format!(
-            "unknown tenant `{tenant}`; configured: {}",
+            "unknown tenant `{tenant}` (and no [tenant_template] admits it); configured: {}",
             settings
                 .tenants
                 .keys()

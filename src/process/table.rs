@@ -258,6 +258,7 @@ impl ProcessTable {
             .metrics
             .spawn_seconds
             .observe(started.elapsed().as_secs_f64());
+        settings.metrics.started.inc();
         let group = signal::Group::new(child.pidfd);
         let (process, output) = match child.io {
             ChildIo::Pipes {

@@ -59,8 +59,8 @@ impl Caller {
 /// executor`): the executor's own tenant on this host, with every scope.
 /// The registry it dialled authenticated the executor and chose what runs
 /// here; the tenant's confinement on this host applies as always.
-pub fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
-    let tenant = gw.tenants.get(tenant)?.clone();
+pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
+    let tenant = gw.tenants.get(tenant).await.ok()?;
     Some(Caller {
         principal: Arc::new(Principal {
             tenant: tenant.name.clone(),
@@ -80,19 +80,20 @@ pub fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
 pub async fn authenticate(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
     let verified = match token {
         None => Err(AuthError::Missing),
-        Some(t) => gw.auth.verify(t).await,
+        Some(t) => gw.auth().verify(t).await,
     };
     let principal = verified.map_err(|e| {
         gw.metrics.auth_failure(e.reason());
         e.to_gateway_error()
     })?;
-    // The authenticator only accepts configured tenants; a miss here means
-    // the configuration and the key set disagree.
-    let tenant = gw
-        .tenants
-        .get(&principal.tenant)
-        .cloned()
-        .ok_or_else(|| GatewayError::Unauthenticated(AuthError::UnknownTenant.to_string()))?;
+    // The authenticator only accepts known tenants; a miss here means a
+    // reload removed it meanwhile. Activation may fail (its root cannot
+    // be made) or wait for an idle tenant's place.
+    let tenant = gw.tenants.get(&principal.tenant).await.inspect_err(|e| {
+        if matches!(e, GatewayError::Unauthenticated(_)) {
+            gw.metrics.auth_failure(AuthError::UnknownTenant.reason());
+        }
+    })?;
     Ok(Caller {
         principal: Arc::new(principal),
         tenant,

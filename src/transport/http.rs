@@ -128,10 +128,22 @@ fn route_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4; charset=utf-8",
             gw.metrics_text(),
         ),
+        "/accounting" => {
+            let only = req.uri().query().and_then(|q| {
+                url::form_urlencoded::parse(q.as_bytes())
+                    .find(|(k, _)| k == "tenant")
+                    .map(|(_, v)| v.into_owned())
+            });
+            text(
+                StatusCode::OK,
+                "application/x-ndjson",
+                gw.accounting_text(only.as_deref()),
+            )
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             PLAIN,
-            "not found; admin routes: /metrics /readyz /healthz\n".into(),
+            "not found; admin routes: /metrics /readyz /healthz /accounting\n".into(),
         ),
     }
 }

@@ -158,6 +158,62 @@ impl TenantCgroup {
             .collect()
     }
 
+    /// CPU time (µs) and peak memory (bytes) the tenant's cgroup has
+    /// counted, where the kernel reports them (v2 `cpu.stat` and
+    /// `memory.peak`, from Linux 5.19; v1 `cpuacct.usage` and
+    /// `memory.max_usage_in_bytes`).
+    pub fn usage(&self) -> (Option<u64>, Option<u64>) {
+        let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+        let num = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok());
+        match &self.v2 {
+            Some(dir) => {
+                let cpu = read(dir.join("cpu.stat")).and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("usage_usec "))
+                        .and_then(|v| v.trim().parse().ok())
+                });
+                (cpu, num(read(dir.join("memory.peak"))))
+            }
+            None => (
+                num(read(
+                    controller_dir("cpu").join(&self.name).join("cpuacct.usage"),
+                ))
+                .map(|ns| ns / 1000),
+                num(read(
+                    controller_dir("memory")
+                        .join(&self.name)
+                        .join("memory.max_usage_in_bytes"),
+                )),
+            ),
+        }
+    }
+
+    /// Kill whatever is left in the tenant's cgroups and remove them (a
+    /// retired tenant; the next activation creates them afresh).
+    pub fn remove(&self) {
+        self.free.lock().clear();
+        if let Some(dir) = &self.v2 {
+            super::kill::remove_v2_tree(dir);
+            return;
+        }
+        let membership = controller_dir(MEMBERSHIP).join(&self.name);
+        let procs = membership.join(PROCS);
+        if let Ok(entries) = std::fs::read_dir(&procs) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|f| f.is_dir()) {
+                    kill_dir(&e.path());
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+        }
+        kill_dir(&procs);
+        let _ = std::fs::remove_dir(&procs);
+        kill_dir(&membership);
+        for c in CONTROLLERS {
+            let _ = std::fs::remove_dir(controller_dir(c).join(&self.name));
+        }
+    }
+
     /// The tenant's directory in the membership hierarchy (a worker's
     /// Landlock domain must reach its per-process cgroups).
     pub fn membership_dir(&self) -> PathBuf {

@@ -155,6 +155,7 @@ async fn slot(
     index: usize,
 ) -> Result<(), Fatal> {
     let caller = executor_caller(&gw, &o.tenant)
+        .await
         .ok_or_else(|| Fatal(format!("tenant `{}` is not configured", o.tenant)))?;
     let config = WebSocketConfig::default()
         .max_message_size(Some(gw.settings.max_message_bytes))

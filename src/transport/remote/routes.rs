@@ -93,7 +93,7 @@ pub async fn register(
     );
     let principal = match token {
         None => Err(AuthError::Missing),
-        Some(t) => gw.auth.verify_executor(&t).await,
+        Some(t) => gw.auth().verify_executor(&t).await,
     };
     let principal = match principal {
         Ok(p) => p,

@@ -1,0 +1,339 @@
+//! Activating a tenant: its root (made on first use for a templated one),
+//! uid, private `/tmp`, network, project quota, cgroup, sandbox, workers
+//! and backend. Blocking work (forks, mounts, cgroupfs): run off the async
+//! threads.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::confine::{Hide, root_idmap, sandbox_spec, unshared_tmp};
+use super::{Tenant, effective_network};
+use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
+use crate::backend::remote::RemoteBackend;
+use crate::config::{ConfigError, Network, Settings, TenantSettings, UidLedger};
+use crate::fs::FsRoot;
+use crate::isolation::Layers;
+use crate::isolation::cgroup::TenantCgroup;
+use crate::isolation::disk::RootQuota;
+use crate::isolation::egress::{NetTools, TenantNet};
+use crate::isolation::reaper::Reaper;
+use crate::isolation::sandbox::{Sandbox, SandboxSpec};
+use crate::metrics::{Metrics, TenantMetrics};
+use crate::process::ExecSettings;
+use crate::registry::Registry;
+use crate::worker::{WorkerLaunch, WorkerPool};
+
+/// What every activation needs from the gateway.
+pub(super) struct BuildContext {
+    pub reaper: Option<Arc<Reaper>>,
+    pub metrics: Arc<Metrics>,
+    pub global_slots: Arc<Semaphore>,
+    pub layers: Layers,
+    pub executors: Option<Arc<Registry>>,
+    pub secret_files: Vec<PathBuf>,
+    pub exited_retention: Option<Duration>,
+    pub slow_client_timeout: Duration,
+}
+
+/// Where a tenant's settings came from.
+pub(super) enum Origin<'a> {
+    Configured,
+    /// The template, whose uids the ledger holds.
+    Template(Option<&'a UidLedger>),
+}
+
+/// Activate tenant `name`: everything its sessions run on.
+pub(super) fn build(
+    ctx: &BuildContext,
+    name: &str,
+    mut settings: TenantSettings,
+    origin: Origin<'_>,
+    hide_dirs: Vec<PathBuf>,
+) -> Result<Tenant, ConfigError> {
+    let layers = ctx.layers;
+    if let Origin::Template(ledger) = origin {
+        if let (Some(ledger), true) = (ledger, layers.uid) {
+            let uid = ledger.uid_for(name, &crate::config::HostIds)?;
+            settings.uid = Some((uid, uid));
+            settings.uid_allocated = true;
+        }
+        if let Some(root) = &settings.root {
+            make_root(name, root, if layers.uid { settings.uid } else { None })?;
+        }
+    }
+    let hide = Hide {
+        dirs: hide_dirs,
+        files: {
+            let mut files: Vec<PathBuf> = ctx
+                .secret_files
+                .iter()
+                .filter_map(|p| p.canonicalize().ok())
+                .filter(|p| p.is_file())
+                .collect();
+            files.sort();
+            files.dedup();
+            files
+        },
+    };
+    let unshared;
+    let (t, unshared_dir) = match unshared_tmp(name, &settings, layers)? {
+        Some((adjusted, dir)) => {
+            unshared = adjusted;
+            (&unshared, Some(dir))
+        }
+        None => (&settings, None),
+    };
+    let (idmap, tree) = root_idmap(name, t, layers)?.unzip();
+    let fs = match (&t.root, tree) {
+        (None, _) => FsRoot::host(),
+        (Some(root), Some(tree)) => FsRoot::confined_at(root, tree),
+        (Some(root), None) => FsRoot::confined(root)
+            .map_err(|e| ConfigError(format!("tenants.{name}.root {}: {e}", root.display())))?,
+    }
+    .with_creds(if layers.uid { t.uid } else { None });
+    let tm = ctx.metrics.tenant(name);
+    let mut exec = ExecSettings::new(t.max_processes, t.base_env.clone());
+    exec.reaper = ctx.reaper.clone();
+    exec.exited_retention = ctx.exited_retention;
+    exec.global_slots = Some(ctx.global_slots.clone());
+    exec.max_retained_bytes = t.max_retained_output_bytes;
+    exec.metrics = tm.clone();
+    exec.subscriber_timeout = ctx.slow_client_timeout;
+    let net = if layers.network && effective_network(t, layers) == Network::Isolated {
+        let tools = NetTools::find().map_err(ConfigError)?;
+        let dir = crate::config::state_dir()?.join("net");
+        let net = TenantNet::create(name, &t.egress, &tools, &dir, ctx.reaper.clone())
+            .map_err(|e| ConfigError(format!("tenants.{name}: network: {e}")))?;
+        tracing::debug!(tenant = name, egress = %t.egress.describe(), "tenant network");
+        Some(net)
+    } else {
+        None
+    };
+    let spec = sandbox_spec(name, t, layers, &ctx.secret_files, &hide, idmap, net)?;
+    let tmp = spec
+        .namespace
+        .as_ref()
+        .and_then(|n| n.tmp.clone())
+        .or(unshared_dir);
+    if let (Some(r), Some(dir)) = (&ctx.reaper, &tmp) {
+        r.watch_mount(dir);
+    }
+    let root_quota = match (&t.root, layers.disk) {
+        (Some(root), true) => Some(
+            RootQuota::apply(root, project_id(name, t), t.max_disk_bytes).map_err(|e| {
+                ConfigError(format!(
+                    "tenants.{name}: project quota on {}: {e}",
+                    root.display()
+                ))
+            })?,
+        ),
+        _ => None,
+    };
+    let cgroup = if layers.cgroups {
+        let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
+            .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
+        if layers.workers {
+            cg.set_owner(spec.uid)
+                .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
+        }
+        Some(Arc::new(cg))
+    } else {
+        None
+    };
+    let runner = if layers.workers {
+        Runner::Workers(start_workers(name, t, spec, cgroup.as_deref(), tm.clone())?)
+    } else {
+        // Always a sandbox: even with every layer off, capabilities go.
+        let sb =
+            Sandbox::new(spec).map_err(|e| ConfigError(format!("tenants.{name}: sandbox: {e}")))?;
+        Runner::Here(Some(Arc::new(sb)))
+    };
+    exec.spawned_in_worker = layers.workers;
+    exec.cgroup = cgroup.clone();
+    let root = fs.path().to_path_buf();
+    let env_var = |k: &str, default: &str| {
+        t.base_env
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| default.to_owned())
+    };
+    let environment = EnvironmentSpec {
+        tenant: name.to_owned(),
+        home: env_var("HOME", &root.display().to_string()),
+        tmp: env_var("TMPDIR", "/tmp"),
+        shell: env_var("SHELL", "/bin/sh"),
+        root,
+    };
+    let backend = LocalBackend::new(
+        Arc::new(fs),
+        Arc::new(exec),
+        runner,
+        environment,
+        t.max_read_file_bytes,
+        t.max_open_files,
+    );
+    let remote = match (&t.pool, &ctx.executors) {
+        (Some(pool), Some(registry)) => {
+            let pool = registry
+                .pool(pool)
+                .ok_or_else(|| ConfigError(format!("tenants.{name}.pool: no such pool")))?;
+            Some(Arc::new(RemoteBackend::new(
+                pool.clone(),
+                t.pool_labels.clone(),
+                registry.settings.open_timeout,
+            )))
+        }
+        _ => None,
+    };
+    let mut tenant = Tenant::assemble(name, t.clone(), Arc::new(backend), tm);
+    tenant.remote = remote;
+    tenant.tmp = tmp;
+    tenant.root_quota = root_quota;
+    tenant.cgroup = cgroup;
+    Ok(tenant)
+}
+
+/// What can be known about a configured tenant without activating it:
+/// checked at start (and at reload) so a tenant that could never start
+/// refuses the configuration, not its first session.
+pub(super) fn preflight(
+    name: &str,
+    t: &TenantSettings,
+    layers: Layers,
+    tools: &mut Option<Result<NetTools, String>>,
+    idmappable: &mut std::collections::HashSet<u64>,
+) -> Result<(), ConfigError> {
+    let network = effective_network(t, layers);
+    if network == Network::None && !layers.namespaces {
+        return Err(ConfigError(format!(
+            "tenants.{name}.network = \"none\" needs the namespaces layer, which is off or unavailable on this host"
+        )));
+    }
+    if network == Network::Isolated {
+        if !layers.network {
+            return Err(ConfigError(format!(
+                "tenants.{name}.network = \"isolated\" needs the network layer, which is off or unavailable on this host (see the network probe above)"
+            )));
+        }
+        tools
+            .get_or_insert_with(NetTools::find)
+            .as_ref()
+            .map_err(|e| ConfigError(e.clone()))?;
+    }
+    super::confine::check_tmpdir(name, t, layers)?;
+    // Fails where the root's filesystem cannot be idmapped (one root per
+    // filesystem is enough to know: thousands of roots start fast).
+    let dev = t.root.as_ref().and_then(|r| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(r).ok().map(|m| m.dev())
+    });
+    if dev.is_some_and(|d| idmappable.contains(&d)) {
+        return Ok(());
+    }
+    if root_idmap(name, t, layers)?.is_some()
+        && let Some(d) = dev
+    {
+        idmappable.insert(d);
+    }
+    Ok(())
+}
+
+/// A templated tenant's root, made on first use: `ROOTS/NAME`, mode
+/// 0700, owned by the tenant's uid (where it has one). What is there
+/// already must be a directory, never a link.
+fn make_root(name: &str, root: &Path, uid: Option<(u32, u32)>) -> Result<(), ConfigError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let err =
+        |e: std::io::Error| ConfigError(format!("tenant `{name}`: root {}: {e}", root.display()));
+    match std::fs::DirBuilder::new().mode(0o700).create(root) {
+        Ok(()) => {
+            if let Some((u, g)) = uid {
+                std::os::unix::fs::lchown(root, Some(u), Some(g)).map_err(err)?;
+            }
+            tracing::info!(tenant = name, root = %root.display(), "tenant root created");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let m = std::fs::symlink_metadata(root).map_err(err)?;
+            if m.is_dir() {
+                Ok(())
+            } else {
+                Err(err(std::io::Error::other("exists and is not a directory")))
+            }
+        }
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// The project id of a tenant's root quota: its uid where it has one
+/// (unique among tenants, stable across restarts and replicas), else a
+/// stable hash of its name above the uid range.
+fn project_id(name: &str, t: &TenantSettings) -> u32 {
+    use sha2::Digest as _;
+    if let Some((uid, _)) = t.uid {
+        return uid;
+    }
+    let h = sha2::Sha256::digest(name.as_bytes());
+    let n = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    (1 << 20) + n % ((1 << 31) - (1 << 20))
+}
+
+/// Start a tenant's worker pool: each worker joins the tenant's cgroups and
+/// takes its sandbox, which additionally reaches the tenant's per-process
+/// cgroups (to move children in) and the gateway binary (to exec it).
+fn start_workers(
+    name: &str,
+    t: &TenantSettings,
+    mut spec: SandboxSpec,
+    cgroup: Option<&TenantCgroup>,
+    metrics: TenantMetrics,
+) -> Result<Arc<WorkerPool>, ConfigError> {
+    let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
+    let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
+    if let (Some(rw), Some(cg)) = (spec.landlock_rw.as_mut(), cgroup) {
+        rw.push(cg.membership_dir());
+    }
+    if spec.landlock_rw.is_some() {
+        spec.landlock_ro.push(exe.clone());
+    }
+    let sandbox = Some(Arc::new(Sandbox::new(spec).map_err(err)?));
+    let cgroups = match cgroup {
+        Some(cg) => cg.tenant_procs().map_err(|e| err(e.to_string()))?,
+        None => Vec::new(),
+    };
+    WorkerPool::start(WorkerLaunch {
+        tenant: name.to_owned(),
+        root: t.root.clone(),
+        exe,
+        sandbox,
+        cgroups,
+        min: t.workers_min,
+        max: t.workers_max,
+        metrics: Some(metrics),
+    })
+    .map_err(|e| err(e.to_string()))
+}
+
+/// The gateway settings an activation needs.
+pub(super) fn context(
+    settings: &Settings,
+    reaper: Option<Arc<Reaper>>,
+    metrics: Arc<Metrics>,
+    global_slots: Arc<Semaphore>,
+    layers: Layers,
+    executors: Option<Arc<Registry>>,
+) -> BuildContext {
+    BuildContext {
+        reaper,
+        metrics,
+        global_slots,
+        layers,
+        executors,
+        secret_files: settings.secret_files.clone(),
+        exited_retention: settings.exited_retention,
+        slow_client_timeout: settings.slow_client_timeout,
+    }
+}

@@ -1,0 +1,465 @@
+//! The tenants of one gateway: what configures them (swapped whole by a
+//! reload), which are active, activation on first use, retirement when
+//! idle, and the accounts of those retired.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio::sync::{OwnedMutexGuard, Semaphore};
+
+use super::Tenant;
+use super::accounting::{Account, Accounts, Usage};
+use super::build::{self, BuildContext, Origin};
+use crate::config::{ConfigError, Settings, TemplateSettings, TenantSettings, UidLedger};
+use crate::error::GatewayError;
+use crate::isolation::Layers;
+use crate::isolation::egress::NetTools;
+use crate::isolation::reaper::Reaper;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+
+/// What configures tenants: `[tenants]`, `[tenant_template]`.
+pub struct TenantSet {
+    pub configured: BTreeMap<String, TenantSettings>,
+    pub template: Option<Arc<TemplateSettings>>,
+    ledger: Option<UidLedger>,
+    /// Every configured root, the templated roots' directory and the
+    /// state directory: covered in every confined tenant's namespace
+    /// (each but its own).
+    hide_dirs: Vec<PathBuf>,
+}
+
+impl TenantSet {
+    fn new(s: &Settings) -> TenantSet {
+        TenantSet {
+            configured: s.tenants.clone(),
+            template: s.template.clone(),
+            ledger: s
+                .template
+                .as_ref()
+                .map(|t| UidLedger::new(&t.roots, s.uid_range, &s.tenants)),
+            hide_dirs: s
+                .tenants
+                .values()
+                .filter_map(|t| t.root.clone())
+                .chain(s.template.as_ref().map(|t| t.roots.clone()))
+                .chain(crate::config::state_dir().ok())
+                .collect(),
+        }
+    }
+
+    /// The settings of tenant `name`: configured, else templated.
+    fn settings_for(&self, name: &str) -> Option<(TenantSettings, bool)> {
+        if let Some(t) = self.configured.get(name) {
+            return Some((t.clone(), false));
+        }
+        let t = self.template.as_ref()?.settings_for(name).ok()?;
+        Some((t, true))
+    }
+
+    /// Whether a token naming `name` has a tenant.
+    pub fn knows(&self, name: &str) -> bool {
+        self.configured.contains_key(name) || self.template.as_ref().is_some_and(|t| t.admits(name))
+    }
+}
+
+/// One tenant's place among the active: its activation (`None` while
+/// retired or being built) behind a lock that activation and retirement
+/// both take, so they never overlap for one name.
+#[derive(Default)]
+struct Slot {
+    state: Arc<tokio::sync::Mutex<Option<Arc<Tenant>>>>,
+    /// Since when nothing but this slot held the tenant.
+    idle_since: Mutex<Option<Instant>>,
+}
+
+/// A tenant taken out of its slot, to be retired while the slot stays
+/// locked.
+pub struct Retiring {
+    _slot: OwnedMutexGuard<Option<Arc<Tenant>>>,
+    tenant: Arc<Tenant>,
+}
+
+/// All tenants.
+pub struct Tenants {
+    ctx: Arc<BuildContext>,
+    set: ArcSwap<TenantSet>,
+    live: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
+    accounts: Arc<Accounts>,
+    max_active: usize,
+    idle_timeout: Duration,
+}
+
+impl Tenants {
+    /// The tenants of `settings`, none active yet. Configured tenants are
+    /// checked for what would keep them from ever starting.
+    pub fn new(
+        settings: &Settings,
+        reaper: Option<Arc<Reaper>>,
+        metrics: Arc<Metrics>,
+        global_slots: Arc<Semaphore>,
+        layers: Layers,
+        executors: Option<Arc<Registry>>,
+    ) -> Result<Tenants, ConfigError> {
+        if nix::unistd::geteuid().is_root() && !layers.uid {
+            return Err(ConfigError(
+                "the gateway runs as root but cannot give tenants their own uids (setuid failed: see the uid probe above); tenant processes would run as uid 0".to_owned(),
+            ));
+        }
+        preflight_all(settings, layers)?;
+        if layers.cgroups
+            && let (Some(r), Some(dir)) = (&reaper, crate::isolation::cgroup::v2_instance())
+        {
+            r.watch_cgroup(&dir);
+        }
+        Ok(Tenants {
+            ctx: Arc::new(build::context(
+                settings,
+                reaper,
+                metrics,
+                global_slots,
+                layers,
+                executors,
+            )),
+            set: ArcSwap::from_pointee(TenantSet::new(settings)),
+            live: Mutex::new(HashMap::new()),
+            accounts: Arc::default(),
+            max_active: settings.max_active_tenants,
+            idle_timeout: settings.tenant_idle_timeout,
+        })
+    }
+
+    /// What configures tenants now.
+    pub fn set(&self) -> Arc<TenantSet> {
+        self.set.load_full()
+    }
+
+    /// Whether a token naming `name` has a tenant.
+    pub fn knows(&self, name: &str) -> bool {
+        self.set.load().knows(name)
+    }
+
+    /// Tenant `name`, activated if it is not active (its workers started,
+    /// its root made if templated). An unknown (or removed) tenant is
+    /// refused as unauthenticated; one more than `max_active_tenants`
+    /// first retires an idle one, else is refused as overloaded.
+    pub async fn get(&self, name: &str) -> Result<Arc<Tenant>, GatewayError> {
+        let unknown =
+            || GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string());
+        let (slot, evicted) = {
+            let mut live = self.live.lock();
+            match live.get(name) {
+                Some(s) => (s.clone(), None),
+                None => {
+                    if !self.knows(name) {
+                        return Err(unknown());
+                    }
+                    let active = live
+                        .values()
+                        .filter(|s| s.state.try_lock().map_or(true, |t| t.is_some()))
+                        .count();
+                    let evicted = if active >= self.max_active {
+                        match take_idle(&live) {
+                            Some(r) => Some(r),
+                            None => {
+                                tracing::warn!(
+                                    tenant = name,
+                                    max_active_tenants = self.max_active,
+                                    "refused: every active tenant is in use"
+                                );
+                                return Err(GatewayError::Overloaded);
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    let s = Arc::new(Slot::default());
+                    live.insert(Arc::from(name), s.clone());
+                    (s, evicted)
+                }
+            }
+        };
+        if let Some(r) = evicted {
+            self.retire_off_thread(r).await;
+        }
+        let mut state = slot.state.clone().lock_owned().await;
+        if let Some(t) = state.as_ref() {
+            if t.is_removed() {
+                return Err(unknown());
+            }
+            *slot.idle_since.lock() = None;
+            return Ok(t.clone());
+        }
+        match self.activate(name).await {
+            Ok(t) => {
+                *state = Some(t.clone());
+                Ok(t)
+            }
+            Err(e) => {
+                drop(state);
+                let mut live = self.live.lock();
+                if live.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    live.remove(name);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Build tenant `name` from the current settings, off the async threads.
+    async fn activate(&self, name: &str) -> Result<Arc<Tenant>, GatewayError> {
+        let set = self.set.load_full();
+        let unknown =
+            || GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string());
+        let (settings, templated) = set.settings_for(name).ok_or_else(unknown)?;
+        let ctx = self.ctx.clone();
+        let owned = name.to_owned();
+        let started = Instant::now();
+        let built = tokio::task::spawn_blocking(move || {
+            let origin = if templated {
+                Origin::Template(set.ledger.as_ref())
+            } else {
+                Origin::Configured
+            };
+            build::build(&ctx, &owned, settings, origin, set.hide_dirs.clone())
+        })
+        .await
+        .map_err(|e| GatewayError::Internal(format!("tenant activation: {e}")))?;
+        match built {
+            Ok(t) => {
+                tracing::info!(
+                    tenant = name,
+                    templated,
+                    ms = started.elapsed().as_millis() as u64,
+                    "tenant activated"
+                );
+                Ok(Arc::new(t))
+            }
+            Err(e) => {
+                tracing::error!(tenant = name, error = %e, "tenant cannot be activated");
+                Err(GatewayError::Internal(format!(
+                    "tenant `{name}` cannot be activated: {e}"
+                )))
+            }
+        }
+    }
+
+    /// Tenants nothing has held for the idle timeout (or at all, once a
+    /// reload made them stale or removed them), taken out for retirement.
+    pub fn take_retiring(&self) -> Vec<Retiring> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut live = self.live.lock();
+        live.retain(|_, slot| {
+            let Ok(mut state) = slot.state.clone().try_lock_owned() else {
+                return true;
+            };
+            let Some(t) = state.as_ref() else {
+                // Emptied, and nobody waiting on it.
+                return Arc::strong_count(slot) > 1;
+            };
+            if Arc::strong_count(t) > 1 || Arc::strong_count(slot) > 1 {
+                *slot.idle_since.lock() = None;
+                return true;
+            }
+            let since = *slot.idle_since.lock().get_or_insert(now);
+            let done = t.is_removed() || t.stale.load(std::sync::atomic::Ordering::Acquire);
+            if done || now.duration_since(since) >= self.idle_timeout {
+                // The slot stays, locked until the retirement is done: an
+                // activation of the same name waits for it (they share
+                // the cgroup's and the private /tmp's paths).
+                if let Some(tenant) = state.take() {
+                    out.push(Retiring {
+                        _slot: state,
+                        tenant,
+                    });
+                }
+            }
+            true
+        });
+        out
+    }
+
+    /// Retire `r` on a blocking thread and wait for it.
+    async fn retire_off_thread(&self, r: Retiring) {
+        let ctx = self.ctx.clone();
+        let accounts = self.accounts.clone();
+        let _ = tokio::task::spawn_blocking(move || retire(&ctx, &accounts, r)).await;
+    }
+
+    /// Retire what [`Self::take_retiring`] took.
+    pub fn retire_taken(&self, taken: Vec<Retiring>) {
+        for r in taken {
+            retire(&self.ctx, &self.accounts, r);
+        }
+    }
+
+    /// Tenants active now.
+    pub fn active(&self) -> Vec<Arc<Tenant>> {
+        let slots: Vec<Arc<Slot>> = self.live.lock().values().cloned().collect();
+        slots
+            .iter()
+            .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
+            .collect()
+    }
+
+    /// Every tenant's account (or `only` one's).
+    pub fn accounts(&self, only: Option<&str>) -> (Vec<Account>, u64) {
+        (
+            self.accounts.report(&self.active(), only),
+            self.accounts.dropped(),
+        )
+    }
+
+    /// Stop every tenant's backend (shutdown; their sessions are gone) and
+    /// detach their `/tmp`.
+    pub fn retire(&self) {
+        for t in self.active() {
+            t.backend.retire();
+            if let Some(tmp) = &t.tmp {
+                crate::isolation::disk::unmount(tmp);
+            }
+        }
+    }
+
+    /// Read each active tenant's disk use into its gauges (at a scrape:
+    /// statfs on a tmpfs and one quota query per tenant).
+    pub fn refresh_disk_metrics(&self) {
+        for t in self.active() {
+            if let Some(Ok(n)) = t.tmp.as_deref().map(crate::isolation::disk::used_bytes) {
+                t.metrics
+                    .tmp_bytes
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            if let Some(Ok(n)) = t
+                .root_quota
+                .as_ref()
+                .map(crate::isolation::disk::RootQuota::used_bytes)
+            {
+                t.metrics
+                    .disk_bytes
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    /// Take `settings`' tenants: new ones are served from now on, changed
+    /// limits apply (rate, sessions and cgroup limits in place, the rest
+    /// at the tenant's next activation), removed ones refuse new sessions
+    /// while their live ones go on. Returns a line on what changed.
+    pub fn reload(&self, settings: &Settings) -> Result<String, ConfigError> {
+        preflight_all(settings, self.ctx.layers)?;
+        let old = self.set.load_full();
+        let new = TenantSet::new(settings);
+        let (mut removed, mut stale, mut changed) = (0, 0, 0);
+        for t in self.active() {
+            match new.settings_for(&t.name) {
+                None => {
+                    t.removed.store(true, std::sync::atomic::Ordering::Release);
+                    removed += 1;
+                }
+                Some((mut s, templated)) => {
+                    if templated {
+                        s.uid = t.settings.uid;
+                        s.uid_allocated = t.settings.uid_allocated;
+                    }
+                    if s != t.settings {
+                        changed += 1;
+                        if t.update(&s) {
+                            stale += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let added = new
+            .configured
+            .keys()
+            .filter(|n| !old.configured.contains_key(*n))
+            .count();
+        let gone = old
+            .configured
+            .keys()
+            .filter(|n| !new.configured.contains_key(*n))
+            .count();
+        self.set.store(Arc::new(new));
+        Ok(format!(
+            "tenants: {added} added, {gone} removed ({removed} of them active, draining), {changed} active ones changed ({stale} take their new settings when idle)"
+        ))
+    }
+}
+
+/// Check every configured tenant (and the template) for what would keep
+/// it from ever starting.
+fn preflight_all(settings: &Settings, layers: Layers) -> Result<(), ConfigError> {
+    let mut tools: Option<Result<NetTools, String>> = None;
+    let mut idmappable = std::collections::HashSet::new();
+    for (name, t) in &settings.tenants {
+        build::preflight(name, t, layers, &mut tools, &mut idmappable)?;
+    }
+    if let Some(t) = &settings.template {
+        build::preflight(
+            "tenant_template",
+            &t.example,
+            layers,
+            &mut tools,
+            &mut idmappable,
+        )?;
+        t.make_roots()?;
+    }
+    Ok(())
+}
+
+/// Take one unused tenant out of `live` (the longest idle), for a tenant
+/// that needs its place.
+fn take_idle(live: &HashMap<Arc<str>, Arc<Slot>>) -> Option<Retiring> {
+    let mut best: Option<(Arc<str>, Instant)> = None;
+    for (name, slot) in live.iter() {
+        let Ok(state) = slot.state.try_lock() else {
+            continue;
+        };
+        let unused = match state.as_ref() {
+            None => false,
+            Some(t) => Arc::strong_count(t) == 1 && Arc::strong_count(slot) == 1,
+        };
+        if !unused {
+            continue;
+        }
+        let since = slot.idle_since.lock().unwrap_or_else(Instant::now);
+        if best.as_ref().is_none_or(|(_, b)| since < *b) {
+            best = Some((name.clone(), since));
+        }
+    }
+    let (name, _) = best?;
+    // Kept, locked while it retires (see `take_retiring`); the sweep
+    // removes it emptied.
+    let slot = live.get(&name)?;
+    let mut state = slot.state.clone().try_lock_owned().ok()?;
+    let tenant = state.take()?;
+    Some(Retiring {
+        _slot: state,
+        tenant,
+    })
+}
+
+/// End a tenant's activation: its workers, then its usage into the
+/// account, its cgroups, private `/tmp` and metric series (its network
+/// namespace goes with the last reference).
+fn retire(ctx: &BuildContext, accounts: &Accounts, r: Retiring) {
+    let t = r.tenant;
+    t.backend.retire();
+    accounts.retire(&t.name, &Usage::of(&t));
+    if let Some(cg) = &t.cgroup {
+        cg.remove();
+    }
+    if let Some(tmp) = &t.tmp {
+        crate::isolation::disk::unmount(tmp);
+    }
+    ctx.metrics.forget_tenant(&t.name);
+    tracing::info!(tenant = %t.name, "tenant retired");
+    drop(t);
+}
