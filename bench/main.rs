@@ -24,6 +24,7 @@ mod executors;
 mod fleet;
 mod reliability;
 mod soak;
+mod tenants;
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -81,6 +82,16 @@ pub struct BenchArgs {
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
+    /// Only the tenant-scale figures (start-up with many tenants, idle
+    /// and cold tenants, many tenants with a live session).
+    #[arg(long)]
+    pub tenants_only: bool,
+    /// Configured tenants for the start-up and idle-memory figures.
+    #[arg(long, default_value_t = 10_000)]
+    pub tenant_count: usize,
+    /// Tenants holding one live session each.
+    #[arg(long, default_value_t = 1000)]
+    pub live_tenants: usize,
     /// Only a reliability count: this many `true` spawns over 8
     /// connections in a tenant with every isolation layer at its default
     /// (a root of its own), every failure counted by its error.
@@ -1047,6 +1058,13 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
+    if args.tenants_only {
+        let rows =
+            tenants::figures(&exe, &dir, &secret, args.tenant_count, args.live_tenants).await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.fleet_only {
         let rows = fleet_rows().await?;
         report(&rows, false, args.json);
@@ -1707,7 +1725,7 @@ async fn stack_cost(
         LayerPolicy::Off,
     );
     let gw = exec_gateway::gateway::Gateway::new(settings, None).map_err(err)?;
-    let tenant = gw.tenants.get("bench").ok_or("no bench tenant")?.clone();
+    let tenant = gw.tenants.get("bench").await.map_err(|e| e.to_string())?;
     let (out, mut rx) =
         exec_gateway::outbound::Outbound::channel(exec_gateway::outbound::ByteBudget::unlimited());
     exec_gateway::task::start(

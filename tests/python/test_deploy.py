@@ -77,8 +77,9 @@ def test_kustomization_renders_the_fleet(kustomization):
         ("NetworkPolicy", "exec-gateway"),
     ]:
         assert expected in kinds, f"{kustomization}: no {expected}"
-    # The configuration ships as a generated ConfigMap; the Secrets never do.
-    assert any(k == "ConfigMap" and n.startswith("exec-gateway-config-") for k, n in kinds)
+    # The configuration ships as a generated ConfigMap under a fixed name
+    # (edits are reloaded in place, not rolled out); the Secrets never do.
+    assert ("ConfigMap", "exec-gateway-config") in kinds
     assert not [o for o in objects if o["kind"] == "Secret"], "a Secret is shipped"
 
 
