@@ -55,7 +55,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(
-        settings: Settings,
+        mut settings: Settings,
         reaper: Option<Arc<Reaper>>,
     ) -> Result<Arc<Gateway>, ConfigError> {
         let metrics = Arc::new(Metrics::new());
@@ -85,6 +85,9 @@ impl Gateway {
             layers,
             executors.clone(),
         )?;
+        // The tenants hold their settings from now on (one copy: with
+        // thousands of tenants it is most of what an idle one costs).
+        settings.tenants = Default::default();
         let fleet = settings
             .fleet
             .as_ref()

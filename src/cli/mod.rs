@@ -578,7 +578,7 @@ async fn serve(
         let _ = writeln!(stdout, "admin http://{a}");
     }
     let _ = stdout.flush();
-    tracing::info!(%addr, tenants = gw.settings.tenants.len(), template = gw.settings.template.is_some(), "listening");
+    tracing::info!(%addr, tenants = gw.tenants.set().configured.len(), template = gw.settings.template.is_some(), "listening");
     let listeners = Listeners {
         ws: listener,
         grpc,

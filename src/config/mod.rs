@@ -249,12 +249,19 @@ impl Config {
                     "[isolation] uid = \"off\" is refused when the gateway runs as root: tenant processes would run as uid 0".to_owned(),
                 ));
             }
-            match &template {
-                Some(t) => {
-                    let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
-                    allocate_uids(&mut tenants, uid_range, &uids::HostAndLedger(&ledger))?
+            if tenants.values().any(|t| t.uid.is_none()) {
+                let host = uids::host_ids();
+                match &template {
+                    Some(t) => {
+                        let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
+                        allocate_uids(
+                            &mut tenants,
+                            uid_range,
+                            &uids::HostAndLedger(host.as_ref(), &ledger),
+                        )?
+                    }
+                    None => allocate_uids(&mut tenants, uid_range, host.as_ref())?,
                 }
-                None => allocate_uids(&mut tenants, uid_range, &HostIds)?,
             }
         }
         // Every secret a file holds (the auth keys, the fleet key, the

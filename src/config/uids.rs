@@ -25,6 +25,81 @@ impl IdsInUse for HostIds {
     }
 }
 
+/// The host's users and groups read once, for allocating many uids at
+/// start: enumerated through NSS (getpwent/getgrent) where every source
+/// `/etc/nsswitch.conf` names can enumerate (files, systemd, compat);
+/// otherwise (LDAP, SSSD without enumeration) each id is looked up.
+pub struct HostIdsSnapshot {
+    users: std::collections::HashSet<u32>,
+    groups: std::collections::HashSet<u32>,
+}
+
+impl HostIdsSnapshot {
+    /// `None` where some source cannot be trusted to enumerate.
+    #[allow(unsafe_code)]
+    pub fn load() -> Option<HostIdsSnapshot> {
+        let conf = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
+        let enumerable = ["passwd", "group"].iter().all(|db| {
+            conf.lines()
+                .find_map(|l| l.trim().strip_prefix(db)?.trim().strip_prefix(':'))
+                .is_none_or(|sources| {
+                    sources
+                        .split_whitespace()
+                        .filter(|s| !s.starts_with('['))
+                        .all(|s| matches!(s, "files" | "systemd" | "compat"))
+                })
+        });
+        if !enumerable {
+            return None;
+        }
+        static ENUMERATING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        let _one = ENUMERATING.lock();
+        let mut users = std::collections::HashSet::new();
+        let mut groups = std::collections::HashSet::new();
+        // SAFETY: the enumeration's state is libc's own; one enumeration
+        // at a time (the lock), and each entry is read before the next call.
+        unsafe {
+            libc::setpwent();
+            loop {
+                let p = libc::getpwent();
+                if p.is_null() {
+                    break;
+                }
+                users.insert((*p).pw_uid);
+            }
+            libc::endpwent();
+            libc::setgrent();
+            loop {
+                let g = libc::getgrent();
+                if g.is_null() {
+                    break;
+                }
+                groups.insert((*g).gr_gid);
+            }
+            libc::endgrent();
+        }
+        Some(HostIdsSnapshot { users, groups })
+    }
+}
+
+impl IdsInUse for HostIdsSnapshot {
+    fn uid_used(&self, uid: u32) -> bool {
+        self.users.contains(&uid)
+    }
+    fn gid_used(&self, gid: u32) -> bool {
+        self.groups.contains(&gid)
+    }
+}
+
+/// The host's ids for allocating many: the snapshot where it can be
+/// trusted, else per-id lookups.
+pub fn host_ids() -> Box<dyn IdsInUse> {
+    match HostIdsSnapshot::load() {
+        Some(s) => Box::new(s),
+        None => Box::new(HostIds),
+    }
+}
+
 /// Give every tenant without a configured uid one from `[first, last]`:
 /// the FNV-1a hash of its name picks where to start, and the search moves
 /// up (wrapping) past ids that are a host user or group, or any tenant's.
@@ -168,14 +243,14 @@ fn fnv1a(name: &str) -> u64 {
 
 /// The host's databases plus a uid ledger: configured tenants' uids skip
 /// what templated tenants hold.
-pub struct HostAndLedger<'a>(pub &'a UidLedger);
+pub struct HostAndLedger<'a>(pub &'a dyn IdsInUse, pub &'a UidLedger);
 
 impl IdsInUse for HostAndLedger<'_> {
     fn uid_used(&self, uid: u32) -> bool {
-        HostIds.uid_used(uid) || self.0.holds(uid)
+        self.0.uid_used(uid) || self.1.holds(uid)
     }
     fn gid_used(&self, gid: u32) -> bool {
-        HostIds.gid_used(gid) || self.0.holds(gid)
+        self.0.gid_used(gid) || self.1.holds(gid)
     }
 }
 

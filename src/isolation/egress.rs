@@ -117,10 +117,10 @@ impl NetTools {
 pub struct TenantNet {
     nft: PathBuf,
     netns: OwnedFd,
-    slirp: Option<Child>,
+    slirp: parking_lot::Mutex<Option<Child>>,
     /// The write end of slirp4netns's exit pipe: it exits when this closes
     /// (the gateway gone, however).
-    exit_pipe: Option<OwnedFd>,
+    exit_pipe: parking_lot::Mutex<Option<OwnedFd>>,
     reaper: Option<Arc<Reaper>>,
     resolv_conf: PathBuf,
     egress: Egress,
@@ -137,27 +137,47 @@ impl TenantNet {
         dir: &Path,
         reaper: Option<Arc<Reaper>>,
     ) -> io::Result<Arc<TenantNet>> {
+        let net = Self::unconfigured(tenant, egress, tools, dir, reaper)?;
+        net.configure(tools)?;
+        Ok(net)
+    }
+
+    /// The namespace alone: no ruleset, no way out yet. Nothing of the
+    /// tenant's may run in it before [`TenantNet::configure`] returned
+    /// (the gateway's own worker may start in it meanwhile: it sends
+    /// nothing until a tenant process exists).
+    pub fn unconfigured(
+        tenant: &str,
+        egress: &Egress,
+        tools: &NetTools,
+        dir: &Path,
+        reaper: Option<Arc<Reaper>>,
+    ) -> io::Result<Arc<TenantNet>> {
         let netns = new_netns()?;
-        let host = host_addresses()?;
-        load_ruleset(&tools.nft, &netns, &ruleset(egress, &host))?;
         std::fs::create_dir_all(dir)?;
         let resolv_conf = dir.join(format!("{tenant}.resolv.conf"));
         write_resolv_conf(&resolv_conf)?;
-        let mut net = TenantNet {
+        Ok(Arc::new(TenantNet {
             nft: tools.nft.clone(),
             netns,
-            slirp: None,
-            exit_pipe: None,
+            slirp: parking_lot::Mutex::new(None),
+            exit_pipe: parking_lot::Mutex::new(None),
             reaper,
             resolv_conf,
             egress: egress.clone(),
-        };
-        if egress.internet || !egress.allow.is_empty() {
-            net.start_slirp(&tools.slirp)?;
+        }))
+    }
+
+    /// Load the namespace's ruleset and (when anything may be reached)
+    /// start slirp4netns.
+    pub fn configure(self: &Arc<Self>, tools: &NetTools) -> io::Result<()> {
+        let host = host_addresses()?;
+        load_ruleset(&tools.nft, &self.netns, &ruleset(&self.egress, &host))?;
+        if self.egress.internet || !self.egress.allow.is_empty() {
+            self.start_slirp(&tools.slirp)?;
         }
-        let net = Arc::new(net);
-        watch_host_addresses(&net, host);
-        Ok(net)
+        watch_host_addresses(self, host);
+        Ok(())
     }
 
     pub fn netns(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -174,7 +194,7 @@ impl TenantNet {
     /// tenant's packets can make libslirp warn, and neither a file (no
     /// bound) nor a pipe (SIGPIPE once unread, a stall once full) may take
     /// that.
-    fn start_slirp(&mut self, slirp: &Path) -> io::Result<()> {
+    fn start_slirp(&self, slirp: &Path) -> io::Result<()> {
         let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (exit_r, exit_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let fds = [
@@ -296,8 +316,8 @@ impl TenantNet {
                 slirp.display()
             )));
         }
-        self.slirp = Some(child);
-        self.exit_pipe = Some(exit_w);
+        *self.slirp.lock() = Some(child);
+        *self.exit_pipe.lock() = Some(exit_w);
         Ok(())
     }
 
@@ -309,8 +329,8 @@ impl TenantNet {
 
 impl Drop for TenantNet {
     fn drop(&mut self) {
-        self.exit_pipe = None;
-        if let Some(mut child) = self.slirp.take() {
+        *self.exit_pipe.get_mut() = None;
+        if let Some(mut child) = self.slirp.get_mut().take() {
             let _ = child.kill();
             let _ = child.wait();
             if let Some(r) = &self.reaper {

@@ -158,30 +158,17 @@ impl Sandbox {
             )),
             _ => None,
         };
-        let programs = if spec.seccomp {
-            seccomp_filters()?
+        let filters = if spec.seccomp {
+            compiled_filters()?
         } else {
-            Vec::new()
+            std::sync::Arc::new(Vec::new())
         };
-        let filters = programs
-            .iter()
-            .map(|p| {
-                p.iter()
-                    .map(|i| libc::sock_filter {
-                        code: i.code,
-                        jt: i.jt,
-                        jf: i.jf,
-                        k: i.k,
-                    })
-                    .collect()
-            })
-            .collect();
         Ok(Sandbox {
             spec,
             ruleset,
             namespace,
             pid_parent,
-            filters: std::sync::Arc::new(filters),
+            filters,
         })
     }
 
@@ -628,6 +615,34 @@ const CLONE_NAMESPACES: &[u64] = &[
     libc::CLONE_NEWIPC as u64,
     libc::CLONE_NEWCGROUP as u64,
 ];
+
+/// The seccomp filters as the kernel takes them, compiled once: the same
+/// for every tenant (each activation would otherwise compile them again).
+fn compiled_filters() -> Result<std::sync::Arc<Vec<Vec<libc::sock_filter>>>, String> {
+    static COMPILED: std::sync::OnceLock<
+        Result<std::sync::Arc<Vec<Vec<libc::sock_filter>>>, String>,
+    > = std::sync::OnceLock::new();
+    COMPILED
+        .get_or_init(|| {
+            let programs = seccomp_filters()?;
+            Ok(std::sync::Arc::new(
+                programs
+                    .iter()
+                    .map(|p| {
+                        p.iter()
+                            .map(|i| libc::sock_filter {
+                                code: i.code,
+                                jt: i.jt,
+                                jf: i.jf,
+                                k: i.k,
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            ))
+        })
+        .clone()
+}
 
 fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
     let e = |e: seccompiler::BackendError| format!("seccomp: {e}");

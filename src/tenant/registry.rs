@@ -27,10 +27,6 @@ pub struct TenantSet {
     pub configured: BTreeMap<String, TenantSettings>,
     pub template: Option<Arc<TemplateSettings>>,
     ledger: Option<UidLedger>,
-    /// Every configured root, the templated roots' directory and the
-    /// state directory: covered in every confined tenant's namespace
-    /// (each but its own).
-    hide_dirs: Vec<PathBuf>,
 }
 
 impl TenantSet {
@@ -42,14 +38,20 @@ impl TenantSet {
                 .template
                 .as_ref()
                 .map(|t| UidLedger::new(&t.roots, s.uid_range, &s.tenants)),
-            hide_dirs: s
-                .tenants
-                .values()
-                .filter_map(|t| t.root.clone())
-                .chain(s.template.as_ref().map(|t| t.roots.clone()))
-                .chain(crate::config::state_dir().ok())
-                .collect(),
         }
+    }
+
+    /// Every configured root, the templated roots' directory and the
+    /// state directory: covered in every confined tenant's namespace
+    /// (each but its own). Made at each activation rather than kept: with
+    /// thousands of tenants it would be most of what an idle one costs.
+    fn hide_dirs(&self) -> Vec<PathBuf> {
+        self.configured
+            .values()
+            .filter_map(|t| t.root.clone())
+            .chain(self.template.as_ref().map(|t| t.roots.clone()))
+            .chain(crate::config::state_dir().ok())
+            .collect()
     }
 
     /// The settings of tenant `name`: configured, else templated.
@@ -225,7 +227,7 @@ impl Tenants {
             } else {
                 Origin::Configured
             };
-            build::build(&ctx, &owned, settings, origin, set.hide_dirs.clone())
+            build::build(&ctx, &owned, settings, origin, set.hide_dirs())
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("tenant activation: {e}")))?;
