@@ -468,6 +468,7 @@ impl Metrics {
             spawn_seconds: self.spawn_seconds.get_or_create(&l).clone(),
             output_bytes: self.output_bytes.get_or_create(&l).clone(),
             started: self.processes_started.get_or_create(&l).clone(),
+            own_started: Counter::default(),
             workers: self.workers.get_or_create(&l).clone(),
             worker_deaths: self.worker_deaths.get_or_create(&l).clone(),
             outbound_bytes: self.outbound_bytes.get_or_create(&l).clone(),
@@ -567,6 +568,8 @@ pub struct TenantMetrics {
     pub output_bytes: Counter,
     /// Processes started.
     pub started: Counter,
+    /// The same for this activation alone (unexported; the account's).
+    pub own_started: Counter,
     pub workers: Gauge,
     pub worker_deaths: Counter,
     pub outbound_bytes: Gauge,
@@ -592,6 +595,7 @@ impl TenantMetrics {
             spawn_seconds: spawn_histogram(),
             output_bytes: Counter::default(),
             started: Counter::default(),
+            own_started: Counter::default(),
             workers: Gauge::default(),
             worker_deaths: Counter::default(),
             outbound_bytes: Gauge::default(),

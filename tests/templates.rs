@@ -317,6 +317,30 @@ async fn sighup_reloads_tenants_keys_and_limits_without_dropping_a_session() {
         run(&mut b, &rb, "still", &["echo", "served"]).await,
         "served\n"
     );
+    // Change a's root: what only a new activation applies. New sessions
+    // get it at once; the live one keeps the old.
+    let rc = root("c");
+    reload(format!(
+        "{head}{}",
+        tenants(false, 2, true).replace(&ra.display().to_string(), &rc.display().to_string())
+    ));
+    eventually_async("the third reload", || async { reloads("ok").await >= 3.0 }).await;
+    let mut a4 = Client::connect(&gw.url, &gw.token("a")).await;
+    a4.initialize().await;
+    assert_eq!(
+        run(&mut a4, &rc, "new", &["pwd"]).await,
+        format!("{}\n", rc.display())
+    );
+    let r = a4
+        .call_raw(
+            "process/start",
+            json!({"processId": "old", "argv": ["true"], "cwd": ra, "env": {}, "tty": false}),
+        )
+        .await;
+    assert!(
+        r.get("error").is_some(),
+        "the old root is not the new session's: {r}"
+    );
     // a's first session never noticed.
     a1.call(
         "process/write",
@@ -325,4 +349,71 @@ async fn sighup_reloads_tenants_keys_and_limits_without_dropping_a_session() {
     .await;
     let out = a1.collect("long").await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "got yes\n");
+}
+
+/// The template's cgroup limits are a templated tenant's: its fork bomb
+/// stops at `pids_max` while another templated tenant runs.
+#[tokio::test]
+async fn a_templated_tenants_fork_bomb_stops_at_the_templates_pids_limit() {
+    let gw = templated("pids_max = 40\n");
+    let (_, ready) = gw.admin_get("/readyz").await;
+    if !ready.contains("cgroups: active") {
+        eprintln!("skipped: cgroup layer inactive on this host");
+        return;
+    }
+    let roots = gw.dir.path().join("roots");
+    let mut a = Client::connect(&gw.url, &mint(&gw.secret, "bomber", ALL_SCOPES)).await;
+    a.initialize().await;
+    let mut b = Client::connect(&gw.url, &mint(&gw.secret, "bystander", ALL_SCOPES)).await;
+    b.initialize().await;
+    start(
+        &mut a,
+        &roots.join("bomber"),
+        "bomb",
+        &[
+            "bash",
+            "-c",
+            "for i in $(seq 200); do sleep 60 & done; wait",
+        ],
+    )
+    .await;
+    let mut stderr = String::new();
+    while !stderr.contains("Resource temporarily unavailable") {
+        let v = a
+            .wait_for("refused forks", |v| {
+                v["method"] == "process/output" && v["params"]["stream"] == "stderr"
+            })
+            .await;
+        stderr.push_str(&String::from_utf8_lossy(&common::unb64(
+            v["params"]["chunk"].as_str().unwrap(),
+        )));
+    }
+    assert_eq!(
+        run(&mut b, &roots.join("bystander"), "ok", &["echo", "fine"]).await,
+        "fine\n"
+    );
+    a.call("process/terminate", json!({"processId": "bomb"}))
+        .await;
+}
+
+/// A directory already at `ROOTS/NAME` that the tenant's uid does not own
+/// is not adopted as its root: the tenant is refused, nothing is written.
+#[tokio::test]
+async fn a_root_someone_else_planted_is_not_adopted() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (tenants get their own uids)");
+        return;
+    }
+    let gw = templated("");
+    let planted = gw.dir.path().join("roots/squat");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    let bearer = format!("Bearer {}", mint(&gw.secret, "squat", ALL_SCOPES));
+    let (status, body) = gw.handshake("/", Some(&bearer)).await;
+    assert_ne!(status, 101, "{body}");
+    assert!(body.contains("belongs to uid 65534"), "{body}");
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+    // Other tenants are served.
+    let mut c = Client::connect(&gw.url, &mint(&gw.secret, "fine", ALL_SCOPES)).await;
+    c.initialize().await;
 }

@@ -227,6 +227,14 @@ impl Config {
         }
         let isolation = validate_isolation(&self.isolation);
         let uid_range = self.isolation.uid_range.unwrap_or(DEFAULT_UID_RANGE);
+        if let [first, last] = uid_range
+            && (first == 0 || last < first || last >= u32::MAX - 1)
+        {
+            return Err(ConfigError(format!(
+                "[isolation] uid_range = [{first}, {last}]: needs 0 < first <= last < {}",
+                u32::MAX - 1
+            )));
+        }
         let template = self
             .tenant_template
             .map(|t| template::validate_template(t, isolation.uid))
@@ -282,6 +290,22 @@ impl Config {
         refuse_nested_roots(&tenants)?;
         if let Some(t) = &template {
             template::refuse_template_overlaps(t, tenants.iter(), &secret_files)?;
+            // A configured uid the ledger gives a templated tenant would
+            // make the two one user.
+            let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
+            for (name, s) in &tenants {
+                let Some((u, g)) = s.uid.filter(|_| !s.uid_allocated) else {
+                    continue;
+                };
+                for id in [u, g] {
+                    if let Some(holder) = ledger.holder(id).filter(|h| h != name) {
+                        return Err(ConfigError(format!(
+                            "tenants.{name}: uid/gid {id} is templated tenant `{holder}`'s ({}); choose another",
+                            uids::ledger_dir(&t.roots).join(id.to_string()).display()
+                        )));
+                    }
+                }
+            }
         }
         if isolation.network != LayerPolicy::Off
             && let Some((name, _)) = tenants

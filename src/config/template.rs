@@ -54,18 +54,45 @@ impl TemplateSettings {
 
     /// Make the roots' directory when missing: mode 0711, passable but not
     /// listable, so host users cannot enumerate the tenants.
+    /// One that exists must be a directory (not a link) of the gateway's
+    /// user that no one else may write: anyone who could would choose
+    /// what a tenant's root is before its first session.
     pub fn make_roots(&self) -> Result<(), ConfigError> {
-        use std::os::unix::fs::DirBuilderExt as _;
+        use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+        let err = |e: String| {
+            ConfigError(format!(
+                "tenant_template.root: {}: {e}",
+                self.roots.display()
+            ))
+        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o711)
             .create(&self.roots)
-            .map_err(|e| {
-                ConfigError(format!(
-                    "tenant_template.root: cannot make {}: {e}",
-                    self.roots.display()
-                ))
-            })
+            .map_err(|e| err(format!("cannot make it: {e}")))?;
+        let m = std::fs::symlink_metadata(&self.roots).map_err(|e| err(e.to_string()))?;
+        let me = nix::unistd::geteuid().as_raw();
+        if !m.is_dir() {
+            return Err(err("not a directory (a link is refused)".to_owned()));
+        }
+        if m.uid() != me {
+            return Err(err(format!(
+                "owned by uid {}: it must be the gateway's (uid {me}), or another user could plant a tenant's root",
+                m.uid()
+            )));
+        }
+        if m.mode() & 0o022 != 0 {
+            // Ours, but writable by others (a fresh volume is often 0777):
+            // closed now; a root someone planted meanwhile is refused at
+            // its tenant's activation (not the tenant's uid).
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(
+                &self.roots,
+                std::fs::Permissions::from_mode(m.mode() & 0o7755 & !0o022),
+            )
+            .map_err(|e| err(format!("cannot close it to others (chmod go-w): {e}")))?;
+        }
+        Ok(())
     }
 
     /// Whether `name` may be a templated tenant: the pattern matches it
@@ -74,7 +101,7 @@ impl TemplateSettings {
     pub fn admits(&self, name: &str) -> bool {
         !name.is_empty()
             && name.len() <= MAX_TEMPLATED_NAME
-            && !name.starts_with('.')
+            && super::tenants::reserved_name(name).is_none()
             && name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
@@ -203,4 +230,81 @@ pub(super) fn refuse_template_overlaps<'a>(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn template(extra: &str) -> Result<TemplateSettings, ConfigError> {
+        let t: toml::Table =
+            toml::from_str(&format!("root = \"/srv/t/{{tenant}}\"\n{extra}")).unwrap();
+        validate_template(t, LayerPolicy::Optional)
+    }
+
+    #[test]
+    fn names_are_plain_directory_names_never_options_or_cgroup_files() {
+        let t = template("").unwrap();
+        for ok in ["team-a", "a", "x1", &"a".repeat(63)] {
+            assert!(t.admits(ok), "{ok}");
+            assert_eq!(
+                t.settings_for(ok).unwrap().root.unwrap(),
+                Path::new("/srv/t").join(ok)
+            );
+        }
+        for bad in [
+            "",
+            "Team",
+            "-a",
+            "a-",
+            "a_b",
+            &"a".repeat(64),
+            "a/b",
+            "..",
+            ".uids",
+        ] {
+            assert!(!t.admits(bad), "{bad}");
+        }
+        // Whatever a pattern allows, these stay out.
+        let any = template("name_pattern = \".*\"").unwrap();
+        for bad in [
+            "-h",
+            "--help",
+            ".x",
+            "tasks",
+            "cgroup.procs",
+            "memory.max",
+            "a/b",
+            "a b",
+        ] {
+            assert!(!any.admits(bad), "{bad}");
+        }
+        assert!(any.admits("A_b.c"));
+    }
+
+    #[test]
+    fn a_bad_template_is_refused() {
+        for (extra, want) in [
+            ("name_pattern = \"(\"", "name_pattern"),
+            ("uid = 5000", "uid"),
+            ("max_tmp_bytes = 1", "tenant_template.max_tmp_bytes"),
+        ] {
+            let e = template(extra).unwrap_err().0;
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        for root in [
+            "/srv/{tenant}/x",
+            "srv/{tenant}",
+            "/srv/../{tenant}",
+            "/{tenant}",
+            "/srv/t",
+        ] {
+            let t: toml::Table = toml::from_str(&format!("root = \"{root}\"")).unwrap();
+            assert!(
+                validate_template(t, LayerPolicy::Optional).is_err(),
+                "{root}"
+            );
+        }
+    }
 }

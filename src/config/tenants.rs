@@ -365,6 +365,9 @@ pub(super) fn validate_tenant_at(
             "tenant name `{name}`: use letters, digits, '-', '_' or '.'"
         )));
     }
+    if let Some(why) = reserved_name(name) {
+        return Err(ConfigError(format!("tenant name `{name}`: {why}")));
+    }
     let root = t
         .root
         .ok_or_else(|| ConfigError(format!("tenants.{name}.root is required")))?;
@@ -517,6 +520,46 @@ pub(super) fn validate_tenant_at(
         },
         pool: t.pool,
     })
+}
+
+/// Why `name` cannot be a tenant's even in the allowed characters: it
+/// would be read as an option (a leading `-`), be `.` or `..` or hidden
+/// (a leading `.`), or name a cgroup control file where tenants' cgroups
+/// are made (`tasks`, `cgroup.procs`, `memory.max`...).
+pub fn reserved_name(name: &str) -> Option<&'static str> {
+    const CGROUP_FILES: &[&str] = &["tasks", "notify_on_release", "release_agent"];
+    const CONTROLLERS: &[&str] = &[
+        "cgroup",
+        "cpu",
+        "cpuacct",
+        "cpuset",
+        "memory",
+        "pids",
+        "io",
+        "blkio",
+        "devices",
+        "freezer",
+        "hugetlb",
+        "rdma",
+        "misc",
+        "net_cls",
+        "net_prio",
+        "perf_event",
+    ];
+    if name.starts_with('-') {
+        return Some("may not start with '-'");
+    }
+    if name.starts_with('.') {
+        return Some("may not start with '.'");
+    }
+    if CGROUP_FILES.contains(&name)
+        || name
+            .split_once('.')
+            .is_some_and(|(prefix, _)| CONTROLLERS.contains(&prefix))
+    {
+        return Some("names a cgroup control file");
+    }
+    None
 }
 
 /// Labels an executor may register with (and a tenant may require).

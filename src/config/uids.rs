@@ -198,6 +198,16 @@ impl UidLedger {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(err(e)),
         }
+        // Never a link, never another user's: the ledger decides uids.
+        {
+            use std::os::unix::fs::MetadataExt as _;
+            let m = std::fs::symlink_metadata(&self.dir).map_err(err)?;
+            if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+                return Err(err(std::io::Error::other(
+                    "not a directory of the gateway's that only it may write",
+                )));
+            }
+        }
         let count = u64::from(last - first) + 1;
         let start = fnv1a(name) % count;
         for i in 0..count {
@@ -226,6 +236,13 @@ impl UidLedger {
             "tenant `{name}`: no free uid left in [isolation] uid_range = [{first}, {last}] (the ledger {} holds the templated tenants' uids; remove the entries of tenants gone for good, or widen the range)",
             self.dir.display()
         )))
+    }
+
+    /// The templated tenant the ledger gives `id` to.
+    pub fn holder(&self, id: u32) -> Option<String> {
+        std::fs::read_link(self.dir.join(id.to_string()))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
     }
 
     /// Whether the ledger gives `id` to a templated tenant.

@@ -337,6 +337,7 @@ impl Drop for TenantNet {
                 r.unregister(child.id() as i32);
             }
         }
+        let _ = std::fs::remove_file(&self.resolv_conf);
     }
 }
 

@@ -259,6 +259,7 @@ impl ProcessTable {
             .spawn_seconds
             .observe(started.elapsed().as_secs_f64());
         settings.metrics.started.inc();
+        settings.metrics.own_started.inc();
         let group = signal::Group::new(child.pidfd);
         let (process, output) = match child.io {
             ChildIo::Pipes {

@@ -42,7 +42,7 @@ impl Usage {
         Usage {
             cpu_seconds: cpu_us.map(|us| us as f64 / 1e6),
             memory_peak_bytes: peak,
-            processes_started: t.metrics.started.get(),
+            processes_started: t.metrics.own_started.get(),
             bytes_in: t.inbound.total(),
             bytes_out: t.outbound.total(),
             activations: 1,

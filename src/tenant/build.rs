@@ -49,10 +49,19 @@ pub(super) enum Origin<'a> {
 pub(super) fn build(
     ctx: &BuildContext,
     name: &str,
+    generation: u64,
     mut settings: TenantSettings,
     origin: Origin<'_>,
     hide_dirs: Vec<PathBuf>,
 ) -> Result<Tenant, ConfigError> {
+    // Names its cgroup, private /tmp and network files; never a tenant
+    // name (no tenant name holds `@`).
+    let instance = if generation == 0 {
+        name.to_owned()
+    } else {
+        format!("{name}@{generation}")
+    };
+    let instance = instance.as_str();
     let layers = ctx.layers;
     let mut phases = Phases::start();
     if let Origin::Template(ledger) = origin {
@@ -80,7 +89,7 @@ pub(super) fn build(
         },
     };
     let unshared;
-    let (t, unshared_dir) = match unshared_tmp(name, &settings, layers)? {
+    let (t, unshared_dir) = match unshared_tmp(instance, &settings, layers)? {
         Some((adjusted, dir)) => {
             unshared = adjusted;
             (&unshared, Some(dir))
@@ -99,7 +108,7 @@ pub(super) fn build(
     let net = if layers.network && effective_network(t, layers) == Network::Isolated {
         let tools = NetTools::find().map_err(ConfigError)?;
         let dir = crate::config::state_dir()?.join("net");
-        let net = TenantNet::unconfigured(name, &t.egress, &tools, &dir, ctx.reaper.clone())
+        let net = TenantNet::unconfigured(instance, &t.egress, &tools, &dir, ctx.reaper.clone())
             .map_err(|e| ConfigError(format!("tenants.{name}: network: {e}")))?;
         Some((net, tools))
     } else {
@@ -114,7 +123,7 @@ pub(super) fn build(
             .map(|(n, tools)| scope.spawn(move || n.configure(tools)));
         let built = build_rest(
             ctx,
-            name,
+            (name, instance),
             t,
             unshared_dir,
             idmap,
@@ -154,7 +163,7 @@ pub(super) fn build(
 #[allow(clippy::too_many_arguments)]
 fn build_rest(
     ctx: &BuildContext,
-    name: &str,
+    (name, instance): (&str, &str),
     t: &TenantSettings,
     unshared_dir: Option<PathBuf>,
     idmap: Option<crate::isolation::idmap::IdMap>,
@@ -173,7 +182,7 @@ fn build_rest(
     exec.metrics = tm.clone();
     exec.subscriber_timeout = ctx.slow_client_timeout;
     phases.mark("network");
-    let spec = sandbox_spec(name, t, layers, &ctx.secret_files, &hide, idmap, net)?;
+    let spec = sandbox_spec(instance, t, layers, &ctx.secret_files, &hide, idmap, net)?;
     phases.mark("tmp");
     let tmp = spec
         .namespace
@@ -196,7 +205,7 @@ fn build_rest(
     };
     phases.mark("quota");
     let cgroup = if layers.cgroups {
-        let mut cg = TenantCgroup::create(name, &t.cgroup_limits)
+        let mut cg = TenantCgroup::create(instance, &t.cgroup_limits)
             .map_err(|e| ConfigError(format!("tenants.{name}: cgroup: {e}")))?;
         if layers.workers {
             cg.set_owner(spec.uid)
@@ -263,6 +272,7 @@ fn build_rest(
         _ => None,
     };
     let mut tenant = Tenant::assemble(name, t.clone(), Arc::new(backend), tm);
+    tenant.instance = Arc::from(instance);
     tenant.remote = remote;
     tenant.tmp = tmp;
     tenant.root_quota = root_quota;
@@ -361,12 +371,21 @@ fn make_root(name: &str, root: &Path, uid: Option<(u32, u32)>) -> Result<(), Con
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            use std::os::unix::fs::MetadataExt as _;
             let m = std::fs::symlink_metadata(root).map_err(err)?;
-            if m.is_dir() {
-                Ok(())
-            } else {
-                Err(err(std::io::Error::other("exists and is not a directory")))
+            if !m.is_dir() {
+                return Err(err(std::io::Error::other("exists and is not a directory")));
             }
+            // Made by an earlier activation, it is the tenant's; anything
+            // else found there (another user's directory) is not adopted.
+            let owner = uid.map_or_else(|| nix::unistd::geteuid().as_raw(), |(u, _)| u);
+            if m.uid() != owner {
+                return Err(err(std::io::Error::other(format!(
+                    "exists and belongs to uid {}, not the tenant's ({owner}): the gateway adopts only a root it made; move it away or chown it",
+                    m.uid()
+                ))));
+            }
+            Ok(())
         }
         Err(e) => Err(err(e)),
     }

@@ -40,6 +40,11 @@ use crate::outbound::ByteBudget;
 /// One active tenant.
 pub struct Tenant {
     pub name: Arc<str>,
+    /// What names this activation's cgroup, private `/tmp` and network
+    /// files: the name, with `@N` from the second activation of one name
+    /// alive at once (a reload changed what only a new activation applies,
+    /// while the old one still serves its live sessions).
+    pub instance: Arc<str>,
     /// As when it was activated (limits a reload changes in place are
     /// read from their own fields: `max_sessions`, the limiter, the cgroup).
     pub settings: TenantSettings,
@@ -90,6 +95,7 @@ impl Tenant {
         let t = &settings;
         Tenant {
             name: Arc::from(name),
+            instance: Arc::from(name),
             backend,
             remote: None,
             limiter: ArcSwap::from_pointee(limiter(t)),
@@ -165,6 +171,12 @@ impl Tenant {
         self.removed.load(Ordering::Acquire)
     }
 
+    /// A reload changed what only a new activation applies: new callers
+    /// get a new one.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
     /// Apply what a reload changed. Rate, sessions and cgroup limits
     /// change in place; anything else marks the tenant stale (it takes the
     /// new settings at its next activation). Returns whether it did.
@@ -182,7 +194,7 @@ impl Tenant {
         self.max_sessions.store(new.max_sessions, Ordering::Release);
         if now.cgroup_limits != new.cgroup_limits
             && self.cgroup.is_some()
-            && let Err(e) = TenantCgroup::create(&self.name, &new.cgroup_limits)
+            && let Err(e) = TenantCgroup::create(&self.instance, &new.cgroup_limits)
         {
             tracing::warn!(tenant = %self.name, error = %e, "reload: cannot change the tenant's cgroup limits");
         }

@@ -77,13 +77,18 @@ struct Slot {
     state: Arc<tokio::sync::Mutex<Option<Arc<Tenant>>>>,
     /// Since when nothing but this slot held the tenant.
     idle_since: Mutex<Option<Instant>>,
+    /// Activations of this name so far (each one's `@N`).
+    generations: std::sync::atomic::AtomicU64,
 }
 
 /// A tenant taken out of its slot, to be retired while the slot stays
 /// locked.
 pub struct Retiring {
-    _slot: OwnedMutexGuard<Option<Arc<Tenant>>>,
+    _slot: Option<OwnedMutexGuard<Option<Arc<Tenant>>>>,
     tenant: Arc<Tenant>,
+    /// A stale activation a newer one replaced: the name's metric series
+    /// are the newer one's now.
+    replaced: bool,
 }
 
 /// All tenants.
@@ -91,6 +96,9 @@ pub struct Tenants {
     ctx: Arc<BuildContext>,
     set: ArcSwap<TenantSet>,
     live: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
+    /// Stale activations replaced by newer ones, serving their live
+    /// sessions until nothing holds them.
+    replaced: Mutex<Vec<Arc<Tenant>>>,
     accounts: Arc<Accounts>,
     max_active: usize,
     idle_timeout: Duration,
@@ -129,6 +137,7 @@ impl Tenants {
             )),
             set: ArcSwap::from_pointee(TenantSet::new(settings)),
             live: Mutex::new(HashMap::new()),
+            replaced: Mutex::new(Vec::new()),
             accounts: Arc::default(),
             max_active: settings.max_active_tenants,
             idle_timeout: settings.tenant_idle_timeout,
@@ -193,10 +202,25 @@ impl Tenants {
             if t.is_removed() {
                 return Err(unknown());
             }
-            *slot.idle_since.lock() = None;
-            return Ok(t.clone());
+            if !t.is_stale() {
+                *slot.idle_since.lock() = None;
+                return Ok(t.clone());
+            }
+            // A reload changed what only a new activation applies: its
+            // live sessions stay on this one, new callers get a new one.
+            if let Some(old) = state.take() {
+                self.replaced.lock().push(old);
+            }
         }
-        match self.activate(name).await {
+        // `@N` only while an earlier activation of the name still serves.
+        let generation = if self.replaced.lock().iter().any(|t| *t.name == *name) {
+            slot.generations
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+                + 1
+        } else {
+            0
+        };
+        match self.activate(name, generation).await {
             Ok(t) => {
                 *state = Some(t.clone());
                 Ok(t)
@@ -213,7 +237,7 @@ impl Tenants {
     }
 
     /// Build tenant `name` from the current settings, off the async threads.
-    async fn activate(&self, name: &str) -> Result<Arc<Tenant>, GatewayError> {
+    async fn activate(&self, name: &str, generation: u64) -> Result<Arc<Tenant>, GatewayError> {
         let set = self.set.load_full();
         let unknown =
             || GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string());
@@ -227,7 +251,7 @@ impl Tenants {
             } else {
                 Origin::Configured
             };
-            build::build(&ctx, &owned, settings, origin, set.hide_dirs())
+            build::build(&ctx, &owned, generation, settings, origin, set.hide_dirs())
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("tenant activation: {e}")))?;
@@ -276,12 +300,25 @@ impl Tenants {
                 // the cgroup's and the private /tmp's paths).
                 if let Some(tenant) = state.take() {
                     out.push(Retiring {
-                        _slot: state,
+                        _slot: Some(state),
                         tenant,
+                        replaced: false,
                     });
                 }
             }
             true
+        });
+        drop(live);
+        self.replaced.lock().retain(|t| {
+            if Arc::strong_count(t) > 1 {
+                return true;
+            }
+            out.push(Retiring {
+                _slot: None,
+                tenant: t.clone(),
+                replaced: true,
+            });
+            false
         });
         out
     }
@@ -303,10 +340,12 @@ impl Tenants {
     /// Tenants active now.
     pub fn active(&self) -> Vec<Arc<Tenant>> {
         let slots: Vec<Arc<Slot>> = self.live.lock().values().cloned().collect();
-        slots
+        let mut out: Vec<Arc<Tenant>> = slots
             .iter()
             .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
-            .collect()
+            .collect();
+        out.extend(self.replaced.lock().iter().cloned());
+        out
     }
 
     /// Every tenant's account (or `only` one's).
@@ -443,8 +482,9 @@ fn take_idle(live: &HashMap<Arc<str>, Arc<Slot>>) -> Option<Retiring> {
     let mut state = slot.state.clone().try_lock_owned().ok()?;
     let tenant = state.take()?;
     Some(Retiring {
-        _slot: state,
+        _slot: Some(state),
         tenant,
+        replaced: false,
     })
 }
 
@@ -460,8 +500,16 @@ fn retire(ctx: &BuildContext, accounts: &Accounts, r: Retiring) {
     }
     if let Some(tmp) = &t.tmp {
         crate::isolation::disk::unmount(tmp);
+        // `<state>/tenants/INSTANCE/tmp`, empty once unmounted: nothing
+        // is left per tenant that came and went.
+        let _ = std::fs::remove_dir(tmp);
+        if let Some(parent) = tmp.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
-    ctx.metrics.forget_tenant(&t.name);
-    tracing::info!(tenant = %t.name, "tenant retired");
+    if !r.replaced {
+        ctx.metrics.forget_tenant(&t.name);
+    }
+    tracing::info!(tenant = %t.name, instance = %t.instance, "tenant retired");
     drop(t);
 }
