@@ -134,17 +134,7 @@ async fn a_fork_bomb_stops_at_its_tenants_pids_limit() {
     )
     .await;
     // Wait for the bomb to hit the limit: bash reports the refused forks.
-    let mut stderr = String::new();
-    while !stderr.contains("Resource temporarily unavailable") {
-        let v = a
-            .wait_for("refused forks", |v| {
-                v["method"] == "process/output" && v["params"]["stream"] == "stderr"
-            })
-            .await;
-        stderr.push_str(&String::from_utf8_lossy(&unb64(
-            v["params"]["chunk"].as_str().unwrap(),
-        )));
-    }
+    a.stderr_until("Resource temporarily unavailable").await;
     // The configured limits are the tenant's cgroup's.
     assert_eq!(cgroup_file(&gw, "pids", "a", "pids.max").trim(), "40");
     assert_eq!(cpu_quota(&gw, "a"), Some(50000));

@@ -377,17 +377,7 @@ async fn a_templated_tenants_fork_bomb_stops_at_the_templates_pids_limit() {
         ],
     )
     .await;
-    let mut stderr = String::new();
-    while !stderr.contains("Resource temporarily unavailable") {
-        let v = a
-            .wait_for("refused forks", |v| {
-                v["method"] == "process/output" && v["params"]["stream"] == "stderr"
-            })
-            .await;
-        stderr.push_str(&String::from_utf8_lossy(&common::unb64(
-            v["params"]["chunk"].as_str().unwrap(),
-        )));
-    }
+    a.stderr_until("Resource temporarily unavailable").await;
     assert_eq!(
         run(&mut b, &roots.join("bystander"), "ok", &["echo", "fine"]).await,
         "fine\n"

@@ -284,6 +284,15 @@ pub const MMAP_THRESHOLD_BYTES: i32 = 1024 * 1024;
 /// mapped per arena.
 pub const TRIM_THRESHOLD_BYTES: i32 = 32 * 1024 * 1024;
 
+/// Give the heap's free memory back to the kernel (`malloc_trim`).
+#[allow(unsafe_code)]
+pub(crate) fn release_freed_memory() {
+    // SAFETY: malloc_trim only returns free pages; any thread may call it.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[allow(unsafe_code)]
 fn tune_allocator() {
     // SAFETY: mallopt only changes allocator parameters; called first
@@ -544,6 +553,9 @@ async fn serve(
     if let Some(l) = lowered {
         tracing::warn!("{l}");
     }
+    // What parsing and checking a large configuration left freed (10,000
+    // tenants: ~20 MB) goes back to the kernel now, not at the next trim.
+    release_freed_memory();
     crate::task::start(
         "config-reload",
         reload::reload_on_change(gw.clone(), reread, config),

@@ -79,6 +79,7 @@ pub(super) async fn reload_on_change(
                 tracing::info!(trigger = why, "configuration reloaded: {summary}");
                 secrets = files;
                 seen = config_fingerprint(config.as_deref(), &secrets);
+                super::release_freed_memory();
                 "ok"
             }
             Err(e) => {

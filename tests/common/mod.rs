@@ -512,6 +512,22 @@ impl Client {
         r["sessionId"].as_str().expect("sessionId").to_owned()
     }
 
+    /// Read stderr notifications until their text holds `needle`.
+    pub async fn stderr_until(&mut self, needle: &str) -> String {
+        let mut stderr = String::new();
+        while !stderr.contains(needle) {
+            let v = self
+                .wait_for(needle, |v| {
+                    v["method"] == "process/output" && v["params"]["stream"] == "stderr"
+                })
+                .await;
+            stderr.push_str(&String::from_utf8_lossy(&unb64(
+                v["params"]["chunk"].as_str().expect("chunk"),
+            )));
+        }
+        stderr
+    }
+
     /// Start a pipe process with PATH set.
     pub async fn start(&mut self, id: &str, argv: &[&str]) -> Value {
         self.call(
