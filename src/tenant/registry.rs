@@ -227,8 +227,13 @@ impl Tenants {
             }
             Err(e) => {
                 drop(state);
+                // Gone unless another caller waits on it (it tries in turn;
+                // a slot taken out from under it would let its activation
+                // live outside the map, never retired).
                 let mut live = self.live.lock();
-                if live.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                if live.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot))
+                    && Arc::strong_count(&slot) == 2
+                {
                     live.remove(name);
                 }
                 Err(e)
@@ -388,14 +393,17 @@ impl Tenants {
         }
     }
 
-    /// Take `settings`' tenants: new ones are served from now on, changed
-    /// limits apply (rate, sessions and cgroup limits in place, the rest
-    /// at the tenant's next activation), removed ones refuse new sessions
-    /// while their live ones go on. Returns a line on what changed.
+    /// Take `settings`' tenants: new ones are served from now on; changed
+    /// ones take rate, sessions and cgroup limits in place and anything
+    /// else through a new activation for new callers; removed ones refuse
+    /// new sessions while their live ones go on. Returns a line on what
+    /// changed.
     pub fn reload(&self, settings: &Settings) -> Result<String, ConfigError> {
         preflight_all(settings, self.ctx.layers)?;
-        let old = self.set.load_full();
-        let new = TenantSet::new(settings);
+        // The new set first: an activation that starts from here on (a
+        // stale tenant's replacement included) builds from it.
+        let new = Arc::new(TenantSet::new(settings));
+        let old = self.set.swap(new.clone());
         let (mut removed, mut stale, mut changed) = (0, 0, 0);
         for t in self.active() {
             match new.settings_for(&t.name) {
@@ -427,9 +435,8 @@ impl Tenants {
             .keys()
             .filter(|n| !new.configured.contains_key(*n))
             .count();
-        self.set.store(Arc::new(new));
         Ok(format!(
-            "tenants: {added} added, {gone} removed ({removed} of them active, draining), {changed} active ones changed ({stale} take their new settings when idle)"
+            "tenants: {added} added, {gone} removed ({removed} of them active, draining), {changed} active ones changed ({stale} of them through a new activation)"
         ))
     }
 }
