@@ -214,11 +214,16 @@ async fn a_binary_replaced_on_disk_does_not_change_new_workers() {
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("exec-gateway");
     std::fs::copy(env!("CARGO_BIN_EXE_exec-gateway"), &bin).unwrap();
+    // b is confined (Landlock grants it the gateway's executable alone of
+    // this directory).
+    let broot = dir.path().join("broot");
+    std::fs::create_dir(&broot).unwrap();
     let gw = Gateway::start_binary(&bin, |d| {
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-             [tenants.a]\nroot = \"/\"\n",
-            d.display()
+             [tenants.a]\nroot = \"/\"\n[tenants.b]\nroot = \"{}\"\n",
+            d.display(),
+            broot.display()
         )
     });
     if !require_workers(&gw).await {
@@ -251,6 +256,16 @@ async fn a_binary_replaced_on_disk_does_not_change_new_workers() {
         let new_worker: i32 = status_field(pid, "PPid").parse().unwrap();
         assert_ne!(new_worker, worker);
         assert!(common::pid_alive(pid));
+        // A tenant first used after the upgrade: its workers, started
+        // now, exec the gateway's file too (and Landlock lets them).
+        let (mut b, _) = gw.session_of("b").await;
+        b.call(
+            "process/start",
+            json!({"processId": "b1", "argv": ["sh", "-c", "echo b-ok"], "cwd": broot,
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await;
+        assert_eq!(b.collect("b1").await.stdout, b"b-ok\n");
         return;
     }
     panic!("no new worker served a spawn");

@@ -413,7 +413,9 @@ fn worker_sandbox(
     cgroup: Option<&TenantCgroup>,
 ) -> Result<Arc<Sandbox>, ConfigError> {
     let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
-    let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
+    // The file workers exec (held open since start): a tenant activated
+    // after an upgrade replaced the binary on disk still runs the gateway's.
+    let exe = crate::worker::executable().map_err(|e| err(e.to_string()))?;
     if let (Some(rw), Some(cg)) = (spec.landlock_rw.as_mut(), cgroup) {
         rw.push(cg.membership_dir());
     }

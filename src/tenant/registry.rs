@@ -121,6 +121,12 @@ impl Tenants {
             ));
         }
         preflight_all(settings, layers)?;
+        // Held from now on: workers of tenants activated later (after an
+        // upgrade replaced the binary) exec this file.
+        if layers.workers {
+            crate::worker::executable()
+                .map_err(|e| ConfigError(format!("the gateway's own executable: {e}")))?;
+        }
         if layers.cgroups
             && let (Some(r), Some(dir)) = (&reaper, crate::isolation::cgroup::v2_instance())
         {

@@ -22,4 +22,6 @@ pub mod client;
 pub mod link;
 pub mod serve;
 
-pub use client::{Restarting, Retired, SessionWorker, WorkerLaunch, WorkerPool, unavailable};
+pub use client::{
+    Restarting, Retired, SessionWorker, WorkerLaunch, WorkerPool, executable, unavailable,
+};

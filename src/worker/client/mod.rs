@@ -732,6 +732,17 @@ impl Drop for SessionWorker {
 /// on disk under a running gateway (an upgrade) never changes what a new
 /// worker runs, and the Landlock rule taken for the file at start still
 /// names it. `None` (no /proc): launched by path.
+/// The gateway's executable as workers exec it: the file held open since
+/// the first call (`/proc/self/fd/N`), which a binary replaced on disk does
+/// not change; else its path. A worker's Landlock rule must name this
+/// file, not whatever lies at the path now.
+pub fn executable() -> io::Result<std::path::PathBuf> {
+    match own_executable() {
+        Some(fd) => Ok(std::path::PathBuf::from(format!("/proc/self/fd/{fd}"))),
+        None => std::env::current_exe(),
+    }
+}
+
 fn own_executable() -> Option<RawFd> {
     static EXE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     EXE.get_or_init(|| {
