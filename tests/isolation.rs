@@ -401,12 +401,13 @@ async fn cgroup_v2_limits() {
             return;
         }
     }
+    // The tenant's cgroup exists once it is active (its first session).
+    let (mut a, _) = gw.session_of("a").await;
     let t = format!("{mount}/exec-gateway/gw-{}/a", gw.child.id());
     let read = |f: &str| std::fs::read_to_string(format!("{t}/{f}")).unwrap_or_default();
     assert_eq!(read("pids.max").trim(), "40");
     assert_eq!(read("memory.max").trim(), "67108864");
     assert_eq!(read("cpu.max").trim(), "50000 100000");
-    let (mut a, _) = gw.session_of("a").await;
     let cg = own_cgroup(&mut a, "own").await;
     assert_eq!(
         std::fs::read_to_string(format!("{mount}{cg}/memory.oom.group"))

@@ -198,6 +198,8 @@ async fn a_pod_starts_and_stays_enterable(cgroupns: bool) {
             "",
             "start {start}: the pod's cgroup holds processes"
         );
+        // The tenant's cgroup exists once it is active (its first session).
+        let (mut a, _) = gw.session_of("a").await;
         let tenant = pod.dir.join(format!("exec-gateway/gw-{pid}/a"));
         assert_eq!(
             std::fs::read_to_string(tenant.join("pids.max"))
@@ -205,7 +207,6 @@ async fn a_pod_starts_and_stays_enterable(cgroupns: bool) {
                 .trim(),
             "40"
         );
-        let (mut a, _) = gw.session_of("a").await;
         a.start("where", &["sh", "-c", "grep '^0::' /proc/self/cgroup"])
             .await;
         let line = a.first_line("where").await;
