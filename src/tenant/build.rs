@@ -13,7 +13,7 @@ use super::confine::{Hide, root_idmap, sandbox_spec, unshared_tmp};
 use super::{Tenant, effective_network};
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
 use crate::backend::remote::RemoteBackend;
-use crate::config::{ConfigError, Network, Settings, TenantSettings, UidLedger};
+use crate::config::{ConfigError, Network, TenantSettings, UidLedger};
 use crate::fs::FsRoot;
 use crate::isolation::Layers;
 use crate::isolation::cgroup::TenantCgroup;
@@ -452,25 +452,4 @@ fn start_workers(
         metrics: Some(metrics),
     })
     .map_err(|e| err(e.to_string()))
-}
-
-/// The gateway settings an activation needs.
-pub(super) fn context(
-    settings: &Settings,
-    reaper: Option<Arc<Reaper>>,
-    metrics: Arc<Metrics>,
-    global_slots: Arc<Semaphore>,
-    layers: Layers,
-    executors: Option<Arc<Registry>>,
-) -> BuildContext {
-    BuildContext {
-        reaper,
-        metrics,
-        global_slots,
-        layers,
-        executors,
-        secret_files: settings.secret_files.clone(),
-        exited_retention: settings.exited_retention,
-        slow_client_timeout: settings.slow_client_timeout,
-    }
 }

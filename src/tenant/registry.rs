@@ -133,14 +133,16 @@ impl Tenants {
             r.watch_cgroup(&dir);
         }
         Ok(Tenants {
-            ctx: Arc::new(build::context(
-                settings,
+            ctx: Arc::new(BuildContext {
                 reaper,
                 metrics,
                 global_slots,
                 layers,
                 executors,
-            )),
+                secret_files: settings.secret_files.clone(),
+                exited_retention: settings.exited_retention,
+                slow_client_timeout: settings.slow_client_timeout,
+            }),
             set: ArcSwap::from_pointee(TenantSet::new(settings)),
             live: Mutex::new(HashMap::new()),
             replaced: Mutex::new(Vec::new()),
