@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::middleware::{self, RpcService, StackSettings};
 use crate::registry::Registry;
 use crate::session::SessionRegistry;
-use crate::tenant::Tenants;
+use crate::tenant::{TenantSet, TenantSetCell, Tenants};
 
 /// Tenants whose limits `/readyz` lists.
 pub const REPORTED_TENANTS: usize = 100;
@@ -62,8 +62,8 @@ impl Gateway {
         let global_slots = Arc::new(tokio::sync::Semaphore::new(settings.max_processes));
         // Validate keys before touching the host (cgroups): a bad config
         // must fail with one line and leave nothing behind.
-        let known = Arc::new(std::sync::OnceLock::<std::sync::Weak<Gateway>>::new());
-        let auth = authenticator(&settings, &metrics, &known)?;
+        let tenant_set = TenantSet::cell(&settings);
+        let auth = authenticator(&settings, &metrics, &tenant_set)?;
         let layers = crate::probe::layers(&settings, &metrics)?;
         let executors = settings
             .executors
@@ -79,6 +79,7 @@ impl Gateway {
             .map_err(ConfigError)?;
         let tenants = Tenants::new(
             &settings,
+            tenant_set,
             reaper.clone(),
             metrics.clone(),
             global_slots,
@@ -133,7 +134,6 @@ impl Gateway {
             stopped: CancellationToken::new(),
             reaper,
         });
-        let _ = known.set(Arc::downgrade(&gw));
         // Remote key sets are fetched in the background from now on.
         gw.auth().start(gw.auth_stop.lock().clone());
         crate::task::start("tenant-sweep", sweep(Arc::downgrade(&gw)));
@@ -150,9 +150,7 @@ impl Gateway {
     /// restart and is named in the returned line; nothing is applied if
     /// the new tenants or keys are refused.
     pub fn reload(self: &Arc<Self>, new: &Settings) -> Result<String, ConfigError> {
-        let known = Arc::new(std::sync::OnceLock::new());
-        let _ = known.set(Arc::downgrade(self));
-        let auth = authenticator(new, &self.metrics, &known)?;
+        let auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
         let tenants = self.tenants.reload(new)?;
         let stop = CancellationToken::new();
         auth.start(stop.clone());
@@ -459,21 +457,17 @@ impl Gateway {
     }
 }
 
-/// The authenticator of `settings`, knowing tenants through the gateway
-/// (once it exists) so a reload's tenants count at once.
+/// The authenticator of `settings`, knowing the tenants of `tenants`
+/// (whatever a reload puts there).
 fn authenticator(
     settings: &Settings,
     metrics: &Arc<Metrics>,
-    gw: &Arc<std::sync::OnceLock<std::sync::Weak<Gateway>>>,
+    tenants: &TenantSetCell,
 ) -> Result<Authenticator, ConfigError> {
-    let gw = gw.clone();
+    let tenants = tenants.clone();
     let mut auth = Authenticator::new(
         &settings.auth,
-        Arc::new(move |name: &str| {
-            gw.get()
-                .and_then(std::sync::Weak::upgrade)
-                .is_some_and(|g| g.tenants.knows(name))
-        }),
+        Arc::new(move |name: &str| tenants.load().knows(name)),
     )
     .map_err(ConfigError)?;
     let fetches = metrics.jwks_fetches.clone();

@@ -160,12 +160,7 @@ impl Metrics {
             method: method.to_owned(),
             outcome: outcome.to_owned(),
         };
-        if let Some(c) = self.requests.get(&l) {
-            c.inc();
-            return;
-        }
-        self.requests.get_or_create(&l).inc();
-        self.remember(tenant, Remembered::Request(l));
+        self.count(&self.requests, tenant, l, Remembered::Request);
     }
 
     /// Count a call of `tenant` shed for `reason`.
@@ -174,12 +169,7 @@ impl Metrics {
             tenant: tenant.to_owned(),
             reason: reason.to_owned(),
         };
-        if let Some(c) = self.shed.get(&l) {
-            c.inc();
-            return;
-        }
-        self.shed.get_or_create(&l).inc();
-        self.remember(tenant, Remembered::Shed(l));
+        self.count(&self.shed, tenant, l, Remembered::Shed);
     }
 
     /// Count a call of `tenant` refused by its `quota`.
@@ -188,12 +178,26 @@ impl Metrics {
             tenant: tenant.to_owned(),
             quota: quota.to_owned(),
         };
-        if let Some(c) = self.quota_refused.get(&l) {
+        self.count(&self.quota_refused, tenant, l, Remembered::Quota);
+    }
+
+    /// Count one in `family`'s series `l` of `tenant`'s, remembering a new
+    /// series so it goes with the tenant.
+    fn count<L>(
+        &self,
+        family: &Family<L, Counter>,
+        tenant: &str,
+        l: L,
+        remembered: fn(L) -> Remembered,
+    ) where
+        L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+    {
+        if let Some(c) = family.get(&l) {
             c.inc();
             return;
         }
-        self.quota_refused.get_or_create(&l).inc();
-        self.remember(tenant, Remembered::Quota(l));
+        family.get_or_create(&l).inc();
+        self.remember(tenant, remembered(l));
     }
 
     /// Note a series of `tenant`'s with more labels than the tenant, to

@@ -53,7 +53,10 @@ pub(super) async fn reload_on_change(
     loop {
         let why = tokio::select! {
             s = hup.recv() => match s {
-                Some(()) => "SIGHUP",
+                Some(()) => {
+                    seen = config_fingerprint(config.as_deref(), &secrets);
+                    "SIGHUP"
+                }
                 None => return,
             },
             _ = poll.tick() => {
@@ -64,10 +67,11 @@ pub(super) async fn reload_on_change(
                 if now == seen {
                     continue;
                 }
+                // These files are tried once, reloaded or refused.
+                seen = now;
                 "the configuration's files changed"
             }
         };
-        seen = config_fingerprint(config.as_deref(), &secrets);
         let r = reread.clone();
         let result = match tokio::task::spawn_blocking(move || r()).await {
             Ok(Ok(new)) => gw.reload(&new).map(|s| (s, new.secret_files)),

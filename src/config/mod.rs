@@ -247,6 +247,10 @@ impl Config {
                 "[isolation] uid = \"required\" with a [tenant_template]: templated tenants' uids are allocated, which needs the gateway to run as root".to_owned(),
             ));
         }
+        // The templated tenants' uids, which configured ones must not take.
+        let ledger = template
+            .as_ref()
+            .map(|t| UidLedger::new(&t.roots, uid_range, &BTreeMap::new()));
         let mut tenants = BTreeMap::new();
         for (name, t) in self.tenants {
             tenants.insert(name.clone(), validate_tenant(&name, t, isolation.uid)?);
@@ -259,15 +263,12 @@ impl Config {
             }
             if tenants.values().any(|t| t.uid.is_none()) {
                 let host = uids::host_ids();
-                match &template {
-                    Some(t) => {
-                        let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
-                        allocate_uids(
-                            &mut tenants,
-                            uid_range,
-                            &uids::HostAndLedger(host.as_ref(), &ledger),
-                        )?
-                    }
+                match &ledger {
+                    Some(ledger) => allocate_uids(
+                        &mut tenants,
+                        uid_range,
+                        &uids::HostAndLedger(host.as_ref(), ledger),
+                    )?,
                     None => allocate_uids(&mut tenants, uid_range, host.as_ref())?,
                 }
             }
@@ -288,11 +289,10 @@ impl Config {
             refuse_exposed_keys(name, t, &secret_files)?;
         }
         refuse_nested_roots(&tenants)?;
-        if let Some(t) = &template {
+        if let (Some(t), Some(ledger)) = (&template, &ledger) {
             template::refuse_template_overlaps(t, tenants.iter(), &secret_files)?;
             // A configured uid the ledger gives a templated tenant would
             // make the two one user.
-            let ledger = UidLedger::new(&t.roots, uid_range, &BTreeMap::new());
             for (name, s) in &tenants {
                 let Some((u, g)) = s.uid.filter(|_| !s.uid_allocated) else {
                     continue;
@@ -484,10 +484,11 @@ fn refuse_unfit_inbound(s: &Settings) -> Result<(), ConfigError> {
         .template
         .as_ref()
         .map(|t| ("tenant_template".to_owned(), &t.example));
-    for (name, t) in s.tenants.iter().map(|(n, t)| (n.clone(), t)).chain(example) {
+    let configured = s.tenants.iter().map(|(n, t)| (format!("tenants.{n}"), t));
+    for (section, t) in configured.chain(example) {
         if t.max_inbound_bytes < m {
             return Err(ConfigError(format!(
-                "tenants.{name}.max_inbound_bytes ({}) is less than server.max_message_bytes ({m}): a message of the allowed size could never be received",
+                "{section}.max_inbound_bytes ({}) is less than server.max_message_bytes ({m}): a message of the allowed size could never be received",
                 t.max_inbound_bytes
             )));
         }

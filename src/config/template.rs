@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::common::ConfigError;
 use super::isolation::LayerPolicy;
-use super::tenants::{TenantConfig, TenantSettings, validate_tenant_at};
+use super::tenants::{TenantConfig, TenantSettings, check_name, validate_tenant_at};
 
 /// Default `name_pattern`: a DNS label, as Kubernetes names namespaces
 /// (lower case, digits and `-`, at most 63 characters, no `-` at either
@@ -99,13 +99,7 @@ impl TemplateSettings {
     /// whole, and it is a plain directory name of at most
     /// [`MAX_TEMPLATED_NAME`] bytes.
     pub fn admits(&self, name: &str) -> bool {
-        !name.is_empty()
-            && name.len() <= MAX_TEMPLATED_NAME
-            && super::tenants::reserved_name(name).is_none()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-            && self.matcher.is_match(name)
+        name.len() <= MAX_TEMPLATED_NAME && check_name(name).is_ok() && self.matcher.is_match(name)
     }
 }
 

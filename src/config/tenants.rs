@@ -356,18 +356,7 @@ pub(super) fn validate_tenant_at(
     uid_policy: LayerPolicy,
     root_exists: bool,
 ) -> Result<TenantSettings, ConfigError> {
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-    {
-        return Err(ConfigError(format!(
-            "tenant name `{name}`: use letters, digits, '-', '_' or '.'"
-        )));
-    }
-    if let Some(why) = reserved_name(name) {
-        return Err(ConfigError(format!("tenant name `{name}`: {why}")));
-    }
+    check_name(name)?;
     let root = t
         .root
         .ok_or_else(|| ConfigError(format!("tenants.{name}.root is required")))?;
@@ -522,11 +511,28 @@ pub(super) fn validate_tenant_at(
     })
 }
 
+/// A tenant name: letters, digits, '-', '_' or '.', and not reserved.
+pub(super) fn check_name(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err(ConfigError(format!(
+            "tenant name `{name}`: use letters, digits, '-', '_' or '.'"
+        )));
+    }
+    match reserved_name(name) {
+        Some(why) => Err(ConfigError(format!("tenant name `{name}`: {why}"))),
+        None => Ok(()),
+    }
+}
+
 /// Why `name` cannot be a tenant's even in the allowed characters: it
 /// would be read as an option (a leading `-`), be `.` or `..` or hidden
 /// (a leading `.`), or name a cgroup control file where tenants' cgroups
 /// are made (`tasks`, `cgroup.procs`, `memory.max`...).
-pub fn reserved_name(name: &str) -> Option<&'static str> {
+fn reserved_name(name: &str) -> Option<&'static str> {
     const CGROUP_FILES: &[&str] = &["tasks", "notify_on_release", "release_agent"];
     const CONTROLLERS: &[&str] = &[
         "cgroup",

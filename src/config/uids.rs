@@ -247,7 +247,7 @@ impl UidLedger {
 
     /// Whether the ledger gives `id` to a templated tenant.
     pub fn holds(&self, id: u32) -> bool {
-        std::fs::symlink_metadata(self.dir.join(id.to_string())).is_ok()
+        self.holder(id).is_some()
     }
 }
 

@@ -18,7 +18,7 @@ mod registry;
 
 pub use accounting::{Account, Usage};
 pub use confine::effective_network;
-pub use registry::Tenants;
+pub use registry::{TenantSet, TenantSetCell, Tenants};
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -136,9 +136,7 @@ impl Tenant {
     /// once a reload removed the tenant, as an unknown tenant).
     pub fn claim_session(&self) -> Result<(), crate::error::GatewayError> {
         if self.is_removed() {
-            return Err(crate::error::GatewayError::Unauthenticated(
-                crate::auth::AuthError::UnknownTenant.to_string(),
-            ));
+            return Err(unknown_tenant());
         }
         if self.try_add_session() {
             Ok(())
@@ -204,6 +202,11 @@ impl Tenant {
         }
         stale
     }
+}
+
+/// What a caller of a tenant that does not exist (or no longer) gets.
+pub fn unknown_tenant() -> crate::error::GatewayError {
+    crate::error::GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string())
 }
 
 fn limiter(t: &TenantSettings) -> DefaultDirectRateLimiter {

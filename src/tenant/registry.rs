@@ -11,9 +11,9 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::{OwnedMutexGuard, Semaphore};
 
-use super::Tenant;
 use super::accounting::{Account, Accounts, Usage};
 use super::build::{self, BuildContext, Origin};
+use super::{Tenant, unknown_tenant};
 use crate::config::{ConfigError, Settings, TemplateSettings, TenantSettings, UidLedger};
 use crate::error::GatewayError;
 use crate::isolation::Layers;
@@ -29,7 +29,16 @@ pub struct TenantSet {
     ledger: Option<UidLedger>,
 }
 
+/// The tenant set in force, shared with whatever must know the tenants
+/// (the token verifier) and swapped whole by a reload.
+pub type TenantSetCell = Arc<ArcSwap<TenantSet>>;
+
 impl TenantSet {
+    /// `s`'s tenants, in a cell of their own.
+    pub fn cell(s: &Settings) -> TenantSetCell {
+        Arc::new(ArcSwap::from_pointee(TenantSet::new(s)))
+    }
+
     fn new(s: &Settings) -> TenantSet {
         TenantSet {
             configured: s.tenants.clone(),
@@ -94,7 +103,7 @@ pub struct Retiring {
 /// All tenants.
 pub struct Tenants {
     ctx: Arc<BuildContext>,
-    set: ArcSwap<TenantSet>,
+    set: TenantSetCell,
     live: Mutex<HashMap<Arc<str>, Arc<Slot>>>,
     /// Stale activations replaced by newer ones, serving their live
     /// sessions until nothing holds them.
@@ -105,10 +114,12 @@ pub struct Tenants {
 }
 
 impl Tenants {
-    /// The tenants of `settings`, none active yet. Configured tenants are
-    /// checked for what would keep them from ever starting.
+    /// The tenants of `set` (made from `settings`), none active yet.
+    /// Configured tenants are checked for what would keep them from ever
+    /// starting.
     pub fn new(
         settings: &Settings,
+        set: TenantSetCell,
         reaper: Option<Arc<Reaper>>,
         metrics: Arc<Metrics>,
         global_slots: Arc<Semaphore>,
@@ -143,7 +154,7 @@ impl Tenants {
                 exited_retention: settings.exited_retention,
                 slow_client_timeout: settings.slow_client_timeout,
             }),
-            set: ArcSwap::from_pointee(TenantSet::new(settings)),
+            set,
             live: Mutex::new(HashMap::new()),
             replaced: Mutex::new(Vec::new()),
             accounts: Arc::default(),
@@ -157,6 +168,11 @@ impl Tenants {
         self.set.load_full()
     }
 
+    /// The cell the tenant set lives in.
+    pub fn set_cell(&self) -> TenantSetCell {
+        self.set.clone()
+    }
+
     /// Whether a token naming `name` has a tenant.
     pub fn knows(&self, name: &str) -> bool {
         self.set.load().knows(name)
@@ -167,15 +183,13 @@ impl Tenants {
     /// refused as unauthenticated; one more than `max_active_tenants`
     /// first retires an idle one, else is refused as overloaded.
     pub async fn get(&self, name: &str) -> Result<Arc<Tenant>, GatewayError> {
-        let unknown =
-            || GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string());
         let (slot, evicted) = {
             let mut live = self.live.lock();
             match live.get(name) {
                 Some(s) => (s.clone(), None),
                 None => {
                     if !self.knows(name) {
-                        return Err(unknown());
+                        return Err(unknown_tenant());
                     }
                     let active = live
                         .values()
@@ -208,7 +222,7 @@ impl Tenants {
         let mut state = slot.state.clone().lock_owned().await;
         if let Some(t) = state.as_ref() {
             if t.is_removed() {
-                return Err(unknown());
+                return Err(unknown_tenant());
             }
             if !t.is_stale() {
                 *slot.idle_since.lock() = None;
@@ -252,9 +266,7 @@ impl Tenants {
     /// Build tenant `name` from the current settings, off the async threads.
     async fn activate(&self, name: &str, generation: u64) -> Result<Arc<Tenant>, GatewayError> {
         let set = self.set.load_full();
-        let unknown =
-            || GatewayError::Unauthenticated(crate::auth::AuthError::UnknownTenant.to_string());
-        let (settings, templated) = set.settings_for(name).ok_or_else(unknown)?;
+        let (settings, templated) = set.settings_for(name).ok_or_else(unknown_tenant)?;
         let ctx = self.ctx.clone();
         let owned = name.to_owned();
         let started = Instant::now();
@@ -306,7 +318,7 @@ impl Tenants {
                 return true;
             }
             let since = *slot.idle_since.lock().get_or_insert(now);
-            let done = t.is_removed() || t.stale.load(std::sync::atomic::Ordering::Acquire);
+            let done = t.is_removed() || t.is_stale();
             if done || now.duration_since(since) >= self.idle_timeout {
                 // The slot stays, locked until the retirement is done: an
                 // activation of the same name waits for it (they share
