@@ -271,3 +271,121 @@ async fn confined_root_refuses_escapes() {
     )
     .await;
 }
+
+/// `ln -s "$PWD/x" y`: an absolute symlink naming a path inside the root
+/// works in every fs method, as a relative one does; one that leaves the
+/// root (directly, through `..`, or through a chain) is still refused.
+#[tokio::test]
+async fn absolute_symlinks_inside_the_root_work_everywhere() {
+    let tmp = common::scratch();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("dir/sub")).unwrap();
+    std::fs::write(root.join("dir/f"), b"inside").unwrap();
+    std::fs::write(tmp.path().join("secret"), b"s3cret").unwrap();
+    let link = |target: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+    };
+    link(&root.join("dir/f"), "file-link");
+    link(&root.join("dir"), "dir-link");
+    link(&root, "root-link");
+    link(&root.join("dir-link/f"), "chain-link");
+    link(&root.join("dir/new"), "dangling-in");
+    link(&root.join("dir/../../secret"), "dotdot-out");
+    link(&tmp.path().join("secret"), "abs-out");
+    link(&root.join("abs-out"), "chain-out");
+    let root_s = root.display().to_string();
+    let gw = Gateway::start_with(|dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"{root_s}\"\n",
+            dir.display()
+        )
+    });
+    let (mut c, _) = gw.session().await;
+    let r = root_s.as_str();
+    for path in [
+        format!("{r}/file-link"),
+        format!("{r}/dir-link/f"),
+        format!("{r}/root-link/dir/f"),
+        format!("{r}/chain-link"),
+    ] {
+        let got = c.call("fs/readFile", json!({"path": path})).await;
+        assert_eq!(
+            unb64(got["dataBase64"].as_str().unwrap()),
+            b"inside",
+            "{path}"
+        );
+        let meta = c.call("fs/getMetadata", json!({"path": path})).await;
+        assert_eq!(meta["isFile"], true, "{path}: {meta}");
+        let canon = c.call("fs/canonicalize", json!({"path": path})).await;
+        assert_eq!(canon["path"], format!("{r}/dir/f"), "{path}");
+    }
+    let listed = c
+        .call("fs/readDirectory", json!({"path": format!("{r}/dir-link")}))
+        .await;
+    let mut names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["fileName"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", "sub"]);
+    // Writes through the links land inside the root.
+    c.call(
+        "fs/writeFile",
+        json!({"path": format!("{r}/dangling-in"), "dataBase64": b64(b"made")}),
+    )
+    .await;
+    assert_eq!(std::fs::read(root.join("dir/new")).unwrap(), b"made");
+    c.call(
+        "fs/createDirectory",
+        json!({"path": format!("{r}/dir-link/sub/deep"), "recursive": false}),
+    )
+    .await;
+    assert!(root.join("dir/sub/deep").is_dir());
+    c.call(
+        "fs/copy",
+        json!({"sourcePath": format!("{r}/file-link"), "destinationPath": format!("{r}/dir-link/copied"), "recursive": false}),
+    )
+    .await;
+    // A link is copied as the link it is (verbatim), as the reference does.
+    assert_eq!(
+        std::fs::read_link(root.join("dir/copied")).unwrap(),
+        root.join("dir/f")
+    );
+    c.call(
+        "fs/remove",
+        json!({"path": format!("{r}/dir-link/copied"), "recursive": false, "force": false}),
+    )
+    .await;
+    assert!(!root.join("dir/copied").exists());
+    assert!(root.join("dir/f").exists(), "the link's target stays");
+    // Removing a link removes the link, not what it names.
+    c.call(
+        "fs/remove",
+        json!({"path": format!("{r}/dir-link"), "recursive": true, "force": false}),
+    )
+    .await;
+    assert!(root.join("dir/f").exists() && !root.join("dir-link").exists());
+    for path in [
+        format!("{r}/dotdot-out"),
+        format!("{r}/abs-out"),
+        format!("{r}/chain-out"),
+    ] {
+        for method in ["fs/readFile", "fs/getMetadata", "fs/canonicalize"] {
+            let resp = c.call_raw(method, json!({"path": path})).await;
+            assert_eq!(resp["error"]["code"], -32004, "{method} {path}: {resp}");
+            let msg = resp["error"]["message"].as_str().unwrap();
+            assert!(msg.ends_with("is outside the tenant root"), "{path}: {msg}");
+        }
+    }
+    let resp = c
+        .call_raw(
+            "fs/writeFile",
+            json!({"path": format!("{r}/abs-out"), "dataBase64": b64(b"x")}),
+        )
+        .await;
+    assert_eq!(resp["error"]["code"], -32004, "{resp}");
+    assert_eq!(std::fs::read(tmp.path().join("secret")).unwrap(), b"s3cret");
+}

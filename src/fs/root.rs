@@ -14,9 +14,14 @@
 //! - Every access (`Target`) goes through the root's directory
 //!   descriptor with cap-std, which resolves each component beneath it
 //!   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` where the kernel
-//!   has it): `..` through a symlink, absolute symlinks (even ones pointing
-//!   back inside), symlinks pointing out and symlinks swapped in mid-call
-//!   all fail; `is_escape` recognises cap-std's refusal.
+//!   has it): `..` through a symlink, symlinks pointing out and symlinks
+//!   swapped in mid-call all fail; `is_escape` recognises cap-std's refusal.
+//! - An absolute symlink naming a path inside the root (`ln -s "$PWD/x"`)
+//!   works: when cap-std refuses a path, it is expanded once ([`expand`]:
+//!   each link read without following, an absolute target kept only if it
+//!   lies under the root's path, then taken relative to the root) and the
+//!   expansion is resolved by cap-std again. A link swapped between the
+//!   two is resolved beneath the root or refused, never followed out.
 //! - Files are opened `O_NONBLOCK` and checked to be regular (a planted
 //!   FIFO cannot hang a thread; a directory or device is refused).
 //! - `followSymlinks: false` refuses a path with a symbolic link in any
@@ -151,7 +156,12 @@ impl FsRoot {
                 } else {
                     rel.to_path_buf()
                 };
-                Ok(Target::Confined { dir, rel, norm })
+                Ok(Target::Confined {
+                    dir,
+                    root,
+                    rel,
+                    norm,
+                })
             }
         }
     }
@@ -177,6 +187,8 @@ pub(super) enum Target<'a> {
     Host(PathBuf),
     Confined {
         dir: &'a Dir,
+        /// The root's own path (absolute symlink targets are read against it).
+        root: &'a Path,
         rel: PathBuf,
         /// The normalised absolute path, for messages and containment checks.
         norm: PathBuf,
@@ -194,11 +206,31 @@ impl<'a> Target<'a> {
     pub(super) fn join(&self, name: &std::ffi::OsStr) -> Target<'a> {
         match self {
             Target::Host(p) => Target::Host(p.join(name)),
-            Target::Confined { dir, rel, norm } => Target::Confined {
+            Target::Confined {
                 dir,
+                root,
+                rel,
+                norm,
+            } => Target::Confined {
+                dir,
+                root,
                 rel: rel.join(name),
                 norm: norm.join(name),
             },
+        }
+    }
+
+    /// Run `op` on the root's directory and this path beneath it. If cap-std
+    /// refuses the path as an escape, it may hold absolute symlinks naming
+    /// paths inside the root: `op` runs once more on the [`expand`]ed path
+    /// (`last`: whether `op` follows a link in the last component).
+    fn beneath<T>(&self, last: bool, op: impl Fn(&Dir, &Path) -> io::Result<T>) -> io::Result<T> {
+        let Target::Confined { dir, root, rel, .. } = self else {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        };
+        match op(dir, rel) {
+            Err(e) if is_escape(&e) => op(dir, &expand(dir, root, rel, last)?),
+            r => r,
         }
     }
 
@@ -232,13 +264,9 @@ impl<'a> Target<'a> {
     pub(super) fn canonicalize(&self) -> io::Result<PathBuf> {
         match self {
             Target::Host(p) => std::fs::canonicalize(p),
-            Target::Confined { dir, rel, norm } => {
-                let real = dir.canonicalize(rel)?;
+            Target::Confined { root, .. } => {
                 // The root's own path, plus the resolved path beneath it.
-                let root = norm
-                    .ancestors()
-                    .nth(rel.components().filter(|c| *c != Component::CurDir).count())
-                    .unwrap_or(Path::new("/"));
+                let real = self.beneath(true, |d, rel| d.canonicalize(rel))?;
                 Ok(normalize(&root.join(real)))
             }
         }
@@ -247,14 +275,16 @@ impl<'a> Target<'a> {
     pub(super) fn metadata(&self) -> io::Result<Meta> {
         match self {
             Target::Host(p) => std::fs::metadata(p).map(Meta::Std),
-            Target::Confined { dir, rel, .. } => dir.metadata(rel).map(Meta::Cap),
+            Target::Confined { .. } => self.beneath(true, |d, rel| d.metadata(rel).map(Meta::Cap)),
         }
     }
 
     pub(super) fn symlink_metadata(&self) -> io::Result<Meta> {
         match self {
             Target::Host(p) => std::fs::symlink_metadata(p).map(Meta::Std),
-            Target::Confined { dir, rel, .. } => dir.symlink_metadata(rel).map(Meta::Cap),
+            Target::Confined { .. } => {
+                self.beneath(false, |d, rel| d.symlink_metadata(rel).map(Meta::Cap))
+            }
         }
     }
 
@@ -268,10 +298,11 @@ impl<'a> Target<'a> {
                     .custom_flags(libc::O_NONBLOCK)
                     .open(p)?
             }
-            Target::Confined { dir, rel, .. } => {
+            Target::Confined { .. } => {
                 let mut o = CapOpenOptions::new();
                 o.read(true).custom_flags(libc::O_NONBLOCK);
-                dir.open_with(rel, &o)?.into_std()
+                self.beneath(true, |d, rel| d.open_with(rel, &o))?
+                    .into_std()
             }
         };
         let meta = file.metadata()?;
@@ -298,13 +329,14 @@ impl<'a> Target<'a> {
                     .custom_flags(libc::O_NONBLOCK)
                     .open(p)?
             }
-            Target::Confined { dir, rel, .. } => {
+            Target::Confined { .. } => {
                 let mut o = CapOpenOptions::new();
                 o.write(true)
                     .create(true)
                     .truncate(true)
                     .custom_flags(libc::O_NONBLOCK);
-                dir.open_with(rel, &o)?.into_std()
+                self.beneath(true, |d, rel| d.open_with(rel, &o))?
+                    .into_std()
             }
         };
         if !file.metadata()?.is_file() {
@@ -320,8 +352,8 @@ impl<'a> Target<'a> {
         match (self, recursive) {
             (Target::Host(p), true) => std::fs::create_dir_all(p),
             (Target::Host(p), false) => std::fs::create_dir(p),
-            (Target::Confined { dir, rel, .. }, true) => dir.create_dir_all(rel),
-            (Target::Confined { dir, rel, .. }, false) => dir.create_dir(rel),
+            (Target::Confined { .. }, true) => self.beneath(true, |d, rel| d.create_dir_all(rel)),
+            (Target::Confined { .. }, false) => self.beneath(false, |d, rel| d.create_dir(rel)),
         }
     }
 
@@ -331,8 +363,8 @@ impl<'a> Target<'a> {
             Target::Host(p) => std::fs::read_dir(p)?
                 .map(|e| e.map(|e| e.file_name()))
                 .collect(),
-            Target::Confined { dir, rel, .. } => dir
-                .read_dir(rel)?
+            Target::Confined { .. } => self
+                .beneath(true, |d, rel| d.read_dir(rel))?
                 .map(|e| e.map(|e| e.file_name()))
                 .collect(),
         }
@@ -341,7 +373,7 @@ impl<'a> Target<'a> {
     pub(super) fn remove_file(&self) -> io::Result<()> {
         match self {
             Target::Host(p) => std::fs::remove_file(p),
-            Target::Confined { dir, rel, .. } => dir.remove_file(rel),
+            Target::Confined { .. } => self.beneath(false, |d, rel| d.remove_file(rel)),
         }
     }
 
@@ -349,8 +381,8 @@ impl<'a> Target<'a> {
         match (self, recursive) {
             (Target::Host(p), true) => std::fs::remove_dir_all(p),
             (Target::Host(p), false) => std::fs::remove_dir(p),
-            (Target::Confined { dir, rel, .. }, true) => dir.remove_dir_all(rel),
-            (Target::Confined { dir, rel, .. }, false) => dir.remove_dir(rel),
+            (Target::Confined { .. }, true) => self.beneath(false, |d, rel| d.remove_dir_all(rel)),
+            (Target::Confined { .. }, false) => self.beneath(false, |d, rel| d.remove_dir(rel)),
         }
     }
 
@@ -358,16 +390,96 @@ impl<'a> Target<'a> {
         match self {
             Target::Host(p) => std::fs::read_link(p),
             // The link's text, not resolved: it is copied verbatim.
-            Target::Confined { dir, rel, .. } => dir.read_link_contents(rel),
+            Target::Confined { .. } => self.beneath(false, |d, rel| d.read_link_contents(rel)),
         }
     }
 
     pub(super) fn symlink(&self, original: &Path) -> io::Result<()> {
         match self {
             Target::Host(p) => std::os::unix::fs::symlink(original, p),
-            Target::Confined { dir, rel, .. } => dir.symlink_contents(original, rel),
+            Target::Confined { .. } => {
+                self.beneath(false, |d, rel| d.symlink_contents(original, rel))
+            }
         }
     }
+}
+
+/// Most symbolic links one expansion follows (the kernel's MAXSYMLINKS).
+const MAX_LINKS: usize = 40;
+
+fn escape() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "a path led outside of the filesystem",
+    )
+}
+
+/// `rel` (beneath `dir`, the root at `root`) with its symbolic links
+/// replaced by what they name (the last component's only with `last`), as
+/// a path beneath the root: a relative target continues where the link
+/// is, an absolute one must lie under `root` and continues from the root,
+/// and `..` above the root is an escape. Links are read, never followed
+/// (the result is resolved by cap-std again, so a link swapped in
+/// meanwhile is confined as any other). Once a component is missing, the
+/// rest is kept as written: the operation reports what is missing.
+fn expand(dir: &Dir, root: &Path, rel: &Path, last: bool) -> io::Result<PathBuf> {
+    use std::ffi::OsString;
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        let parts: Vec<OsString> = p
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some(OsString::from("..")),
+                _ => None,
+            })
+            .collect();
+        todo.extend(parts.into_iter().rev());
+    };
+    let mut done = PathBuf::new();
+    let mut todo = Vec::new();
+    push_all(&mut todo, rel);
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            if !done.pop() {
+                return Err(escape());
+            }
+            continue;
+        }
+        let here = done.join(&name);
+        if !todo.is_empty() || last {
+            match dir.symlink_metadata(&here) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                    }
+                    let target = dir.read_link_contents(&here)?;
+                    if target.is_absolute() {
+                        let inside = target.strip_prefix(root).map_err(|_| escape())?;
+                        done = PathBuf::new();
+                        push_all(&mut todo, inside);
+                    } else {
+                        push_all(&mut todo, &target);
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    done.push(name);
+                    while let Some(rest) = todo.pop() {
+                        done.push(rest);
+                    }
+                    break;
+                }
+            }
+        }
+        done = here;
+    }
+    if done.as_os_str().is_empty() {
+        done.push(".");
+    }
+    Ok(done)
 }
 
 /// Resolve `path`; with `follow: Some(false)`, refuse one that goes
