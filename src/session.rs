@@ -213,7 +213,7 @@ impl SessionRegistry {
             tenant.remove_session();
             return Err(GatewayError::SessionAttached {
                 id,
-                current: existing.revision.policy().current_error_texts,
+                current: existing.revision.attached_error_is_current(),
             });
         }
         tenant.metrics.sessions.inc();
@@ -251,7 +251,7 @@ impl SessionRegistry {
             if session.attachment.is_attached() {
                 return Err(GatewayError::SessionAttached {
                     id: id.to_owned(),
-                    current: session.revision.policy().current_error_texts,
+                    current: session.revision.attached_error_is_current(),
                 });
             }
             session.epoch.fetch_add(1, Ordering::Relaxed);

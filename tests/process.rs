@@ -678,3 +678,26 @@ async fn a_closed_sessions_processes_end_though_another_session_holds_their_pipe
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Both revisions' clients send the same `initialize`, so a resume of a
+/// session that has not yet told its revision (no path sent) is answered
+/// as today's Codex answers it: -32010, not May's -32600.
+#[tokio::test]
+async fn a_resume_conflict_on_an_untold_session_answers_as_current_codex() {
+    let gw = Gateway::start("");
+    let (_c1, sid) = gw.session().await;
+    let mut c2 = gw.connect().await;
+    let (code, msg) = c2
+        .call_err(
+            "initialize",
+            json!({"clientName":"t","resumeSessionId": sid}),
+        )
+        .await;
+    assert_eq!(
+        (code, msg),
+        (
+            -32010,
+            format!("session {sid} is already attached to another connection")
+        )
+    );
+}

@@ -164,6 +164,15 @@ impl RevisionCell {
         self.or_default().policy()
     }
 
+    /// Whether a resume of this session while it is attached elsewhere is
+    /// answered as 0.169.0 answers it (-32010): unless the session is known
+    /// to be a May one. The resuming client cannot be told apart at
+    /// `initialize` (both send the same bytes), and the current one is
+    /// what is run today.
+    pub fn attached_error_is_current(&self) -> bool {
+        self.get() != Some(Revision::May2026)
+    }
+
     /// Learn the revision from a request that tells it; returns the
     /// session's revision (the first one learned wins).
     pub fn observe(&self, told: Revision) -> Revision {
