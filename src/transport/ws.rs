@@ -142,6 +142,22 @@ async fn handle(
         let key = key.as_bytes().to_vec();
         return Ok(rendezvous(req, &gw, id, &conn, &key));
     }
+    // A draining fleet replica takes no new connection: 503 before the
+    // upgrade, which a balancer retries on another replica (nginx
+    // `proxy_next_upstream http_503`, HAProxy `retry-on 503`); a resume of
+    // a session here then reaches it through that replica's relay. A
+    // replica alone keeps accepting, so its own sessions can be resumed
+    // while they finish.
+    if gw.fleet.is_some() && gw.is_draining() {
+        tracing::info!(%peer, "websocket handshake refused: draining");
+        let mut r = response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining; retry on another replica\n",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return Ok(r);
+    }
     // Authenticate before the upgrade; the token is never logged.
     let token = crate::auth::bearer_token(
         req.headers()
