@@ -74,13 +74,26 @@ pub struct Account {
 /// Retired activations' usage, by tenant.
 #[derive(Default)]
 pub(super) struct Accounts {
+    /// Activations taken out of the registry and being retired: still
+    /// reported as active (with their metric series) until their usage is
+    /// folded in, so no report misses or double-counts one.
+    retiring: Mutex<Vec<Arc<Tenant>>>,
     retired: Mutex<HashMap<Arc<str>, Usage>>,
     dropped: std::sync::atomic::AtomicU64,
 }
 
 impl Accounts {
-    /// Fold a retired activation in.
-    pub(super) fn retire(&self, name: &Arc<str>, u: &Usage) {
+    /// An activation taken out of the registry, to be retired (called
+    /// under the registry lock it was taken under).
+    pub(super) fn begin(&self, t: &Arc<Tenant>) {
+        self.retiring.lock().push(t.clone());
+    }
+
+    /// Fold a retired activation's final usage in.
+    pub(super) fn retire(&self, t: &Arc<Tenant>, u: &Usage) {
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|r| !Arc::ptr_eq(r, t));
+        let name = &t.name;
         let mut m = self.retired.lock();
         if let Some(e) = m.get_mut(name) {
             e.add(u);
@@ -92,9 +105,18 @@ impl Accounts {
         }
     }
 
-    /// Every tenant's account: retired usage plus the live activation's.
+    /// Every tenant's account: retired usage plus the live activations'
+    /// (`live`, taken under the registry's locks while they are held) and
+    /// those being retired.
     pub(super) fn report(&self, live: &[Arc<Tenant>], only: Option<&str>) -> Vec<Account> {
         let mut out: HashMap<Arc<str>, Account> = HashMap::new();
+        let retiring = self.retiring.lock();
+        let mut live: Vec<&Arc<Tenant>> = live.iter().collect();
+        for t in retiring.iter() {
+            if !live.iter().any(|l| Arc::ptr_eq(l, t)) {
+                live.push(t);
+            }
+        }
         for (name, u) in self.retired.lock().iter() {
             if only.is_some_and(|o| o != &**name) {
                 continue;

@@ -197,7 +197,10 @@ impl Tenants {
                         .count();
                     let evicted = if active >= self.max_active {
                         match take_idle(&live) {
-                            Some(r) => Some(r),
+                            Some(r) => {
+                                self.accounts.begin(&r.tenant);
+                                Some(r)
+                            }
                             None => {
                                 tracing::warn!(
                                     tenant = name,
@@ -324,6 +327,7 @@ impl Tenants {
                 // activation of the same name waits for it (they share
                 // the cgroup's and the private /tmp's paths).
                 if let Some(tenant) = state.take() {
+                    self.accounts.begin(&tenant);
                     out.push(Retiring {
                         _slot: Some(state),
                         tenant,
@@ -338,6 +342,7 @@ impl Tenants {
             if Arc::strong_count(t) > 1 {
                 return true;
             }
+            self.accounts.begin(t);
             out.push(Retiring {
                 _slot: None,
                 tenant: t.clone(),
@@ -373,12 +378,20 @@ impl Tenants {
         out
     }
 
-    /// Every tenant's account (or `only` one's).
+    /// Every tenant's account (or `only` one's). The registry's locks are
+    /// held throughout: an activation moves from them to the accounts'
+    /// retiring list under them, so it is counted exactly once.
     pub fn accounts(&self, only: Option<&str>) -> (Vec<Account>, u64) {
-        (
-            self.accounts.report(&self.active(), only),
-            self.accounts.dropped(),
-        )
+        let live = self.live.lock();
+        let replaced = self.replaced.lock();
+        let mut active: Vec<Arc<Tenant>> = live
+            .values()
+            .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
+            .collect();
+        active.extend(replaced.iter().cloned());
+        let report = self.accounts.report(&active, only);
+        drop((replaced, live));
+        (report, self.accounts.dropped())
     }
 
     /// Stop every tenant's backend (shutdown; their sessions are gone) and
@@ -521,7 +534,7 @@ fn take_idle(live: &HashMap<Arc<str>, Arc<Slot>>) -> Option<Retiring> {
 fn retire(ctx: &BuildContext, accounts: &Accounts, r: Retiring) {
     let t = r.tenant;
     t.backend.retire();
-    accounts.retire(&t.name, &Usage::of(&t));
+    let usage = Usage::of(&t);
     if let Some(cg) = &t.cgroup {
         cg.remove();
     }
@@ -537,6 +550,8 @@ fn retire(ctx: &BuildContext, accounts: &Accounts, r: Retiring) {
     if !r.replaced {
         ctx.metrics.forget_tenant(&t.name);
     }
+    // Last: a report showing it inactive finds it wholly retired.
+    accounts.retire(&t, &usage);
     tracing::info!(tenant = %t.name, instance = %t.instance, "tenant retired");
     drop(t);
 }
