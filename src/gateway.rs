@@ -73,6 +73,7 @@ impl Gateway {
                     e,
                     settings.fleet.as_ref().map(|f| f.key.0.as_slice()),
                     metrics.clone(),
+                    settings.revocations.clone(),
                 )
             })
             .transpose()
@@ -152,6 +153,9 @@ impl Gateway {
     pub fn reload(self: &Arc<Self>, new: &Settings) -> Result<String, ConfigError> {
         let auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
         let tenants = self.tenants.reload(new)?;
+        if let Some(r) = &self.executors {
+            r.set_revocations(new.revocations.clone());
+        }
         let stop = CancellationToken::new();
         auth.start(stop.clone());
         self.auth.store(Arc::new(auth));

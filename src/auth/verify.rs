@@ -69,7 +69,16 @@ pub struct ExecutorPrincipal {
     /// The pool it may join.
     pub pool: String,
     pub subject: Option<String>,
+    /// The credential's `executor_id` claim: it registers only as that
+    /// executor.
+    pub executor: Option<String>,
+    /// Its `jti` (what a revocation names) and `exp` (when its links end).
+    pub jti: Option<String>,
+    pub expires: Option<u64>,
 }
+
+/// The claim binding an executor credential to one executor id.
+pub const EXECUTOR_ID_CLAIM: &str = "executor_id";
 
 /// Whether the scope claim lists `scope`.
 fn has_scope(claims: &Map<String, Value>, claim: &str, scope: &str) -> bool {
@@ -144,9 +153,18 @@ impl Authenticator {
             Some(Value::String(p)) if !p.is_empty() => p.clone(),
             _ => return Err(AuthError::MissingClaim(self.settings.pool_claim.clone())),
         };
+        let executor = match claims.get(EXECUTOR_ID_CLAIM) {
+            None => None,
+            Some(Value::String(e)) if !e.is_empty() => Some(e.clone()),
+            Some(_) => return Err(AuthError::MissingClaim(EXECUTOR_ID_CLAIM.to_owned())),
+        };
+        let text = |k: &str| claims.get(k).and_then(Value::as_str).map(str::to_owned);
         Ok(ExecutorPrincipal {
             pool,
-            subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
+            subject: text("sub"),
+            executor,
+            jti: text("jti"),
+            expires: claims.get("exp").and_then(Value::as_u64),
         })
     }
 

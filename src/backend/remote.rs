@@ -97,8 +97,11 @@ impl RemoteBackend {
         let executor = lease.executor.id.clone();
         let hello = handshake(&self.pool.name, &lease, resume, self.open_timeout).await?;
         lease.link.bind(attachment.clone());
+        // The executor's own description (0.169.0 gives one); one this
+        // gateway cannot read, or none (0.130.0), gets placeholders.
         let environment = hello
             .environment_info
+            .and_then(|v| serde_json::from_value::<EnvironmentInfo>(v).ok())
             .unwrap_or_else(|| placeholder_environment(&executor));
         let session = hello.session_id;
         Ok(OpenedRemote {
@@ -123,7 +126,7 @@ impl RemoteBackend {
 struct Hello {
     session_id: String,
     #[serde(default)]
-    environment_info: Option<EnvironmentInfo>,
+    environment_info: Option<serde_json::Value>,
 }
 
 /// `initialize` (resuming `resume`) and `initialized` on a fresh link.

@@ -30,8 +30,8 @@ pub use auth::{
 pub use common::{ConfigError, state_dir};
 pub use exec::ExecConfig;
 pub use executors::{
-    ExecutorsConfig, ExecutorsSettings, MAX_EXECUTOR_ID_BYTES, PoolConfig, PoolSettings,
-    is_executor_id,
+    AccessKey, ExecutorsConfig, ExecutorsSettings, MAX_EXECUTOR_ID_BYTES, PoolConfig, PoolSettings,
+    Revocations, is_executor_id,
 };
 pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER};
 pub use fleet::{
@@ -147,6 +147,8 @@ pub struct Settings {
     pub fleet: Option<FleetSettings>,
     /// `None`: no executor registry.
     pub executors: Option<ExecutorsSettings>,
+    /// `executors.revocations_file` as read now (re-read on reload).
+    pub revocations: std::sync::Arc<Revocations>,
 }
 
 impl Settings {
@@ -281,7 +283,8 @@ impl Config {
                 .key_file
                 .iter()
                 .chain(s.admin_token_file.iter())
-                .map(PathBuf::as_path),
+                .map(PathBuf::as_path)
+                .chain(executors::executor_secret_files(&self.executors)),
         ));
         secret_files.sort();
         secret_files.dedup();
@@ -326,6 +329,14 @@ impl Config {
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
         let executors = validate_executors(self.executors, &tenants)?;
+        let revocations = match executors
+            .as_ref()
+            .and_then(|e| e.revocations_file.as_deref())
+        {
+            Some(path) => Revocations::load(path)
+                .map_err(|e| ConfigError(format!("executors.revocations_file: {e}")))?,
+            None => Revocations::default(),
+        };
         let settings = Settings {
             listen,
             grpc_listen,
@@ -426,6 +437,7 @@ impl Config {
             isolation,
             fleet,
             executors,
+            revocations: std::sync::Arc::new(revocations),
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;

@@ -13,7 +13,9 @@
 //! tenant's `pool_labels`; when the session ends the link is closed and the
 //! executor registers again.
 
+mod direct;
 pub mod link;
+pub mod sigv4;
 pub mod ticket;
 
 use std::collections::BTreeMap;
@@ -26,10 +28,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::ExecutorPrincipal;
-use crate::config::{ExecutorsSettings, MAX_EXECUTOR_LABELS, PoolSettings, is_executor_id};
+use crate::config::{
+    AccessKey, ExecutorsSettings, MAX_EXECUTOR_LABELS, PoolSettings, Revocations, is_executor_id,
+};
 use crate::metrics::{ExecutorLabels, Metrics, PoolLabel, ReasonLabel};
+pub use direct::{DirectRegisterBody, DirectRegistered};
 pub use link::{Link, LinkError};
-use ticket::{Ticket, TicketError, Tickets};
+use ticket::{Credential, Ticket, Tickets};
 
 /// Largest registration body accepted.
 pub const MAX_REGISTRATION_BYTES: usize = 64 * 1024;
@@ -88,6 +93,12 @@ pub struct Registry {
     tickets: Tickets,
     pools: BTreeMap<String, Arc<Pool>>,
     metrics: Arc<Metrics>,
+    /// The revocations in force; every link watches it.
+    revocations: tokio::sync::watch::Sender<Arc<Revocations>>,
+    /// SigV4 access keys by id, with their pool.
+    access_keys: BTreeMap<String, (Arc<Pool>, AccessKey)>,
+    /// SigV4 signatures seen (until they leave the clock-skew window).
+    replays: direct::Replays,
 }
 
 impl Registry {
@@ -96,19 +107,47 @@ impl Registry {
         settings: ExecutorsSettings,
         fleet_key: Option<&[u8]>,
         metrics: Arc<Metrics>,
+        revocations: Arc<Revocations>,
     ) -> Result<Arc<Registry>, String> {
         let tickets = Tickets::new(fleet_key, settings.ticket_ttl)?;
-        let pools = settings
+        let pools: BTreeMap<String, Arc<Pool>> = settings
             .pools
             .values()
             .map(|p| (p.name.clone(), Pool::new(p.clone(), metrics.clone())))
+            .collect();
+        let access_keys = pools
+            .values()
+            .flat_map(|pool| {
+                pool.settings
+                    .access_keys
+                    .iter()
+                    .map(|k| (k.id.clone(), (pool.clone(), k.clone())))
+            })
             .collect();
         Ok(Arc::new(Registry {
             settings,
             tickets,
             pools,
             metrics,
+            revocations: tokio::sync::watch::Sender::new(revocations),
+            access_keys,
+            replays: direct::Replays::default(),
         }))
+    }
+
+    /// Put new revocations in force: a live link they name is closed.
+    pub fn set_revocations(&self, r: Arc<Revocations>) {
+        self.revocations.send_replace(r);
+    }
+
+    /// Which revocation names `cred` of `executor`, if one does.
+    fn revoked(&self, executor: &str, cred: &Credential) -> Option<String> {
+        self.revocations.borrow().revokes(
+            cred.jti.as_deref(),
+            executor,
+            cred.key.as_deref(),
+            cred.sub.as_deref(),
+        )
     }
 
     pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
@@ -187,6 +226,28 @@ impl Registry {
                 format!("a name is at most {MAX_EXECUTOR_NAME_BYTES} bytes, no control characters"),
             ));
         }
+        if let Some(bound) = principal.executor.as_deref()
+            && bound != executor_id
+        {
+            return Err(Refusal::new(
+                403,
+                "wrong_executor",
+                format!("the credential registers only executor {bound}"),
+            ));
+        }
+        let cred = Credential {
+            jti: principal.jti.clone(),
+            sub: principal.subject.clone(),
+            key: None,
+            exp: principal.expires,
+        };
+        if let Some(why) = self.revoked(executor_id, &cred) {
+            return Err(Refusal::new(
+                403,
+                "revoked",
+                format!("the credential is revoked ({why})"),
+            ));
+        }
         check_labels(&body.labels)?;
         pool.check_room(executor_id)?;
         let base = match (&self.settings.public_url, host) {
@@ -212,6 +273,7 @@ impl Registry {
                 jti: String::new(),
                 exp: 0,
                 aud: String::new(),
+                cred,
             })
             .map_err(|e| Refusal::new(500, "internal", e))?;
         tracing::info!(
@@ -227,20 +289,40 @@ impl Registry {
         })
     }
 
-    /// Check a rendezvous ticket before the upgrade.
-    pub fn redeem(&self, executor_id: &str, ticket: &str) -> Result<Ticket, TicketError> {
-        let t = self.tickets.redeem(ticket, executor_id);
-        if let Err(e) = &t {
-            self.refused(e.reason());
+    /// Check a rendezvous ticket before the upgrade (and the credential it
+    /// was issued for: not revoked or expired since).
+    pub fn redeem(&self, executor_id: &str, ticket: &str) -> Result<Ticket, Refusal> {
+        let t = match self.tickets.redeem(ticket, executor_id) {
+            Ok(t) => t,
+            Err(e) => {
+                self.refused(e.reason());
+                return Err(Refusal::new(401, "unauthenticated", e.to_string()));
+            }
+        };
+        if let Some(why) = self.revoked(&t.exe, &t.cred) {
+            self.refused("revoked");
+            return Err(Refusal::new(
+                403,
+                "revoked",
+                format!("the credential is revoked ({why})"),
+            ));
         }
-        t
+        if t.cred.exp.is_some_and(|e| e <= ticket::now_secs()) {
+            self.refused("credential_expired");
+            return Err(Refusal::new(
+                401,
+                "unauthenticated",
+                "the executor credential has expired",
+            ));
+        }
+        Ok(t)
     }
 
     /// Add a redeemed ticket's link to its pool.
     pub fn attach(&self, ticket: Ticket, link: Arc<Link>) {
         match self.pools.get(&ticket.pool) {
             Some(pool) => {
-                if let Err(r) = pool.attach(ticket, link.clone()) {
+                if let Err(r) = pool.attach(ticket, link.clone(), self.revocations.subscribe()) {
                     self.refused(r.code);
                     link.close();
                 }
@@ -426,7 +508,12 @@ impl Pool {
         )
     }
 
-    fn attach(self: &Arc<Self>, ticket: Ticket, link: Arc<Link>) -> Result<(), Refusal> {
+    fn attach(
+        self: &Arc<Self>,
+        ticket: Ticket,
+        link: Arc<Link>,
+        revocations: tokio::sync::watch::Receiver<Arc<Revocations>>,
+    ) -> Result<(), Refusal> {
         let executor = {
             let mut executors = self.executors.lock();
             if Self::links(&executors) >= self.settings.max_links {
@@ -463,7 +550,7 @@ impl Pool {
                 return Err(Refusal::new(429, "too_many_links", "too many links"));
             }
             executor.links.fetch_add(1, Ordering::AcqRel);
-            *executor.labels.lock() = ticket.labels;
+            *executor.labels.lock() = ticket.labels.clone();
             executor.idle.lock().push(link.clone());
             self.idle_gauge.inc();
             executor
@@ -472,7 +559,7 @@ impl Pool {
         self.arrived.notify_waiters();
         let pool = self.clone();
         crate::task::start("executor-link-watch", async move {
-            link.closed().await;
+            watch_link(&link, &ticket, revocations).await;
             let was_idle = {
                 let mut idle = executor.idle.lock();
                 let before = idle.len();
@@ -569,6 +656,54 @@ impl Pool {
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
                 return None;
+            }
+        }
+    }
+}
+
+/// Until `link` closes; close it when its credential expires or a
+/// revocation names it (a stolen credential's links end at once).
+async fn watch_link(
+    link: &Link,
+    ticket: &Ticket,
+    mut revocations: tokio::sync::watch::Receiver<Arc<Revocations>>,
+) {
+    let expires = ticket.cred.exp.map(|e| {
+        tokio::time::Instant::now() + Duration::from_secs(e.saturating_sub(ticket::now_secs()))
+    });
+    let revoked = |r: &Revocations| {
+        r.revokes(
+            ticket.cred.jti.as_deref(),
+            &ticket.exe,
+            ticket.cred.key.as_deref(),
+            ticket.cred.sub.as_deref(),
+        )
+    };
+    loop {
+        tokio::select! {
+            () = link.closed() => return,
+            () = async {
+                match expires {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::info!(executor = %ticket.exe, link = link.serial, "executor credential expired: link closed");
+                link.close();
+                return;
+            }
+            changed = revocations.changed() => {
+                if changed.is_err() {
+                    // The registry is gone: only the close is left to wait for.
+                    link.closed().await;
+                    return;
+                }
+                let why = revoked(&revocations.borrow_and_update());
+                if let Some(why) = why {
+                    tracing::warn!(executor = %ticket.exe, link = link.serial, revoked = %why, "executor credential revoked: link closed");
+                    link.close();
+                    return;
+                }
             }
         }
     }

@@ -36,7 +36,51 @@ pub struct Ticket {
     pub jti: String,
     pub exp: u64,
     pub aud: String,
+    /// The credential the executor registered with: what a revocation
+    /// names (`jti`, subject, access key) and when its links end.
+    #[serde(default)]
+    pub cred: Credential,
 }
+
+/// Who an executor registered as.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credential {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub: Option<String>,
+    /// A SigV4 access key id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// When the credential expires (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<u64>,
+}
+
+/// A direct (Codex 0.169.0) registration: what its URL carries, dialled
+/// again by the executor after every disconnect until it expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The executor (environment) id.
+    pub exe: String,
+    pub pool: String,
+    /// The access key that registered; every dial must be signed by it.
+    pub key: String,
+    pub reg: String,
+    pub exp: u64,
+    pub aud: String,
+}
+
+/// Why a registration URL was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistrationError {
+    Invalid,
+    /// Past its time: the executor is told to register again.
+    Expired,
+}
+
+/// The audience of registration tokens.
+const REGISTRATION_AUDIENCE: &str = "exec-gateway-direct-registration";
 
 /// Why a ticket was refused (the fixed label is the metric reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +114,7 @@ pub struct Tickets {
     redeemed: Mutex<HashMap<String, u64>>,
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -110,6 +154,38 @@ impl Tickets {
         t.aud = AUDIENCE.to_owned();
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &t, &self.encoding)
             .map_err(|e| e.to_string())
+    }
+
+    /// A signed registration token for `r` valid for `ttl` (its `exp` and
+    /// `aud` are set here).
+    pub fn issue_registration(&self, mut r: Registration, ttl: Duration) -> Result<String, String> {
+        r.exp = now_secs() + ttl.as_secs().max(1);
+        r.aud = REGISTRATION_AUDIENCE.to_owned();
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &r, &self.encoding)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Check a registration token dialled for `executor` (not single use).
+    pub fn check_registration(
+        &self,
+        token: &str,
+        executor: &str,
+    ) -> Result<Registration, RegistrationError> {
+        let mut v = Validation::new(Algorithm::HS256);
+        v.leeway = 0;
+        v.validate_exp = false;
+        v.set_audience(&[REGISTRATION_AUDIENCE]);
+        v.set_required_spec_claims(&["exp", "aud"]);
+        let r = jsonwebtoken::decode::<Registration>(token, &self.decoding, &v)
+            .map_err(|_| RegistrationError::Invalid)?
+            .claims;
+        if r.exe != executor {
+            return Err(RegistrationError::Invalid);
+        }
+        if r.exp < now_secs() {
+            return Err(RegistrationError::Expired);
+        }
+        Ok(r)
     }
 
     /// Check a ticket presented at the rendezvous of `executor`, and mark
@@ -155,7 +231,56 @@ mod tests {
             jti: String::new(),
             exp: 0,
             aud: String::new(),
+            cred: Credential::default(),
         }
+    }
+
+    #[test]
+    fn a_registration_is_checked_for_its_executor_and_time() {
+        let t = Tickets::new(None, Duration::from_secs(30)).unwrap();
+        let r = Registration {
+            exe: "e1".into(),
+            pool: "p".into(),
+            key: "AK".into(),
+            reg: "r".into(),
+            exp: 0,
+            aud: String::new(),
+        };
+        let s = t.issue_registration(r, Duration::from_secs(60)).unwrap();
+        assert_eq!(t.check_registration(&s, "e1").unwrap().key, "AK");
+        assert_eq!(
+            t.check_registration(&s, "e1").unwrap().key,
+            "AK",
+            "reusable"
+        );
+        assert_eq!(
+            t.check_registration(&s, "e2"),
+            Err(RegistrationError::Invalid)
+        );
+        // A rendezvous ticket is not a registration, nor the reverse.
+        let ticket = t.issue(ticket()).unwrap();
+        assert_eq!(
+            t.check_registration(&ticket, "e1"),
+            Err(RegistrationError::Invalid)
+        );
+        assert_eq!(t.redeem(&s, "e1"), Err(TicketError::Invalid));
+        let old = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &Registration {
+                exe: "e1".into(),
+                pool: "p".into(),
+                key: "AK".into(),
+                reg: "r".into(),
+                exp: now_secs() - 1,
+                aud: REGISTRATION_AUDIENCE.into(),
+            },
+            &t.encoding,
+        )
+        .unwrap();
+        assert_eq!(
+            t.check_registration(&old, "e1"),
+            Err(RegistrationError::Expired)
+        );
     }
 
     #[test]

@@ -84,19 +84,20 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
         && header_has_token(&req, header::UPGRADE, "websocket");
-    let registry_route = match super::remote::routes::route(req.uri().path()) {
-        Some(super::remote::routes::Route::Register(id)) => Some((true, id.to_owned())),
-        Some(super::remote::routes::Route::Rendezvous(id)) => Some((false, id.to_owned())),
-        None => None,
-    };
+    use super::remote::routes::{self, Route};
+    let path = req.uri().path().to_owned();
+    let registry_route = routes::route(&path);
     if !is_upgrade {
-        if let Some((true, id)) = &registry_route
-            && req.method() == hyper::Method::POST
-        {
-            let timeout = gw.settings.handshake_timeout;
-            return Ok(super::remote::routes::register(req, &gw, id, timeout).await);
-        }
-        return Ok(super::http::route_public(&req, &gw));
+        let timeout = gw.settings.handshake_timeout;
+        return Ok(match registry_route {
+            Some(Route::Register(id)) if req.method() == hyper::Method::POST => {
+                routes::register(req, &gw, id, timeout).await
+            }
+            Some(Route::DirectRegister(id)) if req.method() == hyper::Method::POST => {
+                routes::direct_register(req, &gw, id, timeout).await
+            }
+            _ => super::http::route_public(&req, &gw),
+        });
     }
     if req.method() != hyper::Method::GET {
         return Ok(response(
@@ -138,9 +139,14 @@ async fn handle(
             "missing Sec-WebSocket-Key\n",
         ));
     };
-    if let Some((false, id)) = &registry_route {
+    let link = match registry_route {
+        Some(Route::Rendezvous(id)) => Some(routes::rendezvous(&req, &gw, id)),
+        Some(Route::DirectDial(id)) => Some(routes::direct_dial(&req, &gw, id)),
+        _ => None,
+    };
+    if let Some(checked) = link {
         let key = key.as_bytes().to_vec();
-        return Ok(rendezvous(req, &gw, id, &conn, &key));
+        return Ok(rendezvous(req, &gw, checked, &conn, &key));
     }
     // A draining fleet replica takes no new connection: 503 before the
     // upgrade, which a balancer retries on another replica (nginx
@@ -227,16 +233,22 @@ fn switching_protocols(accept: &str) -> Response<Full<Bytes>> {
     r
 }
 
-/// An executor dialling its rendezvous URL: the ticket is checked before
-/// the upgrade, and the websocket becomes a link of its pool.
+/// An executor dialling its rendezvous (or direct registration) URL,
+/// checked before the upgrade: the websocket becomes a link of its pool.
 fn rendezvous(
     mut req: Request<Incoming>,
     gw: &Arc<Gateway>,
-    executor_id: &str,
+    checked: Result<
+        (
+            Arc<crate::registry::Registry>,
+            crate::registry::ticket::Ticket,
+        ),
+        Box<super::remote::routes::HttpResponse>,
+    >,
     conn: &Arc<Conn>,
     key: &[u8],
 ) -> Response<Full<Bytes>> {
-    let (registry, ticket) = match super::remote::routes::rendezvous(&req, gw, executor_id) {
+    let (registry, ticket) = match checked {
         Ok(v) => v,
         Err(r) => return *r,
     };

@@ -1,7 +1,12 @@
-//! The executor registry's HTTP routes on the client port (seed 001):
-//! `POST /cloud/executor/{id}/register` with an executor credential, and
-//! the rendezvous websocket `GET /cloud/executor/{id}/rendezvous?ticket=`
-//! (upgraded in `ws`, checked here).
+//! The executor registry's HTTP routes on the client port (both websockets
+//! upgraded in `ws`, checked here):
+//!
+//! - May's (seed 001): `POST /cloud/executor/{id}/register` with an
+//!   executor credential, and the rendezvous websocket
+//!   `GET /cloud/executor/{id}/rendezvous?ticket=`;
+//! - Codex 0.169.0's direct transport, SigV4-signed:
+//!   `POST /cloud/environment/{id}/direct/register` and the websocket
+//!   `GET /cloud/environment/{id}/direct/ws?registration=`.
 //!
 //! Errors are `{"error":{"code","message"}}` bodies, which Codex's executor
 //! prints: 401 for a missing or invalid credential, 403 for a valid token
@@ -26,10 +31,21 @@ use crate::registry::{MAX_REGISTRATION_BYTES, RegisterBody, Registry, ticket::Ti
 pub enum Route<'a> {
     Register(&'a str),
     Rendezvous(&'a str),
+    DirectRegister(&'a str),
+    DirectDial(&'a str),
 }
 
-/// Parse `/cloud/executor/{id}/register` or `.../rendezvous`.
+/// Parse `/cloud/executor/{id}/register` or `.../rendezvous`, and
+/// `/cloud/environment/{id}/direct/register` or `.../direct/ws`.
 pub fn route(path: &str) -> Option<Route<'_>> {
+    if let Some(rest) = path.strip_prefix("/cloud/environment/") {
+        let (id, action) = rest.split_once('/')?;
+        return match action {
+            "direct/register" => Some(Route::DirectRegister(id)),
+            "direct/ws" => Some(Route::DirectDial(id)),
+            _ => None,
+        };
+    }
     let rest = path.strip_prefix("/cloud/executor/")?;
     let (id, action) = rest.split_once('/')?;
     match action {
@@ -78,13 +94,10 @@ pub async fn register(
     executor_id: &str,
     body_timeout: Duration,
 ) -> Response<Full<Bytes>> {
-    let Some(registry) = &gw.executors else {
-        return json_error(404, "not_found", "this gateway has no executor pools");
+    let registry = match open_registry(gw) {
+        Ok(r) => r,
+        Err(r) => return *r,
     };
-    if gw.is_draining() {
-        registry.refused("draining");
-        return json_error(503, "draining", "this gateway is shutting down");
-    }
     let token = crate::auth::bearer_token(
         req.headers()
             .get(header::AUTHORIZATION)
@@ -172,21 +185,7 @@ pub fn rendezvous(
     gw: &Gateway,
     executor_id: &str,
 ) -> Result<(std::sync::Arc<Registry>, Ticket), Box<HttpResponse>> {
-    let Some(registry) = gw.executors.clone() else {
-        return Err(boxed_error(
-            404,
-            "not_found",
-            "this gateway has no executor pools",
-        ));
-    };
-    if gw.is_draining() {
-        registry.refused("draining");
-        return Err(boxed_error(
-            503,
-            "draining",
-            "this gateway is shutting down",
-        ));
-    }
+    let registry = open_registry(gw)?;
     let ticket = req.uri().query().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
             .find(|(k, _)| k == "ticket")
@@ -202,7 +201,107 @@ pub fn rendezvous(
     };
     match registry.redeem(executor_id, &ticket) {
         Ok(t) => Ok((registry, t)),
-        Err(e) => Err(Box::new(json_error(401, "unauthenticated", &e.to_string()))),
+        Err(r) => Err(boxed_error(r.status, r.code, &r.message)),
+    }
+}
+
+/// The registry, unless this gateway has none or is draining.
+fn open_registry(gw: &Gateway) -> Result<std::sync::Arc<Registry>, Box<HttpResponse>> {
+    let Some(registry) = gw.executors.clone() else {
+        return Err(boxed_error(
+            404,
+            "not_found",
+            "this gateway has no executor pools",
+        ));
+    };
+    if gw.is_draining() {
+        registry.refused("draining");
+        return Err(boxed_error(
+            503,
+            "draining",
+            "this gateway is shutting down",
+        ));
+    }
+    Ok(registry)
+}
+
+/// Answer a direct (SigV4) registration.
+pub async fn direct_register(
+    req: Request<Incoming>,
+    gw: &Gateway,
+    executor_id: &str,
+    body_timeout: Duration,
+) -> HttpResponse {
+    let registry = match open_registry(gw) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let (parts, body) = req.into_parts();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let bytes = match tokio::time::timeout(
+        body_timeout,
+        Limited::new(body, MAX_REGISTRATION_BYTES).collect(),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
+            registry.refused("body_too_large");
+            return json_error(
+                413,
+                "too_large",
+                &format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
+            );
+        }
+        Err(_) => {
+            registry.refused("body_timeout");
+            return json_error(
+                408,
+                "timeout",
+                "the registration body did not arrive in time",
+            );
+        }
+    };
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    match registry.direct_register(executor_id, &target, &parts.headers, &bytes, host) {
+        Ok(answer) => {
+            let body = serde_json::to_string(&answer).unwrap_or_default();
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(refusal) => json_error(refusal.status, refusal.code, &refusal.message),
+    }
+}
+
+/// Check a direct registration's dial before its upgrade.
+pub fn direct_dial(
+    req: &Request<Incoming>,
+    gw: &Gateway,
+    executor_id: &str,
+) -> Result<(std::sync::Arc<Registry>, Ticket), Box<HttpResponse>> {
+    let registry = open_registry(gw)?;
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    match registry.direct_dial(executor_id, target, req.headers()) {
+        Ok(t) => Ok((registry, t)),
+        Err(r) => {
+            let mut resp = boxed_error(r.status, r.code, &r.message);
+            if r.status == 503 {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Err(resp)
+        }
     }
 }
 
@@ -221,6 +320,15 @@ mod tests {
             Some(Route::Rendezvous("e-1"))
         );
         assert_eq!(route("/cloud/executor/e-1/other"), None);
+        assert_eq!(
+            route("/cloud/environment/e-1/direct/register"),
+            Some(Route::DirectRegister("e-1"))
+        );
+        assert_eq!(
+            route("/cloud/environment/e-1/direct/ws"),
+            Some(Route::DirectDial("e-1"))
+        );
+        assert_eq!(route("/cloud/environment/e-1/register"), None);
         assert_eq!(route("/cloud/executor/"), None);
         assert_eq!(route("/"), None);
     }

@@ -1,0 +1,320 @@
+//! Codex 0.169.0's direct transport (`exec-server --remote URL
+//! --remote-transport direct --aws-sigv4`, docs/executors.md): an
+//! executor registers once at `POST /cloud/environment/{id}/direct/register`
+//! and dials the URL it gets back as a websocket, again after every
+//! disconnect, without registering anew. Both requests are SigV4-signed
+//! with an access key configured for a pool.
+//!
+//! - The URL carries a registration token (HS256, the tickets' key, so any
+//!   replica of a fleet takes the re-dial) naming the executor, its pool
+//!   and the key; every dial must be signed by that key, and a dial after
+//!   `registration_ttl` gets 409, on which the executor registers again
+//!   (the access key is checked afresh, revocations included).
+//! - A signature is used once: a replay of a captured request within the
+//!   clock-skew window is refused (a dial with 503, which the real
+//!   executor retries a moment later with a new signature; two dials of
+//!   one second carry the same signature). Seen signatures are kept per
+//!   replica.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hyper::HeaderMap;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::sigv4::{self, Scope, Verified};
+use super::ticket::{Credential, Registration, RegistrationError, Ticket, now_secs};
+use super::{Pool, Refusal, Registry, is_authority};
+use crate::config::{AccessKey, is_executor_id};
+
+/// Signatures remembered; past it, signed requests are refused (503)
+/// until some leave the clock-skew window.
+pub const MAX_SEEN_SIGNATURES: usize = 65_536;
+
+/// The only transport a direct registration may ask for.
+pub const DIRECT_TRANSPORT: &str = "direct_jsonrpc_v1";
+
+/// Signatures already used, each until it could no longer verify.
+#[derive(Default)]
+pub(super) struct Replays(Mutex<HashMap<String, u64>>);
+
+impl Replays {
+    /// Whether `v`'s signature is new (and remember it).
+    fn first_use(&self, v: &Verified, skew: u64) -> Result<bool, Refusal> {
+        let now = now_secs();
+        let mut seen = self.0.lock();
+        if seen.len() >= MAX_SEEN_SIGNATURES {
+            seen.retain(|_, until| *until >= now);
+            if seen.len() >= MAX_SEEN_SIGNATURES {
+                return Err(Refusal::new(
+                    503,
+                    "busy",
+                    "too many signed requests at once; retry later",
+                ));
+            }
+        }
+        Ok(seen
+            .insert(v.signature.clone(), v.signed_at.saturating_add(skew))
+            .is_none())
+    }
+}
+
+/// A direct registration's body.
+#[derive(Debug, Deserialize)]
+pub struct DirectRegisterBody {
+    pub transport: String,
+}
+
+/// The answer Codex 0.169.0 requires.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirectRegistered {
+    pub environment_id: String,
+    pub transport: String,
+    pub registration_id: String,
+    pub url: String,
+}
+
+impl Registry {
+    fn scope(&self) -> Scope {
+        Scope {
+            region: self.settings.sigv4_region.clone(),
+            service: self.settings.sigv4_service.clone(),
+            max_skew: self.settings.max_clock_skew,
+        }
+    }
+
+    /// Verify a signed request: the access key's pool and the key.
+    fn signed(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(Arc<Pool>, AccessKey, Verified), Refusal> {
+        let v = sigv4::verify(
+            method,
+            target,
+            headers,
+            body,
+            &self.scope(),
+            SystemTime::now(),
+            |k| {
+                self.access_keys
+                    .get(k)
+                    .map(|(_, key)| key.secret.as_slice())
+            },
+        )
+        .map_err(|e| {
+            self.refused(e.reason());
+            Refusal::new(401, "unauthenticated", format!("SigV4: {e}"))
+        })?;
+        let (pool, key) = self
+            .access_keys
+            .get(&v.access_key)
+            .cloned()
+            .ok_or_else(|| Refusal::new(401, "unauthenticated", "unknown access key"))?;
+        Ok((pool, key, v))
+    }
+
+    fn check_executor(&self, key: &AccessKey, executor_id: &str) -> Result<(), Refusal> {
+        if !is_executor_id(executor_id) {
+            return Err(Refusal::new(
+                400,
+                "bad_executor_id",
+                format!(
+                    "an environment id is 1 to {} letters, digits, `_` or `-`",
+                    crate::config::MAX_EXECUTOR_ID_BYTES
+                ),
+            ));
+        }
+        if let Some(bound) = key.executor_id.as_deref()
+            && bound != executor_id
+        {
+            return Err(Refusal::new(
+                403,
+                "wrong_executor",
+                format!("access key {} registers only environment {bound}", key.id),
+            ));
+        }
+        let cred = Credential {
+            key: Some(key.id.clone()),
+            ..Credential::default()
+        };
+        if let Some(why) = self.revoked(executor_id, &cred) {
+            return Err(Refusal::new(
+                403,
+                "revoked",
+                format!("the credential is revoked ({why})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `POST /cloud/environment/{id}/direct/register`: `target` is the
+    /// request line's path and query, `host` its `Host`.
+    pub fn direct_register(
+        &self,
+        executor_id: &str,
+        target: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        host: Option<&str>,
+    ) -> Result<DirectRegistered, Refusal> {
+        let r = self.try_direct_register(executor_id, target, headers, body, host);
+        match &r {
+            Ok(_) => {
+                self.metrics.registrations.inc();
+            }
+            Err(e) => self.refused(e.code),
+        }
+        r
+    }
+
+    fn try_direct_register(
+        &self,
+        executor_id: &str,
+        target: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        host: Option<&str>,
+    ) -> Result<DirectRegistered, Refusal> {
+        let (pool, key, v) = self.signed("POST", target, headers, body)?;
+        if !self
+            .replays
+            .first_use(&v, self.settings.max_clock_skew.as_secs())?
+        {
+            return Err(Refusal::new(
+                401,
+                "replayed",
+                "this signed request was already used",
+            ));
+        }
+        self.check_executor(&key, executor_id)?;
+        let asked: DirectRegisterBody = serde_json::from_slice(body)
+            .map_err(|e| Refusal::new(400, "bad_request", format!("registration body: {e}")))?;
+        if asked.transport != DIRECT_TRANSPORT {
+            return Err(Refusal::new(
+                400,
+                "bad_transport",
+                format!("only the `{DIRECT_TRANSPORT}` transport is served"),
+            ));
+        }
+        pool.check_room(executor_id)?;
+        let base = match (&self.settings.public_url, host) {
+            (Some(u), _) => u.clone(),
+            (None, Some(h)) if is_authority(h) => format!("ws://{h}"),
+            (None, _) => {
+                return Err(Refusal::new(
+                    400,
+                    "no_host",
+                    "no usable Host header and no executors.public_url configured",
+                ));
+            }
+        };
+        let registration = uuid::Uuid::new_v4().to_string();
+        let token = self
+            .tickets
+            .issue_registration(
+                Registration {
+                    exe: executor_id.to_owned(),
+                    pool: pool.name.clone(),
+                    key: key.id.clone(),
+                    reg: registration.clone(),
+                    exp: 0,
+                    aud: String::new(),
+                },
+                self.settings.registration_ttl,
+            )
+            .map_err(|e| Refusal::new(500, "internal", e))?;
+        tracing::info!(pool = %pool.name, executor = executor_id, access_key = %key.id, "executor registered (direct)");
+        Ok(DirectRegistered {
+            environment_id: executor_id.to_owned(),
+            transport: DIRECT_TRANSPORT.to_owned(),
+            registration_id: registration,
+            // The token is base64url and dots: nothing to escape, and the
+            // path is already normal (the signer signs it as written).
+            url: format!("{base}/cloud/environment/{executor_id}/direct/ws?registration={token}"),
+        })
+    }
+
+    /// A dial of a direct registration's URL, before its upgrade: the
+    /// ticket its link is attached under.
+    pub fn direct_dial(
+        &self,
+        executor_id: &str,
+        target: &str,
+        headers: &HeaderMap,
+    ) -> Result<Ticket, Refusal> {
+        let r = self.try_direct_dial(executor_id, target, headers);
+        if let Err(e) = &r {
+            self.refused(e.code);
+        }
+        r
+    }
+
+    fn try_direct_dial(
+        &self,
+        executor_id: &str,
+        target: &str,
+        headers: &HeaderMap,
+    ) -> Result<Ticket, Refusal> {
+        let (pool, key, v) = self.signed("GET", target, headers, b"")?;
+        if !self
+            .replays
+            .first_use(&v, self.settings.max_clock_skew.as_secs())?
+        {
+            // The real executor signs anew a moment later (503 is retried).
+            return Err(Refusal::new(
+                503,
+                "replayed",
+                "this signed request was already used; sign it again",
+            ));
+        }
+        let token = target.split_once('?').and_then(|(_, q)| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .find(|(k, _)| k == "registration")
+                .map(|(_, v)| v.into_owned())
+        });
+        let Some(token) = token else {
+            return Err(Refusal::new(401, "unauthenticated", "missing registration"));
+        };
+        let reg = match self.tickets.check_registration(&token, executor_id) {
+            Ok(r) => r,
+            Err(RegistrationError::Expired) => {
+                return Err(Refusal::new(
+                    409,
+                    "registration_expired",
+                    "the registration has expired; register again",
+                ));
+            }
+            Err(RegistrationError::Invalid) => {
+                return Err(Refusal::new(401, "unauthenticated", "invalid registration"));
+            }
+        };
+        if reg.key != key.id || reg.pool != pool.name {
+            return Err(Refusal::new(
+                401,
+                "unauthenticated",
+                "the registration belongs to another access key",
+            ));
+        }
+        self.check_executor(&key, executor_id)?;
+        pool.check_room(executor_id)?;
+        Ok(Ticket {
+            exe: executor_id.to_owned(),
+            pool: pool.name.clone(),
+            name: executor_id.to_owned(),
+            labels: key.labels.clone(),
+            reg: reg.reg,
+            jti: uuid::Uuid::new_v4().simple().to_string(),
+            exp: reg.exp,
+            aud: String::new(),
+            cred: Credential {
+                key: Some(key.id),
+                ..Credential::default()
+            },
+        })
+    }
+}
