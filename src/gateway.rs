@@ -154,7 +154,7 @@ impl Gateway {
         let auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
         let tenants = self.tenants.reload(new)?;
         if let Some(r) = &self.executors {
-            r.set_revocations(new.revocations.clone());
+            r.reload(new.executors.as_ref(), new.revocations.clone());
         }
         let stop = CancellationToken::new();
         auth.start(stop.clone());
@@ -497,7 +497,15 @@ fn restart_needed(old: &Settings, new: &Settings) -> Vec<&'static str> {
     if format!("{:?}", old.fleet) != format!("{:?}", new.fleet) {
         out.push("[fleet]");
     }
-    if format!("{:?}", old.executors) != format!("{:?}", new.executors) {
+    // Access keys (and revocations) are reloaded; the rest is not.
+    let keyless = |e: &Option<crate::config::ExecutorsSettings>| {
+        let mut e = e.clone();
+        for p in e.iter_mut().flat_map(|e| e.pools.values_mut()) {
+            p.access_keys.clear();
+        }
+        format!("{e:?}")
+    };
+    if keyless(&old.executors) != keyless(&new.executors) {
         out.push("[executors]");
     }
     if format!("{:?}", old.isolation) != format!("{:?}", new.isolation) {

@@ -19,11 +19,15 @@ use sha2::Digest as _;
 const WAIT: Duration = Duration::from_secs(30);
 const KEY_ID: &str = "AKIDGATEWAYTEST1";
 const SECRET: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY01";
+/// A second key of the pool, bound to nothing.
+const KEY2_ID: &str = "AKIDGATEWAYTEST2";
+const SECRET2: &str = "second-secret-access-key-for-the-pool-02";
 
 /// Tenant `t1` on pool `p`, whose access key `KEY_ID` (bound to
 /// `bound`, if given) is in a file; revocations in `dir/revoked`.
 fn config(dir: &Path, bound: Option<&str>, extra: &str) -> String {
     std::fs::write(dir.join("ak.secret"), SECRET).unwrap();
+    std::fs::write(dir.join("ak2.secret"), SECRET2).unwrap();
     if !dir.join("revoked").exists() {
         std::fs::write(dir.join("revoked"), "# none yet\n").unwrap();
     }
@@ -34,6 +38,7 @@ fn config(dir: &Path, bound: Option<&str>, extra: &str) -> String {
          [tenants.t1]\nroot = \"/\"\npool = \"p\"\n\
          [executors]\nopen_timeout = \"3s\"\nrevocations_file = \"{d}/revoked\"\n{extra}\n\
          [executors.pools.p]\n\
+         [[executors.pools.p.access_keys]]\nid = \"{KEY2_ID}\"\nsecret_file = \"{d}/ak2.secret\"\n\
          [[executors.pools.p.access_keys]]\nid = \"{KEY_ID}\"\nsecret_file = \"{d}/ak.secret\"\n{bound}",
         d = dir.display()
     )
@@ -81,6 +86,18 @@ fn sign(
     date: &str,
     secret: &str,
 ) -> Vec<(String, String)> {
+    sign_as(KEY_ID, method, target, host, body, date, secret)
+}
+
+fn sign_as(
+    key_id: &str,
+    method: &str,
+    target: &str,
+    host: &str,
+    body: &[u8],
+    date: &str,
+    secret: &str,
+) -> Vec<(String, String)> {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let mut q: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
     q.sort();
@@ -115,7 +132,7 @@ fn sign(
         (
             "authorization".into(),
             format!(
-                "AWS4-HMAC-SHA256 Credential={KEY_ID}/{day}/us-east-1/execute-api/aws4_request, SignedHeaders={signed}, Signature={sig}"
+                "AWS4-HMAC-SHA256 Credential={key_id}/{day}/us-east-1/execute-api/aws4_request, SignedHeaders={signed}, Signature={sig}"
             ),
         ),
     ]
@@ -227,6 +244,20 @@ async fn signed_requests_are_verified_bound_and_never_replayed() {
         "{e}"
     );
     assert_eq!(post_register(&gw.addr, "env-a", &[]).await.0, 401);
+    // The same signature in capitals (once taken as a new one).
+    let mut upper = good.clone();
+    let (head, sig) = upper[1].1.rsplit_once("Signature=").unwrap();
+    upper[1].1 = format!("{head}Signature={}", sig.to_uppercase());
+    assert_eq!(post_register(&gw.addr, "env-a", &upper).await.0, 401);
+    // env-a is reserved for the key bound to it: another key of the pool
+    // cannot register as it.
+    let other_key = sign_as(KEY2_ID, "POST", path, &host, body, &amz_date(2), SECRET2);
+    let (status, e) = post_register(&gw.addr, "env-a", &other_key).await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (403, &json!("wrong_executor")),
+        "{e}"
+    );
 
     // The dial: signed by the key, once per signature.
     let target = target_of(&url);
@@ -247,6 +278,19 @@ async fn signed_requests_are_verified_bound_and_never_replayed() {
     let stolen = url.replace("/env-a/", "/env-b/");
     let s = sign("GET", &target_of(&stolen), &host, b"", &amz_date(3), SECRET);
     assert_eq!(dial(&stolen, &s).await.0, 401, "the URL names its executor");
+    // A registration this gateway cannot read (one issued before a restart
+    // of a gateway outside a fleet): 409, and the executor registers again.
+    let unknown =
+        format!("ws://{host}/cloud/environment/env-a/direct/ws?registration=issued.elsewhere.x");
+    let s = sign(
+        "GET",
+        &target_of(&unknown),
+        &host,
+        b"",
+        &amz_date(4),
+        SECRET,
+    );
+    assert_eq!(dial(&unknown, &s).await.0, 409);
     let (_, readyz) = gw.admin_get("/readyz").await;
     assert!(
         readyz.contains("pool p: 1 executors, 1 idle links"),
@@ -533,6 +577,10 @@ async fn executor_credentials_are_bound_expire_and_are_revoked_on_live_links() {
         (403, &json!("wrong_executor")),
         "{e}"
     );
+    // A `jti` that is not text could never be revoked: refused.
+    let numeric = token(json!({"sub": "ci", "pool": "p", "scope": "executor",
+                                "jti": 5, "exp": now() + 3600}));
+    assert_eq!(register("e2", numeric).await.0, 403);
     let (status, r) = register("e1", bound).await;
     assert_eq!(status, 200, "{r}");
     let (mut link, _) = tokio_tungstenite::connect_async(r["url"].as_str().unwrap())
@@ -583,4 +631,57 @@ async fn executor_credentials_are_bound_expire_and_are_revoked_on_live_links() {
     .await;
     assert!(closed.is_ok(), "the expired credential's link stayed open");
     wait_readyz(&gw, "pool p: 0 executors").await;
+}
+
+/// An access key removed from the configuration is cut off at the
+/// reload, its live links included, as a revoked one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_by_a_reload_loses_its_links() {
+    let gw = Gateway::start_with(|d| config(d, None, ""));
+    let host = gw.addr.clone();
+    let path = "/cloud/environment/env-2/direct/register";
+    let body = br#"{"transport":"direct_jsonrpc_v1"}"#;
+    let s = sign_as(KEY2_ID, "POST", path, &host, body, &amz_date(0), SECRET2);
+    let (status, reg) = post_register(&gw.addr, "env-2", &s).await;
+    assert_eq!(status, 200, "{reg}");
+    let url = reg["url"].as_str().unwrap().to_owned();
+    let s = sign_as(
+        KEY2_ID,
+        "GET",
+        &target_of(&url),
+        &host,
+        b"",
+        &amz_date(0),
+        SECRET2,
+    );
+    let (status, ws) = dial(&url, &s).await;
+    assert_eq!(status, 101);
+    let mut link = ws.unwrap();
+    wait_readyz(&gw, "pool p: 1 executors, 1 idle links").await;
+    // The configuration without the second key, reloaded.
+    let file = gw.dir.path().join("gateway.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let block = format!(
+        "[[executors.pools.p.access_keys]]\nid = \"{KEY2_ID}\"\nsecret_file = \"{}/ak2.secret\"\n",
+        gw.dir.path().display()
+    );
+    assert!(text.contains(&block), "{text}");
+    std::fs::write(&file, text.replace(&block, "")).unwrap();
+    gw.signal(1);
+    use futures_util::StreamExt as _;
+    let closed = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(m)) = link.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the removed key's link stayed open");
+    let s = sign_as(KEY2_ID, "POST", path, &host, body, &amz_date(1), SECRET2);
+    assert_eq!(post_register(&gw.addr, "env-2", &s).await.0, 401);
+    // The key that stayed still registers.
+    let p1 = "/cloud/environment/env-1/direct/register";
+    let s = sign("POST", p1, &host, body, &amz_date(1), SECRET);
+    assert_eq!(post_register(&gw.addr, "env-1", &s).await.0, 200);
 }

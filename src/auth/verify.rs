@@ -158,12 +158,18 @@ impl Authenticator {
             Some(Value::String(e)) if !e.is_empty() => Some(e.clone()),
             Some(_) => return Err(AuthError::MissingClaim(EXECUTOR_ID_CLAIM.to_owned())),
         };
-        let text = |k: &str| claims.get(k).and_then(Value::as_str).map(str::to_owned);
+        // What a revocation names must be text: a `jti` or `sub` of
+        // another type could not be revoked.
+        let text = |k: &str| match claims.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(AuthError::MissingClaim(k.to_owned())),
+        };
         Ok(ExecutorPrincipal {
             pool,
-            subject: text("sub"),
+            subject: text("sub")?,
             executor,
-            jti: text("jti"),
+            jti: text("jti")?,
             expires: claims.get("exp").and_then(Value::as_u64),
         })
     }

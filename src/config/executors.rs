@@ -119,6 +119,18 @@ pub const MAX_REVOCATIONS: usize = 100_000;
 /// Largest revocations file.
 pub const MAX_REVOCATIONS_BYTES: u64 = 8 * 1024 * 1024;
 
+/// `line` without its comment.
+fn comment_free(line: &str) -> &str {
+    let mut prev_space = true;
+    for (i, c) in line.char_indices() {
+        if c == '#' && prev_space {
+            return line[..i].trim();
+        }
+        prev_space = c.is_whitespace();
+    }
+    line.trim()
+}
+
 /// Revoked executor credentials (`executors.revocations_file`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Revocations {
@@ -134,7 +146,9 @@ impl Revocations {
         let mut r = Revocations::default();
         let mut n = 0usize;
         for (i, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
+            // `#` starts a comment at the start of a line or after
+            // whitespace; inside a value it is part of it.
+            let line = comment_free(line);
             if line.is_empty() {
                 continue;
             }
@@ -416,6 +430,20 @@ mod tests {
     use super::*;
     use crate::config::tests::minimal;
     use crate::config::{Config, Placement};
+
+    #[test]
+    fn revocations_parse_with_comments_only_where_they_start() {
+        let r = Revocations::parse(
+            "# a comment\njti j1 # why\nsubject ci#x\nexecutor e-1\n\tkey AK1\n",
+        )
+        .unwrap();
+        assert!(r.jti.contains("j1"));
+        assert!(r.subjects.contains("ci#x") && !r.subjects.contains("ci"));
+        assert!(r.executors.contains("e-1") && r.keys.contains("AK1"));
+        assert!(Revocations::parse("jti a b").is_err());
+        assert!(Revocations::parse("token x").is_err());
+        assert!(Revocations::parse("jti").is_err());
+    }
 
     #[test]
     fn executor_pools_are_checked() {

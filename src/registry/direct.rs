@@ -93,6 +93,7 @@ impl Registry {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<(Arc<Pool>, AccessKey, Verified), Refusal> {
+        let standing = self.standing();
         let v = sigv4::verify(
             method,
             target,
@@ -100,25 +101,26 @@ impl Registry {
             body,
             &self.scope(),
             SystemTime::now(),
-            |k| {
-                self.access_keys
-                    .get(k)
-                    .map(|(_, key)| key.secret.as_slice())
-            },
+            |k| standing.keys.get(k).map(|(_, key)| key.secret.as_slice()),
         )
         .map_err(|e| {
             self.refused(e.reason());
             Refusal::new(401, "unauthenticated", format!("SigV4: {e}"))
         })?;
-        let (pool, key) = self
-            .access_keys
+        let (pool, key) = standing
+            .keys
             .get(&v.access_key)
             .cloned()
             .ok_or_else(|| Refusal::new(401, "unauthenticated", "unknown access key"))?;
         Ok((pool, key, v))
     }
 
-    fn check_executor(&self, key: &AccessKey, executor_id: &str) -> Result<(), Refusal> {
+    fn check_executor(
+        &self,
+        pool: &Pool,
+        key: &AccessKey,
+        executor_id: &str,
+    ) -> Result<(), Refusal> {
         if !is_executor_id(executor_id) {
             return Err(Refusal::new(
                 400,
@@ -137,6 +139,9 @@ impl Registry {
                 "wrong_executor",
                 format!("access key {} registers only environment {bound}", key.id),
             ));
+        }
+        if key.executor_id.is_none() {
+            self.standing().check_reserved(&pool.name, executor_id)?;
         }
         let cred = Credential {
             key: Some(key.id.clone()),
@@ -191,7 +196,7 @@ impl Registry {
                 "this signed request was already used",
             ));
         }
-        self.check_executor(&key, executor_id)?;
+        self.check_executor(&pool, &key, executor_id)?;
         let asked: DirectRegisterBody = serde_json::from_slice(body)
             .map_err(|e| Refusal::new(400, "bad_request", format!("registration body: {e}")))?;
         if asked.transport != DIRECT_TRANSPORT {
@@ -289,8 +294,23 @@ impl Registry {
                     "the registration has expired; register again",
                 ));
             }
+            Err(RegistrationError::WrongExecutor) => {
+                return Err(Refusal::new(
+                    401,
+                    "unauthenticated",
+                    "the registration names another environment",
+                ));
+            }
+            // Signed by a configured key, but a registration this gateway
+            // cannot read (issued before a restart of a gateway outside a
+            // fleet, whose ticket key is random, or before a fleet key
+            // change): register again, which checks the key afresh.
             Err(RegistrationError::Invalid) => {
-                return Err(Refusal::new(401, "unauthenticated", "invalid registration"));
+                return Err(Refusal::new(
+                    409,
+                    "registration_unknown",
+                    "this registration is not known here; register again",
+                ));
             }
         };
         if reg.key != key.id || reg.pool != pool.name {
@@ -300,7 +320,7 @@ impl Registry {
                 "the registration belongs to another access key",
             ));
         }
-        self.check_executor(&key, executor_id)?;
+        self.check_executor(&pool, &key, executor_id)?;
         pool.check_room(executor_id)?;
         Ok(Ticket {
             exe: executor_id.to_owned(),

@@ -93,10 +93,9 @@ pub struct Registry {
     tickets: Tickets,
     pools: BTreeMap<String, Arc<Pool>>,
     metrics: Arc<Metrics>,
-    /// The revocations in force; every link watches it.
-    revocations: tokio::sync::watch::Sender<Arc<Revocations>>,
-    /// SigV4 access keys by id, with their pool.
-    access_keys: BTreeMap<String, (Arc<Pool>, AccessKey)>,
+    /// The revocations and access keys in force (both replaced on
+    /// reload); every link watches it.
+    standing: tokio::sync::watch::Sender<Arc<Standing>>,
     /// SigV4 signatures seen (until they leave the clock-skew window).
     replays: direct::Replays,
 }
@@ -115,39 +114,37 @@ impl Registry {
             .values()
             .map(|p| (p.name.clone(), Pool::new(p.clone(), metrics.clone())))
             .collect();
-        let access_keys = pools
-            .values()
-            .flat_map(|pool| {
-                pool.settings
-                    .access_keys
-                    .iter()
-                    .map(|k| (k.id.clone(), (pool.clone(), k.clone())))
-            })
-            .collect();
+        let standing = Standing::new(&pools, &settings, revocations);
         Ok(Arc::new(Registry {
             settings,
             tickets,
             pools,
             metrics,
-            revocations: tokio::sync::watch::Sender::new(revocations),
-            access_keys,
+            standing: tokio::sync::watch::Sender::new(Arc::new(standing)),
             replays: direct::Replays::default(),
         }))
     }
 
-    /// Put new revocations in force: a live link they name is closed.
-    pub fn set_revocations(&self, r: Arc<Revocations>) {
-        self.revocations.send_replace(r);
+    /// Put a reloaded configuration's revocations and access keys in
+    /// force: a live link of a credential revoked, or of a key no longer
+    /// configured, is closed. (Keys of a pool this gateway did not start
+    /// with wait for a restart, as the pool does.)
+    pub fn reload(&self, executors: Option<&ExecutorsSettings>, revocations: Arc<Revocations>) {
+        let standing = match executors {
+            Some(e) => Standing::new(&self.pools, e, revocations),
+            None => Standing::new(&self.pools, &self.settings, revocations),
+        };
+        self.standing.send_replace(Arc::new(standing));
+    }
+
+    /// The revocations and keys in force now.
+    fn standing(&self) -> Arc<Standing> {
+        self.standing.borrow().clone()
     }
 
     /// Which revocation names `cred` of `executor`, if one does.
     fn revoked(&self, executor: &str, cred: &Credential) -> Option<String> {
-        self.revocations.borrow().revokes(
-            cred.jti.as_deref(),
-            executor,
-            cred.key.as_deref(),
-            cred.sub.as_deref(),
-        )
+        self.standing().revokes(executor, cred)
     }
 
     pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
@@ -234,6 +231,9 @@ impl Registry {
                 "wrong_executor",
                 format!("the credential registers only executor {bound}"),
             ));
+        }
+        if principal.executor.is_none() {
+            self.standing().check_reserved(&pool.name, executor_id)?;
         }
         let cred = Credential {
             jti: principal.jti.clone(),
@@ -322,7 +322,7 @@ impl Registry {
     pub fn attach(&self, ticket: Ticket, link: Arc<Link>) {
         match self.pools.get(&ticket.pool) {
             Some(pool) => {
-                if let Err(r) = pool.attach(ticket, link.clone(), self.revocations.subscribe()) {
+                if let Err(r) = pool.attach(ticket, link.clone(), self.standing.subscribe()) {
                     self.refused(r.code);
                     link.close();
                 }
@@ -512,7 +512,7 @@ impl Pool {
         self: &Arc<Self>,
         ticket: Ticket,
         link: Arc<Link>,
-        revocations: tokio::sync::watch::Receiver<Arc<Revocations>>,
+        standing: tokio::sync::watch::Receiver<Arc<Standing>>,
     ) -> Result<(), Refusal> {
         let executor = {
             let mut executors = self.executors.lock();
@@ -559,7 +559,7 @@ impl Pool {
         self.arrived.notify_waiters();
         let pool = self.clone();
         crate::task::start("executor-link-watch", async move {
-            watch_link(&link, &ticket, revocations).await;
+            watch_link(&link, &ticket, standing).await;
             let was_idle = {
                 let mut idle = executor.idle.lock();
                 let before = idle.len();
@@ -666,19 +666,11 @@ impl Pool {
 async fn watch_link(
     link: &Link,
     ticket: &Ticket,
-    mut revocations: tokio::sync::watch::Receiver<Arc<Revocations>>,
+    mut standing: tokio::sync::watch::Receiver<Arc<Standing>>,
 ) {
     let expires = ticket.cred.exp.map(|e| {
         tokio::time::Instant::now() + Duration::from_secs(e.saturating_sub(ticket::now_secs()))
     });
-    let revoked = |r: &Revocations| {
-        r.revokes(
-            ticket.cred.jti.as_deref(),
-            &ticket.exe,
-            ticket.cred.key.as_deref(),
-            ticket.cred.sub.as_deref(),
-        )
-    };
     loop {
         tokio::select! {
             () = link.closed() => return,
@@ -692,19 +684,83 @@ async fn watch_link(
                 link.close();
                 return;
             }
-            changed = revocations.changed() => {
+            changed = standing.changed() => {
                 if changed.is_err() {
                     // The registry is gone: only the close is left to wait for.
                     link.closed().await;
                     return;
                 }
-                let why = revoked(&revocations.borrow_and_update());
+                let why = standing.borrow_and_update().revokes(&ticket.exe, &ticket.cred);
                 if let Some(why) = why {
                     tracing::warn!(executor = %ticket.exe, link = link.serial, revoked = %why, "executor credential revoked: link closed");
                     link.close();
                     return;
                 }
             }
+        }
+    }
+}
+
+/// What decides whether a credential still holds: the revocations file
+/// and the access keys configured now.
+pub(crate) struct Standing {
+    revocations: Arc<Revocations>,
+    /// SigV4 access keys by id, with their pool.
+    keys: BTreeMap<String, (Arc<Pool>, AccessKey)>,
+}
+
+impl Standing {
+    fn new(
+        pools: &BTreeMap<String, Arc<Pool>>,
+        settings: &ExecutorsSettings,
+        revocations: Arc<Revocations>,
+    ) -> Standing {
+        let mut keys = BTreeMap::new();
+        for p in settings.pools.values() {
+            match pools.get(&p.name) {
+                Some(pool) => {
+                    for k in &p.access_keys {
+                        keys.insert(k.id.clone(), (pool.clone(), k.clone()));
+                    }
+                }
+                None => {
+                    tracing::warn!(pool = %p.name, "a new pool's access keys wait for a restart")
+                }
+            }
+        }
+        Standing { revocations, keys }
+    }
+
+    /// Why `cred` of `executor` no longer holds, if it does not: revoked,
+    /// or its access key is no longer configured.
+    fn revokes(&self, executor: &str, cred: &Credential) -> Option<String> {
+        if let Some(k) = cred.key.as_deref()
+            && !self.keys.contains_key(k)
+        {
+            return Some(format!("access key {k} is no longer configured"));
+        }
+        self.revocations.revokes(
+            cred.jti.as_deref(),
+            executor,
+            cred.key.as_deref(),
+            cred.sub.as_deref(),
+        )
+    }
+
+    /// An id an access key of `pool` is bound to is reserved for it: a
+    /// credential bound to no executor may not register as it.
+    fn check_reserved(&self, pool: &str, executor_id: &str) -> Result<(), Refusal> {
+        match self
+            .keys
+            .values()
+            .find(|(p, k)| p.name == pool && k.executor_id.as_deref() == Some(executor_id))
+        {
+            Some((_, k)) => Err(Refusal::new(
+                403,
+                "wrong_executor",
+                format!("executor {executor_id} is reserved for access key {}", k.id),
+            )),
+            None => Ok(()),
         }
     }
 }

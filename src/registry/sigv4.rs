@@ -217,7 +217,12 @@ fn parse_authorization(v: &str) -> Option<Authorization<'_>> {
         || access_key.is_empty()
         || date.len() != 8
         || !date.bytes().all(|b| b.is_ascii_digit())
+        // Lower-case hex, as every signer writes it: one spelling per
+        // signature, so a replay cannot be disguised by its case.
         || signature.len() != 64
+        || !signature
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
     {
         return None;
     }
@@ -244,6 +249,9 @@ fn parse_amz_date(s: &str) -> Option<u64> {
             .then(|| t.parse().ok())?
     };
     let (y, mo, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    if y < 1970 {
+        return None;
+    }
     let (h, mi, se) = (num(9..11)?, num(11..13)?, num(13..15)?);
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
         return None;
@@ -523,6 +531,9 @@ mod tests {
             "Bearer x",
             "AWS4-HMAC-SHA256 Credential=A/2026/us-east-1/execute-api/aws4_request, SignedHeaders=host;x-amz-date, Signature=00",
             "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLETEST/20261126/us-east-1/execute-api/aws4_request, SignedHeaders=host, Signature=e72aab8d874b10edb9cf3b626f0d2e96f4dcc4ad35b6616e5fbfad18c23f16a6",
+            // The same signature in capitals: one spelling only (a replay
+            // was disguised so).
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLETEST/20261126/us-east-1/execute-api/aws4_request, SignedHeaders=host;x-amz-date, Signature=E72AAB8D874B10EDB9CF3B626F0D2E96F4DCC4AD35B6616E5FBFAD18C23F16A6",
         ] {
             let mut h = dial();
             h.insert("authorization", bad.parse().unwrap());
@@ -546,5 +557,8 @@ mod tests {
         assert_eq!(parse_amz_date("19700101T000000Z"), Some(0));
         assert_eq!(parse_amz_date("20000301T000000Z"), Some(951_868_800));
         assert_eq!(parse_amz_date("2026-11-26T00:00"), None);
+        // Year 0 once underflowed (a panic on input).
+        assert_eq!(parse_amz_date("00000101T000000Z"), None);
+        assert_eq!(parse_amz_date("00000229T000000Z"), None);
     }
 }

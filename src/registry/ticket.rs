@@ -74,7 +74,10 @@ pub struct Registration {
 /// Why a registration URL was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegistrationError {
+    /// Not a registration this gateway issued (or can read).
     Invalid,
+    /// Issued for another executor.
+    WrongExecutor,
     /// Past its time: the executor is told to register again.
     Expired,
 }
@@ -180,7 +183,7 @@ impl Tickets {
             .map_err(|_| RegistrationError::Invalid)?
             .claims;
         if r.exe != executor {
-            return Err(RegistrationError::Invalid);
+            return Err(RegistrationError::WrongExecutor);
         }
         if r.exp < now_secs() {
             return Err(RegistrationError::Expired);
@@ -255,7 +258,7 @@ mod tests {
         );
         assert_eq!(
             t.check_registration(&s, "e2"),
-            Err(RegistrationError::Invalid)
+            Err(RegistrationError::WrongExecutor)
         );
         // A rendezvous ticket is not a registration, nor the reverse.
         let ticket = t.issue(ticket()).unwrap();
