@@ -50,7 +50,7 @@ impl FsError {
     /// PermissionDenied → -32600, anything else → -32603; the message is the
     /// io::Error's Display text.
     pub fn from_io(e: &io::Error) -> FsError {
-        let text = e.to_string();
+        let text = os_text(e);
         match e.kind() {
             io::ErrorKind::NotFound => FsError::NotFound(text),
             io::ErrorKind::InvalidInput | io::ErrorKind::PermissionDenied => {
@@ -63,6 +63,15 @@ impl FsError {
             }
             _ => FsError::Io(text),
         }
+    }
+}
+
+/// An OS error's text as the official binaries (musl builds) write it
+/// where glibc's differs.
+pub fn os_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => format!("Symbolic link loop (os error {})", libc::ELOOP),
+        _ => e.to_string(),
     }
 }
 

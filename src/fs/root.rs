@@ -122,10 +122,13 @@ impl FsRoot {
             RootKind::Confined { .. } => {
                 // A missing or non-directory cwd fails as the reference's
                 // spawn does: -32603 with the OS text.
-                let meta = self
-                    .resolve(cwd)?
-                    .metadata()
-                    .map_err(|e| FsError::Io(e.to_string()))?;
+                let meta = self.resolve(cwd)?.metadata().map_err(|e| {
+                    if is_escape(&e) {
+                        FsError::OutsideRoot(cwd.to_owned())
+                    } else {
+                        FsError::Io(super::error::os_text(&e))
+                    }
+                })?;
                 if meta.is_dir() {
                     Ok(())
                 } else {
@@ -352,7 +355,19 @@ impl<'a> Target<'a> {
         match (self, recursive) {
             (Target::Host(p), true) => std::fs::create_dir_all(p),
             (Target::Host(p), false) => std::fs::create_dir(p),
-            (Target::Confined { .. }, true) => self.beneath(true, |d, rel| d.create_dir_all(rel)),
+            (Target::Confined { .. }, true) => {
+                match self.beneath(true, |d, rel| d.create_dir_all(rel)) {
+                    // A link to a directory is one (cap-std's check of
+                    // what exists does not follow it).
+                    Err(e)
+                        if e.kind() == io::ErrorKind::AlreadyExists
+                            && self.metadata().is_ok_and(|m| m.is_dir()) =>
+                    {
+                        Ok(())
+                    }
+                    r => r,
+                }
+            }
             (Target::Confined { .. }, false) => self.beneath(false, |d, rel| d.create_dir(rel)),
         }
     }

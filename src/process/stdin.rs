@@ -71,11 +71,19 @@ impl Stdin {
             }
             Stdin::Pty { pty, closed } => {
                 let pty = pty.lock().clone();
+                if closed.load(Ordering::Acquire) {
+                    return Err(failed());
+                }
                 match pty {
-                    Some(pty) if !closed.load(Ordering::Acquire) => {
-                        pty.write_all(data).await.map_err(|_| failed())
-                    }
-                    _ => Err(failed()),
+                    Some(pty) => match pty.write_all(data).await {
+                        Ok(()) => Ok(()),
+                        // The process ended (its terminal hung up): the
+                        // reference accepts the write, as for a pipe.
+                        Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(()),
+                        Err(_) => Err(failed()),
+                    },
+                    // Ended and its terminal closed: accepted likewise.
+                    None => Ok(()),
                 }
             }
         }
@@ -96,15 +104,15 @@ impl Stdin {
         }
     }
 
-    /// The process closed: nothing more may be written.
+    /// The process closed: what is written later goes nowhere (accepted,
+    /// as the reference does, for a pipe and a terminal alike).
     pub async fn release(&self) {
         match self {
             Stdin::None => {}
             Stdin::Pipe { tx, .. } => {
                 tx.lock().await.take();
             }
-            Stdin::Pty { pty, closed } => {
-                closed.store(true, Ordering::Release);
+            Stdin::Pty { pty, .. } => {
                 pty.lock().take();
             }
         }

@@ -126,8 +126,10 @@ pub struct WalkOptions {
     pub max_directories: u64,
     /// Entries returned.
     pub max_entries: u64,
+    #[serde(default)]
     pub follow_directory_symlinks: bool,
     /// List a `.hidden` directory but do not descend into it.
+    #[serde(default)]
     pub prune_hidden_directories: bool,
 }
 

@@ -105,7 +105,13 @@ pub(super) fn config_read(shared: &Shared, p: &ConfigReadParams) -> Result<Reply
 
 /// `capabilities/discover`: no plugins or skills are installed on a gateway.
 pub(super) fn discover(shared: &Shared, p: &DiscoverParams) -> Result<Reply, GatewayError> {
-    shared.check_cwd(&p.cwd)?;
+    // A missing cwd finds nothing, as on the reference; one outside the
+    // root is refused.
+    match shared.check_cwd(&p.cwd) {
+        Err(e @ GatewayError::OutsideRoot(_)) => return Err(e),
+        Err(e @ GatewayError::InvalidParams(_)) => return Err(e),
+        _ => {}
+    }
     Ok(Reply::CapabilitiesDiscover(DiscoverResponse {
         plugins: Vec::new(),
         skills: Vec::new(),

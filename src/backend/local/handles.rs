@@ -111,8 +111,9 @@ pub(super) async fn read_block(
         let mut buf = vec![0u8; usize::try_from(p.len).unwrap_or(0)];
         let n = file.read_at(&mut buf, p.offset).map_err(io)?;
         buf.truncate(n);
-        let size = file.metadata().map_err(io)?.len();
-        Ok((buf, p.offset.saturating_add(n as u64) >= size))
+        // As the reference: the end is told by a block shorter than asked
+        // (a block that reaches the end exactly is not yet `eof`).
+        Ok((buf, (n as u64) < p.len))
     })
     .await?;
     Ok(Reply::FsReadBlock(ReadBlockResponse {

@@ -223,6 +223,10 @@ impl<H: Held> Machine<H> {
         frame: String,
     ) -> Action {
         if self.held().is_some() {
+            // As the reference: the params are checked first.
+            if let Err(e) = &params {
+                return error(&id, e);
+            }
             return error(
                 &id,
                 &GatewayError::InvalidRequest(
@@ -339,6 +343,11 @@ mod tests {
         let (_, code, msg) = sent(m.on_frame(text(INIT)));
         assert_eq!(code, -32600);
         assert_eq!(msg, "initialize may only be sent once per connection");
+        // Malformed params are reported first, as the reference does.
+        let (_, code, msg) =
+            sent(m.on_frame(text(r#"{"id":9,"method":"initialize","params":{}}"#)));
+        assert_eq!(code, -32602);
+        assert_eq!(msg, "missing field `clientName`");
     }
 
     /// A call keeps what its message is charged of the inbound budgets

@@ -102,28 +102,21 @@ async def test_metadata_of_relative_symlinks(t):
     assert await c.call("fs/readFile", {"path": t.p("flink")}) == {"dataBase64": b64("payload")}
 
 
-@pytest.mark.reference_quirk(
-    reason="the gateway resolves paths beneath the tenant root (RESOLVE_BENEATH), so a "
-           "symlink with an absolute target counts as leading out even when the target is "
-           "inside: -32004 naming the root, and fs/readDirectory skips it")
 async def test_absolute_symlink_inside_workspace(t):
-    # A link naming its target by absolute path, both inside the workspace.
+    # A link naming its target by absolute path, both inside the workspace
+    # (`ln -s "$PWD/f.txt" abslink`): served like a relative one.
     (t.dir / "f.txt").write_text("payload")
     os.symlink(t.dir / "f.txt", t.dir / "abslink")
+    os.symlink(t.dir, t.dir / "absdir")
     c = await t.session()
     listed = entries(await c.call("fs/readDirectory", {"path": t.p()}))
-    if t.reference:
-        m = await c.call("fs/getMetadata", {"path": t.p("abslink")})
-        assert (m["isDirectory"], m["isFile"], m["isSymlink"]) == (False, True, True)
-        assert await c.call("fs/readFile", {"path": t.p("abslink")}) == {
-            "dataBase64": b64("payload")}
-        assert listed == [("abslink", False, True), ("f.txt", False, True)]
-    else:
-        outside = {"code": -32004,
-                   "message": f"path `{t.dir / 'abslink'}` is outside the tenant root"}
-        assert await c.error("fs/getMetadata", {"path": t.p("abslink")}) == outside
-        assert await c.error("fs/readFile", {"path": t.p("abslink")}) == outside
-        assert listed == [("f.txt", False, True)]
+    m = await c.call("fs/getMetadata", {"path": t.p("abslink")})
+    assert (m["isDirectory"], m["isFile"], m["isSymlink"]) == (False, True, True)
+    assert await c.call("fs/readFile", {"path": t.p("abslink")}) == {
+        "dataBase64": b64("payload")}
+    assert await c.call("fs/readFile", {"path": t.p("absdir/f.txt")}) == {
+        "dataBase64": b64("payload")}
+    assert listed == [("absdir", True, False), ("abslink", False, True), ("f.txt", False, True)]
 
 
 async def test_read_directory(t):

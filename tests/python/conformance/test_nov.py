@@ -112,6 +112,9 @@ async def test_capability_discovery(t):
     c = await t.session()
     assert await c.call("capabilities/discoverV2", {"cwd": t.p()}) == {
         "plugins": [], "skills": [], "warnings": []}
+    # A missing cwd finds nothing too.
+    assert await c.call("capabilities/discoverV2", {"cwd": t.p("missing")}) == {
+        "plugins": [], "skills": [], "warnings": []}
     assert await c.error("capabilities/discoverV2", {}) == {
         "code": -32602, "message": "missing field `cwd`"}
     assert await c.call("capabilityRoots/discoverV1", {"roots": []}) == {"roots": []}
@@ -189,6 +192,9 @@ async def test_file_handles_read(t):
     assert await c.call("fs/open", {"handleId": "h1", "path": t.p("f.txt")}) == {"handleId": "h1"}
     assert await c.call("fs/readBlock", {"handleId": "h1", "offset": 0, "len": 3}) == {
         "chunk": b64("pay"), "eof": False}
+    # A block that ends exactly at the end is not yet eof: a short one is.
+    assert await c.call("fs/readBlock", {"handleId": "h1", "offset": 0, "len": 7}) == {
+        "chunk": b64("payload"), "eof": False}
     assert await c.call("fs/readBlock", {"handleId": "h1", "offset": 3, "len": 100}) == {
         "chunk": b64("load"), "eof": True}
     assert await c.call("fs/readBlock", {"handleId": "h1", "offset": 100, "len": 100}) == {

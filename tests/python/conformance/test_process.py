@@ -78,6 +78,9 @@ async def test_read_after_close(t):
         assert r["sandboxDenied"] is False
     r = await c.call("process/read", {"processId": "p", "afterSeq": chunks[0]["seq"]})
     assert (r["chunks"], r["nextSeq"]) == (chunks[1:], end)
+    # maxBytes that truncates nothing: still the last chunk + 1 (Nov too).
+    r = await c.call("process/read", {"processId": "p", "maxBytes": 100})
+    assert (r["chunks"], r["nextSeq"]) == (chunks, chunks[-1]["seq"] + 1)
     # maxBytes truncation keeps the first chunk whole: last returned + 1.
     r = await c.call("process/read", {"processId": "p", "maxBytes": 1})
     assert (r["chunks"], r["nextSeq"]) == (chunks[:1], chunks[0]["seq"] + 1)
@@ -320,3 +323,10 @@ async def test_gateway_process_extensions(t):
     assert [(p["processId"], p["state"], p["exitCode"]) for p in listed] == [("cat", "closed", 0)]
     e = await c.error("process/resize", {"processId": "cat", "rows": 10, "cols": 20})
     assert e["code"] == -32600
+
+
+async def test_write_to_an_ended_terminal_process_is_accepted(t):
+    c = await t.session()
+    run = await t.run(c, "p", ["sh", "-c", "exit 5"], tty=True)
+    assert run.closed is not None
+    assert await c.call("process/write", t.write_params("p", b"x\n")) == {"status": "accepted"}
