@@ -1,11 +1,11 @@
-"""The differential conformance run (differential.py) in CI: a fixed seed and
+"""The differential conformance run (differential/) in CI: a fixed seed and
 a fixed number of sequences per revision, bounded in time, against the official
 exec-server of the revision and exec-gateway.
 
 It fails on any crash and on any unintended difference that
 known_differences.json does not list (a new difference, or a fixed one come
 back); a listed one that no longer appears is reported, so the list only
-shrinks. The intended differences (INTENDED in differential.py) and the known
+shrinks. The intended differences (INTENDED in differential/compare.py) and the known
 ones are in docs/protocol.md, "Differential conformance". The JSON report is
 written beside the test's temporary directory.
 
