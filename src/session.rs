@@ -294,19 +294,28 @@ impl SessionRegistry {
 
     /// A session with no connection (gRPC `CreateSession`, or an `Exec`
     /// without one): it lives while used, then `detach_ttl` past its last use.
-    /// It runs on the tenant's local backend; a tenant whose sessions all
-    /// run on remote executors has none for gRPC.
-    pub fn create_detached(
+    /// It goes where the tenant's placement says, as a JSON-RPC session
+    /// does (its executor pool, then translated for gRPC, or its local
+    /// backend).
+    pub async fn create_detached(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
     ) -> Result<Arc<Session>, GatewayError> {
-        if tenant.settings.placement == Placement::Remote {
-            return Err(GatewayError::InvalidRequest(
-                "this tenant's sessions run on remote executors, which serve JSON-RPC (websocket, stdio) clients only".to_owned(),
-            ));
-        }
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
-        let (session, token) = self.initialize(tenant, None, out)?;
+        let (session, token) = match (tenant.remote.as_ref(), tenant.settings.placement) {
+            (Some(remote), Placement::Remote) => {
+                self.open_remote(tenant, remote, out, None).await?
+            }
+            (Some(remote), Placement::PreferRemote) if remote.has_free_link() => {
+                match self.open_remote(tenant, remote, out.clone(), None).await {
+                    Err(GatewayError::ExecutorUnavailable { .. }) => {
+                        self.initialize(tenant, None, out)?
+                    }
+                    other => other?,
+                }
+            }
+            _ => self.initialize(tenant, None, out)?,
+        };
         self.detach(&session, &token);
         Ok(session)
     }

@@ -685,3 +685,107 @@ async fn a_key_removed_by_a_reload_loses_its_links() {
     let s = sign("POST", p1, &host, body, &amz_date(1), SECRET);
     assert_eq!(post_register(&gw.addr, "env-1", &s).await.0, 200);
 }
+
+/// gRPC serves an executor-placed tenant too: its sessions run on the
+/// official 0.169.0 executor, the gateway translating (plain paths to
+/// `file://` URIs, `writeId`s supplied, streams from `process/read`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_sessions_of_an_executor_placed_tenant_run_on_the_official_0169_executor() {
+    use common::grpc::{authed, channel, spec};
+    use exec_gateway::transport::grpc::pb;
+    use futures_util::StreamExt as _;
+    use pb::process_event::Event;
+    let Some(bin) = codex_169() else { return };
+    let gw = Gateway::start_with(|d| config(d, None, ""));
+    let codex = Codex::start(&bin, &gw.addr, "env-g");
+    wait_readyz(&gw, "pool p: 1 executors, 1 idle links").await;
+    let ch = channel(&gw.grpc).await;
+    let token = gw.token("t1");
+    let sid = pb::session_service_client::SessionServiceClient::new(ch.clone())
+        .create_session(authed(pb::CreateSessionRequest::default(), &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    assert!(sid.contains("x-env-g."), "{sid}");
+    let mut procs = pb::process_service_client::ProcessServiceClient::new(ch);
+    let work = codex.work().display().to_string();
+    /// Output, exit code and whether `closed` came.
+    async fn drain<T>(
+        mut s: tonic::Streaming<T>,
+        event: impl Fn(T) -> Option<pb::ProcessEvent>,
+    ) -> (String, Option<i32>, bool) {
+        let (mut out, mut code) = (Vec::new(), None);
+        while let Some(item) = tokio::time::timeout(WAIT, s.next()).await.unwrap() {
+            match event(item.unwrap()).and_then(|e| e.event) {
+                Some(Event::Output(o)) => out.extend(o.data),
+                Some(Event::Exited(x)) => code = Some(x.exit_code),
+                Some(Event::Closed(_)) => {
+                    return (String::from_utf8_lossy(&out).into_owned(), code, true);
+                }
+                None => {}
+            }
+        }
+        (String::from_utf8_lossy(&out).into_owned(), code, false)
+    }
+    // Exec: started there (in its directory, given as a plain path) and
+    // streamed to its end.
+    let mut s = spec("e1", &["sh", "-c", "pwd; exit 3"]);
+    s.cwd = work.clone();
+    let stream = procs
+        .exec(authed(
+            pb::ExecRequest {
+                session_id: sid.clone(),
+                spec: Some(s),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, closed) = drain(stream, |r: pb::ExecResponse| r.event).await;
+    assert_eq!(
+        (out.as_str(), code, closed),
+        (format!("{work}\n").as_str(), Some(3), true)
+    );
+    // Start, write to its stdin, attach.
+    let mut s = spec("c1", &["sh", "-c", "read line; echo got:$line"]);
+    s.cwd = work.clone();
+    s.pipe_stdin = true;
+    procs
+        .start(authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(s),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    procs
+        .write(authed(
+            pb::WriteRequest {
+                session_id: sid.clone(),
+                process_id: "c1".into(),
+                data: b"hello\n".to_vec().into(),
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let stream = procs
+        .attach(authed(
+            pb::AttachRequest {
+                session_id: sid.clone(),
+                process_id: "c1".into(),
+                after_seq: 0,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, code, closed) = drain(stream, |r: pb::AttachResponse| r.event).await;
+    assert_eq!((out.as_str(), code, closed), ("got:hello\n", Some(0), true));
+}

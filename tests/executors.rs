@@ -298,19 +298,7 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
         metrics.contains("exec_gateway_executor_sessions{pool=\"p\",executor=\"ex-a\"} 2"),
         "{metrics}"
     );
-    // gRPC has no remote sessions: a remote-only tenant is told so.
-    use exec_gateway::transport::grpc::pb;
-    let mut grpc = pb::session_service_client::SessionServiceClient::new(
-        common::grpc::channel(&gw.grpc).await,
-    );
-    let err = grpc
-        .create_session(common::grpc::authed(
-            pb::CreateSessionRequest::default(),
-            &gw.token("t1"),
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    // gRPC sessions of this tenant run on executors too: tests/direct_executors.rs.
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@
 
 pub mod local;
 pub mod remote;
+mod translate;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -19,13 +19,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::Deserialize;
 
+use super::translate::{params_for_executor, reply_of};
 use super::{OpFuture, RunScope, SessionBackend, closed_before_reply};
 use crate::error::GatewayError;
 use crate::outbound::Attachment;
 use crate::protocol::environment::{EnvironmentInfo, Shell};
 use crate::protocol::methods as m;
+use crate::protocol::process::{ProcessEvent, ProcessIdParams, ReadParams};
 use crate::registry::{Lease, Link, LinkError, Pool};
-use crate::rpc::{Call, Op, Outcome};
+use crate::rpc::{Call, EventSource, Op, Open, Opened, Outcome, Reply};
 
 /// A tenant's executor pool and which of its executors it may use.
 pub struct RemoteBackend {
@@ -98,7 +100,10 @@ impl RemoteBackend {
         let hello = handshake(&self.pool.name, &lease, resume, self.open_timeout).await?;
         lease.link.bind(attachment.clone());
         // The executor's own description (0.169.0 gives one); one this
-        // gateway cannot read, or none (0.130.0), gets placeholders.
+        // gateway cannot read, or none (0.130.0), gets placeholders. One
+        // that describes itself takes `file://` URIs (for gRPC clients'
+        // plain paths).
+        let uris = hello.environment_info.is_some();
         let environment = hello
             .environment_info
             .and_then(|v| serde_json::from_value::<EnvironmentInfo>(v).ok())
@@ -114,6 +119,7 @@ impl RemoteBackend {
                 lease: Mutex::new(Some(lease)),
                 relink: tokio::sync::Mutex::new(()),
                 environment,
+                uris,
             }),
             executor,
             session,
@@ -218,6 +224,8 @@ pub struct RemoteSession {
     /// One re-link at a time.
     relink: tokio::sync::Mutex<()>,
     environment: EnvironmentInfo,
+    /// The executor takes `file://` URIs (0.169.0).
+    uris: bool,
 }
 
 impl RemoteSession {
@@ -286,9 +294,8 @@ impl RemoteSession {
             _ => {}
         }
         let Some(reply) = scope.reply else {
-            return Err(GatewayError::InvalidRequest(
-                "sessions on remote executors serve JSON-RPC clients only".to_owned(),
-            ));
+            // A gRPC client: a typed reply, translated.
+            return self.call_typed(&call, &scope).await.map(Outcome::Reply);
         };
         let params = call.params_json()?;
         let link = self.link().await?;
@@ -311,13 +318,126 @@ impl RemoteSession {
     }
 }
 
+impl RemoteSession {
+    /// `call` for a gRPC client: paths in the executor's form, its JSON
+    /// answer as the call's typed reply.
+    async fn call_typed(&self, call: &Call, scope: &RunScope) -> Result<Reply, GatewayError> {
+        let params = params_for_executor(call, self.uris)?;
+        let link = self.link().await?;
+        let result = tokio::select! {
+            r = link.call(call.method(), &params) => r,
+            () = scope.evicted.cancelled() => {
+                return Err(GatewayError::InvalidRequest(
+                    "the session was taken over by another connection".to_owned(),
+                ));
+            }
+        }
+        .map_err(|e| link_error(&self.pool.name, &self.executor, e))?;
+        reply_of(call, &result)
+    }
+}
+
+/// A remote process's events for a gRPC stream (`Attach`, `Exec`): read
+/// from the executor with `process/read` long polls.
+struct RemoteEvents {
+    session: Arc<RemoteSession>,
+    process_id: String,
+}
+
+/// How long one poll waits for output.
+const EVENT_POLL_WAIT_MS: u64 = 10_000;
+/// Events queued toward a gRPC stream.
+const REMOTE_EVENTS_QUEUE: usize = 64;
+
+impl EventSource for RemoteEvents {
+    fn subscribe(
+        &self,
+        after_seq: u64,
+    ) -> (Vec<ProcessEvent>, tokio::sync::mpsc::Receiver<ProcessEvent>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(REMOTE_EVENTS_QUEUE);
+        let session = self.session.clone();
+        let process_id = self.process_id.clone();
+        crate::task::start("remote-events", async move {
+            let mut after = after_seq;
+            let mut exited = false;
+            while !tx.is_closed() {
+                let call = Call::ProcessRead(ReadParams {
+                    process_id: process_id.clone(),
+                    after_seq: Some(after),
+                    max_bytes: None,
+                    wait_ms: Some(EVENT_POLL_WAIT_MS),
+                });
+                let Ok(Reply::ProcessRead(r)) =
+                    session.call_typed(&call, &RunScope::default()).await
+                else {
+                    // The process or the link is gone: the stream ends
+                    // (the door tells the client it ended early).
+                    return;
+                };
+                let fresh = r.chunks.iter().any(|c| c.seq > after);
+                for c in r.chunks {
+                    if c.seq <= after {
+                        continue;
+                    }
+                    after = c.seq;
+                    let event = ProcessEvent::Output {
+                        seq: c.seq,
+                        stream: c.stream,
+                        data: bytes::Bytes::from(c.chunk.0),
+                    };
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                if r.exited && !exited {
+                    exited = true;
+                    let code = r.exit_code.unwrap_or(-1);
+                    let event = ProcessEvent::Exited {
+                        seq: after + 1,
+                        code,
+                        signal: None,
+                    };
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                if r.closed {
+                    let _ = tx.send(ProcessEvent::Closed { seq: after + 2 }).await;
+                    return;
+                }
+                if r.exited && !fresh {
+                    // Exited, not closed (a descendant holds its output):
+                    // the executor answers at once, so pace the polls.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        (Vec::new(), rx)
+    }
+}
+
 impl SessionBackend for RemoteSession {
     fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture {
         Box::pin(async move {
             match op {
                 Op::Call(call) => self.call(call, scope).await,
+                Op::Open(Open::Events(ProcessIdParams { process_id })) => {
+                    Ok(Outcome::Opened(Opened::Events(Arc::new(RemoteEvents {
+                        session: self,
+                        process_id,
+                    }))))
+                }
+                Op::Open(Open::Exec(params)) => {
+                    let process_id = params.process_id.clone();
+                    self.call_typed(&Call::ProcessStart(*params), &scope)
+                        .await?;
+                    Ok(Outcome::Opened(Opened::Events(Arc::new(RemoteEvents {
+                        session: self,
+                        process_id,
+                    }))))
+                }
                 Op::Open(_) => Err(GatewayError::InvalidRequest(
-                    "sessions on remote executors serve JSON-RPC clients only".to_owned(),
+                    "file streams run on the tenant's own root, not on an executor".to_owned(),
                 )),
             }
         })

@@ -70,13 +70,14 @@ impl GrpcApi {
     }
 
     /// A new session with no connection; refused while draining.
-    fn new_session(&self, caller: &Caller) -> Result<Arc<Session>, Status> {
+    async fn new_session(&self, caller: &Caller) -> Result<Arc<Session>, Status> {
         if self.gw.is_draining() {
             return Err(status(crate::error::GatewayError::Draining));
         }
         self.gw
             .sessions
             .create_detached(caller.tenant())
+            .await
             .map_err(status)
     }
 
@@ -277,7 +278,7 @@ impl pb::session_service_server::SessionService for GrpcApi {
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
         let caller = caller(&req)?;
-        let session = self.new_session(&caller)?;
+        let session = self.new_session(&caller).await?;
         Ok(Response::new(pb::CreateSessionResponse {
             session_id: session.id.clone(),
         }))
@@ -517,7 +518,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         let params = convert::spec_to_params(r.spec)?;
         // No session given: one just for this call, removed when it ends.
         let (session, ephemeral) = if r.session_id.is_empty() {
-            (self.new_session(&caller)?, true)
+            (self.new_session(&caller).await?, true)
         } else {
             (self.session(&caller, &r.session_id)?, false)
         };
