@@ -95,8 +95,18 @@ async fn bad_params_give_32602_with_serde_text() {
         )
         .await;
     assert_eq!((code, msg.as_str()), (-32602, "missing field `cwd`"));
+    // Malformed params are reported before "already initialized", as the
+    // official servers do (the differential run found it).
     let (code, msg) = c.call_err("initialize", json!(null)).await;
-    assert_eq!(code, -32600, "{msg}"); // already initialized wins
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32602, "invalid type: null, expected struct InitializeParams")
+    );
+    let (code, msg) = c.call_err("initialize", json!({"clientName": "again"})).await;
+    assert_eq!(
+        (code, msg.as_str()),
+        (-32600, "initialize may only be sent once per connection")
+    );
     let (code, msg) = c
         .call_err(
             "process/start",

@@ -255,7 +255,12 @@ impl Client {
 
     /// Create or replace a file with `data`.
     pub async fn write_file(&self, path: &str, data: Vec<u8>) -> Result<u64> {
-        self.write_file_from(path, &mut data.as_slice()).await
+        match &self.inner {
+            // Whole in memory: written again if the connection breaks
+            // mid-stream (a write replaces the file, so twice is once).
+            Inner::Grpc(c) => c.write_file_retrying(&self.absolute(path), &data).await,
+            Inner::Ws(_) => self.write_file_from(path, &mut data.as_slice()).await,
+        }
     }
 
     /// Create or replace a file with what `source` yields, in blocks; the

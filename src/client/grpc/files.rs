@@ -56,6 +56,27 @@ impl GrpcClient {
         }
     }
 
+    /// [`Self::write_file_from`] for bytes in memory, sent again while the
+    /// connection is down (as unary calls are retried).
+    pub(in super::super) async fn write_file_retrying(
+        &self,
+        path: &str,
+        data: &[u8],
+    ) -> Result<u64> {
+        let mut backoff: Option<Backoff> = None;
+        loop {
+            match self.write_file_from(path, &mut &data[..]).await {
+                Err(e @ ClientError::Disconnected(_)) => {
+                    let b = backoff.get_or_insert_with(|| Backoff::new(self.opts.resume_within));
+                    if !b.wait().await {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
     pub(in super::super) async fn write_file_from<R: AsyncRead + Unpin + Send>(
         &self,
         path: &str,
