@@ -100,9 +100,14 @@ async fn bad_params_give_32602_with_serde_text() {
     let (code, msg) = c.call_err("initialize", json!(null)).await;
     assert_eq!(
         (code, msg.as_str()),
-        (-32602, "invalid type: null, expected struct InitializeParams")
+        (
+            -32602,
+            "invalid type: null, expected struct InitializeParams"
+        )
     );
-    let (code, msg) = c.call_err("initialize", json!({"clientName": "again"})).await;
+    let (code, msg) = c
+        .call_err("initialize", json!({"clientName": "again"}))
+        .await;
     assert_eq!(
         (code, msg.as_str()),
         (-32600, "initialize may only be sent once per connection")

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sigv4::{self, Scope, Verified};
 use super::ticket::{Credential, Registration, RegistrationError, Ticket, now_secs};
-use super::{Pool, Refusal, Registry, is_authority};
+use super::{Pool, Refusal, Registry};
 use crate::config::{AccessKey, is_executor_id};
 
 /// Signatures remembered; past it, signed requests are refused (503)
@@ -207,17 +207,7 @@ impl Registry {
             ));
         }
         pool.check_room(executor_id)?;
-        let base = match (&self.settings.public_url, host) {
-            (Some(u), _) => u.clone(),
-            (None, Some(h)) if is_authority(h) => format!("ws://{h}"),
-            (None, _) => {
-                return Err(Refusal::new(
-                    400,
-                    "no_host",
-                    "no usable Host header and no executors.public_url configured",
-                ));
-            }
-        };
+        let base = self.base_url(host)?;
         let registration = uuid::Uuid::new_v4().to_string();
         let token = self
             .tickets

@@ -142,6 +142,20 @@ impl Registry {
         self.standing.borrow().clone()
     }
 
+    /// The base of URLs handed to executors: `public_url`, or `ws://` and
+    /// the registration's `Host`.
+    fn base_url(&self, host: Option<&str>) -> Result<String, Refusal> {
+        match (&self.settings.public_url, host) {
+            (Some(u), _) => Ok(u.clone()),
+            (None, Some(h)) if is_authority(h) => Ok(format!("ws://{h}")),
+            (None, _) => Err(Refusal::new(
+                400,
+                "no_host",
+                "no usable Host header and no executors.public_url configured",
+            )),
+        }
+    }
+
     /// Which revocation names `cred` of `executor`, if one does.
     fn revoked(&self, executor: &str, cred: &Credential) -> Option<String> {
         self.standing().revokes(executor, cred)
@@ -250,17 +264,7 @@ impl Registry {
         }
         check_labels(&body.labels)?;
         pool.check_room(executor_id)?;
-        let base = match (&self.settings.public_url, host) {
-            (Some(u), _) => u.clone(),
-            (None, Some(h)) if is_authority(h) => format!("ws://{h}"),
-            (None, _) => {
-                return Err(Refusal::new(
-                    400,
-                    "no_host",
-                    "no usable Host header and no executors.public_url configured",
-                ));
-            }
-        };
+        let base = self.base_url(host)?;
         let registration = uuid::Uuid::new_v4().to_string();
         let ticket = self
             .tickets

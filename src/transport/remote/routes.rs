@@ -133,25 +133,9 @@ pub async fn register(
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = Limited::new(req.into_body(), MAX_REGISTRATION_BYTES);
-    let bytes = match tokio::time::timeout(body_timeout, body.collect()).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => {
-            registry.refused("body_too_large");
-            return json_error(
-                413,
-                "too_large",
-                &format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
-            );
-        }
-        Err(_) => {
-            registry.refused("body_timeout");
-            return json_error(
-                408,
-                "timeout",
-                "the registration body did not arrive in time",
-            );
-        }
+    let bytes = match read_body(req.into_body(), body_timeout, &registry).await {
+        Ok(b) => b,
+        Err(r) => return *r,
     };
     let body: RegisterBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         RegisterBody::default()
@@ -164,7 +148,45 @@ pub async fn register(
             }
         }
     };
-    match registry.register(&principal, executor_id, body, host.as_deref()) {
+    answer(registry.register(&principal, executor_id, body, host.as_deref()))
+}
+
+/// A registration's body, whole: at most [`MAX_REGISTRATION_BYTES`], within
+/// `timeout`.
+async fn read_body(
+    body: Incoming,
+    timeout: Duration,
+    registry: &Registry,
+) -> Result<Bytes, Box<HttpResponse>> {
+    match tokio::time::timeout(
+        timeout,
+        Limited::new(body, MAX_REGISTRATION_BYTES).collect(),
+    )
+    .await
+    {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => {
+            registry.refused("body_too_large");
+            Err(boxed_error(
+                413,
+                "too_large",
+                &format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
+            ))
+        }
+        Err(_) => {
+            registry.refused("body_timeout");
+            Err(boxed_error(
+                408,
+                "timeout",
+                "the registration body did not arrive in time",
+            ))
+        }
+    }
+}
+
+/// A registration's answer as JSON, or its refusal.
+fn answer<T: serde::Serialize>(r: Result<T, crate::registry::Refusal>) -> HttpResponse {
+    match r {
         Ok(answer) => {
             let body = serde_json::to_string(&answer).unwrap_or_default();
             let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -242,46 +264,15 @@ pub async fn direct_register(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let bytes = match tokio::time::timeout(
-        body_timeout,
-        Limited::new(body, MAX_REGISTRATION_BYTES).collect(),
-    )
-    .await
-    {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => {
-            registry.refused("body_too_large");
-            return json_error(
-                413,
-                "too_large",
-                &format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
-            );
-        }
-        Err(_) => {
-            registry.refused("body_timeout");
-            return json_error(
-                408,
-                "timeout",
-                "the registration body did not arrive in time",
-            );
-        }
+    let bytes = match read_body(body, body_timeout, &registry).await {
+        Ok(b) => b,
+        Err(r) => return *r,
     };
     let host = parts
         .headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
-    match registry.direct_register(executor_id, &target, &parts.headers, &bytes, host) {
-        Ok(answer) => {
-            let body = serde_json::to_string(&answer).unwrap_or_default();
-            let mut r = Response::new(Full::new(Bytes::from(body)));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
-        }
-        Err(refusal) => json_error(refusal.status, refusal.code, &refusal.message),
-    }
+    answer(registry.direct_register(executor_id, &target, &parts.headers, &bytes, host))
 }
 
 /// Check a direct registration's dial before its upgrade.
