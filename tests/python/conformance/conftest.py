@@ -216,7 +216,7 @@ def start_gateway(revision, base: pathlib.Path) -> Server:
         f'root = "{root}"\n')
     log = base / "server.log"
     proc = subprocess.Popen(
-        [str(binary), "serve", "--listen", "ws://127.0.0.1:0",
+        [str(binary), "serve", "--listen", "ws://127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
          "--grpc-listen", "127.0.0.1:0", "--config", str(conf / "gateway.toml")],
         # Its own state dir: the tenant's private /tmp is not shared with
         # other gateways.
