@@ -367,9 +367,14 @@ impl EventSource for RemoteEvents {
                     max_bytes: None,
                     wait_ms: Some(EVENT_POLL_WAIT_MS),
                 });
-                let Ok(Reply::ProcessRead(r)) =
-                    session.call_typed(&call, &RunScope::default()).await
-                else {
+                // An executor that never answers ends the stream too.
+                let wait = Duration::from_millis(EVENT_POLL_WAIT_MS) + session.open_timeout;
+                let scope = RunScope::default();
+                let polled = tokio::select! {
+                    r = tokio::time::timeout(wait, session.call_typed(&call, &scope)) => r,
+                    () = tx.closed() => return,
+                };
+                let Ok(Ok(Reply::ProcessRead(r))) = polled else {
                     // The process or the link is gone: the stream ends
                     // (the door tells the client it ended early).
                     return;
@@ -393,7 +398,7 @@ impl EventSource for RemoteEvents {
                     exited = true;
                     let code = r.exit_code.unwrap_or(-1);
                     let event = ProcessEvent::Exited {
-                        seq: after + 1,
+                        seq: after.saturating_add(1),
                         code,
                         signal: None,
                     };
@@ -402,12 +407,17 @@ impl EventSource for RemoteEvents {
                     }
                 }
                 if r.closed {
-                    let _ = tx.send(ProcessEvent::Closed { seq: after + 2 }).await;
+                    let _ = tx
+                        .send(ProcessEvent::Closed {
+                            seq: after.saturating_add(2),
+                        })
+                        .await;
                     return;
                 }
-                if r.exited && !fresh {
-                    // Exited, not closed (a descendant holds its output):
-                    // the executor answers at once, so pace the polls.
+                if !fresh {
+                    // Nothing new: an executor may answer at once (exited
+                    // but not closed, or one that ignores `waitMs`), so
+                    // the polls are paced.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }

@@ -188,7 +188,12 @@ where
         loop {
             let next = match replay.next() {
                 Some(e) => Some(e),
-                None => live.recv().await,
+                None => tokio::select! {
+                    e = live.recv() => e,
+                    // The client went away: stop (and drop the source's
+                    // channel, which ends a remote source's polls).
+                    () = tx.closed() => break,
+                },
             };
             let Some(e) = next else {
                 // The process dropped us (too slow) before `closed`.
