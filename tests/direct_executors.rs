@@ -182,6 +182,25 @@ async fn dial(
     }
 }
 
+/// Until the gateway closes `link` (within [`WAIT`], else `why`).
+async fn wait_closed(
+    link: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    why: &str,
+) {
+    use futures_util::StreamExt as _;
+    let closed = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(m)) = link.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "{why}");
+}
+
 /// The target (path and query) of a URL.
 fn target_of(url: &str) -> String {
     let rest = url.split_once("://").unwrap().1;
@@ -595,16 +614,7 @@ async fn executor_credentials_are_bound_expire_and_are_revoked_on_live_links() {
     )
     .unwrap();
     gw.signal(1);
-    use futures_util::StreamExt as _;
-    let closed = tokio::time::timeout(WAIT, async {
-        while let Some(Ok(m)) = link.next().await {
-            if m.is_close() {
-                break;
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the revoked link stayed open");
+    wait_closed(&mut link, "the revoked link stayed open").await;
     let again = token(json!({"sub": "ci", "pool": "p", "scope": "executor",
                               "jti": "j-bound", "exp": now() + 3600}));
     let (status, e) = register("e1", again).await;
@@ -621,15 +631,7 @@ async fn executor_credentials_are_bound_expire_and_are_revoked_on_live_links() {
     let (mut link, _) = tokio_tungstenite::connect_async(r["url"].as_str().unwrap())
         .await
         .unwrap();
-    let closed = tokio::time::timeout(WAIT, async {
-        while let Some(Ok(m)) = link.next().await {
-            if m.is_close() {
-                break;
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the expired credential's link stayed open");
+    wait_closed(&mut link, "the expired credential's link stayed open").await;
     wait_readyz(&gw, "pool p: 0 executors").await;
 }
 
@@ -668,16 +670,7 @@ async fn a_key_removed_by_a_reload_loses_its_links() {
     assert!(text.contains(&block), "{text}");
     std::fs::write(&file, text.replace(&block, "")).unwrap();
     gw.signal(1);
-    use futures_util::StreamExt as _;
-    let closed = tokio::time::timeout(WAIT, async {
-        while let Some(Ok(m)) = link.next().await {
-            if m.is_close() {
-                break;
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the removed key's link stayed open");
+    wait_closed(&mut link, "the removed key's link stayed open").await;
     let s = sign_as(KEY2_ID, "POST", path, &host, body, &amz_date(1), SECRET2);
     assert_eq!(post_register(&gw.addr, "env-2", &s).await.0, 401);
     // The key that stayed still registers.

@@ -297,17 +297,9 @@ impl RemoteSession {
             // A gRPC client: a typed reply, translated.
             return self.call_typed(&call, &scope).await.map(Outcome::Reply);
         };
-        let params = call.params_json()?;
-        let link = self.link().await?;
-        let result = tokio::select! {
-            r = link.call(call.method(), &params) => r,
-            () = scope.evicted.cancelled() => {
-                return Err(GatewayError::InvalidRequest(
-                    "the session was taken over by another connection".to_owned(),
-                ));
-            }
-        }
-        .map_err(|e| link_error(&self.pool.name, &self.executor, e))?;
+        let result = self
+            .exchange(&call, &call.params_json()?, &scope.evicted)
+            .await?;
         let held = reply
             .outbound()
             .reserve(result.len())
@@ -323,17 +315,28 @@ impl RemoteSession {
     /// answer as the call's typed reply.
     async fn call_typed(&self, call: &Call, scope: &RunScope) -> Result<Reply, GatewayError> {
         let params = params_for_executor(call, self.uris)?;
+        let result = self.exchange(call, &params, &scope.evicted).await?;
+        reply_of(call, &result)
+    }
+
+    /// Send `call` with `params` on the session's link; the executor's
+    /// raw result (ended early if another connection takes the session).
+    async fn exchange(
+        &self,
+        call: &Call,
+        params: &str,
+        evicted: &tokio_util::sync::CancellationToken,
+    ) -> Result<String, GatewayError> {
         let link = self.link().await?;
-        let result = tokio::select! {
-            r = link.call(call.method(), &params) => r,
-            () = scope.evicted.cancelled() => {
+        tokio::select! {
+            r = link.call(call.method(), params) => r,
+            () = evicted.cancelled() => {
                 return Err(GatewayError::InvalidRequest(
                     "the session was taken over by another connection".to_owned(),
                 ));
             }
         }
-        .map_err(|e| link_error(&self.pool.name, &self.executor, e))?;
-        reply_of(call, &result)
+        .map_err(|e| link_error(&self.pool.name, &self.executor, e))
     }
 }
 

@@ -86,13 +86,16 @@ impl Registry {
     }
 
     /// Verify a signed request: the access key's pool and the key.
+    /// Verify a signed request and use its signature up (`replayed`: the
+    /// refusal of a signature seen before): the access key's pool and key.
     fn signed(
         &self,
         method: &str,
         target: &str,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Result<(Arc<Pool>, AccessKey, Verified), Refusal> {
+        replayed: Refusal,
+    ) -> Result<(Arc<Pool>, AccessKey), Refusal> {
         let standing = self.standing();
         let v = sigv4::verify(
             method,
@@ -112,7 +115,13 @@ impl Registry {
             .get(&v.access_key)
             .cloned()
             .ok_or_else(|| Refusal::new(401, "unauthenticated", "unknown access key"))?;
-        Ok((pool, key, v))
+        if !self
+            .replays
+            .first_use(&v, self.settings.max_clock_skew.as_secs())?
+        {
+            return Err(replayed);
+        }
+        Ok((pool, key))
     }
 
     fn check_executor(
@@ -185,17 +194,8 @@ impl Registry {
         body: &[u8],
         host: Option<&str>,
     ) -> Result<DirectRegistered, Refusal> {
-        let (pool, key, v) = self.signed("POST", target, headers, body)?;
-        if !self
-            .replays
-            .first_use(&v, self.settings.max_clock_skew.as_secs())?
-        {
-            return Err(Refusal::new(
-                401,
-                "replayed",
-                "this signed request was already used",
-            ));
-        }
+        let replayed = Refusal::new(401, "replayed", "this signed request was already used");
+        let (pool, key) = self.signed("POST", target, headers, body, replayed)?;
         self.check_executor(&pool, &key, executor_id)?;
         let asked: DirectRegisterBody = serde_json::from_slice(body)
             .map_err(|e| Refusal::new(400, "bad_request", format!("registration body: {e}")))?;
@@ -255,18 +255,13 @@ impl Registry {
         target: &str,
         headers: &HeaderMap,
     ) -> Result<Ticket, Refusal> {
-        let (pool, key, v) = self.signed("GET", target, headers, b"")?;
-        if !self
-            .replays
-            .first_use(&v, self.settings.max_clock_skew.as_secs())?
-        {
-            // The real executor signs anew a moment later (503 is retried).
-            return Err(Refusal::new(
-                503,
-                "replayed",
-                "this signed request was already used; sign it again",
-            ));
-        }
+        // The real executor signs anew a moment later (503 is retried).
+        let replayed = Refusal::new(
+            503,
+            "replayed",
+            "this signed request was already used; sign it again",
+        );
+        let (pool, key) = self.signed("GET", target, headers, b"", replayed)?;
         let token = target.split_once('?').and_then(|(_, q)| {
             url::form_urlencoded::parse(q.as_bytes())
                 .find(|(k, _)| k == "registration")

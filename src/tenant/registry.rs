@@ -370,12 +370,7 @@ impl Tenants {
     /// Tenants active now.
     pub fn active(&self) -> Vec<Arc<Tenant>> {
         let slots: Vec<Arc<Slot>> = self.live.lock().values().cloned().collect();
-        let mut out: Vec<Arc<Tenant>> = slots
-            .iter()
-            .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
-            .collect();
-        out.extend(self.replaced.lock().iter().cloned());
-        out
+        active_of(slots.iter(), &self.replaced.lock())
     }
 
     /// Every tenant's account (or `only` one's). The registry's locks are
@@ -384,12 +379,9 @@ impl Tenants {
     pub fn accounts(&self, only: Option<&str>) -> (Vec<Account>, u64) {
         let live = self.live.lock();
         let replaced = self.replaced.lock();
-        let mut active: Vec<Arc<Tenant>> = live
-            .values()
-            .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
-            .collect();
-        active.extend(replaced.iter().cloned());
-        let report = self.accounts.report(&active, only);
+        let report = self
+            .accounts
+            .report(&active_of(live.values(), &replaced), only);
         drop((replaced, live));
         (report, self.accounts.dropped())
     }
@@ -526,6 +518,19 @@ fn take_idle(live: &HashMap<Arc<str>, Arc<Slot>>) -> Option<Retiring> {
         tenant,
         replaced: false,
     })
+}
+
+/// The activations in `slots` (those not locked by an activation or a
+/// retirement) and the `replaced` ones still serving.
+fn active_of<'a>(
+    slots: impl Iterator<Item = &'a Arc<Slot>>,
+    replaced: &[Arc<Tenant>],
+) -> Vec<Arc<Tenant>> {
+    let mut out: Vec<Arc<Tenant>> = slots
+        .filter_map(|s| s.state.try_lock().ok().and_then(|t| t.clone()))
+        .collect();
+    out.extend(replaced.iter().cloned());
+    out
 }
 
 /// End a tenant's activation: its workers, then its usage into the
