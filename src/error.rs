@@ -275,15 +275,23 @@ impl GatewayError {
             }
             ErrorKind::OwnerLost => Code::NotFound,
             ErrorKind::ExecutorUnavailable => Code::Unavailable,
-            ErrorKind::Executor => Code::Unknown,
+            ErrorKind::Executor => match self {
+                GatewayError::Executor { code, message, .. } => executor_grpc_code(*code, message),
+                _ => Code::Unknown,
+            },
             ErrorKind::Unauthenticated => Code::Unauthenticated,
             ErrorKind::Forbidden => Code::PermissionDenied,
             ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
             ErrorKind::QuotaExceeded => Code::ResourceExhausted,
         };
-        let mut status = tonic::Status::new(code, self.to_string());
+        // Both go in headers, which clients cap (8 KiB by default in
+        // grpc-go and grpcio): an executor's long text is cut.
+        let message = crate::protocol::truncate_text(self.to_string(), MAX_GRPC_ERROR_TEXT);
+        let mut status = tonic::Status::new(code, message);
         if let Some(data) = self.to_jsonrpc().data
-            && let Ok(v) = tonic::metadata::MetadataValue::try_from(data.to_string())
+            && let data = data.to_string()
+            && data.len() <= MAX_GRPC_ERROR_TEXT
+            && let Ok(v) = tonic::metadata::MetadataValue::try_from(data)
         {
             // Machine-readable details (quota, limit, retryAfterMs) as JSON.
             status.metadata_mut().insert("x-exec-gateway-error-data", v);
@@ -311,6 +319,30 @@ impl GatewayError {
             | ErrorKind::MethodNotFound
             | ErrorKind::InvalidParams => 400,
         }
+    }
+}
+
+/// The longest error message (and error data, as JSON) a gRPC status
+/// carries.
+pub const MAX_GRPC_ERROR_TEXT: usize = 1024;
+
+/// The gRPC code of an executor's JSON-RPC error: by its code, and for
+/// the executor's "internal" errors (an OS error's text, as Codex writes
+/// it) by the OS error it names.
+fn executor_grpc_code(code: i64, message: &str) -> tonic::Code {
+    use tonic::Code;
+    let os_error = |n: &str| message.ends_with(&format!("(os error {n})"));
+    match code {
+        code::NOT_FOUND => Code::NotFound,
+        code::METHOD_NOT_FOUND => Code::Unimplemented,
+        _ if message.starts_with("unknown process") => Code::NotFound,
+        code::INVALID_REQUEST | code::INVALID_PARAMS => Code::InvalidArgument,
+        _ if os_error("2") => Code::NotFound,
+        _ if os_error("13") || os_error("1") => Code::PermissionDenied,
+        _ if os_error("17") => Code::AlreadyExists,
+        _ if os_error("20") || os_error("21") || os_error("39") => Code::FailedPrecondition,
+        code::INTERNAL => Code::Internal,
+        _ => Code::Unknown,
     }
 }
 

@@ -337,12 +337,43 @@ pub trait EventSource: Send + Sync {
     /// event may appear in both: skip by seq). The channel ends after
     /// `closed`, or early if the subscriber is too slow.
     fn subscribe(&self, after_seq: u64) -> (Vec<ProcessEvent>, mpsc::Receiver<ProcessEvent>);
+
+    /// Why the channel ended before `closed`, when it was not the
+    /// subscriber's slowness (a remote process or link that went away).
+    fn failure(&self) -> Option<GatewayError> {
+        None
+    }
+}
+
+/// A boxed, sendable future (of a [`BlockFile`] operation).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A file on another machine (a remote executor's), read or written in
+/// blocks over the executor's link. Blocks go in order; `finish` ends it
+/// (a write is complete only once it returns `Ok`).
+pub trait BlockFile: Send + Sync {
+    /// Up to `len` bytes at `offset`, and whether the file ends there.
+    fn read(&self, offset: u64, len: usize)
+    -> BoxFuture<'_, Result<(Vec<u8>, bool), GatewayError>>;
+    /// `data` at `offset`; `held` is its place in the tenant's inbound
+    /// budget, kept while the data is held here.
+    fn write(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+        held: crate::outbound::Reservation,
+    ) -> BoxFuture<'_, Result<(), GatewayError>>;
+    /// Close the file (a buffered write is sent now).
+    fn finish(&self) -> BoxFuture<'_, Result<(), GatewayError>>;
 }
 
 /// What an [`Open`] produced.
 pub enum Opened {
     Events(Arc<dyn EventSource>),
+    /// A file of the tenant's own root.
     File(std::fs::File),
+    /// A file on the session's executor.
+    Blocks(Box<dyn BlockFile>),
 }
 
 impl std::fmt::Debug for Opened {
@@ -350,6 +381,7 @@ impl std::fmt::Debug for Opened {
         match self {
             Opened::Events(_) => f.write_str("Opened::Events"),
             Opened::File(file) => write!(f, "Opened::File({file:?})"),
+            Opened::Blocks(_) => f.write_str("Opened::Blocks"),
         }
     }
 }

@@ -7,42 +7,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
+use common::direct::{
+    Codex, KEY_ID, KEY2_ID, SECRET, SECRET2, WAIT, codex_169, config, wait_readyz,
+};
 use common::{Client, Gateway, now};
 use hmac::Mac as _;
 use serde_json::{Value, json};
 use sha2::Digest as _;
-
-const WAIT: Duration = Duration::from_secs(30);
-const KEY_ID: &str = "AKIDGATEWAYTEST1";
-const SECRET: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY01";
-/// A second key of the pool, bound to nothing.
-const KEY2_ID: &str = "AKIDGATEWAYTEST2";
-const SECRET2: &str = "second-secret-access-key-for-the-pool-02";
-
-/// Tenant `t1` on pool `p`, whose access key `KEY_ID` (bound to
-/// `bound`, if given) is in a file; revocations in `dir/revoked`.
-fn config(dir: &Path, bound: Option<&str>, extra: &str) -> String {
-    std::fs::write(dir.join("ak.secret"), SECRET).unwrap();
-    std::fs::write(dir.join("ak2.secret"), SECRET2).unwrap();
-    if !dir.join("revoked").exists() {
-        std::fs::write(dir.join("revoked"), "# none yet\n").unwrap();
-    }
-    let bound = bound.map_or(String::new(), |b| format!("executor_id = \"{b}\"\n"));
-    format!(
-        "[server]\ndetach_ttl = \"2s\"\n\
-         [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
-         [tenants.t1]\nroot = \"/\"\npool = \"p\"\n\
-         [executors]\nopen_timeout = \"3s\"\nrevocations_file = \"{d}/revoked\"\n{extra}\n\
-         [executors.pools.p]\n\
-         [[executors.pools.p.access_keys]]\nid = \"{KEY2_ID}\"\nsecret_file = \"{d}/ak2.secret\"\n\
-         [[executors.pools.p.access_keys]]\nid = \"{KEY_ID}\"\nsecret_file = \"{d}/ak.secret\"\n{bound}",
-        d = dir.display()
-    )
-}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|c| format!("{c:02x}")).collect()
@@ -332,98 +306,6 @@ async fn signed_requests_are_verified_bound_and_never_replayed() {
     }
 }
 
-/// The official 0.169.0 executor, or `None` (the reason printed).
-fn codex_169() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/.tools/codex/0.169.0/codex");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipped: official codex 0.169.0 absent at {} (run scripts/fetch-codex)",
-            p.display()
-        );
-        None
-    }
-}
-
-struct Codex {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Codex {
-    /// `codex exec-server --remote ... --remote-transport direct` as
-    /// environment `id`, in its own working directory.
-    fn start(binary: &Path, gateway_addr: &str, id: &str) -> Codex {
-        let dir = tempfile::Builder::new()
-            .prefix("codex-direct-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        std::fs::create_dir_all(dir.path().join("work")).unwrap();
-        let child = Command::new(binary)
-            .args(["exec-server", "--remote", &format!("http://{gateway_addr}")])
-            .args(["--remote-transport", "direct", "--environment-id", id])
-            .args(["--aws-sigv4", "--aws-region", "us-east-1"])
-            .current_dir(dir.path().join("work"))
-            .env("CODEX_HOME", dir.path())
-            .env("HOME", dir.path())
-            .env("AWS_ACCESS_KEY_ID", KEY_ID)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn codex");
-        Codex { child, dir }
-    }
-
-    fn work(&self) -> PathBuf {
-        self.dir.path().join("work")
-    }
-
-    /// Its exit, within [`WAIT`], and what it printed.
-    fn exit(&mut self) -> (std::process::ExitStatus, String) {
-        let deadline = std::time::Instant::now() + WAIT;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(std::time::Instant::now() < deadline, "codex kept running");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            use std::io::Read as _;
-            let _ = e.read_to_string(&mut err);
-        }
-        (status, err)
-    }
-}
-
-impl Drop for Codex {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn wait_readyz(gw: &Gateway, want: &str) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (_, body) = gw.admin_get("/readyz").await;
-        if body.contains(want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never `{want}`: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn metric(gw: &Gateway, name: &str) -> u64 {
     let (_, m) = gw.admin_get("/metrics").await;
     m.lines()
@@ -677,108 +559,4 @@ async fn a_key_removed_by_a_reload_loses_its_links() {
     let p1 = "/cloud/environment/env-1/direct/register";
     let s = sign("POST", p1, &host, body, &amz_date(1), SECRET);
     assert_eq!(post_register(&gw.addr, "env-1", &s).await.0, 200);
-}
-
-/// gRPC serves an executor-placed tenant too: its sessions run on the
-/// official 0.169.0 executor, the gateway translating (plain paths to
-/// `file://` URIs, `writeId`s supplied, streams from `process/read`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_sessions_of_an_executor_placed_tenant_run_on_the_official_0169_executor() {
-    use common::grpc::{authed, channel, spec};
-    use exec_gateway::transport::grpc::pb;
-    use futures_util::StreamExt as _;
-    use pb::process_event::Event;
-    let Some(bin) = codex_169() else { return };
-    let gw = Gateway::start_with(|d| config(d, None, ""));
-    let codex = Codex::start(&bin, &gw.addr, "env-g");
-    wait_readyz(&gw, "pool p: 1 executors, 1 idle links").await;
-    let ch = channel(&gw.grpc).await;
-    let token = gw.token("t1");
-    let sid = pb::session_service_client::SessionServiceClient::new(ch.clone())
-        .create_session(authed(pb::CreateSessionRequest::default(), &token))
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
-    assert!(sid.contains("x-env-g."), "{sid}");
-    let mut procs = pb::process_service_client::ProcessServiceClient::new(ch);
-    let work = codex.work().display().to_string();
-    /// Output, exit code and whether `closed` came.
-    async fn drain<T>(
-        mut s: tonic::Streaming<T>,
-        event: impl Fn(T) -> Option<pb::ProcessEvent>,
-    ) -> (String, Option<i32>, bool) {
-        let (mut out, mut code) = (Vec::new(), None);
-        while let Some(item) = tokio::time::timeout(WAIT, s.next()).await.unwrap() {
-            match event(item.unwrap()).and_then(|e| e.event) {
-                Some(Event::Output(o)) => out.extend(o.data),
-                Some(Event::Exited(x)) => code = Some(x.exit_code),
-                Some(Event::Closed(_)) => {
-                    return (String::from_utf8_lossy(&out).into_owned(), code, true);
-                }
-                None => {}
-            }
-        }
-        (String::from_utf8_lossy(&out).into_owned(), code, false)
-    }
-    // Exec: started there (in its directory, given as a plain path) and
-    // streamed to its end.
-    let mut s = spec("e1", &["sh", "-c", "pwd; exit 3"]);
-    s.cwd = work.clone();
-    let stream = procs
-        .exec(authed(
-            pb::ExecRequest {
-                session_id: sid.clone(),
-                spec: Some(s),
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let (out, code, closed) = drain(stream, |r: pb::ExecResponse| r.event).await;
-    assert_eq!(
-        (out.as_str(), code, closed),
-        (format!("{work}\n").as_str(), Some(3), true)
-    );
-    // Start, write to its stdin, attach.
-    let mut s = spec("c1", &["sh", "-c", "read line; echo got:$line"]);
-    s.cwd = work.clone();
-    s.pipe_stdin = true;
-    procs
-        .start(authed(
-            pb::StartRequest {
-                session_id: sid.clone(),
-                spec: Some(s),
-            },
-            &token,
-        ))
-        .await
-        .unwrap();
-    procs
-        .write(authed(
-            pb::WriteRequest {
-                session_id: sid.clone(),
-                process_id: "c1".into(),
-                data: b"hello\n".to_vec().into(),
-                ..Default::default()
-            },
-            &token,
-        ))
-        .await
-        .unwrap();
-    let stream = procs
-        .attach(authed(
-            pb::AttachRequest {
-                session_id: sid.clone(),
-                process_id: "c1".into(),
-                after_seq: 0,
-            },
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let (out, code, closed) = drain(stream, |r: pb::AttachResponse| r.event).await;
-    assert_eq!((out.as_str(), code, closed), ("got:hello\n", Some(0), true));
 }

@@ -298,7 +298,7 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
         metrics.contains("exec_gateway_executor_sessions{pool=\"p\",executor=\"ex-a\"} 2"),
         "{metrics}"
     );
-    // gRPC sessions of this tenant run on executors too: tests/direct_executors.rs.
+    // gRPC sessions of this tenant run on executors too: tests/executor_grpc.rs.
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -681,4 +681,84 @@ async fn a_pool_holds_at_most_max_links() {
     let (status, body) = register(&gw.addr, "e2", &token).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "pool_links_full");
+}
+
+/// gRPC's streamed files on an executor: on May's official executor
+/// (0.130.0, whole-file calls only) and on ours, a file written in several
+/// messages lands whole and reads back byte for byte, whole and in part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_files_stream_to_mays_executor_and_ours() {
+    use common::grpc::{authed, channel};
+    use exec_gateway::transport::grpc::pb;
+    use futures_util::StreamExt as _;
+    for official in [codex_binary(), None] {
+        let gw = Gateway::start_with(|d| gateway_config(d, "5s"));
+        let token = executor_token(&gw.secret, "p");
+        // A directory both the executor and this test can reach (ours
+        // serves its own root).
+        let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+        let (_executor, dir) = match &official {
+            Some(bin) => {
+                let c = Codex::start(bin, &gw.addr, &token, "codex-f");
+                ((Some(c), None), scratch.path().to_owned())
+            }
+            None => {
+                let e = Executor::start(&gw.addr, &token, "ours-f", 1);
+                let root = e.root.clone();
+                ((None, Some(e)), root)
+            }
+        };
+        wait_pool(&gw, "pool p: 1 executors, 1 idle links").await;
+        let ch = channel(&gw.grpc).await;
+        let user = gw.token("t1");
+        let sid = pb::session_service_client::SessionServiceClient::new(ch.clone())
+            .create_session(authed(pb::CreateSessionRequest::default(), &user))
+            .await
+            .unwrap()
+            .into_inner()
+            .session_id;
+        assert!(sid.starts_with("x-"), "on the executor: {sid}");
+        let path = dir.join("f.bin").display().to_string();
+        let data: Vec<u8> = (0..1_500_000u32).map(|i| (i % 253) as u8).collect();
+        let parts: Vec<_> = data
+            .chunks(400_000)
+            .enumerate()
+            .map(|(i, c)| pb::WriteFileRequest {
+                path: if i == 0 { path.clone() } else { String::new() },
+                data: c.to_vec().into(),
+                session_id: if i == 0 { sid.clone() } else { String::new() },
+            })
+            .collect();
+        let mut files = pb::file_service_client::FileServiceClient::new(ch);
+        let wrote = files
+            .write_file(authed(futures_util::stream::iter(parts), &user))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(wrote.bytes_written, data.len() as u64);
+        assert!(std::fs::read(&path).unwrap() == data, "written whole");
+        for (offset, length) in [(0u64, 0u64), (1_048_000, 1_000)] {
+            let req = pb::ReadFileRequest {
+                path: path.clone(),
+                offset,
+                length,
+                session_id: sid.clone(),
+            };
+            let mut s = files
+                .read_file(authed(req, &user))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut got = Vec::new();
+            while let Some(m) = tokio::time::timeout(WAIT, s.next()).await.unwrap() {
+                got.extend(m.unwrap().data);
+            }
+            let end = if length == 0 {
+                data.len()
+            } else {
+                (offset + length) as usize
+            };
+            assert!(got == data[offset as usize..end], "{offset}+{length}");
+        }
+    }
 }

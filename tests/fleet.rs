@@ -552,6 +552,19 @@ async fn an_owner_that_is_gone_or_restarted_is_named() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     assert!(e.message().contains("replica gw-1"), "{e:?}");
+    // A file call naming the session (field 15) is routed to its owner too.
+    let e = pb::file_service_client::FileServiceClient::new(ch2.clone())
+        .get_metadata(authed(
+            pb::GetMetadataRequest {
+                path: "/".into(),
+                session_id: sid.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("replica gw-1"), "{e:?}");
     // Only gw-1's sessions fail.
     let mut c = fleet.client(0, "t1").await;
     assert!(resume(&mut c, &survivor).await.get("result").is_some());

@@ -439,6 +439,7 @@ async fn files_stream_in_and_out_beyond_one_message() {
         .map(|(i, c)| pb::WriteFileRequest {
             path: if i == 0 { path.clone() } else { String::new() },
             data: c.to_vec().into(),
+            ..Default::default()
         })
         .collect();
     let w = files
@@ -477,13 +478,20 @@ async fn files_stream_in_and_out_beyond_one_message() {
             pb::CreateDirectoryRequest {
                 path: sub.clone(),
                 recursive: true,
+                ..Default::default()
             },
             &token,
         ))
         .await
         .unwrap();
     let m = files
-        .get_metadata(authed(pb::GetMetadataRequest { path: sub.clone() }, &token))
+        .get_metadata(authed(
+            pb::GetMetadataRequest {
+                path: sub.clone(),
+                ..Default::default()
+            },
+            &token,
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -494,6 +502,7 @@ async fn files_stream_in_and_out_beyond_one_message() {
                 source_path: path.clone(),
                 destination_path: format!("{sub}/copy.bin"),
                 recursive: false,
+                ..Default::default()
             },
             &token,
         ))
@@ -501,7 +510,10 @@ async fn files_stream_in_and_out_beyond_one_message() {
         .unwrap();
     let d = files
         .read_directory(authed(
-            pb::ReadDirectoryRequest { path: sub.clone() },
+            pb::ReadDirectoryRequest {
+                path: sub.clone(),
+                ..Default::default()
+            },
             &token,
         ))
         .await
@@ -515,13 +527,20 @@ async fn files_stream_in_and_out_beyond_one_message() {
                 path: dir.path().join("a").display().to_string(),
                 recursive: true,
                 force: false,
+                ..Default::default()
             },
             &token,
         ))
         .await
         .unwrap();
     let e = files
-        .get_metadata(authed(pb::GetMetadataRequest { path: sub }, &token))
+        .get_metadata(authed(
+            pb::GetMetadataRequest {
+                path: sub,
+                ..Default::default()
+            },
+            &token,
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
@@ -561,6 +580,7 @@ async fn current_revision_file_and_environment_rpcs() {
                 path: p("d/f.txt"),
                 offset: 3,
                 length: 4,
+                ..Default::default()
             },
             &token,
         ))
@@ -574,7 +594,10 @@ async fn current_revision_file_and_environment_rpcs() {
     assert_eq!(got, b"3456");
     let m = files
         .get_metadata(authed(
-            pb::GetMetadataRequest { path: p("d/f.txt") },
+            pb::GetMetadataRequest {
+                path: p("d/f.txt"),
+                ..Default::default()
+            },
             &token,
         ))
         .await
@@ -585,6 +608,7 @@ async fn current_revision_file_and_environment_rpcs() {
         .canonicalize(authed(
             pb::CanonicalizeRequest {
                 path: p("link/e/../f.txt"),
+                ..Default::default()
             },
             &token,
         ))
@@ -632,6 +656,7 @@ async fn current_revision_file_and_environment_rpcs() {
         .canonicalize(authed(
             pb::CanonicalizeRequest {
                 path: "/etc/passwd".to_owned(),
+                ..Default::default()
             },
             &token,
         ))
@@ -641,7 +666,12 @@ async fn current_revision_file_and_environment_rpcs() {
     assert!(e.message().contains("outside the tenant root"), "{e:?}");
 
     let info = EnvironmentServiceClient::new(ch.clone())
-        .get_info(authed(pb::GetInfoRequest {}, &token))
+        .get_info(authed(
+            pb::GetInfoRequest {
+                ..Default::default()
+            },
+            &token,
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -653,7 +683,9 @@ async fn current_revision_file_and_environment_rpcs() {
     assert_eq!(info.capabilities.get("networkProxyLaunch"), Some(&false));
     // Unauthenticated: refused before the service.
     let e = EnvironmentServiceClient::new(ch)
-        .get_info(pb::GetInfoRequest {})
+        .get_info(pb::GetInfoRequest {
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
@@ -704,6 +736,7 @@ async fn auth_failures_and_scopes_over_grpc() {
         .get_metadata(authed(
             pb::GetMetadataRequest {
                 path: "/tmp".into(),
+                ..Default::default()
             },
             &ro,
         ))

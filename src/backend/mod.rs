@@ -83,4 +83,9 @@ pub trait SessionBackend: Send + Sync {
     /// What the session's commands run in (`initialize`, `environment/info`),
     /// paths as `file://` URIs.
     fn environment(&self) -> EnvironmentInfo;
+
+    /// Whether it runs on a remote executor (whose files are its own).
+    fn is_remote(&self) -> bool {
+        false
+    }
 }

@@ -6,12 +6,14 @@
 //!   `file://` URIs only. Params are rewritten before the call, and the
 //!   executor's `writeId`, required by 0.169.0, is supplied.
 //! - Replies: the executor's JSON result becomes the typed reply of the
-//!   call (only the calls the gRPC door makes on a session).
+//!   call (only the calls the gRPC door makes on a session), its `file://`
+//!   URIs plain paths again.
 
 use serde_json::Value;
 
 use crate::error::GatewayError;
 use crate::protocol::Empty;
+use crate::protocol::environment::EnvironmentInfo;
 use crate::rpc::{Call, Reply};
 
 /// Param fields that hold a path.
@@ -58,9 +60,35 @@ pub fn reply_of(call: &Call, result: &str) -> Result<Reply, GatewayError> {
             Reply::ProcessTerminate(serde_json::from_str(result).map_err(bad)?)
         }
         Call::ProcessList(_) => Reply::ProcessList(serde_json::from_str(result).map_err(bad)?),
-        Call::ProcessSignal(_) | Call::ProcessResize(_) | Call::ProcessCloseStdin(_) => {
-            Reply::Empty(Empty {})
+        Call::FsReadFile(_) => Reply::FsReadFile(serde_json::from_str(result).map_err(bad)?),
+        Call::FsGetMetadata(_) => Reply::FsGetMetadata(serde_json::from_str(result).map_err(bad)?),
+        Call::FsReadDirectory(_) => {
+            Reply::FsReadDirectory(serde_json::from_str(result).map_err(bad)?)
         }
+        Call::FsCanonicalize(_) => {
+            let mut r: crate::protocol::fs::CanonicalizeResponse =
+                serde_json::from_str(result).map_err(bad)?;
+            plain(&mut r.path);
+            Reply::FsCanonicalize(r)
+        }
+        Call::FsWalk(_) => {
+            let mut r: crate::protocol::fs::WalkResponse =
+                serde_json::from_str(result).map_err(bad)?;
+            r.entries.iter_mut().for_each(|e| plain(&mut e.path));
+            r.errors.iter_mut().for_each(|e| plain(&mut e.path));
+            Reply::FsWalk(r)
+        }
+        Call::FsOpen(_) => Reply::FsOpen(serde_json::from_str(result).map_err(bad)?),
+        Call::FsReadBlock(_) => Reply::FsReadBlock(serde_json::from_str(result).map_err(bad)?),
+        Call::ProcessSignal(_)
+        | Call::ProcessResize(_)
+        | Call::ProcessCloseStdin(_)
+        | Call::FsWriteFile(_)
+        | Call::FsCreateDirectory(_)
+        | Call::FsRemove(_)
+        | Call::FsCopy(_)
+        | Call::FsWriteBlock(_)
+        | Call::FsClose(_) => Reply::Empty(Empty {}),
         other => {
             return Err(GatewayError::InvalidRequest(format!(
                 "{} is not served to gRPC clients on remote executors",
@@ -68,6 +96,26 @@ pub fn reply_of(call: &Call, result: &str) -> Result<Reply, GatewayError> {
             )));
         }
     })
+}
+
+/// A `file://` URI as the plain path it names (anything else is left).
+fn plain(path: &mut String) {
+    if path.starts_with("file://")
+        && let Ok(u) = url::Url::parse(path)
+        && let Ok(p) = u.to_file_path()
+    {
+        *path = p.display().to_string();
+    }
+}
+
+/// An executor's description with plain paths (for gRPC).
+pub fn plain_environment(mut e: EnvironmentInfo) -> EnvironmentInfo {
+    plain(&mut e.cwd);
+    plain(&mut e.user_home_dir);
+    plain(&mut e.temp_dir);
+    e.prepend_path_dirs.iter_mut().for_each(plain);
+    e.temporary_directories.iter_mut().for_each(plain);
+    e
 }
 
 #[cfg(test)]

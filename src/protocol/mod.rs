@@ -19,6 +19,18 @@ pub mod v0;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// `s` cut to at most `max` bytes, at a character boundary.
+pub fn truncate_text(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
 /// Raw bytes carried as standard base64 with padding on the wire.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ByteChunk(pub Vec<u8>);

@@ -70,8 +70,20 @@ pub struct Link {
     pending: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     next_id: AtomicU64,
     closed: CancellationToken,
-    sink: Mutex<Option<Arc<Attachment>>>,
+    sink: Mutex<Option<(Arc<Attachment>, Tap)>>,
 }
+
+/// Who hears the executor's notifications besides the attached
+/// connection: called with the method and the frame's text, on the link's
+/// reader (it must not wait).
+pub type Tap = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// The longest error message kept from an executor (longer ones are cut):
+/// an error's text goes on to clients, gRPC's in a header.
+pub const MAX_EXECUTOR_ERROR_TEXT: usize = 4096;
+/// The largest error `data` kept from an executor, as JSON text (larger is
+/// dropped).
+pub const MAX_EXECUTOR_ERROR_DATA: usize = 4096;
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,8 +185,9 @@ impl Link {
         if let Some(method) = msg.method {
             if msg.id.is_none() && FORWARDED.contains(&method.as_str()) {
                 let sink = self.sink.lock().clone();
-                if let Some(sink) = sink {
-                    sink.notify(text).await;
+                if let Some((attachment, tap)) = sink {
+                    tap(&method, &text);
+                    attachment.notify(text).await;
                 }
             }
             // Requests from the executor (it has none to make) are ignored.
@@ -189,8 +202,10 @@ impl Link {
         let answer = match (msg.result, msg.error) {
             (_, Some(e)) => Err(LinkError::Remote {
                 code: e.code,
-                message: e.message,
-                data: e.data,
+                message: crate::protocol::truncate_text(e.message, MAX_EXECUTOR_ERROR_TEXT),
+                data: e
+                    .data
+                    .filter(|d| d.to_string().len() <= MAX_EXECUTOR_ERROR_DATA),
             }),
             (Some(r), None) => Ok(r.get().to_owned()),
             (None, None) => Ok("null".to_owned()),
@@ -249,9 +264,10 @@ impl Link {
         }
     }
 
-    /// Deliver the executor's notifications to `attachment`'s connection.
-    pub fn bind(&self, attachment: Arc<Attachment>) {
-        *self.sink.lock() = Some(attachment);
+    /// Deliver the executor's notifications to `attachment`'s connection,
+    /// and to `tap`.
+    pub fn bind(&self, attachment: Arc<Attachment>, tap: Tap) {
+        *self.sink.lock() = Some((attachment, tap));
     }
 
     /// Close the link (the executor then re-registers); calls waiting on

@@ -33,7 +33,7 @@ use crate::config::{
 };
 use crate::metrics::{ExecutorLabels, Metrics, PoolLabel, ReasonLabel};
 pub use direct::{DirectRegisterBody, DirectRegistered};
-pub use link::{Link, LinkError};
+pub use link::{Link, LinkError, Tap};
 use ticket::{Credential, Ticket, Tickets};
 
 /// Largest registration body accepted.

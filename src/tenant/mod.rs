@@ -85,6 +85,12 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// Whether its sessions may run on its executor pool (its placement is
+    /// not `local` and it has a pool).
+    pub fn places_on_executors(&self) -> bool {
+        self.remote.is_some() && self.settings.placement != crate::config::Placement::Local
+    }
+
     /// A tenant with `settings`, running on `backend`, with its limits.
     pub fn assemble(
         name: &str,

@@ -755,6 +755,8 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
 }
 
 /// gRPC helpers shared by the gRPC and fleet tests.
+pub mod direct;
+
 pub mod grpc {
     use exec_gateway::transport::grpc::pb;
     use tonic::Request;

@@ -21,6 +21,7 @@ impl GrpcClient {
         let mut backoff: Option<Backoff> = None;
         loop {
             let req = pb::ReadFileRequest {
+                session_id: self.session_id.clone(),
                 path: path.to_owned(),
                 offset: total,
                 length: 0,
@@ -103,6 +104,7 @@ impl GrpcClient {
                     return Ok::<(), ClientError>(());
                 }
                 let msg = pb::WriteFileRequest {
+                    session_id: self.session_id.clone(),
                     path: if first { path.clone() } else { String::new() },
                     data: buf.into(),
                 };
@@ -129,6 +131,7 @@ impl GrpcClient {
     ) -> Result<()> {
         self.retrying(|| {
             let req = pb::CreateDirectoryRequest {
+                session_id: self.session_id.clone(),
                 path: path.to_owned(),
                 recursive,
             };
@@ -143,6 +146,7 @@ impl GrpcClient {
         let m = self
             .retrying(|| {
                 let req = pb::GetMetadataRequest {
+                    session_id: self.session_id.clone(),
                     path: path.to_owned(),
                 };
                 let mut c = self.files();
@@ -156,6 +160,7 @@ impl GrpcClient {
         let r = self
             .retrying(|| {
                 let req = pb::ReadDirectoryRequest {
+                    session_id: self.session_id.clone(),
                     path: path.to_owned(),
                 };
                 let mut c = self.files();
@@ -176,6 +181,7 @@ impl GrpcClient {
     ) -> Result<()> {
         self.retrying(|| {
             let req = pb::RemoveRequest {
+                session_id: self.session_id.clone(),
                 path: path.to_owned(),
                 recursive,
                 force,

@@ -119,7 +119,9 @@ impl GrpcClient {
             client.channel.clone(),
             client.bearer.clone(),
         )
-        .get_info(pb::GetInfoRequest {})
+        .get_info(pb::GetInfoRequest {
+            session_id: client.session_id.clone(),
+        })
         .await
         .map_err(status_error)?
         .into_inner()

@@ -216,15 +216,8 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
 }
 
 /// A close reason fits a control frame (123 bytes).
-fn truncate_reason(mut s: String) -> String {
-    if s.len() > 120 {
-        let mut end = 120;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
+fn truncate_reason(s: String) -> String {
+    crate::protocol::truncate_text(s, 120)
 }
 
 /// An owner's refusal keeps its meaning; a transport failure names the replica.

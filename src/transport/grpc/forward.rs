@@ -2,8 +2,10 @@
 //!
 //! After [`super::Authenticate`] has admitted the caller, a call to a
 //! session-bearing method (every `ProcessService` method and
-//! `SessionService/ResumeSession`: their requests carry `session_id` as
-//! field 1) is routed by the session id in its first message. A session of
+//! `SessionService/ResumeSession`/`CloseSession`, whose requests carry
+//! `session_id` as field 1; every `FileService` method and
+//! `EnvironmentService/GetInfo`, as field 15) is routed by the session id
+//! in its first message. A session of
 //! this replica goes on to the local services; one of another replica is
 //! forwarded to it over the peer listener as the HTTP/2 request it is,
 //! streaming bodies included, with the fleet credential added and the
@@ -33,11 +35,20 @@ use crate::transport::limits::ConnInfo;
 /// any field order up to this.
 const MAX_PEEK_BYTES: usize = super::MAX_GRPC_MESSAGE_BYTES;
 
-/// Methods whose request has `string session_id = 1`.
-fn carries_session(path: &str) -> bool {
-    path.starts_with("/exec_gateway.v1.ProcessService/")
+/// The field of a method's request that holds `string session_id`.
+fn session_field(path: &str) -> Option<u64> {
+    if path.starts_with("/exec_gateway.v1.ProcessService/")
         || path == "/exec_gateway.v1.SessionService/ResumeSession"
         || path == "/exec_gateway.v1.SessionService/CloseSession"
+    {
+        Some(1)
+    } else if path.starts_with("/exec_gateway.v1.FileService/")
+        || path == "/exec_gateway.v1.EnvironmentService/GetInfo"
+    {
+        Some(15)
+    } else {
+        None
+    }
 }
 
 #[derive(Clone)]
@@ -86,13 +97,14 @@ where
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if self.gw.fleet.is_none() || !carries_session(req.uri().path()) {
-            return Box::pin(inner.call(req));
-        }
+        let field = match session_field(req.uri().path()) {
+            Some(f) if self.gw.fleet.is_some() => f,
+            _ => return Box::pin(inner.call(req)),
+        };
         let gw = self.gw.clone();
         Box::pin(async move {
             let (parts, mut body) = req.into_parts();
-            let (seen, session) = match peek_session(&mut body).await {
+            let (seen, session) = match peek_session(&mut body, field).await {
                 Ok(v) => v,
                 Err(status) => return Ok(status.into_http()),
             };
@@ -230,15 +242,16 @@ impl http_body::Body for OwnerBody {
     }
 }
 
-/// Read the body until the first message's `session_id` (field 1) is
+/// Read the body until the first message's `session_id` (`field`) is
 /// known. Returns the frames read (to be replayed) and the id, if any.
 async fn peek_session(
     body: &mut Body,
+    field: u64,
 ) -> Result<(Vec<http_body::Frame<Bytes>>, Option<String>), tonic::Status> {
     let mut frames = Vec::new();
     let mut buf = BytesMut::new();
     loop {
-        match scan(&buf) {
+        match scan(&buf, field) {
             Scan::Found(id) => return Ok((frames, id)),
             Scan::NeedMore if buf.len() < MAX_PEEK_BYTES + 5 => {}
             Scan::NeedMore => return Ok((frames, None)),
@@ -263,8 +276,9 @@ enum Scan {
     NeedMore,
 }
 
-/// Find field 1 (length-delimited) in the gRPC frame at the start of `buf`.
-fn scan(buf: &[u8]) -> Scan {
+/// Find `wanted` (a length-delimited field) in the gRPC frame at the
+/// start of `buf`.
+fn scan(buf: &[u8], wanted: u64) -> Scan {
     if buf.len() < 5 {
         return Scan::NeedMore;
     }
@@ -307,7 +321,7 @@ fn scan(buf: &[u8]) -> Scan {
                 if msg.remaining() < n {
                     return need_more;
                 }
-                if field == 1 {
+                if field == wanted {
                     return Scan::Found(std::str::from_utf8(&msg[..n]).ok().map(str::to_owned));
                 }
                 msg.advance(n);
@@ -354,13 +368,37 @@ mod tests {
         };
         let f = frame(&req);
         for cut in [0, 3, 5, 6, 8] {
-            assert_eq!(scan(&f[..cut]), Scan::NeedMore, "{cut}");
+            assert_eq!(scan(&f[..cut], 1), Scan::NeedMore, "{cut}");
         }
         assert_eq!(
-            scan(&f[..30]),
+            scan(&f[..30], 1),
             Scan::Found(Some("gw-1.0a0b0c0d.x".to_owned()))
         );
         let exec = super::super::pb::ExecRequest::default();
-        assert_eq!(scan(&frame(&exec)), Scan::Found(None));
+        assert_eq!(scan(&frame(&exec), 1), Scan::Found(None));
+    }
+
+    #[test]
+    fn a_file_call_is_routed_by_its_field_15_after_its_data() {
+        let req = super::super::pb::WriteFileRequest {
+            path: "/srv/x".to_owned(),
+            data: vec![7u8; 70_000].into(),
+            session_id: "gw-2.0a0b0c0d.y".to_owned(),
+        };
+        let f = frame(&req);
+        assert_eq!(scan(&f[..f.len() - 1], 15), Scan::NeedMore);
+        assert_eq!(
+            scan(&f, 15),
+            Scan::Found(Some("gw-2.0a0b0c0d.y".to_owned()))
+        );
+        let sessionless = super::super::pb::GetMetadataRequest {
+            path: "/srv/x".to_owned(),
+            ..Default::default()
+        };
+        assert_eq!(scan(&frame(&sessionless), 15), Scan::Found(None));
+        assert_eq!(
+            session_field("/exec_gateway.v1.FileService/WriteFile"),
+            Some(15)
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! slow websocket client.
 
 mod convert;
+mod files;
 pub(crate) mod forward;
 mod inbound;
 mod services;

@@ -17,12 +17,8 @@ use super::convert;
 use super::pb;
 use crate::dispatch::RpcRequest;
 use crate::error::GatewayError;
-use crate::fs::FsError;
 use crate::gateway::Gateway;
-use crate::outbound::Reservation;
 use crate::protocol::ByteChunk;
-use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
-use crate::protocol::path::WirePath;
 use crate::protocol::process::{
     ProcessEvent, ProcessIdParams, ReadParams, ResizeParams, SignalParams, WriteParams, WriteStatus,
 };
@@ -35,7 +31,7 @@ pub const STREAM_EVENTS: usize = 16;
 /// Bytes per `ReadFile` message.
 pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;
 
-type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(super) type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// The four services; cheap to clone.
 #[derive(Clone)]
@@ -43,16 +39,16 @@ pub struct GrpcApi {
     gw: Arc<Gateway>,
 }
 
-fn status(e: GatewayError) -> Status {
+pub(super) fn status(e: GatewayError) -> Status {
     e.to_grpc()
 }
 
-fn unexpected() -> Status {
+pub(super) fn unexpected() -> Status {
     Status::internal("unexpected reply")
 }
 
 /// The caller the authentication layer admitted.
-fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+pub(super) fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions()
         .get::<Caller>()
         .cloned()
@@ -67,6 +63,35 @@ impl GrpcApi {
     fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
         self.gw.check_local_owner(id).map_err(status)?;
         self.gw.sessions.lookup(caller.tenant(), id).map_err(status)
+    }
+
+    /// Where a file or environment call runs: on the executor of the
+    /// session named (`id`), if it runs on one; without a session, a
+    /// tenant placed on executors gets a session for this call, removed
+    /// when the returned guard is dropped; otherwise on the tenant's own
+    /// root, sessionless (the gRPC API's answers, whatever revision a
+    /// named session speaks).
+    pub(super) async fn file_session(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(Option<Arc<Session>>, Option<Ephemeral>), Status> {
+        if !id.is_empty() {
+            let session = self.session(caller, id)?;
+            return Ok((session.backend.is_remote().then_some(session), None));
+        }
+        if !caller.tenant().places_on_executors() {
+            return Ok((None, None));
+        }
+        let session = self.new_session(caller).await?;
+        Ok((Some(session.clone()), Some(self.ephemeral(session))))
+    }
+
+    fn ephemeral(&self, session: Arc<Session>) -> Ephemeral {
+        Ephemeral {
+            sessions: self.gw.sessions.clone(),
+            session,
+        }
     }
 
     /// A new session with no connection; refused while draining.
@@ -95,7 +120,7 @@ impl GrpcApi {
         self.gw.stack.clone().oneshot(req).await.map_err(status)
     }
 
-    async fn call(
+    pub(super) async fn call(
         &self,
         caller: &Caller,
         session: Option<Arc<Session>>,
@@ -107,7 +132,7 @@ impl GrpcApi {
         }
     }
 
-    async fn open(
+    pub(super) async fn open(
         &self,
         caller: &Caller,
         session: Option<Arc<Session>>,
@@ -120,7 +145,7 @@ impl GrpcApi {
     }
 
     /// A place among the caller's tenant's open streams.
-    fn stream_slot(&self, caller: &Caller) -> Result<StreamSlot, Status> {
+    pub(super) fn stream_slot(&self, caller: &Caller) -> Result<StreamSlot, Status> {
         let tenant = caller.tenant();
         match tenant.streams.clone().try_acquire_owned() {
             Ok(permit) => Ok(StreamSlot {
@@ -146,16 +171,29 @@ impl GrpcApi {
     }
 }
 
+/// A session opened for one call: removed (its processes ended) when
+/// dropped, however the call ends (a client that goes away mid-call
+/// included).
+pub(super) struct Ephemeral {
+    sessions: Arc<crate::session::SessionRegistry>,
+    session: Arc<Session>,
+}
+
+impl Drop for Ephemeral {
+    fn drop(&mut self) {
+        self.sessions.remove(&self.session);
+    }
+}
+
 /// Stream a process's events from `after_seq` until `closed` (or the client
 /// goes away): the retained replay, then live events with back-pressure.
-/// `guard` keeps the session alive; `on_end` runs at the end.
-#[allow(clippy::too_many_arguments)]
+/// `guard` keeps the session alive; `keep` is dropped at the end.
 fn follow<T, F>(
     source: Arc<dyn EventSource>,
     after_seq: u64,
     guard: StreamGuard,
     wrap: F,
-    on_end: Option<Box<dyn FnOnce() + Send>>,
+    keep: Option<Ephemeral>,
     slot: StreamSlot,
 ) -> EventStream<T>
 where
@@ -196,11 +234,17 @@ where
                 },
             };
             let Some(e) = next else {
-                // The process dropped us (too slow) before `closed`.
-                let _ = send(Err(Status::aborted(format!(
-                    "reader too slow; attach again with after_seq = {cursor}"
-                ))))
-                .await;
+                // The source failed (a remote process or link gone), or
+                // dropped us (too slow) before `closed`.
+                let err = source.failure().map_or_else(
+                    || {
+                        Status::aborted(format!(
+                            "reader too slow; attach again with after_seq = {cursor}"
+                        ))
+                    },
+                    status,
+                );
+                let _ = send(Err(err)).await;
                 break;
             };
             if e.seq() <= cursor {
@@ -212,9 +256,7 @@ where
                 break;
             }
         }
-        if let Some(f) = on_end {
-            f();
-        }
+        drop(keep);
     });
     finish(rx, ended, slot.permit, slot.expires_at)
 }
@@ -222,10 +264,10 @@ where
 /// An open server stream's place in its tenant's `max_streams`, and how
 /// long it may wait for its client.
 pub struct StreamSlot {
-    permit: tokio::sync::OwnedSemaphorePermit,
-    stall: std::time::Duration,
+    pub(super) permit: tokio::sync::OwnedSemaphorePermit,
+    pub(super) stall: std::time::Duration,
     /// When the caller's token expires: the stream ends then.
-    expires_at: Option<std::time::SystemTime>,
+    pub(super) expires_at: Option<std::time::SystemTime>,
 }
 
 /// The receiving end of a server stream: it ends with DEADLINE_EXCEEDED if
@@ -233,7 +275,7 @@ pub struct StreamSlot {
 /// end that looks complete), and with UNAUTHENTICATED when the caller's
 /// token expires (`expires_at`); the slot is held until the stream is
 /// dropped.
-fn finish<T: Send + 'static>(
+pub(super) fn finish<T: Send + 'static>(
     rx: mpsc::Receiver<Result<T, Status>>,
     stalled: Arc<std::sync::atomic::AtomicBool>,
     permit: tokio::sync::OwnedSemaphorePermit,
@@ -521,277 +563,25 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let params = convert::spec_to_params(r.spec)?;
-        // No session given: one just for this call, removed when it ends.
+        // No session given: one just for this call, removed when it ends
+        // (or as soon as the call fails or its client goes away).
         let (session, ephemeral) = if r.session_id.is_empty() {
-            (self.new_session(&caller).await?, true)
+            let session = self.new_session(&caller).await?;
+            (session.clone(), Some(self.ephemeral(session)))
         } else {
-            (self.session(&caller, &r.session_id)?, false)
+            (self.session(&caller, &r.session_id)?, None)
         };
-        let cleanup = {
-            let (sessions, session) = (self.gw.sessions.clone(), session.clone());
-            move || sessions.remove(&session)
-        };
-        let source = match self
-            .open(&caller, Some(session.clone()), Open::Exec(Box::new(params)))
-            .await
-        {
-            Ok(Opened::Events(source)) => source,
-            Ok(Opened::File(_)) => return Err(unexpected()),
-            Err(e) => {
-                if ephemeral {
-                    cleanup();
-                }
-                return Err(e);
-            }
-        };
-        let on_end: Option<Box<dyn FnOnce() + Send>> = if ephemeral {
-            Some(Box::new(cleanup))
-        } else {
-            None
+        let open = Open::Exec(Box::new(params));
+        let Opened::Events(source) = self.open(&caller, Some(session.clone()), open).await? else {
+            return Err(unexpected());
         };
         Ok(Response::new(follow(
             source,
             0,
             session.stream_guard(),
             |event| pb::ExecResponse { event: Some(event) },
-            on_end,
+            ephemeral,
             slot,
         )))
-    }
-}
-
-#[tonic::async_trait]
-impl pb::file_service_server::FileService for GrpcApi {
-    type ReadFileStream = EventStream<pb::ReadFileResponse>;
-
-    async fn read_file(
-        &self,
-        req: Request<pb::ReadFileRequest>,
-    ) -> Result<Response<Self::ReadFileStream>, Status> {
-        let caller = caller(&req)?;
-        let slot = self.stream_slot(&caller)?;
-        let r = req.into_inner();
-        let open = Open::ReadFile(PathParams::plain(r.path));
-        let Opened::File(file) = self.open(&caller, None, open).await? else {
-            return Err(unexpected());
-        };
-        let (tx, rx) = mpsc::channel::<Result<(pb::ReadFileResponse, Reservation), Status>>(4);
-        let budget = caller.tenant().outbound.clone();
-        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ended = stalled.clone();
-        let stall = slot.stall;
-        let rt = tokio::runtime::Handle::current();
-        // Blocking reads on the blocking pool. Each chunk's bytes are
-        // reserved in the tenant's outbound budget before it is read, until
-        // tonic takes it; a client that stops reading for the slow-client
-        // timeout ends the stream (and frees the file and its thread).
-        tokio::task::spawn_blocking(move || {
-            use std::io::{Read as _, Seek as _};
-            let send = |item| match rt.block_on(tokio::time::timeout(stall, tx.send(item))) {
-                Ok(r) => r.is_ok(),
-                Err(_) => {
-                    stalled.store(true, std::sync::atomic::Ordering::Release);
-                    false
-                }
-            };
-            let mut f = &file;
-            if r.offset > 0
-                && let Err(e) = f.seek(std::io::SeekFrom::Start(r.offset))
-            {
-                send(Err(status(FsError::from_io(&e).into())));
-                return;
-            }
-            let mut left = if r.length == 0 { u64::MAX } else { r.length };
-            while left > 0 {
-                let want =
-                    usize::try_from(left).map_or(FILE_CHUNK_BYTES, |l| l.min(FILE_CHUNK_BYTES));
-                let Ok(held) = rt.block_on(tokio::time::timeout(stall, budget.reserve(want)))
-                else {
-                    stalled.store(true, std::sync::atomic::Ordering::Release);
-                    break;
-                };
-                let mut buf = vec![0u8; want];
-                match f.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        buf.truncate(n);
-                        left = left.saturating_sub(n as u64);
-                        if !send(Ok((pb::ReadFileResponse { data: buf.into() }, held))) {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        send(Err(status(FsError::from_io(&e).into())));
-                        break;
-                    }
-                }
-            }
-        });
-        // The reservation is released as tonic takes the chunk (h2 then
-        // holds at most its per-stream send buffer).
-        let (data_tx, data_rx) = mpsc::channel(1);
-        crate::task::start("grpc-read-file", async move {
-            let mut rx = rx;
-            while let Some(item) = rx.recv().await {
-                let item = item.map(|(chunk, held)| {
-                    drop(held);
-                    chunk
-                });
-                if data_tx.send(item).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(finish(
-            data_rx,
-            ended,
-            slot.permit,
-            slot.expires_at,
-        )))
-    }
-
-    async fn write_file(
-        &self,
-        req: Request<Streaming<pb::WriteFileRequest>>,
-    ) -> Result<Response<pb::WriteFileResponse>, Status> {
-        let caller = caller(&req)?;
-        let mut input = req.into_inner();
-        let Some(first) = input.next().await.transpose()? else {
-            return Err(Status::invalid_argument(
-                "the first message must name the path",
-            ));
-        };
-        let open = Open::WriteFile(PathParams::plain(first.path));
-        let Opened::File(file) = self.open(&caller, None, open).await? else {
-            return Err(unexpected());
-        };
-        let file = Arc::new(file);
-        let mut written = 0u64;
-        let mut next = Some(first.data);
-        while let Some(data) = next.take() {
-            written += data.len() as u64;
-            let f = file.clone();
-            tokio::task::spawn_blocking(move || crate::fs::write_whole(&f, &data))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .map_err(|e| status(e.into()))?;
-            next = input.next().await.transpose()?.map(|m| m.data);
-        }
-        Ok(Response::new(pb::WriteFileResponse {
-            bytes_written: written,
-        }))
-    }
-
-    async fn create_directory(
-        &self,
-        req: Request<pb::CreateDirectoryRequest>,
-    ) -> Result<Response<pb::CreateDirectoryResponse>, Status> {
-        let caller = caller(&req)?;
-        let r = req.into_inner();
-        let call = Call::FsCreateDirectory(CreateDirectoryParams {
-            path: WirePath::plain(r.path),
-            recursive: r.recursive,
-            follow_symlinks: None,
-        });
-        self.call(&caller, None, call).await?;
-        Ok(Response::new(pb::CreateDirectoryResponse {}))
-    }
-
-    async fn get_metadata(
-        &self,
-        req: Request<pb::GetMetadataRequest>,
-    ) -> Result<Response<pb::GetMetadataResponse>, Status> {
-        let caller = caller(&req)?;
-        let call = Call::FsGetMetadata(PathParams::plain(req.into_inner().path));
-        match self.call(&caller, None, call).await? {
-            Reply::FsGetMetadata(m) => Ok(Response::new(convert::metadata(m))),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn read_directory(
-        &self,
-        req: Request<pb::ReadDirectoryRequest>,
-    ) -> Result<Response<pb::ReadDirectoryResponse>, Status> {
-        let caller = caller(&req)?;
-        let call = Call::FsReadDirectory(PathParams::plain(req.into_inner().path));
-        match self.call(&caller, None, call).await? {
-            Reply::FsReadDirectory(d) => Ok(Response::new(convert::directory(d))),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn remove(
-        &self,
-        req: Request<pb::RemoveRequest>,
-    ) -> Result<Response<pb::RemoveResponse>, Status> {
-        let caller = caller(&req)?;
-        let r = req.into_inner();
-        let call = Call::FsRemove(RemoveParams {
-            path: WirePath::plain(r.path),
-            recursive: r.recursive,
-            force: r.force,
-            follow_symlinks: None,
-        });
-        self.call(&caller, None, call).await?;
-        Ok(Response::new(pb::RemoveResponse {}))
-    }
-
-    async fn copy(
-        &self,
-        req: Request<pb::CopyRequest>,
-    ) -> Result<Response<pb::CopyResponse>, Status> {
-        let caller = caller(&req)?;
-        let r = req.into_inner();
-        let call = Call::FsCopy(CopyParams {
-            source_path: WirePath::plain(r.source_path),
-            destination_path: WirePath::plain(r.destination_path),
-            recursive: r.recursive,
-        });
-        self.call(&caller, None, call).await?;
-        Ok(Response::new(pb::CopyResponse {}))
-    }
-
-    async fn canonicalize(
-        &self,
-        req: Request<pb::CanonicalizeRequest>,
-    ) -> Result<Response<pb::CanonicalizeResponse>, Status> {
-        let caller = caller(&req)?;
-        let call = Call::FsCanonicalize(PathParams::plain(req.into_inner().path));
-        match self.call(&caller, None, call).await? {
-            Reply::FsCanonicalize(c) => {
-                Ok(Response::new(pb::CanonicalizeResponse { path: c.path }))
-            }
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn walk(
-        &self,
-        req: Request<pb::WalkRequest>,
-    ) -> Result<Response<pb::WalkResponse>, Status> {
-        let caller = caller(&req)?;
-        let call = Call::FsWalk(convert::walk_request(req.into_inner()));
-        match self.call(&caller, None, call).await? {
-            Reply::FsWalk(w) => Ok(Response::new(convert::walk(w))),
-            _ => Err(unexpected()),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::environment_service_server::EnvironmentService for GrpcApi {
-    async fn get_info(
-        &self,
-        req: Request<pb::GetInfoRequest>,
-    ) -> Result<Response<pb::GetInfoResponse>, Status> {
-        let caller = caller(&req)?;
-        match self
-            .call(&caller, None, Call::EnvironmentInfo(NoParams))
-            .await?
-        {
-            Reply::EnvironmentInfo(e) => Ok(Response::new(convert::environment(*e))),
-            _ => Err(unexpected()),
-        }
     }
 }

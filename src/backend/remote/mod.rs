@@ -12,6 +12,9 @@
 //! naming the executor; the next call waits up to `executors.open_timeout`
 //! for the executor to come back and resumes its session there.
 
+mod events;
+mod files;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,15 +22,17 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::Deserialize;
 
-use super::translate::{params_for_executor, reply_of};
+use super::translate::{params_for_executor, plain_environment, reply_of};
 use super::{OpFuture, RunScope, SessionBackend, closed_before_reply};
 use crate::error::GatewayError;
 use crate::outbound::Attachment;
 use crate::protocol::environment::{EnvironmentInfo, Shell};
 use crate::protocol::methods as m;
-use crate::protocol::process::{ProcessEvent, ProcessIdParams, ReadParams};
+use crate::protocol::process::ProcessIdParams;
 use crate::registry::{Lease, Link, LinkError, Pool};
-use crate::rpc::{Call, EventSource, Op, Open, Opened, Outcome, Reply};
+use crate::rpc::{Call, Op, Open, Opened, Outcome, Reply};
+use events::{RemoteEvents, Taps};
+use files::RemoteFile;
 
 /// A tenant's executor pool and which of its executors it may use.
 pub struct RemoteBackend {
@@ -98,7 +103,8 @@ impl RemoteBackend {
     ) -> Result<OpenedRemote, GatewayError> {
         let executor = lease.executor.id.clone();
         let hello = handshake(&self.pool.name, &lease, resume, self.open_timeout).await?;
-        lease.link.bind(attachment.clone());
+        let taps = Arc::new(Taps::default());
+        lease.link.bind(attachment.clone(), taps.tap());
         // The executor's own description (0.169.0 gives one); one this
         // gateway cannot read, or none (0.130.0), gets placeholders. One
         // that describes itself takes `file://` URIs (for gRPC clients'
@@ -120,6 +126,7 @@ impl RemoteBackend {
                 relink: tokio::sync::Mutex::new(()),
                 environment,
                 uris,
+                taps,
             }),
             executor,
             session,
@@ -224,8 +231,10 @@ pub struct RemoteSession {
     /// One re-link at a time.
     relink: tokio::sync::Mutex<()>,
     environment: EnvironmentInfo,
-    /// The executor takes `file://` URIs (0.169.0).
+    /// The executor takes `file://` URIs and has block calls (0.169.0).
     uris: bool,
+    /// gRPC streams following the session's processes.
+    taps: Arc<Taps>,
 }
 
 impl RemoteSession {
@@ -272,7 +281,7 @@ impl RemoteSession {
             self.open_timeout,
         )
         .await?;
-        lease.link.bind(self.attachment.clone());
+        lease.link.bind(self.attachment.clone(), self.taps.tap());
         let link = lease.link.clone();
         tracing::info!(executor = %self.executor, link = link.serial, "session resumed on a new executor link");
         *self.lease.lock() = Some(lease);
@@ -294,7 +303,12 @@ impl RemoteSession {
             _ => {}
         }
         let Some(reply) = scope.reply else {
-            // A gRPC client: a typed reply, translated.
+            // A gRPC client: a typed reply, translated; the description
+            // is the one the executor gave at `initialize`.
+            if let Call::EnvironmentInfo(_) = call {
+                let info = plain_environment(self.environment.clone());
+                return Ok(Outcome::Reply(Reply::EnvironmentInfo(Box::new(info))));
+            }
             return self.call_typed(&call, &scope).await.map(Outcome::Reply);
         };
         let result = self
@@ -319,6 +333,19 @@ impl RemoteSession {
         reply_of(call, &result)
     }
 
+    /// [`Self::call_typed`] outside any client's call (streams' own calls).
+    async fn typed(&self, call: &Call) -> Result<Reply, GatewayError> {
+        self.call_typed(call, &RunScope::default()).await
+    }
+
+    fn events(self: Arc<Self>, process_id: String) -> Outcome {
+        Outcome::Opened(Opened::Events(Arc::new(RemoteEvents {
+            session: self,
+            process_id,
+            failure: Arc::default(),
+        })))
+    }
+
     /// Send `call` with `params` on the session's link; the executor's
     /// raw result (ended early if another connection takes the session).
     async fn exchange(
@@ -340,118 +367,28 @@ impl RemoteSession {
     }
 }
 
-/// A remote process's events for a gRPC stream (`Attach`, `Exec`): read
-/// from the executor with `process/read` long polls.
-struct RemoteEvents {
-    session: Arc<RemoteSession>,
-    process_id: String,
-}
-
-/// How long one poll waits for output.
-const EVENT_POLL_WAIT_MS: u64 = 10_000;
-/// Events queued toward a gRPC stream.
-const REMOTE_EVENTS_QUEUE: usize = 64;
-
-impl EventSource for RemoteEvents {
-    fn subscribe(
-        &self,
-        after_seq: u64,
-    ) -> (Vec<ProcessEvent>, tokio::sync::mpsc::Receiver<ProcessEvent>) {
-        let (tx, rx) = tokio::sync::mpsc::channel(REMOTE_EVENTS_QUEUE);
-        let session = self.session.clone();
-        let process_id = self.process_id.clone();
-        crate::task::start("remote-events", async move {
-            let mut after = after_seq;
-            let mut exited = false;
-            while !tx.is_closed() {
-                let call = Call::ProcessRead(ReadParams {
-                    process_id: process_id.clone(),
-                    after_seq: Some(after),
-                    max_bytes: None,
-                    wait_ms: Some(EVENT_POLL_WAIT_MS),
-                });
-                // An executor that never answers ends the stream too.
-                let wait = Duration::from_millis(EVENT_POLL_WAIT_MS) + session.open_timeout;
-                let scope = RunScope::default();
-                let polled = tokio::select! {
-                    r = tokio::time::timeout(wait, session.call_typed(&call, &scope)) => r,
-                    () = tx.closed() => return,
-                };
-                let Ok(Ok(Reply::ProcessRead(r))) = polled else {
-                    // The process or the link is gone: the stream ends
-                    // (the door tells the client it ended early).
-                    return;
-                };
-                let fresh = r.chunks.iter().any(|c| c.seq > after);
-                for c in r.chunks {
-                    if c.seq <= after {
-                        continue;
-                    }
-                    after = c.seq;
-                    let event = ProcessEvent::Output {
-                        seq: c.seq,
-                        stream: c.stream,
-                        data: bytes::Bytes::from(c.chunk.0),
-                    };
-                    if tx.send(event).await.is_err() {
-                        return;
-                    }
-                }
-                if r.exited && !exited {
-                    exited = true;
-                    let code = r.exit_code.unwrap_or(-1);
-                    let event = ProcessEvent::Exited {
-                        seq: after.saturating_add(1),
-                        code,
-                        signal: None,
-                    };
-                    if tx.send(event).await.is_err() {
-                        return;
-                    }
-                }
-                if r.closed {
-                    let _ = tx
-                        .send(ProcessEvent::Closed {
-                            seq: after.saturating_add(2),
-                        })
-                        .await;
-                    return;
-                }
-                if !fresh {
-                    // Nothing new: an executor may answer at once (exited
-                    // but not closed, or one that ignores `waitMs`), so
-                    // the polls are paced.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        });
-        (Vec::new(), rx)
-    }
-}
-
 impl SessionBackend for RemoteSession {
     fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture {
         Box::pin(async move {
             match op {
                 Op::Call(call) => self.call(call, scope).await,
                 Op::Open(Open::Events(ProcessIdParams { process_id })) => {
-                    Ok(Outcome::Opened(Opened::Events(Arc::new(RemoteEvents {
-                        session: self,
-                        process_id,
-                    }))))
+                    Ok(self.events(process_id))
                 }
                 Op::Open(Open::Exec(params)) => {
                     let process_id = params.process_id.clone();
                     self.call_typed(&Call::ProcessStart(*params), &scope)
                         .await?;
-                    Ok(Outcome::Opened(Opened::Events(Arc::new(RemoteEvents {
-                        session: self,
-                        process_id,
-                    }))))
+                    Ok(self.events(process_id))
                 }
-                Op::Open(_) => Err(GatewayError::InvalidRequest(
-                    "file streams run on the tenant's own root, not on an executor".to_owned(),
-                )),
+                Op::Open(Open::ReadFile(path)) => {
+                    let file = RemoteFile::open(self, path, false).await?;
+                    Ok(Outcome::Opened(Opened::Blocks(Box::new(file))))
+                }
+                Op::Open(Open::WriteFile(path)) => {
+                    let file = RemoteFile::open(self, path, true).await?;
+                    Ok(Outcome::Opened(Opened::Blocks(Box::new(file))))
+                }
             }
         })
     }
@@ -469,5 +406,9 @@ impl SessionBackend for RemoteSession {
 
     fn environment(&self) -> EnvironmentInfo {
         self.environment.clone()
+    }
+
+    fn is_remote(&self) -> bool {
+        true
     }
 }
