@@ -860,6 +860,11 @@ async fn close_session_ends_only_the_callers_own_session() {
     };
     let e = sessions.close_session(close(&t2)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    // Its own tenant's token without the exec scope may not end its
+    // processes either.
+    let reader = common::mint(&gw.secret, "t1", "fs:read");
+    let e = sessions.close_session(close(&reader)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     let listed = procs
         .list(authed(
             pb::ListRequest {

@@ -127,6 +127,7 @@ impl RemoteBackend {
                 environment,
                 uris,
                 taps,
+                ended: std::sync::atomic::AtomicBool::new(false),
             }),
             executor,
             session,
@@ -235,6 +236,9 @@ pub struct RemoteSession {
     uris: bool,
     /// gRPC streams following the session's processes.
     taps: Arc<Taps>,
+    /// The session was closed here: no link is made for it again (a
+    /// stream's or a file's last call after the close fails instead).
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteSession {
@@ -259,6 +263,9 @@ impl RemoteSession {
     async fn link(&self) -> Result<Arc<Link>, GatewayError> {
         if let Some(l) = self.current() {
             return Ok(l);
+        }
+        if self.ended.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(self.unavailable("the session was closed"));
         }
         let _one = self.relink.lock().await;
         if let Some(l) = self.current() {
@@ -396,6 +403,7 @@ impl SessionBackend for RemoteSession {
     fn kill_all(&self) {
         // Closing the link ends the executor's connection; it ends the
         // session's processes when its own detach TTL passes.
+        self.ended.store(true, std::sync::atomic::Ordering::Release);
         self.lease.lock().take();
     }
 

@@ -347,6 +347,12 @@ impl pb::session_service_server::SessionService for GrpcApi {
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let caller = caller(&req)?;
+        // Closing ends the session's processes: a token that may not run
+        // them may not end them either.
+        let exec = crate::auth::Scope::Exec;
+        if !caller.principal().scopes.grants(exec) {
+            return Err(status(GatewayError::MissingScope(exec.name())));
+        }
         let session = self.session(&caller, &req.get_ref().session_id)?;
         self.gw.sessions.remove(&session);
         Ok(Response::new(pb::CloseSessionResponse {}))
