@@ -177,6 +177,21 @@ impl SessionRegistry {
         }
     }
 
+    /// gRPC `ResumeSession` of an id this gateway does not hold: one of
+    /// the tenant's executor sessions (this gateway may have restarted
+    /// since it was opened) is resumed on its executor, detached, as
+    /// [`Self::open`] resumes it for a JSON-RPC client.
+    pub async fn resume_detached(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        id: &str,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let (out, _rx) = Outbound::channel(tenant.outbound.clone());
+        let (session, token) = self.open(tenant, Some(id), out).await?;
+        self.detach(&session, &token);
+        Ok(session)
+    }
+
     async fn open_remote(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,

@@ -371,13 +371,16 @@ impl Drop for Fixed {
     }
 }
 
-/// A gateway on a fixed address (it is restarted on it).
-fn serve_fixed(dir: &Path, addr: &str) -> Fixed {
+/// A gateway on a fixed address, and gRPC on `grpc` (it is restarted on
+/// them).
+fn serve_fixed(dir: &Path, addr: &str, grpc: &str) -> Fixed {
     let mut child = Command::new(EXE)
         .args([
             "serve",
             "--listen",
             &format!("ws://{addr}"),
+            "--grpc-listen",
+            grpc,
             "--admin-listen",
             "off",
         ])
@@ -408,7 +411,8 @@ async fn sessions_survive_a_gateway_restart_on_our_executor() {
     )
     .unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    let first = serve_fixed(dir.path(), &addr);
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let first = serve_fixed(dir.path(), &addr, &grpc);
     let token = executor_token(&secret, "p");
     let a = Executor::start(&addr, &token, "ex-a", 1);
     let cwd = a.root.display().to_string();
@@ -427,7 +431,7 @@ async fn sessions_survive_a_gateway_restart_on_our_executor() {
     drop(c);
 
     drop(first);
-    let _second = serve_fixed(dir.path(), &addr);
+    let second = serve_fixed(dir.path(), &addr, &grpc);
 
     // The executor registers with the new gateway; the client resumes its
     // session there, and the process kept running on the executor.
@@ -463,8 +467,57 @@ async fn sessions_survive_a_gateway_restart_on_our_executor() {
         .flat_map(|c| common::unb64(c["chunk"].as_str().unwrap()))
         .collect();
     assert_eq!(text, b"still here\n");
-    c.call("process/terminate", json!({"processId": "cat"}))
-        .await;
+    drop(c);
+
+    // Once more, resumed by a gRPC client this time: the same session,
+    // its process still there.
+    drop(second);
+    let _third = serve_fixed(dir.path(), &addr, &grpc);
+    use exec_gateway::transport::grpc::pb;
+    let ch = common::grpc::channel(&format!("http://{grpc}")).await;
+    let mut sessions = pb::session_service_client::SessionServiceClient::new(ch.clone());
+    let resumed = loop {
+        let req = common::grpc::authed(
+            pb::ResumeSessionRequest {
+                session_id: sid.clone(),
+            },
+            &tenant,
+        );
+        match sessions.resume_session(req).await {
+            Ok(r) => break r.into_inner().session_id,
+            Err(e) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "never resumed: {e:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(resumed, sid);
+    let mut procs = pb::process_service_client::ProcessServiceClient::new(ch);
+    let listed = procs
+        .list(common::grpc::authed(
+            pb::ListRequest {
+                session_id: sid.clone(),
+            },
+            &tenant,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = listed
+        .processes
+        .iter()
+        .map(|p| p.process_id.as_str())
+        .collect();
+    assert_eq!(ids, ["cat"]);
+    let req = pb::TerminateRequest {
+        session_id: sid.clone(),
+        process_id: "cat".into(),
+    };
+    procs
+        .terminate(common::grpc::authed(req, &tenant))
+        .await
+        .unwrap();
 }
 
 async fn register(addr: &str, id: &str, bearer: &str) -> (u16, Value) {

@@ -336,7 +336,19 @@ impl pb::session_service_server::SessionService for GrpcApi {
         req: Request<pb::ResumeSessionRequest>,
     ) -> Result<Response<pb::ResumeSessionResponse>, Status> {
         let caller = caller(&req)?;
-        let session = self.session(&caller, &req.get_ref().session_id)?;
+        let id = &req.get_ref().session_id;
+        let session = match self.session(&caller, id) {
+            Ok(s) => s,
+            // Not held here: an executor session is resumed on its
+            // executor (after a restart of this gateway, say).
+            Err(e) if e.code() == tonic::Code::NotFound && caller.tenant().remote.is_some() => self
+                .gw
+                .sessions
+                .resume_detached(caller.tenant(), id)
+                .await
+                .map_err(status)?,
+            Err(e) => return Err(e),
+        };
         Ok(Response::new(pb::ResumeSessionResponse {
             session_id: session.id.clone(),
         }))
