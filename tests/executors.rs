@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::direct::wait_readyz;
 use common::{Client, Gateway, mint, now, random_secret};
 use serde_json::{Value, json};
 
@@ -151,22 +152,6 @@ impl Drop for Codex {
     }
 }
 
-/// Wait until the admin `/readyz` reports `want` for pool `p`.
-async fn wait_pool(gw: &Gateway, want: &str) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (_, body) = gw.admin_get("/readyz").await;
-        if body.contains(want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "pool never reached `{want}`: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Run `echo` in `cwd` through the session; its output.
 async fn echo(c: &mut Client, id: &str, cwd: &str, word: &str) -> String {
     c.call(
@@ -220,9 +205,9 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
     let _b = Executor::start(&gw.addr, &token, "ex-b", 2);
     let codex = codex_binary().map(|b| Codex::start(&b, &gw.addr, &token, "codex-1"));
     let executors = if codex.is_some() { 3 } else { 2 };
-    wait_pool(&gw, &format!("pool p: {executors} executors")).await;
+    wait_readyz(&gw, &format!("pool p: {executors} executors")).await;
     let links = if codex.is_some() { 5 } else { 4 };
-    wait_pool(&gw, &format!("{links} idle links")).await;
+    wait_readyz(&gw, &format!("{links} idle links")).await;
 
     // Least loaded first: holding one session per link puts one on each
     // executor before any gets a second.
@@ -307,7 +292,7 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
     let token = executor_token(&gw.secret, "p");
     let mut a = Executor::start(&gw.addr, &token, "ex-a", 1);
     let _b = Executor::start(&gw.addr, &token, "ex-b", 1);
-    wait_pool(&gw, "pool p: 2 executors, 2 idle links").await;
+    wait_readyz(&gw, "pool p: 2 executors, 2 idle links").await;
     let (s1, i1) = open(&gw).await;
     let (s2, i2) = open(&gw).await;
     let (mut on_a, init_a, mut on_b, init_b) =
@@ -342,7 +327,7 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
     // A restarted executor registers again and takes new sessions; the
     // old session's processes died with it, and it says so.
     let _a2 = Executor::start(&gw.addr, &token, "ex-a", 1);
-    wait_pool(&gw, "pool p: 2 executors, 1 idle links").await;
+    wait_readyz(&gw, "pool p: 2 executors, 1 idle links").await;
     let r = on_a
         .call_raw("process/read", json!({"processId": "p1"}))
         .await;
@@ -681,7 +666,7 @@ async fn an_executor_session_is_owned_where_its_link_landed_and_reached_through_
     drop(ws);
 
     let a = Executor::start(&replicas[0].addr, &token, "ex-a", 1);
-    wait_pool(&replicas[0], "pool p: 1 executors, 1 idle links").await;
+    wait_readyz(&replicas[0], "pool p: 1 executors, 1 idle links").await;
     let cwd = a.root.display().to_string();
     let tenant = mint(&secret, "t1", common::ALL_SCOPES);
     let mut c = Client::connect(&replicas[0].url, &tenant).await;
@@ -730,7 +715,7 @@ async fn a_pool_holds_at_most_max_links() {
     let (_link, _) = tokio_tungstenite::connect_async(body["url"].as_str().unwrap())
         .await
         .expect("rendezvous");
-    wait_pool(&gw, "pool p: 1 executors, 1 idle links").await;
+    wait_readyz(&gw, "pool p: 1 executors, 1 idle links").await;
     let (status, body) = register(&gw.addr, "e2", &token).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "pool_links_full");
@@ -761,7 +746,7 @@ async fn grpc_files_stream_to_mays_executor_and_ours() {
                 ((None, Some(e)), root)
             }
         };
-        wait_pool(&gw, "pool p: 1 executors, 1 idle links").await;
+        wait_readyz(&gw, "pool p: 1 executors, 1 idle links").await;
         let ch = channel(&gw.grpc).await;
         let user = gw.token("t1");
         let sid = pb::session_service_client::SessionServiceClient::new(ch.clone())
