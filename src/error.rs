@@ -326,21 +326,19 @@ impl GatewayError {
 /// carries.
 pub const MAX_GRPC_ERROR_TEXT: usize = 1024;
 
-/// The gRPC code of an executor's JSON-RPC error: by its code, and for
-/// the executor's "internal" errors (an OS error's text, as Codex writes
-/// it) by the OS error it names.
+/// The gRPC code of an executor's JSON-RPC error, as the gateway's own
+/// answer of that code would have: by its code, and what is missing
+/// (an unknown process, an OS error 2 in an "internal" error, as Codex
+/// words a missing file on some calls) is NOT_FOUND, as a missing file of
+/// the tenant's own root is.
 fn executor_grpc_code(code: i64, message: &str) -> tonic::Code {
     use tonic::Code;
-    let os_error = |n: &str| message.ends_with(&format!("(os error {n})"));
     match code {
         code::NOT_FOUND => Code::NotFound,
         code::METHOD_NOT_FOUND => Code::Unimplemented,
         _ if message.starts_with("unknown process") => Code::NotFound,
+        _ if message.ends_with("(os error 2)") => Code::NotFound,
         code::INVALID_REQUEST | code::INVALID_PARAMS => Code::InvalidArgument,
-        _ if os_error("2") => Code::NotFound,
-        _ if os_error("13") || os_error("1") => Code::PermissionDenied,
-        _ if os_error("17") => Code::AlreadyExists,
-        _ if os_error("20") || os_error("21") || os_error("39") => Code::FailedPrecondition,
         code::INTERNAL => Code::Internal,
         _ => Code::Unknown,
     }

@@ -59,14 +59,21 @@ pub fn parse_owner(session_id: &str) -> Option<(&str, &str)> {
 }
 
 /// The id of a session on a remote executor:
-/// `[{replica}.]x-{executor}.{the executor's own session id}` (the replica
-/// part in a fleet). It names no boot: the session outlives a restart of
-/// the replica, on the executor, and is found again there once the
-/// executor's links land on the replica.
-pub fn remote_session_id(replica: Option<&str>, executor: &str, session: &str) -> String {
+/// `[{replica}.]x-{executor}@{pool}.{the executor's own session id}` (the
+/// replica part in a fleet). It names no boot: the session outlives a
+/// restart of the replica, on the executor, and is found again there once
+/// the executor's links land on the replica. It names the pool: one
+/// executor id may be registered in two pools (two tenants'), and their
+/// sessions' ids must never meet.
+pub fn remote_session_id(
+    replica: Option<&str>,
+    pool: &str,
+    executor: &str,
+    session: &str,
+) -> String {
     match replica {
-        Some(r) => format!("{r}.x-{executor}.{session}"),
-        None => format!("x-{executor}.{session}"),
+        Some(r) => format!("{r}.x-{executor}@{pool}.{session}"),
+        None => format!("x-{executor}@{pool}.{session}"),
     }
 }
 
@@ -74,6 +81,8 @@ pub fn remote_session_id(replica: Option<&str>, executor: &str, session: &str) -
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteId<'a> {
     pub replica: Option<&'a str>,
+    /// `None` in an id minted before ids named their pool.
+    pub pool: Option<&'a str>,
     pub executor: &'a str,
     pub session: &'a str,
 }
@@ -98,14 +107,24 @@ pub fn parse_remote(id: &str, fleet: bool) -> Option<RemoteId<'_>> {
         ("", id)
     };
     let rest = rest.strip_prefix("x-")?;
-    let (executor, session) = rest.split_once('.')?;
-    (crate::config::is_executor_id(executor) && is_executor_session_id(session)).then_some(
-        RemoteId {
+    let (head, session) = rest.split_once('.')?;
+    let (executor, pool) = match head.split_once('@') {
+        Some((e, p)) => (e, Some(p)),
+        None => (head, None),
+    };
+    // A pool's name: letters, digits, `_` and `-` (as the config takes).
+    let pool_ok = pool.is_none_or(|p| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    });
+    (pool_ok && crate::config::is_executor_id(executor) && is_executor_session_id(session))
+        .then_some(RemoteId {
             replica: fleet.then_some(replica),
+            pool,
             executor,
             session,
-        },
-    )
+        })
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -306,6 +325,27 @@ mod tests {
             dial_timeout: Duration::from_secs(1),
         })
         .unwrap()
+    }
+
+    #[test]
+    fn executor_session_ids_name_their_pool_and_never_meet_across_pools() {
+        let p = remote_session_id(None, "p", "e1", "s-1");
+        let q = remote_session_id(None, "q", "e1", "s-1");
+        assert_ne!(p, q, "one executor id in two pools");
+        let r = parse_remote(&p, false).unwrap();
+        assert_eq!((r.pool, r.executor, r.session), (Some("p"), "e1", "s-1"));
+        let id = remote_session_id(Some("gw-1"), "p", "e1", "a.b");
+        let r = parse_remote(&id, true).unwrap();
+        assert_eq!(
+            (r.replica, r.pool, r.session),
+            (Some("gw-1"), Some("p"), "a.b")
+        );
+        // An id minted before ids named their pool is still read.
+        let r = parse_remote("x-e1.s-1", false).unwrap();
+        assert_eq!((r.pool, r.executor), (None, "e1"));
+        for bad in ["x-e1@.s", "x-e1@p.q.s@", "x-@p.s", "x-e1@p/q.s"] {
+            assert!(parse_remote(bad, false).is_none(), "{bad}");
+        }
     }
 
     #[test]

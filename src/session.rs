@@ -148,8 +148,10 @@ impl SessionRegistry {
         match resume {
             Some(id) => {
                 let known = self.sessions.lock().contains_key(id);
+                // Another pool's id is not one of this tenant's.
                 let parsed = crate::fleet::parse_remote(id, self.replica.is_some())
-                    .filter(|r| r.replica == self.replica.as_deref());
+                    .filter(|r| r.replica == self.replica.as_deref())
+                    .filter(|r| r.pool.is_none_or(|p| p == remote.pool_name()));
                 match parsed {
                     Some(r) if !known => {
                         self.open_remote(tenant, remote, outbound, Some((r.executor, r.session)))
@@ -219,6 +221,7 @@ impl SessionRegistry {
         };
         let id = crate::fleet::remote_session_id(
             self.replica.as_deref(),
+            remote.pool_name(),
             &opened.executor,
             &opened.session,
         );

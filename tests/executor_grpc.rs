@@ -84,7 +84,7 @@ async fn grpc_sessions_of_an_executor_placed_tenant_run_on_the_official_0169_exe
     else {
         return;
     };
-    assert!(sid.contains("x-env-g."), "{sid}");
+    assert!(sid.contains("x-env-g@p."), "{sid}");
     let mut procs = pb::process_service_client::ProcessServiceClient::new(ch);
     let work = codex.work().display().to_string();
     // Exec: started there (in its directory, given as a plain path) and
@@ -443,4 +443,68 @@ async fn an_interactive_process_on_the_executor_answers_each_write() {
     }
     let (rest, code, closed) = drain(events, |r: pb::ExecResponse| r.event).await;
     assert_eq!((rest.as_str(), exit.or(code), closed), ("", Some(0), true));
+}
+
+/// A file streamed more slowly than the session's detach TTL (2 s here)
+/// keeps its session on the executor, named or opened for the call: the
+/// stream is one of the session's, as an `Attach` is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_file_stream_keeps_its_executor_session() {
+    let Some(On {
+        gw: _gw,
+        codex,
+        ch,
+        token,
+        sid,
+    }) = On::start("env-s").await
+    else {
+        return;
+    };
+    let mut files = pb::file_service_client::FileServiceClient::new(ch);
+    let path = codex.work().join("slow.bin").display().to_string();
+    let block: Vec<u8> = (0..1_048_576u32).map(|i| (i % 241) as u8).collect();
+    for session_id in [sid.clone(), String::new()] {
+        // Three messages 1.5 s apart.
+        let (path, session, one) = (path.clone(), session_id.clone(), block.clone());
+        let parts = futures_util::stream::iter(0..3).then(move |i| {
+            let (path, session, block) = (path.clone(), session.clone(), one.clone());
+            async move {
+                if i > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                }
+                pb::WriteFileRequest {
+                    path: if i == 0 { path } else { String::new() },
+                    data: block.into(),
+                    session_id: if i == 0 { session } else { String::new() },
+                }
+            }
+        });
+        let wrote = files
+            .write_file(authed(parts, &token))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(wrote.bytes_written, 3 * block.len() as u64);
+        // Read back one 1 MiB message at a time, 1.5 s apart.
+        let req = pb::ReadFileRequest {
+            path: codex.work().join("slow.bin").display().to_string(),
+            session_id: session_id.clone(),
+            ..Default::default()
+        };
+        let mut s = files
+            .read_file(authed(req, &token))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut got = Vec::new();
+        while let Some(m) = tokio::time::timeout(WAIT, s.next()).await.unwrap() {
+            got.extend(m.unwrap().data);
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        }
+        assert_eq!(got.len(), 3 * block.len(), "{session_id:?}");
+        assert!(
+            got.chunks(block.len()).all(|c| c == block),
+            "{session_id:?}"
+        );
+    }
 }

@@ -222,7 +222,7 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
                 init["sessionId"]
                     .as_str()
                     .unwrap()
-                    .starts_with(&format!("x-{name}."))
+                    .starts_with(&format!("x-{name}@p."))
             })
             .count()
     };
@@ -251,7 +251,7 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
     // An answer larger than a connection's outbound queue (4 MiB) arrives.
     let (c, init) = sessions
         .iter_mut()
-        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-b."))
+        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-b@p."))
         .unwrap();
     let big = format!("{}/big.bin", cwd_of(init));
     let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
@@ -266,7 +266,7 @@ async fn sessions_land_on_our_executors_and_the_official_one() {
     // Our executors confine sessions to their tenant root.
     let (c, init) = sessions
         .iter_mut()
-        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-a."))
+        .find(|(_, i)| i["sessionId"].as_str().unwrap().starts_with("x-ex-a@p."))
         .unwrap();
     assert!(cwd_of(init).ends_with("/root"));
     let (code, msg) = c
@@ -296,12 +296,17 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
     let (s1, i1) = open(&gw).await;
     let (s2, i2) = open(&gw).await;
     let (mut on_a, init_a, mut on_b, init_b) =
-        if i1["sessionId"].as_str().unwrap().starts_with("x-ex-a.") {
+        if i1["sessionId"].as_str().unwrap().starts_with("x-ex-a@p.") {
             (s1, i1, s2, i2)
         } else {
             (s2, i2, s1, i1)
         };
-    assert!(init_b["sessionId"].as_str().unwrap().starts_with("x-ex-b."));
+    assert!(
+        init_b["sessionId"]
+            .as_str()
+            .unwrap()
+            .starts_with("x-ex-b@p.")
+    );
     let cwd_a = cwd_of(&init_a);
     let cwd_b = cwd_of(&init_b);
     assert_eq!(echo(&mut on_a, "p1", &cwd_a, "before").await, "before\n");
@@ -339,7 +344,7 @@ async fn a_dead_executor_fails_only_its_sessions_and_comes_back() {
         "{r}"
     );
     let (mut fresh, init) = open(&gw).await;
-    assert!(init["sessionId"].as_str().unwrap().starts_with("x-ex-a."));
+    assert!(init["sessionId"].as_str().unwrap().starts_with("x-ex-a@p."));
     assert_eq!(
         echo(&mut fresh, "p1", &cwd_of(&init), "again").await,
         "again\n"
@@ -406,7 +411,7 @@ async fn sessions_survive_a_gateway_restart_on_our_executor() {
     // Wait for the link: a session opens once it is there.
     let mut c = Client::connect(&url, &tenant).await;
     let sid = c.initialize().await;
-    assert!(sid.starts_with("x-ex-a."), "{sid}");
+    assert!(sid.starts_with("x-ex-a@p."), "{sid}");
     c.call(
         "process/start",
         json!({"processId": "cat", "argv": ["/bin/cat"], "cwd": cwd, "env": {},
@@ -671,7 +676,7 @@ async fn an_executor_session_is_owned_where_its_link_landed_and_reached_through_
     let tenant = mint(&secret, "t1", common::ALL_SCOPES);
     let mut c = Client::connect(&replicas[0].url, &tenant).await;
     let sid = c.initialize().await;
-    assert!(sid.starts_with("gw-0.x-ex-a."), "{sid}");
+    assert!(sid.starts_with("gw-0.x-ex-a@p."), "{sid}");
     assert_eq!(echo(&mut c, "p1", &cwd, "owner").await, "owner\n");
     drop(c);
     // Through the other replica: relayed to gw-0, which holds the link.
@@ -798,5 +803,34 @@ async fn grpc_files_stream_to_mays_executor_and_ours() {
             };
             assert!(got == data[offset as usize..end], "{offset}+{length}");
         }
+        if official.is_none() {
+            continue;
+        }
+        // May's executor reads a file whole: a device is refused before it
+        // is asked (it would read /dev/zero until its memory ran out).
+        let req = pb::ReadFileRequest {
+            path: "/dev/zero".into(),
+            length: 5,
+            session_id: sid.clone(),
+            ..Default::default()
+        };
+        let e = files.read_file(authed(req, &user)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        // A write over what goes whole is refused, and the file it would
+        // have replaced is left as it was.
+        let big = vec![b'x'; 4 * 1024 * 1024];
+        let parts: Vec<_> = (0..3)
+            .map(|i| pb::WriteFileRequest {
+                path: if i == 0 { path.clone() } else { String::new() },
+                data: big.clone().into(),
+                session_id: if i == 0 { sid.clone() } else { String::new() },
+            })
+            .collect();
+        let e = files
+            .write_file(authed(futures_util::stream::iter(parts), &user))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(std::fs::read(&path).unwrap() == data, "left as it was");
     }
 }

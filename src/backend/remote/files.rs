@@ -2,12 +2,18 @@
 //!
 //! An executor that speaks the current protocol (0.169.0) opens a handle
 //! (`fs/open`) and moves blocks (`fs/readBlock`, `fs/writeBlock`, at most
-//! [`BLOCK_BYTES`] each), closed with `fs/close`: nothing is held here but
-//! the block in flight. One of May's (0.130.0) has only whole-file calls:
-//! a read is one `fs/readFile`, served in blocks from memory; a write is
-//! created at once (an empty `fs/writeFile`, so that a bad path fails
-//! before any data is sent) and sent whole when the stream ends, at most
-//! [`WHOLE_FILE_MAX_BYTES`], held against the tenant's inbound budget.
+//! [`BLOCK_BYTES`] each, an answer longer than asked cut), closed with
+//! `fs/close`: nothing is held here but the block in flight. One of May's
+//! (0.130.0) has only whole-file calls:
+//! - a read is one `fs/readFile` of a regular file (checked first: such an
+//!   executor reads a device until its memory runs out), served in blocks
+//!   from memory; the answer is bounded by the link's
+//!   `server.max_message_bytes`;
+//! - a write is sent whole when the stream ends, at most
+//!   [`WHOLE_FILE_MAX_BYTES`], held against the tenant's inbound budget;
+//!   its directory is checked when the stream opens, and nothing is
+//!   written (an existing file is left as it was) unless the stream ends
+//!   well.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,9 +33,10 @@ use crate::rpc::{BlockFile, BoxFuture, Call, Reply};
 
 /// The largest block moved in one call (`fs/readBlock`'s own limit).
 pub const BLOCK_BYTES: usize = 1024 * 1024;
-/// The largest file read or written whole on an executor without block
-/// calls (0.130.0).
-pub const WHOLE_FILE_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// The largest file written whole to an executor without block calls
+/// (0.130.0): it goes in one websocket frame, base64 (4/3 larger), and
+/// such an executor takes frames of at most 16 MiB.
+pub const WHOLE_FILE_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// A file open on the session's executor.
 pub struct RemoteFile {
@@ -51,7 +58,7 @@ enum How {
 
 fn too_large() -> GatewayError {
     GatewayError::InvalidParams(format!(
-        "the file is over {WHOLE_FILE_MAX_BYTES} bytes, the most this gateway moves whole to or from an executor without block calls (fs/open: Codex 0.169.0 executors have them)"
+        "the file is over {WHOLE_FILE_MAX_BYTES} bytes, the most this gateway writes whole to an executor without block calls (fs/open: Codex 0.169.0 executors have them)"
     ))
 }
 
@@ -77,22 +84,38 @@ impl RemoteFile {
             return Ok(RemoteFile::new(session, How::Handle(handle_id)));
         }
         if write {
-            let call = Call::FsWriteFile(WriteFileParams {
-                path: path.path.clone(),
-                data_base64: String::new(),
-                follow_symlinks: None,
-            });
-            session.typed(&call).await?;
+            // Nothing is written (an existing file is not truncated) until
+            // the whole file is there; a bad directory fails now.
+            let parent = std::path::Path::new(path.path.as_str())
+                .parent()
+                .map(|p| p.display().to_string())
+                .ok_or_else(|| GatewayError::InvalidParams("a file path is needed".to_owned()))?;
+            let meta = session
+                .typed(&Call::FsGetMetadata(PathParams::plain(parent.clone())))
+                .await?;
+            if !matches!(meta, Reply::FsGetMetadata(m) if m.is_directory) {
+                return Err(GatewayError::InvalidParams(format!(
+                    "{parent} is not a directory"
+                )));
+            }
             let how = How::Write(path.path, Mutex::new((Vec::new(), Vec::new())));
             return Ok(RemoteFile::new(session, how));
+        }
+        // Only a regular file is read whole: such an executor reads a
+        // device (`/dev/zero`) until its memory runs out. Its answer is
+        // bounded by the link's `server.max_message_bytes` (a larger file
+        // closes the link).
+        let meta = session.typed(&Call::FsGetMetadata(path.clone())).await?;
+        if !matches!(meta, Reply::FsGetMetadata(m) if m.is_file) {
+            return Err(GatewayError::InvalidParams(format!(
+                "{} is not a regular file",
+                path.path.as_str()
+            )));
         }
         let data = match session.typed(&Call::FsReadFile(path)).await? {
             Reply::FsReadFile(r) => r.data_base64.0,
             _ => return Err(GatewayError::Internal("unexpected reply".to_owned())),
         };
-        if data.len() > WHOLE_FILE_MAX_BYTES {
-            return Err(too_large());
-        }
         Ok(RemoteFile::new(session, How::Read(data)))
     }
 
@@ -121,6 +144,12 @@ impl BlockFile for RemoteFile {
                         len: len as u64,
                     });
                     match self.session.typed(&call).await? {
+                        // Never more than asked for, whatever it sent.
+                        Reply::FsReadBlock(b) if b.chunk.0.len() > len => {
+                            let mut data = b.chunk.0;
+                            data.truncate(len);
+                            Ok((data, false))
+                        }
                         Reply::FsReadBlock(b) => Ok((b.chunk.0, b.eof)),
                         _ => Err(GatewayError::Internal("unexpected reply".to_owned())),
                     }
@@ -188,9 +217,6 @@ impl BlockFile for RemoteFile {
                 }
                 How::Write(path, buffer) => {
                     let (data, held) = std::mem::take(&mut *buffer.lock());
-                    if data.is_empty() {
-                        return Ok(());
-                    }
                     use base64::Engine as _;
                     let call = Call::FsWriteFile(WriteFileParams {
                         path: path.clone(),

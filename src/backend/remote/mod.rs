@@ -62,6 +62,11 @@ impl RemoteBackend {
         }
     }
 
+    /// The name of the tenant's pool.
+    pub fn pool_name(&self) -> &str {
+        &self.pool.name
+    }
+
     /// Whether an executor with the tenant's labels has a free link now.
     pub fn has_free_link(&self) -> bool {
         self.pool.has_free_link(&self.labels)

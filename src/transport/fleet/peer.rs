@@ -15,11 +15,7 @@ use std::task::{Context, Poll};
 
 use hyper::http;
 
-use super::super::grpc::pb::environment_service_server::EnvironmentServiceServer;
-use super::super::grpc::pb::file_service_server::FileServiceServer;
-use super::super::grpc::pb::process_service_server::ProcessServiceServer;
-use super::super::grpc::pb::session_service_server::SessionServiceServer;
-use super::super::grpc::{AuthenticateLayer, GrpcApi, MAX_GRPC_MESSAGE_BYTES};
+use super::super::grpc::{ApiServices, AuthenticateLayer, GrpcApi};
 use super::super::limits::{ConnInfo, ConnectionLimits, Door, LimitSettings};
 use super::relay::pb::relay_service_server::RelayServiceServer;
 use super::relay::{PeerReplica, RelayApi, max_relay_frame};
@@ -141,7 +137,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
         gw.metrics.clone(),
     );
     let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer);
-    let api = GrpcApi::new(gw.clone());
+    let services = ApiServices::new(&GrpcApi::new(gw.clone()));
     let relay_limit = max_relay_frame(&gw);
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(PEER_STREAM_WINDOW_BYTES))
@@ -161,22 +157,10 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
                 .max_decoding_message_size(relay_limit)
                 .max_encoding_message_size(relay_limit),
         )
-        .add_service(
-            SessionServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(
-            ProcessServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(
-            FileServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(EnvironmentServiceServer::new(api))
+        .add_service(services.sessions)
+        .add_service(services.processes)
+        .add_service(services.files)
+        .add_service(services.environment)
         .serve_with_incoming_shutdown(incoming, gw.stopped())
         .await;
     if let Err(e) = result {

@@ -20,6 +20,7 @@ use crate::outbound::Reservation;
 use crate::protocol::fs::{CopyParams, CreateDirectoryParams, PathParams, RemoveParams};
 use crate::protocol::path::WirePath;
 use crate::rpc::{BlockFile, Call, NoParams, Open, Opened, Reply};
+use crate::session::StreamGuard;
 use crate::transport::authenticate::Caller;
 
 /// A chunk on its way to the client, with its place in the outbound budget.
@@ -118,9 +119,13 @@ fn read_local(
     });
 }
 
+/// What keeps an executor's session alive while one of its files is
+/// streamed: the session (its detach TTL does not run out under a stream)
+/// and, for a session opened for this call, its removal at the end.
+type Keep = (Option<StreamGuard>, Option<super::services::Ephemeral>);
+
 /// Read `file` from an executor in blocks, with the same budget and
-/// slow-client rules; `keep` (a session opened for this call) lives until
-/// the end.
+/// slow-client rules; `keep` lives until the end.
 #[allow(clippy::too_many_arguments)]
 fn read_remote(
     file: Box<dyn BlockFile>,
@@ -129,7 +134,7 @@ fn read_remote(
     tx: mpsc::Sender<Chunk>,
     stalled: Arc<AtomicBool>,
     stall: std::time::Duration,
-    keep: Option<super::services::Ephemeral>,
+    keep: Keep,
 ) {
     let (mut offset, length) = (r.offset, r.length);
     crate::task::start("grpc-read-remote-file", async move {
@@ -191,6 +196,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let (session, ephemeral) = self.file_session(&caller, &r.session_id).await?;
+        let guard = session.as_ref().map(|s| s.stream_guard());
         let open = Open::ReadFile(PathParams::plain(r.path.clone()));
         let opened = self.open(&caller, session, open).await?;
         let (tx, rx) = mpsc::channel::<Chunk>(4);
@@ -200,7 +206,8 @@ impl pb::file_service_server::FileService for GrpcApi {
         match opened {
             Opened::File(file) => read_local(file, &r, budget, tx, stalled.clone(), stall),
             Opened::Blocks(file) => {
-                read_remote(file, &r, budget, tx, stalled.clone(), stall, ephemeral);
+                let keep = (guard, ephemeral);
+                read_remote(file, &r, budget, tx, stalled.clone(), stall, keep);
             }
             Opened::Events(_) => return Err(unexpected()),
         }
@@ -212,6 +219,8 @@ impl pb::file_service_server::FileService for GrpcApi {
         req: Request<Streaming<pb::WriteFileRequest>>,
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
         let caller = caller(&req)?;
+        // An open file, here or on an executor: one of the tenant's streams.
+        let _slot = self.stream_slot(&caller)?;
         let mut input = req.into_inner();
         let Some(first) = input.next().await.transpose()? else {
             return Err(Status::invalid_argument(
@@ -219,6 +228,7 @@ impl pb::file_service_server::FileService for GrpcApi {
             ));
         };
         let (session, _ephemeral) = self.file_session(&caller, &first.session_id).await?;
+        let _guard = session.as_ref().map(|s| s.stream_guard());
         let open = Open::WriteFile(PathParams::plain(first.path));
         let opened = self.open(&caller, session, open).await?;
         let mut written = 0u64;
@@ -251,7 +261,18 @@ impl pb::file_service_server::FileService for GrpcApi {
                         .await
                         .map_err(status)?;
                     written += len;
-                    next = input.next().await.transpose()?.map(|m| m.data);
+                    // What is held waits for the next message at most the
+                    // inbound message timeout.
+                    let wait = self.inbound_message_timeout();
+                    next = tokio::time::timeout(wait, input.next())
+                        .await
+                        .map_err(|_| {
+                            Status::deadline_exceeded(
+                                "the next WriteFile message did not come in time (server.inbound_message_timeout)",
+                            )
+                        })?
+                        .transpose()?
+                        .map(|m| m.data);
                 }
                 file.finish().await.map_err(status)?;
             }

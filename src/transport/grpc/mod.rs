@@ -185,6 +185,39 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
+/// The four services of the API, each with the gateway's message limits
+/// (the client listener and the peer listener serve the same).
+pub struct ApiServices {
+    pub sessions: pb::session_service_server::SessionServiceServer<GrpcApi>,
+    pub processes: pb::process_service_server::ProcessServiceServer<GrpcApi>,
+    pub files: pb::file_service_server::FileServiceServer<GrpcApi>,
+    pub environment: pb::environment_service_server::EnvironmentServiceServer<GrpcApi>,
+}
+
+impl ApiServices {
+    pub fn new(api: &GrpcApi) -> ApiServices {
+        use pb::environment_service_server::EnvironmentServiceServer;
+        use pb::file_service_server::FileServiceServer;
+        use pb::process_service_server::ProcessServiceServer;
+        use pb::session_service_server::SessionServiceServer;
+        let m = MAX_GRPC_MESSAGE_BYTES;
+        ApiServices {
+            sessions: SessionServiceServer::new(api.clone())
+                .max_decoding_message_size(m)
+                .max_encoding_message_size(m),
+            processes: ProcessServiceServer::new(api.clone())
+                .max_decoding_message_size(m)
+                .max_encoding_message_size(m),
+            files: FileServiceServer::new(api.clone())
+                .max_decoding_message_size(m)
+                .max_encoding_message_size(m),
+            environment: EnvironmentServiceServer::new(api.clone())
+                .max_decoding_message_size(m)
+                .max_encoding_message_size(m),
+        }
+    }
+}
+
 /// Serve gRPC (with health and reflection) on `listener` until the gateway
 /// stops.
 pub async fn serve(
@@ -196,7 +229,7 @@ pub async fn serve(
     use pb::file_service_server::FileServiceServer;
     use pb::process_service_server::ProcessServiceServer;
     use pb::session_service_server::SessionServiceServer;
-    let api = GrpcApi::new(gw.clone());
+    let services = ApiServices::new(&GrpcApi::new(gw.clone()));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ProcessServiceServer<GrpcApi>>().await;
     health.set_serving::<FileServiceServer<GrpcApi>>().await;
@@ -257,22 +290,10 @@ pub async fn serve(
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(
-            SessionServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(
-            ProcessServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(
-            FileServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-        )
-        .add_service(EnvironmentServiceServer::new(api))
+        .add_service(services.sessions)
+        .add_service(services.processes)
+        .add_service(services.files)
+        .add_service(services.environment)
         .serve_with_incoming_shutdown(incoming, gw.stopped())
         .await;
     if let Err(e) = result {

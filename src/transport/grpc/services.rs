@@ -94,6 +94,10 @@ impl GrpcApi {
         }
     }
 
+    pub(super) fn inbound_message_timeout(&self) -> std::time::Duration {
+        self.gw.settings.inbound_message_timeout
+    }
+
     /// A new session with no connection; refused while draining.
     async fn new_session(&self, caller: &Caller) -> Result<Arc<Session>, Status> {
         if self.gw.is_draining() {
