@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use crate::gateway::Gateway;
 use crate::transport;
 use crate::transport::limits::{ConnectionLimits, LimitSettings};
+use crate::transport::tls::Tls;
 
 /// How long accept loops get to finish after the stop.
 const LISTENER_STOP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -35,6 +36,9 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The fleet's peer listener.
     pub peer: Option<TcpListener>,
+    /// TLS on the websocket and gRPC listeners (`[server.tls]`).
+    pub ws_tls: Option<Arc<Tls>>,
+    pub grpc_tls: Option<Arc<Tls>>,
 }
 
 /// Serve `listeners` until `shutdown` completes, then shut down.
@@ -52,12 +56,12 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
     );
     let ws = crate::task::start(
         "ws-accept",
-        transport::ws::serve(listeners.ws, gw.clone(), limits.clone()),
+        transport::ws::serve(listeners.ws, gw.clone(), limits.clone(), listeners.ws_tls),
     );
     let grpc = listeners.grpc.map(|l| {
         crate::task::start(
             "grpc",
-            transport::grpc::serve(l, gw.clone(), limits.clone()),
+            transport::grpc::serve(l, gw.clone(), limits.clone(), listeners.grpc_tls),
         )
     });
     let admin = listeners

@@ -12,6 +12,7 @@ use crate::gateway::Gateway;
 use crate::isolation::reaper::{self, Reaper};
 use crate::server::{self, Listeners};
 use crate::telemetry::{self, LogFormat};
+use crate::transport::tls::Tls;
 
 mod reload;
 pub mod remote;
@@ -545,6 +546,20 @@ async fn serve(
             return ExitCode::FAILURE;
         }
     };
+    // TLS files that cannot be read stop the start, like any bad config.
+    let tls = match settings.tls.as_ref().map(|f| {
+        Ok::<_, String>((
+            Tls::load(f, crate::transport::tls::ALPN_HTTP1)?,
+            Tls::load(f, crate::transport::tls::ALPN_H2)?,
+        ))
+    }) {
+        Some(Err(e)) => {
+            eprintln!("exec-gateway: server.tls: {e}");
+            return ExitCode::FAILURE;
+        }
+        Some(Ok(t)) => Some(t),
+        None => None,
+    };
     let gw = match Gateway::new(settings, start_reaper()) {
         Ok(g) => g,
         Err(e) => return usage_error(&e),
@@ -579,9 +594,14 @@ async fn serve(
     // address, when served, is the second; the fleet's peer listener next;
     // the admin URL, when served, last.
     let mut stdout = std::io::stdout();
-    let _ = writeln!(stdout, "ws://{addr}");
+    let (ws_scheme, grpc_scheme) = if tls.is_some() {
+        ("wss", "grpcs")
+    } else {
+        ("ws", "grpc")
+    };
+    let _ = writeln!(stdout, "{ws_scheme}://{addr}");
     if let Some(g) = grpc.as_ref().and_then(|l| l.local_addr().ok()) {
-        let _ = writeln!(stdout, "grpc://{g}");
+        let _ = writeln!(stdout, "{grpc_scheme}://{g}");
     }
     if let Some(p) = peer.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(stdout, "fleet http://{p}");
@@ -591,11 +611,14 @@ async fn serve(
     }
     let _ = stdout.flush();
     tracing::info!(%addr, tenants = gw.tenants.set().configured.len(), template = gw.settings.template.is_some(), "listening");
+    let (ws_tls, grpc_tls) = tls.unzip();
     let listeners = Listeners {
         ws: listener,
         grpc,
         admin,
         peer,
+        ws_tls,
+        grpc_tls,
     };
     server::run(gw, listeners, stop).await;
     ExitCode::SUCCESS

@@ -44,7 +44,7 @@ pub use isolation::{
 pub use keys::{default_key_file, key_files, secret_paths};
 pub use server::{
     AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
-    MIN_ADMIN_TOKEN_BYTES, ServerConfig, parse_listen,
+    MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
 };
 pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
 pub use tenants::{
@@ -117,6 +117,8 @@ pub struct Settings {
     /// `None`: no admin listener.
     pub admin_listen: Option<SocketAddr>,
     pub admin_token: Option<AdminToken>,
+    /// TLS on the client listeners (`[server.tls]`).
+    pub tls: Option<TlsFiles>,
     /// Files holding secrets (auth keys, fleet key, admin token), absolute,
     /// as written and resolved: hidden from every tenant, refused inside
     /// one's writable paths.
@@ -276,13 +278,15 @@ impl Config {
             }
         }
         // Every secret a file holds (the auth keys, the fleet key, the
-        // admin token) is kept from the tenants the same way.
+        // admin token, the TLS key) is kept from the tenants the same way.
+        let tls = s.tls.as_ref().map(TlsFiles::from);
         let mut secret_files = key_files(&auth.keys);
         secret_files.extend(secret_paths(
             self.fleet
                 .key_file
                 .iter()
                 .chain(s.admin_token_file.iter())
+                .chain(s.tls.iter().map(|t| &t.key_file))
                 .map(PathBuf::as_path)
                 .chain(executors::executor_secret_files(&self.executors)),
         ));
@@ -394,6 +398,7 @@ impl Config {
             allowed_origins: s.allowed_origins,
             admin_listen,
             admin_token,
+            tls,
             handshake_timeout: duration(
                 "server.handshake_timeout",
                 s.handshake_timeout.as_deref(),

@@ -83,6 +83,37 @@ pub struct ServerConfig {
     /// its workers end and its cgroups, mounts and namespaces are released
     /// (they come back on its next session). Default: `60s`.
     pub tenant_idle_timeout: Option<String>,
+    /// TLS on the client listeners (websocket and gRPC): `wss://` and gRPC
+    /// over TLS. Default: none (plaintext, for a TLS-terminating ingress).
+    pub tls: Option<TlsSection>,
+}
+
+/// `[server.tls]`: PEM files, read again when they change.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+}
+
+/// Where a listener's certificate is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+impl From<&TlsSection> for TlsFiles {
+    fn from(s: &TlsSection) -> TlsFiles {
+        TlsFiles {
+            cert: s.cert_file.clone(),
+            key: s.key_file.clone(),
+        }
+    }
 }
 
 pub const DEFAULT_LISTEN: &str = "ws://127.0.0.1:8765";

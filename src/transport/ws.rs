@@ -20,6 +20,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use super::tls::Tls;
+
 use super::authenticate::authenticate;
 use super::connection::Relay;
 use super::fleet::relay::RelayOrigin;
@@ -34,7 +36,12 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Accept connections until the gateway stops. Each is unauthenticated
 /// (bounded by `limits`, closed at the handshake timeout) until its
 /// upgrade authenticates.
-pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, limits: Arc<ConnectionLimits>) {
+pub async fn serve(
+    listener: TcpListener,
+    gw: Arc<Gateway>,
+    limits: Arc<ConnectionLimits>,
+    tls: Option<Arc<Tls>>,
+) {
     while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "websocket").await {
         let Some(conn) = limits.accept(Door::Websocket, peer.ip()) else {
             drop(tcp);
@@ -45,17 +52,36 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, limits: Arc<Connecti
         }
         let gw = gw.clone();
         let timeout = limits.handshake_timeout;
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         crate::task::start("http-conn", async move {
+            // The handshake deadline covers the TLS handshake too.
             let io = Guarded::new(tcp, conn.clone(), Some(peer));
             let svc =
                 hyper::service::service_fn(move |req| handle(req, gw.clone(), peer, conn.clone()));
-            let conn = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(timeout)
                 .max_buf_size(MAX_HEADER_BYTES.max(8192))
-                .serve_connection(TokioIo::new(io), svc)
-                .with_upgrades();
-            if let Err(e) = conn.await {
+                .clone();
+            let served = match acceptor {
+                None => {
+                    http.serve_connection(TokioIo::new(io), svc)
+                        .with_upgrades()
+                        .await
+                }
+                Some(a) => match a.accept(io).await {
+                    Ok(tls) => {
+                        http.serve_connection(TokioIo::new(tls), svc)
+                            .with_upgrades()
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                },
+            };
+            if let Err(e) = served {
                 tracing::debug!(%peer, error = %e, "http connection ended");
             }
         });

@@ -198,12 +198,20 @@ impl Gateway {
         let (line, grpc_line, admin_line, fleet) = rx
             .recv_timeout(event_timeout())
             .expect("gateway printed its URLs");
+        // `wss://` and `grpcs://` when the gateway serves TLS.
         let url = line.trim().to_owned();
-        assert!(url.starts_with("ws://127.0.0.1:"), "first line: {url:?}");
-        let addr = url.trim_start_matches("ws://").to_owned();
-        let grpc = grpc_line.trim().replace("grpc://", "http://");
+        let addr = url
+            .strip_prefix("ws://")
+            .or_else(|| url.strip_prefix("wss://"))
+            .unwrap_or_default()
+            .to_owned();
+        assert!(addr.starts_with("127.0.0.1:"), "first line: {url:?}");
+        let grpc = grpc_line
+            .trim()
+            .replace("grpcs://", "https://")
+            .replace("grpc://", "http://");
         assert!(
-            grpc.starts_with("http://127.0.0.1:"),
+            grpc.starts_with("http://127.0.0.1:") || grpc.starts_with("https://127.0.0.1:"),
             "second line: {grpc_line:?}"
         );
         let admin = admin_line.trim().replace("admin http://", "");
@@ -363,6 +371,29 @@ pub struct Client {
 }
 
 impl Client {
+    /// A `wss://` connection trusting what `tls` trusts; the handshake's
+    /// error when it fails.
+    pub async fn connect_tls(
+        url: &str,
+        token: &str,
+        tls: std::sync::Arc<rustls::ClientConfig>,
+    ) -> Result<Client, tokio_tungstenite::tungstenite::Error> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let mut req = url.into_client_request().expect("request");
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+        let connector = tokio_tungstenite::Connector::Rustls(tls);
+        let (ws, _) = tokio::time::timeout(
+            event_timeout(),
+            tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector)),
+        )
+        .await
+        .expect("websocket connect timeout")?;
+        Ok(Client::from_ws(ws))
+    }
+
     pub async fn connect(url: &str, token: &str) -> Client {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
         let mut req = url.into_client_request().expect("request");

@@ -136,7 +136,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
         },
         gw.metrics.clone(),
     );
-    let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer);
+    let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer, None);
     let services = ApiServices::new(&GrpcApi::new(gw.clone()));
     let relay_limit = max_relay_frame(&gw);
     let result = tonic::transport::Server::builder()

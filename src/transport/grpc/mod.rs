@@ -12,7 +12,10 @@ mod convert;
 mod files;
 pub(crate) mod forward;
 mod inbound;
+mod io;
 mod services;
+
+pub use io::ServerIo;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +28,7 @@ use crate::config::GRPC_RECEIVE_WINDOW_BYTES;
 use crate::gateway::Gateway;
 use crate::transport::authenticate::authenticate;
 use crate::transport::limits::{ConnInfo, ConnectionLimits, Door, Guarded};
+use crate::transport::tls::Tls;
 pub use services::GrpcApi;
 
 /// Generated code, and the descriptor set for reflection.
@@ -151,7 +155,8 @@ pub(crate) fn accepted(
     gw: Arc<Gateway>,
     limits: Arc<ConnectionLimits>,
     door: Door,
-) -> impl futures_util::Stream<Item = Result<Guarded<tokio::net::TcpStream>, std::io::Error>> {
+    tls: Option<Arc<Tls>>,
+) -> impl futures_util::Stream<Item = Result<ServerIo, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     crate::task::start("grpc-accept", async move {
         while let Some((tcp, peer)) =
@@ -162,13 +167,24 @@ pub(crate) fn accepted(
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            if tx
-                .send(Ok(Guarded::new(tcp, conn, Some(peer))))
-                .await
-                .is_err()
-            {
-                break;
-            }
+            let io = Guarded::new(tcp, conn, Some(peer));
+            let Some(tls) = &tls else {
+                if tx.send(Ok(ServerIo::Plain(io))).await.is_err() {
+                    break;
+                }
+                continue;
+            };
+            // The TLS handshake runs on its own (within the handshake
+            // deadline), so a slow one holds up no other connection.
+            let (acceptor, tx) = (tls.acceptor(), tx.clone());
+            crate::task::start("grpc-tls-accept", async move {
+                match acceptor.accept(io).await {
+                    Ok(s) => {
+                        let _ = tx.send(Ok(ServerIo::Tls(Box::new(s)))).await;
+                    }
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                }
+            });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -224,6 +240,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     gw: Arc<Gateway>,
     limits: Arc<ConnectionLimits>,
+    tls: Option<Arc<Tls>>,
 ) {
     use pb::environment_service_server::EnvironmentServiceServer;
     use pb::file_service_server::FileServiceServer;
@@ -267,7 +284,7 @@ pub async fn serve(
                 .await;
         })
     };
-    let incoming = accepted(listener, gw.clone(), limits, Door::Grpc);
+    let incoming = accepted(listener, gw.clone(), limits, Door::Grpc, tls);
     let result = tonic::transport::Server::builder()
         // Uploads need more than HTTP/2's 64 KiB default windows. Fixed,
         // not adaptive: what a connection may have sent and the gateway not
