@@ -124,17 +124,28 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         .await
         .unwrap();
     before.initialize().await;
-    // A broken rotation (a key that is not PEM): the current one stays.
+    // Broken rotations (a key that is not PEM; a FIFO, whose open would
+    // wait for a writer; a device that never ends): the current one stays.
+    let key = gw.dir.path().join("tls.key");
     std::fs::write(gw.dir.path().join("tls.key.new"), "not a key").unwrap();
-    std::fs::rename(
-        gw.dir.path().join("tls.key.new"),
-        gw.dir.path().join("tls.key"),
-    )
-    .unwrap();
+    std::fs::rename(gw.dir.path().join("tls.key.new"), &key).unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     Client::connect_tls(&gw.url, &token, trusting(&a.ca_pem))
         .await
         .expect("the current certificate is still served");
+    std::fs::remove_file(&key).unwrap();
+    nix::unistd::mkfifo(&key, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    Client::connect_tls(&gw.url, &token, trusting(&a.ca_pem))
+        .await
+        .expect("still served with a FIFO in the key's place");
+    std::fs::remove_file(&key).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &key).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    Client::connect_tls(&gw.url, &token, trusting(&a.ca_pem))
+        .await
+        .expect("still served with a device in the key's place");
+    std::fs::remove_file(&key).unwrap();
     // A good rotation, to a certificate of another CA.
     let b = pki("b");
     install(gw.dir.path(), &b);

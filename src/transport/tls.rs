@@ -49,14 +49,45 @@ fn stamp(files: &TlsFiles) -> Stamp {
     (modified(&files.cert), modified(&files.key))
 }
 
+/// The largest certificate chain or key file read.
+pub const MAX_PEM_BYTES: u64 = 1024 * 1024;
+
+/// A PEM file's bytes: a regular file (a FIFO or a device put in its place
+/// would block or never end; it is opened without waiting and refused) of
+/// at most [`MAX_PEM_BYTES`].
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if buf.len() as u64 > MAX_PEM_BYTES {
+        return Err(format!("{}: over {MAX_PEM_BYTES} bytes", path.display()));
+    }
+    Ok(buf)
+}
+
 fn build(files: &TlsFiles, alpn: &[u8]) -> Result<tokio_rustls::TlsAcceptor, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+    let chain = read_pem(&files.cert)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&chain)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: not a PEM certificate chain: {e}", files.cert.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate in it", files.cert.display()));
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key)
+    let key = PrivateKeyDer::from_pem_slice(&read_pem(&files.key)?)
         .map_err(|e| format!("{}: not a PEM private key: {e}", files.key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
