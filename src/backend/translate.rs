@@ -98,14 +98,11 @@ pub fn reply_of(call: &Call, result: &str) -> Result<Reply, GatewayError> {
     })
 }
 
-/// A `file://` URI as the plain path it names (anything else is left).
+/// A `file://` URI as the plain path it names, decoded as a client's
+/// path is (anything else is left as it was).
 fn plain(path: &mut String) {
-    if path.starts_with("file://")
-        && let Ok(u) = url::Url::parse(path)
-        && let Ok(p) = u.to_file_path()
-    {
-        *path = p.display().to_string();
-    }
+    let wire = crate::protocol::path::WirePath::parse(std::mem::take(path));
+    *path = wire.as_str().to_owned();
 }
 
 /// An executor's description with plain paths (for gRPC).
