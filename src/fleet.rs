@@ -12,6 +12,7 @@
 //!   owner: a peer vouches for nothing but its membership.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -20,6 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, FleetSettings, PeerDirectory, is_replica_id};
 use crate::error::GatewayError;
+use crate::tls::client::ClientTlsFiles;
+use crate::tls::{ClientTls, Connector};
 
 /// The metadata header carrying the fleet credential.
 pub const CREDENTIAL_HEADER: &str = "x-exec-gateway-fleet";
@@ -152,6 +155,8 @@ pub struct Fleet {
     pub dial_timeout: Duration,
     channels: Mutex<HashMap<String, tonic::transport::Channel>>,
     credentials: Mutex<HashMap<String, Cached>>,
+    /// `[fleet.tls]`: peers are dialled over mutual TLS.
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -165,6 +170,20 @@ impl std::fmt::Debug for Fleet {
 
 impl Fleet {
     pub fn new(s: &FleetSettings) -> Result<Fleet, ConfigError> {
+        let tls = match &s.tls {
+            None => None,
+            Some(t) => Some(
+                ClientTls::load(
+                    &ClientTlsFiles {
+                        ca: Some(t.ca.clone()),
+                        identity: Some((t.cert.clone(), t.key.clone())),
+                    },
+                    &[crate::tls::ALPN_H2],
+                    "fleet.tls",
+                )
+                .map_err(|e| ConfigError(format!("fleet.tls: {e}")))?,
+            ),
+        };
         let mut b = [0u8; 4];
         getrandom::fill(&mut b).map_err(|e| ConfigError(format!("no randomness: {e}")))?;
         Ok(Fleet {
@@ -176,6 +195,7 @@ impl Fleet {
             dial_timeout: s.dial_timeout,
             channels: Mutex::new(HashMap::new()),
             credentials: Mutex::new(HashMap::new()),
+            tls,
         })
     }
 
@@ -240,7 +260,16 @@ impl Fleet {
             .keep_alive_timeout(Duration::from_secs(10))
             .initial_stream_window_size(PEER_STREAM_WINDOW_BYTES)
             .initial_connection_window_size(PEER_CONNECTION_WINDOW_BYTES);
-        let channel = endpoint.connect_lazy();
+        // With `[fleet.tls]` every dial is mutual TLS, with the files as
+        // they are at that moment (a rotated certificate is used for the
+        // next connection).
+        let channel = match &self.tls {
+            None => endpoint.connect_lazy(),
+            Some(tls) => endpoint.connect_with_connector_lazy(Connector {
+                tls: tls.clone(),
+                timeout: self.dial_timeout,
+            }),
+        };
         if channels.len() >= MAX_PEER_CHANNELS {
             channels.clear();
         }
@@ -323,6 +352,7 @@ mod tests {
             key: FleetKey(key.to_vec()),
             peers: PeerDirectory::Static(BTreeMap::new()),
             dial_timeout: Duration::from_secs(1),
+            tls: None,
         })
         .unwrap()
     }

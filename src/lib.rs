@@ -32,6 +32,8 @@
 //! - [`rpc`]: the method table: typed calls, replies, stream operations.
 //! - [`fleet`]: this replica's fleet identity: session ids that name their
 //!   owner, peers, the fleet credential.
+//! - [`tls`]: TLS for the listeners and the gateway's own dials (rustls),
+//!   reloaded when its files change.
 //! - [`auth`]: JWT verification (keys, JWKS) into a [`auth::Principal`].
 //! - [`config`]: raw configuration validated into settings.
 //! - below everything: [`fs`] (file operations on a confined root),
@@ -63,5 +65,6 @@ pub mod spawn;
 pub mod task;
 pub mod telemetry;
 pub mod tenant;
+pub mod tls;
 pub mod transport;
 pub mod worker;

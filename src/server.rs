@@ -18,9 +18,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::gateway::Gateway;
+use crate::tls::{ALPN_H2, ALPN_HTTP1, Tls};
 use crate::transport;
 use crate::transport::limits::{ConnectionLimits, LimitSettings};
-use crate::transport::tls::Tls;
 
 /// How long accept loops get to finish after the stop.
 const LISTENER_STOP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -36,9 +36,44 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The fleet's peer listener.
     pub peer: Option<TcpListener>,
-    /// TLS on the websocket and gRPC listeners (`[server.tls]`).
-    pub ws_tls: Option<Arc<Tls>>,
-    pub grpc_tls: Option<Arc<Tls>>,
+    pub tls: ListenerTls,
+}
+
+/// TLS on each listener that has it.
+#[derive(Default)]
+pub struct ListenerTls {
+    /// `[server.tls]` on the websocket and gRPC listeners.
+    pub ws: Option<Arc<Tls>>,
+    pub grpc: Option<Arc<Tls>>,
+    /// `[server.admin_tls]`.
+    pub admin: Option<Arc<Tls>>,
+    /// `[fleet.tls]` on the peer listener (mutual).
+    pub peer: Option<Arc<Tls>>,
+}
+
+impl ListenerTls {
+    /// Read every listener's files now: files that cannot be read stop
+    /// the start, like any bad configuration.
+    pub fn load(s: &crate::config::Settings) -> Result<ListenerTls, String> {
+        let load = |files: Option<&crate::config::TlsFiles>, alpn, what| {
+            files
+                .map(|f| Tls::load(f, alpn, what).map_err(|e| format!("{what}: {e}")))
+                .transpose()
+        };
+        Ok(ListenerTls {
+            ws: load(s.tls.as_ref(), ALPN_HTTP1, "server.tls")?,
+            grpc: load(s.tls.as_ref(), ALPN_H2, "server.tls")?,
+            admin: load(s.admin_tls.as_ref(), ALPN_HTTP1, "server.admin_tls")?,
+            peer: load(
+                s.fleet
+                    .as_ref()
+                    .and_then(|f| f.tls.as_ref())
+                    .map(|t| &t.listener),
+                ALPN_H2,
+                "fleet.tls",
+            )?,
+        })
+    }
 }
 
 /// Serve `listeners` until `shutdown` completes, then shut down.
@@ -56,20 +91,28 @@ pub async fn run(gw: Arc<Gateway>, listeners: Listeners, shutdown: impl Future<O
     );
     let ws = crate::task::start(
         "ws-accept",
-        transport::ws::serve(listeners.ws, gw.clone(), limits.clone(), listeners.ws_tls),
+        transport::ws::serve(listeners.ws, gw.clone(), limits.clone(), listeners.tls.ws),
     );
     let grpc = listeners.grpc.map(|l| {
         crate::task::start(
             "grpc",
-            transport::grpc::serve(l, gw.clone(), limits.clone(), listeners.grpc_tls),
+            transport::grpc::serve(l, gw.clone(), limits.clone(), listeners.tls.grpc),
         )
     });
-    let admin = listeners
-        .admin
-        .map(|l| crate::task::start("admin", transport::http::serve_admin(l, gw.clone())));
-    let peer = listeners
-        .peer
-        .map(|l| crate::task::start("peer", transport::fleet::peer::serve(l, gw.clone())));
+    let admin_tls = listeners.tls.admin;
+    let admin = listeners.admin.map(|l| {
+        crate::task::start(
+            "admin",
+            transport::http::serve_admin(l, gw.clone(), admin_tls),
+        )
+    });
+    let peer_tls = listeners.tls.peer;
+    let peer = listeners.peer.map(|l| {
+        crate::task::start(
+            "peer",
+            transport::fleet::peer::serve(l, gw.clone(), peer_tls),
+        )
+    });
     shutdown.await;
     tracing::info!("shutting down");
     shut_down(&gw, gw.settings.shutdown_grace).await;
@@ -113,11 +156,12 @@ pub async fn run_executor(
     gw: Arc<Gateway>,
     options: transport::remote::dial::ExecutorOptions,
     token: String,
-    admin: Option<TcpListener>,
+    admin: Option<(TcpListener, Option<Arc<Tls>>)>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), transport::remote::dial::Fatal> {
-    let admin =
-        admin.map(|l| crate::task::start("admin", transport::http::serve_admin(l, gw.clone())));
+    let admin = admin.map(|(l, tls)| {
+        crate::task::start("admin", transport::http::serve_admin(l, gw.clone(), tls))
+    });
     let result = tokio::select! {
         r = transport::remote::dial::run(gw.clone(), options, token) => r,
         () = shutdown => Ok(()),

@@ -805,7 +805,22 @@ fn check_files(objects: &Objects, pod: &Pod<'_>, config: &Config, want: &Wanted)
         .admin_token_file
         .as_deref()
         .expect("admin_token_file");
-    for file in [fleet_key, admin_token] {
+    // ...and the TLS files, from cert-manager's Secrets (certificates.yaml).
+    let fleet_tls = config.fleet.tls.as_ref().expect("[fleet.tls]");
+    let admin_tls = config
+        .server
+        .admin_tls
+        .as_ref()
+        .expect("[server.admin_tls]");
+    for file in [
+        fleet_key,
+        admin_token,
+        &fleet_tls.cert_file,
+        &fleet_tls.key_file,
+        &fleet_tls.ca_file,
+        &admin_tls.cert_file,
+        &admin_tls.key_file,
+    ] {
         let mount = mounted_at(pod.gateway, file.parent().unwrap())
             .unwrap_or_else(|| panic!("{what}: nothing is mounted at {}", file.display()));
         assert_eq!(

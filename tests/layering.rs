@@ -36,6 +36,7 @@ const ORDER: &[&str] = &[
     "isolation",
     "rpc",
     "fleet",
+    "tls",
     "auth",
     "config",
     "fs",

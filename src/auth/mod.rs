@@ -8,9 +8,11 @@
 //!
 //! Files: `keys.rs` (key loading, JWKS fetching and caching, the
 //! [`Authenticator`]), `verify.rs` (token verification into a
-//! [`Principal`], [`AuthError`]), `scope.rs`, `mint.rs`, `bearer.rs`.
+//! [`Principal`], [`AuthError`]), `cert.rs` (a client certificate into a
+//! [`Principal`]), `scope.rs`, `mint.rs`, `bearer.rs`.
 
 mod bearer;
+mod cert;
 mod keys;
 mod mint;
 mod scope;

@@ -58,6 +58,8 @@ pub enum AuthError {
     ExecutorCredential,
     #[error("not an executor credential: {0}")]
     NotExecutorCredential(&'static str),
+    #[error("client certificate: {0}")]
+    Certificate(&'static str),
 }
 
 /// The scope of an executor credential.
@@ -108,6 +110,7 @@ impl AuthError {
             AuthError::NoScope => "no_scope",
             AuthError::ExecutorCredential => "executor_credential",
             AuthError::NotExecutorCredential(_) => "not_executor_credential",
+            AuthError::Certificate(_) => "certificate",
         }
     }
 

@@ -10,12 +10,14 @@ use crate::auth::Scope;
 use crate::config::{Config, ConfigError, Settings, parse_listen};
 use crate::gateway::Gateway;
 use crate::isolation::reaper::{self, Reaper};
-use crate::server::{self, Listeners};
+use crate::server::{self, ListenerTls, Listeners};
 use crate::telemetry::{self, LogFormat};
-use crate::transport::tls::Tls;
 
+mod executor;
 mod reload;
 pub mod remote;
+
+pub use executor::ExecutorArgs;
 mod term;
 
 /// Exit code for bad configuration or usage (EX_USAGE).
@@ -103,34 +105,6 @@ pub struct TokenArgs {
     /// `sub` claim.
     #[arg(long, default_value = "exec-gateway-cli")]
     pub subject: String,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ExecutorArgs {
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// The registry's base URL, e.g. https://gateway.example.com.
-    #[arg(long)]
-    pub remote: String,
-    /// This executor's id in its pool (letters, digits, `_`, `-`).
-    #[arg(long)]
-    pub executor_id: String,
-    /// A name shown by the registry. Default: the executor id.
-    #[arg(long)]
-    pub name: Option<String>,
-    /// A label `KEY=VALUE` (repeatable); tenants may require labels.
-    #[arg(long = "label")]
-    pub labels: Vec<String>,
-    /// Sessions served at once (each a link and a registration).
-    #[arg(long, default_value_t = 8)]
-    pub slots: usize,
-    /// The tenant on this host sessions run as. Default: the only one.
-    #[arg(long)]
-    pub tenant: Option<String>,
-    /// Serve `/metrics` and the detailed `/readyz` on `HOST:PORT`
-    /// (default: off).
-    #[arg(long)]
-    pub admin_listen: Option<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -354,116 +328,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Token(args) => token(&args),
         Command::Executor(args) => {
             telemetry::init(args.common.log_format);
-            executor(&args)
+            executor::executor(&args)
         }
         Command::Exec(args) => client_runtime(remote::exec(args)),
         Command::Cp(args) => client_runtime(remote::cp(args)),
         Command::Ps(args) => client_runtime(remote::ps(args)),
     }
-}
-
-/// The executor's bearer token, as Codex reads it.
-const EXECUTOR_TOKEN_ENV: &str = "CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN";
-
-fn executor(args: &ExecutorArgs) -> ExitCode {
-    let token = match std::env::var(EXECUTOR_TOKEN_ENV) {
-        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
-        Ok(_) => {
-            return usage_error(&ConfigError(format!(
-                "executor registry bearer token environment variable `{EXECUTOR_TOKEN_ENV}` is empty"
-            )));
-        }
-        Err(_) => {
-            return usage_error(&ConfigError(format!(
-                "executor registry bearer token environment variable `{EXECUTOR_TOKEN_ENV}` is not set"
-            )));
-        }
-    };
-    let executor_id = args.executor_id.trim().to_owned();
-    if !crate::config::is_executor_id(&executor_id) {
-        return usage_error(&ConfigError(format!(
-            "--executor-id `{executor_id}`: 1 to {} letters, digits, `_` or `-`",
-            crate::config::MAX_EXECUTOR_ID_BYTES
-        )));
-    }
-    let remote = args.remote.trim().trim_end_matches('/').to_owned();
-    if !(remote.starts_with("http://") || remote.starts_with("https://"))
-        || url::Url::parse(&remote).is_err()
-    {
-        return usage_error(&ConfigError(format!(
-            "--remote `{remote}`: expected an http:// or https:// URL"
-        )));
-    }
-    let mut labels = std::collections::BTreeMap::new();
-    for l in &args.labels {
-        let Some((k, v)) = l.split_once('=') else {
-            return usage_error(&ConfigError(format!("--label `{l}`: expected KEY=VALUE")));
-        };
-        labels.insert(k.to_owned(), v.to_owned());
-    }
-    if args.slots == 0 || args.slots > crate::transport::remote::dial::MAX_SLOTS {
-        return usage_error(&ConfigError(format!(
-            "--slots must be between 1 and {}",
-            crate::transport::remote::dial::MAX_SLOTS
-        )));
-    }
-    let settings = match settings(
-        &args.common,
-        Overrides {
-            admin_listen: Some(args.admin_listen.as_deref().unwrap_or("off")),
-            ..Overrides::default()
-        },
-    ) {
-        Ok(s) => s,
-        Err(e) => return usage_error(&e),
-    };
-    let tenant = match &args.tenant {
-        Some(t) if settings.knows_tenant(t) => t.clone(),
-        Some(t) => return usage_error(&ConfigError(format!("--tenant `{t}` is not configured"))),
-        None if settings.tenants.len() == 1 => {
-            settings.tenants.keys().next().cloned().unwrap_or_default()
-        }
-        None => {
-            return usage_error(&ConfigError(
-                "the configuration has several tenants: name one with --tenant".to_owned(),
-            ));
-        }
-    };
-    let options = crate::transport::remote::dial::ExecutorOptions {
-        remote,
-        name: args.name.clone().unwrap_or_else(|| executor_id.clone()),
-        executor_id,
-        labels,
-        slots: args.slots,
-        tenant,
-    };
-    let nofile = raise_nofile_limit();
-    let mut settings = settings;
-    if let Err(e) = settings.fit_fd_limit(nofile) {
-        return usage_error(&e);
-    }
-    block_on(async move {
-        let admin_addr = settings.admin_listen;
-        let gw = match Gateway::new(settings, start_reaper()) {
-            Ok(g) => g,
-            Err(e) => return usage_error(&e),
-        };
-        let admin = match bind_optional(admin_addr, "admin").await {
-            Ok(l) => l,
-            Err(code) => return code,
-        };
-        let stop = server::shutdown_signal();
-        if let Some(addr) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
-            println!("admin http://{addr}");
-        }
-        match server::run_executor(gw, options, token, admin, stop).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("exec-gateway: {e}");
-                ExitCode::FAILURE
-            }
-        }
-    })
 }
 
 /// The client commands: a small runtime, logs to stderr at `warn` unless
@@ -547,18 +417,12 @@ async fn serve(
         }
     };
     // TLS files that cannot be read stop the start, like any bad config.
-    let tls = match settings.tls.as_ref().map(|f| {
-        Ok::<_, String>((
-            Tls::load(f, crate::transport::tls::ALPN_HTTP1)?,
-            Tls::load(f, crate::transport::tls::ALPN_H2)?,
-        ))
-    }) {
-        Some(Err(e)) => {
-            eprintln!("exec-gateway: server.tls: {e}");
+    let tls = match ListenerTls::load(&settings) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("exec-gateway: {e}");
             return ExitCode::FAILURE;
         }
-        Some(Ok(t)) => Some(t),
-        None => None,
     };
     let gw = match Gateway::new(settings, start_reaper()) {
         Ok(g) => g,
@@ -594,31 +458,31 @@ async fn serve(
     // address, when served, is the second; the fleet's peer listener next;
     // the admin URL, when served, last.
     let mut stdout = std::io::stdout();
-    let (ws_scheme, grpc_scheme) = if tls.is_some() {
+    let (ws_scheme, grpc_scheme) = if tls.ws.is_some() {
         ("wss", "grpcs")
     } else {
         ("ws", "grpc")
     };
+    let peer_scheme = if tls.peer.is_some() { "https" } else { "http" };
+    let admin_scheme = if tls.admin.is_some() { "https" } else { "http" };
     let _ = writeln!(stdout, "{ws_scheme}://{addr}");
     if let Some(g) = grpc.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(stdout, "{grpc_scheme}://{g}");
     }
     if let Some(p) = peer.as_ref().and_then(|l| l.local_addr().ok()) {
-        let _ = writeln!(stdout, "fleet http://{p}");
+        let _ = writeln!(stdout, "fleet {peer_scheme}://{p}");
     }
     if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
-        let _ = writeln!(stdout, "admin http://{a}");
+        let _ = writeln!(stdout, "admin {admin_scheme}://{a}");
     }
     let _ = stdout.flush();
     tracing::info!(%addr, tenants = gw.tenants.set().configured.len(), template = gw.settings.template.is_some(), "listening");
-    let (ws_tls, grpc_tls) = tls.unzip();
     let listeners = Listeners {
         ws: listener,
         grpc,
         admin,
         peer,
-        ws_tls,
-        grpc_tls,
+        tls,
     };
     server::run(gw, listeners, stop).await;
     ExitCode::SUCCESS

@@ -26,7 +26,8 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 #[derive(Debug, clap::Args)]
 pub struct ClientArgs {
     /// The gateway: `ws://HOST:PORT` (exec-server JSON-RPC) or
-    /// `grpc://HOST:PORT`. Default: EXEC_GATEWAY_URL, else
+    /// `grpc://HOST:PORT`; `wss://` and `grpcs://` over TLS. Default:
+    /// EXEC_GATEWAY_URL, else
     /// ws://127.0.0.1:8765 (grpc://127.0.0.1:8766 with --grpc).
     #[arg(long)]
     pub url: Option<String>,
@@ -38,6 +39,17 @@ pub struct ClientArgs {
     /// Speak gRPC instead of websocket JSON-RPC.
     #[arg(long)]
     pub grpc: bool,
+    /// CA bundle (PEM) the gateway's certificate must chain to (`wss://`,
+    /// `grpcs://`). Default: EXEC_GATEWAY_CA, else the public web roots.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM chain) to authenticate with instead of a
+    /// token, on a gateway that accepts them; needs --key.
+    #[arg(long, requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "cert")]
+    pub key: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -129,6 +141,8 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
     };
     let token = match (args.token.clone(), env_nonempty("EXEC_GATEWAY_TOKEN")) {
         (Some(t), _) | (None, Some(t)) => t.trim().to_owned(),
+        // The client certificate is the credential.
+        (None, None) if args.cert.is_some() => String::new(),
         // A URL that carries its token (`?access_token=`) is used as given.
         (None, None) if let Some(t) = url_token(&url) => t,
         (None, None) if is_loopback(&url) => {
@@ -141,7 +155,13 @@ fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
             ));
         }
     };
-    Ok(ConnectOptions::new(&url, &token))
+    let mut options = ConnectOptions::new(&url, &token);
+    options.ca = args
+        .ca
+        .clone()
+        .or_else(|| env_nonempty("EXEC_GATEWAY_CA").map(PathBuf::from));
+    options.identity = args.cert.clone().zip(args.key.clone());
+    Ok(options)
 }
 
 /// The `access_token` a URL carries in its query, if any.

@@ -84,6 +84,19 @@ pub(super) fn status_error(s: tonic::Status) -> ClientError {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| serde_json::from_str(v).ok());
     let message = s.message().to_owned();
+    // The gateway refused this client's certificate after the handshake
+    // (TLS 1.3 checks it last): no retry helps.
+    let chain = super::common::error_chain(&s);
+    if let Some(alert) = chain.find("received fatal alert") {
+        return ClientError::Rpc {
+            code: code::UNAUTHENTICATED,
+            message: format!(
+                "the gateway refused the TLS connection (its client certificate?): {}",
+                &chain[alert..]
+            ),
+            data: None,
+        };
+    }
     let code = match s.code() {
         Code::Unavailable
             if data.is_none() && (is_transport(&message) || is_broken_stream(&message)) =>

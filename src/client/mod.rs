@@ -68,7 +68,7 @@ enum Inner {
 
 /// Which door a URL names.
 fn is_grpc_url(url: &str) -> bool {
-    ["grpc://", "http://", "https://"]
+    ["grpc://", "grpcs://", "http://", "https://"]
         .iter()
         .any(|p| url.starts_with(p))
 }
@@ -87,7 +87,7 @@ impl Client {
             Inner::Ws(ws::WsClient::connect(options).await?)
         } else {
             return Err(ClientError::Usage(format!(
-                "`{}`: expected a ws://, wss://, grpc:// or http:// URL",
+                "`{}`: expected a ws://, wss://, grpc://, grpcs://, http:// or https:// URL",
                 options.url
             )));
         };

@@ -40,10 +40,16 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// `ws://` or `wss://` (exec-server JSON-RPC), `grpc://` or `http://`
-    /// (gRPC, plaintext).
+    /// (gRPC, plaintext), `grpcs://` or `https://` (gRPC over TLS).
     pub url: String,
-    /// The JWT, sent as `Authorization: Bearer`.
+    /// The JWT, sent as `Authorization: Bearer`; empty: none sent (a
+    /// client certificate authenticates instead).
     pub token: String,
+    /// CA bundle (PEM) the gateway's certificate must chain to, for
+    /// `wss://`, `grpcs://` and `https://`. None: the public web roots.
+    pub ca: Option<std::path::PathBuf>,
+    /// A client certificate chain and its key (PEM) to show the gateway.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// `clientName` sent at `initialize`.
     pub client_name: String,
     /// Resume this session instead of creating one.
@@ -60,7 +66,26 @@ impl ConnectOptions {
             client_name: format!("exec-gateway-client/{}", env!("CARGO_PKG_VERSION")),
             resume_session: None,
             resume_within: DEFAULT_RESUME_WITHIN,
+            ca: None,
+            identity: None,
         }
+    }
+
+    /// The TLS a connection of these options dials with, offering `alpn`.
+    pub(super) fn tls(&self, alpn: &[u8]) -> Result<std::sync::Arc<crate::tls::ClientTls>, String> {
+        crate::tls::ClientTls::load(
+            &crate::tls::client::ClientTlsFiles {
+                ca: self.ca.clone(),
+                identity: self.identity.clone(),
+            },
+            &[alpn],
+            "client",
+        )
+    }
+
+    /// `Authorization: Bearer …`, unless no token is given.
+    pub(super) fn bearer(&self) -> Option<String> {
+        (!self.token.is_empty()).then(|| format!("Bearer {}", self.token))
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::common::{ConfigError, duration};
+use super::server::{ClientCerts, TlsFiles};
 
 /// `[fleet]`: this replica's place in a fleet of gateways behind a load
 /// balancer (docs/fleet.md). Off unless `replica` is set (here or by
@@ -31,6 +32,36 @@ pub struct FleetConfig {
     pub peers: BTreeMap<String, String>,
     /// How long connecting to a peer may take. Default 2 s.
     pub dial_timeout: Option<String>,
+    /// Mutual TLS between replicas (`[fleet.tls]`). Required when the
+    /// peer listener is not on loopback, unless `allow_plaintext` is set.
+    pub tls: Option<FleetTlsSection>,
+    /// Let a non-loopback peer listener run without TLS (peer traffic and
+    /// clients' tokens cross the network in clear). Default: false.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+}
+
+/// `[fleet.tls]`: this replica's certificate, shown to peers both as a
+/// server and as a client, and the fleet CA every peer's must chain to.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetTlsSection {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+impl FleetTlsSection {
+    /// The peer listener's TLS: the replica's certificate; peers must show
+    /// one of the fleet CA.
+    pub fn listener(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.cert_file.clone(),
+            key: self.key_file.clone(),
+            client_ca: Some(self.ca_file.clone()),
+            client_certs: ClientCerts::Required,
+        }
+    }
 }
 
 /// Where replicas reach each other.
@@ -60,6 +91,18 @@ pub struct FleetSettings {
     pub key: FleetKey,
     pub peers: PeerDirectory,
     pub dial_timeout: Duration,
+    /// `[fleet.tls]`'s files: `listener` for the peer listener, and the
+    /// same certificate and CA for dialling peers.
+    pub tls: Option<FleetTlsFiles>,
+}
+
+/// Validated `[fleet.tls]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetTlsFiles {
+    pub listener: TlsFiles,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// The peer listener's default address.
@@ -149,6 +192,17 @@ pub(super) fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, Co
             ));
         }
     };
+    if !listen.ip().is_loopback() && f.tls.is_none() && !f.allow_plaintext {
+        return Err(ConfigError(format!(
+            "fleet.listen = `{listen_text}` is not loopback: set [fleet.tls] (mutual TLS between replicas), or fleet.allow_plaintext = true behind a network you trust"
+        )));
+    }
+    let tls = f.tls.as_ref().map(|t| FleetTlsFiles {
+        listener: t.listener(),
+        ca: t.ca_file.clone(),
+        cert: t.cert_file.clone(),
+        key: t.key_file.clone(),
+    });
     let dial_timeout = duration(
         "fleet.dial_timeout",
         f.dial_timeout.as_deref(),
@@ -160,5 +214,6 @@ pub(super) fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, Co
         key: FleetKey(key),
         peers,
         dial_timeout,
+        tls,
     }))
 }

@@ -35,15 +35,15 @@ pub use executors::{
 };
 pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER};
 pub use fleet::{
-    DEFAULT_FLEET_LISTEN, FleetConfig, FleetKey, FleetSettings, MIN_FLEET_KEY_BYTES, PeerDirectory,
-    is_replica_id,
+    DEFAULT_FLEET_LISTEN, FleetConfig, FleetKey, FleetSettings, FleetTlsFiles, FleetTlsSection,
+    MIN_FLEET_KEY_BYTES, PeerDirectory, is_replica_id,
 };
 pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
 };
 pub use keys::{default_key_file, key_files, secret_paths};
 pub use server::{
-    AdminToken, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
+    AdminToken, ClientCerts, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
 };
 pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
@@ -119,6 +119,8 @@ pub struct Settings {
     pub admin_token: Option<AdminToken>,
     /// TLS on the client listeners (`[server.tls]`).
     pub tls: Option<TlsFiles>,
+    /// TLS on the admin listener (`[server.admin_tls]`).
+    pub admin_tls: Option<TlsFiles>,
     /// Files holding secrets (auth keys, fleet key, admin token), absolute,
     /// as written and resolved: hidden from every tenant, refused inside
     /// one's writable paths.
@@ -287,6 +289,8 @@ impl Config {
                 .iter()
                 .chain(s.admin_token_file.iter())
                 .chain(s.tls.iter().map(|t| &t.key_file))
+                .chain(s.admin_tls.iter().map(|t| &t.key_file))
+                .chain(self.fleet.tls.iter().map(|t| &t.key_file))
                 .map(PathBuf::as_path)
                 .chain(executors::executor_secret_files(&self.executors)),
         ));
@@ -399,6 +403,7 @@ impl Config {
             admin_listen,
             admin_token,
             tls,
+            admin_tls: s.admin_tls.as_ref().map(TlsFiles::from),
             handshake_timeout: duration(
                 "server.handshake_timeout",
                 s.handshake_timeout.as_deref(),

@@ -86,9 +86,17 @@ pub struct ServerConfig {
     /// TLS on the client listeners (websocket and gRPC): `wss://` and gRPC
     /// over TLS. Default: none (plaintext, for a TLS-terminating ingress).
     pub tls: Option<TlsSection>,
+    /// TLS on the admin listener (`https://`). Required when the admin
+    /// listener is not on loopback, unless `admin_plaintext` is set.
+    pub admin_tls: Option<TlsSection>,
+    /// Serve a non-loopback admin listener without TLS (its token and
+    /// what it shows cross the network in clear). Default: false.
+    #[serde(default)]
+    pub admin_plaintext: bool,
 }
 
-/// `[server.tls]`: PEM files, read again when they change.
+/// `[server.tls]`, `[server.admin_tls]`: PEM files, read again when they
+/// change.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
@@ -96,15 +104,31 @@ pub struct TlsSection {
     pub cert_file: PathBuf,
     /// Its private key.
     pub key_file: PathBuf,
+    /// CA bundle of client certificates (`[server.tls]` only): a client
+    /// that shows one signed by it is authenticated by it (docs/operations.md,
+    /// "Client certificates"). Default: none (clients show no certificate).
+    pub client_ca_file: Option<PathBuf>,
 }
 
-/// Where a listener's certificate is.
+/// Whether a listener requires the client certificates it asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    /// A client without one is served (and authenticates otherwise).
+    Optional,
+    /// A client without one fails the handshake (mutual TLS).
+    Required,
+}
+
+/// Where a listener's certificate is, and whom it asks for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The certificate chain, leaf first (PEM).
     pub cert: PathBuf,
     /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// CA bundle client certificates are verified against.
+    pub client_ca: Option<PathBuf>,
+    pub client_certs: ClientCerts,
 }
 
 impl From<&TlsSection> for TlsFiles {
@@ -112,6 +136,8 @@ impl From<&TlsSection> for TlsFiles {
         TlsFiles {
             cert: s.cert_file.clone(),
             key: s.key_file.clone(),
+            client_ca: s.client_ca_file.clone(),
+            client_certs: ClientCerts::Optional,
         }
     }
 }
@@ -147,10 +173,19 @@ pub fn parse_listen(url: &str) -> Result<SocketAddr, ConfigError> {
     })
 }
 
-/// The admin listener: loopback by default; anywhere else only with a token.
+/// The admin listener: loopback by default; anywhere else only with a
+/// token, and over TLS unless plaintext is asked for by name.
 pub(super) fn validate_admin(
     s: &ServerConfig,
 ) -> Result<(Option<SocketAddr>, Option<AdminToken>), ConfigError> {
+    if s.admin_tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca_file.is_some())
+    {
+        return Err(ConfigError(
+            "server.admin_tls: client_ca_file is not supported (the admin listener authenticates with admin_token_file)".to_owned(),
+        ));
+    }
     let token = match &s.admin_token_file {
         None => None,
         Some(p) => {
@@ -183,6 +218,11 @@ pub(super) fn validate_admin(
     if !addr.ip().is_loopback() && token.is_none() {
         return Err(ConfigError(format!(
             "server.admin_listen = `{listen}` is not loopback: set server.admin_token_file (metrics and readiness details name tenants and isolation gaps)"
+        )));
+    }
+    if !addr.ip().is_loopback() && s.admin_tls.is_none() && !s.admin_plaintext {
+        return Err(ConfigError(format!(
+            "server.admin_listen = `{listen}` is not loopback: set [server.admin_tls] (its token would cross the network in clear), or server.admin_plaintext = true behind a network you trust"
         )));
     }
     Ok((Some(addr), token))

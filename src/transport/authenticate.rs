@@ -78,9 +78,21 @@ pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
 /// gateway still admits: its live sessions are served until the stop, and
 /// only new sessions are refused.
 pub async fn authenticate(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
-    let verified = match token {
-        None => Err(AuthError::Missing),
-        Some(t) => gw.auth().verify(t).await,
+    authenticate_with(gw, token, None).await
+}
+
+/// [`authenticate`] with the client certificate the connection's TLS
+/// handshake verified, if any: a bearer token, when sent, is the
+/// credential; without one, the certificate is (module `auth::cert`).
+pub async fn authenticate_with(
+    gw: &Gateway,
+    token: Option<&str>,
+    client_cert: Option<&[u8]>,
+) -> Result<Caller, GatewayError> {
+    let verified = match (token, client_cert) {
+        (Some(t), _) => gw.auth().verify(t).await,
+        (None, Some(der)) => gw.auth().verify_certificate(der),
+        (None, None) => Err(AuthError::Missing),
     };
     let principal = verified.map_err(|e| {
         gw.metrics.auth_failure(e.reason());

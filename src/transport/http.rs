@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::gateway::Gateway;
+use crate::tls::Tls;
 
 const PLAIN: &str = "text/plain; charset=utf-8";
 /// Concurrent admin connections.
@@ -157,7 +158,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Serve the admin listener until the gateway stops.
-pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
+pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>, tls: Option<Arc<Tls>>) {
     let slots = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let sources: Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     while let Some((tcp, peer)) = super::next_connection(&listener, &gw, "admin").await {
@@ -170,16 +171,32 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
             continue;
         };
         let gw = gw.clone();
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         crate::task::start("admin-conn", async move {
             let svc = hyper::service::service_fn(move |req| {
                 let r = route_admin(&req, &gw);
                 async move { Ok::<_, Infallible>(r) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(ADMIN_HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tcp), svc);
-            if let Ok(Err(e)) = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, conn).await {
+                .clone();
+            let served = async {
+                match acceptor {
+                    None => http.serve_connection(TokioIo::new(tcp), svc).await,
+                    Some(a) => {
+                        match tokio::time::timeout(ADMIN_HEADER_TIMEOUT, a.accept(tcp)).await {
+                            Ok(Ok(s)) => http.serve_connection(TokioIo::new(s), svc).await,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "admin TLS handshake failed");
+                                Ok(())
+                            }
+                            Err(_) => Ok(()),
+                        }
+                    }
+                }
+            };
+            if let Ok(Err(e)) = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, served).await {
                 tracing::debug!(%peer, error = %e, "admin connection ended");
             }
             drop(permit);

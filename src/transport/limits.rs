@@ -474,6 +474,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
 pub struct ConnInfo {
     pub remote: Option<std::net::SocketAddr>,
     pub conn: Arc<Conn>,
+    /// The client certificate its TLS handshake verified (the leaf).
+    pub client_cert: Option<Arc<rustls::pki_types::CertificateDer<'static>>>,
 }
 
 impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
@@ -483,6 +485,7 @@ impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
         ConnInfo {
             remote: self.remote,
             conn: self.conn.clone(),
+            client_cert: None,
         }
     }
 }

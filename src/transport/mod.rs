@@ -33,7 +33,6 @@ pub mod inbound;
 pub mod limits;
 pub mod remote;
 pub mod stdio;
-pub mod tls;
 pub mod websocket;
 pub mod ws;
 

@@ -20,9 +20,10 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use super::tls::Tls;
+use crate::tls::Tls;
+use rustls::pki_types::CertificateDer;
 
-use super::authenticate::authenticate;
+use super::authenticate::authenticate_with;
 use super::connection::Relay;
 use super::fleet::relay::RelayOrigin;
 use super::inbound::{InboundMeter, Metered};
@@ -56,8 +57,11 @@ pub async fn serve(
         crate::task::start("http-conn", async move {
             // The handshake deadline covers the TLS handshake too.
             let io = Guarded::new(tcp, conn.clone(), Some(peer));
-            let svc =
-                hyper::service::service_fn(move |req| handle(req, gw.clone(), peer, conn.clone()));
+            let svc = |cert: Option<Arc<CertificateDer<'static>>>| {
+                hyper::service::service_fn(move |req| {
+                    handle(req, gw.clone(), peer, conn.clone(), cert.clone())
+                })
+            };
             let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(timeout)
@@ -65,13 +69,14 @@ pub async fn serve(
                 .clone();
             let served = match acceptor {
                 None => {
-                    http.serve_connection(TokioIo::new(io), svc)
+                    http.serve_connection(TokioIo::new(io), svc(None))
                         .with_upgrades()
                         .await
                 }
                 Some(a) => match a.accept(io).await {
                     Ok(tls) => {
-                        http.serve_connection(TokioIo::new(tls), svc)
+                        let cert = crate::tls::server::client_leaf(&tls);
+                        http.serve_connection(TokioIo::new(tls), svc(cert))
                             .with_upgrades()
                             .await
                     }
@@ -107,6 +112,7 @@ async fn handle(
     gw: Arc<Gateway>,
     peer: SocketAddr,
     conn: Arc<Conn>,
+    client_cert: Option<Arc<CertificateDer<'static>>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let is_upgrade = header_has_token(&req, header::CONNECTION, "upgrade")
         && header_has_token(&req, header::UPGRADE, "websocket");
@@ -197,7 +203,8 @@ async fn handle(
             .and_then(|v| v.to_str().ok()),
         req.uri().query(),
     );
-    let caller = match authenticate(&gw, token.as_deref()).await {
+    let cert = client_cert.as_deref().map(|c| c.as_ref());
+    let caller = match authenticate_with(&gw, token.as_deref(), cert).await {
         Ok(c) => c,
         Err(e) => {
             tracing::info!(%peer, reason = e.outcome(), "websocket handshake refused");

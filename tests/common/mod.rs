@@ -189,7 +189,12 @@ impl Gateway {
             let _ = r.read_line(&mut admin);
             let mut fleet = None;
             if admin.starts_with("fleet ") {
-                fleet = Some(admin.trim().replace("fleet http://", ""));
+                fleet = Some(
+                    admin
+                        .trim()
+                        .replace("fleet https://", "")
+                        .replace("fleet http://", ""),
+                );
                 admin.clear();
                 let _ = r.read_line(&mut admin);
             }
@@ -214,7 +219,10 @@ impl Gateway {
             grpc.starts_with("http://127.0.0.1:") || grpc.starts_with("https://127.0.0.1:"),
             "second line: {grpc_line:?}"
         );
-        let admin = admin_line.trim().replace("admin http://", "");
+        let admin = admin_line
+            .trim()
+            .replace("admin https://", "")
+            .replace("admin http://", "");
         assert!(
             admin.starts_with("127.0.0.1:"),
             "third line: {admin_line:?}"
@@ -787,6 +795,7 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
 
 /// gRPC helpers shared by the gRPC and fleet tests.
 pub mod direct;
+pub mod pki;
 
 pub mod grpc {
     use exec_gateway::transport::grpc::pb;

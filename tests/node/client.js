@@ -6,7 +6,8 @@
 // ProcessService/Exec in a session of its own and a streamed
 // FileService/ReadFile of FILE, and prints one JSON line with what it saw.
 // A call that fails prints {"error": {"code", "details", "call"}} and
-// exits 1.
+// exits 1. With EXEC_GATEWAY_CA (a PEM file) it speaks TLS, trusting that
+// CA.
 "use strict";
 
 const path = require("path");
@@ -38,7 +39,10 @@ const def = loader.loadSync(
   },
 );
 const v1 = grpc.loadPackageDefinition(def).exec_gateway.v1;
-const creds = grpc.credentials.createInsecure();
+const ca = process.env.EXEC_GATEWAY_CA;
+const creds = ca
+  ? grpc.credentials.createSsl(require("fs").readFileSync(ca))
+  : grpc.credentials.createInsecure();
 const processes = new v1.ProcessService(target, creds);
 const files = new v1.FileService(target, creds);
 const md = new grpc.Metadata();

@@ -18,7 +18,7 @@ NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "node"
 CHUNK = 1 << 20  # the gateway streams files in 1 MiB messages
 
 
-def run_node(target, path, token):
+def run_node(target, path, token, env=None):
     """Run tests/node/client.js; its exit code and the JSON line it printed."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed (.ci/run installs nodejs)")
@@ -26,7 +26,7 @@ def run_node(target, path, token):
         pytest.skip("tests/node/node_modules is missing (run `npm ci --prefix tests/node`)")
     # The token goes through the environment, as a real caller's would.
     r = subprocess.run(["node", str(NODE_DIR / "client.js"), target, path],
-                       env=dict(os.environ, EXEC_GATEWAY_TOKEN=token),
+                       env=dict(os.environ, EXEC_GATEWAY_TOKEN=token, **(env or {})),
                        capture_output=True, text=True, timeout=120)
     lines = r.stdout.strip().splitlines()
     assert lines, f"client.js printed nothing (exit {r.returncode}): {r.stderr}"

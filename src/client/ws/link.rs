@@ -219,26 +219,39 @@ pub(super) async fn open_link(
         .as_str()
         .into_client_request()
         .map_err(|e| connect_err(e.to_string()))?;
-    let bearer = format!("Bearer {}", opts.token)
-        .parse()
-        .map_err(|_| connect_err("the token is not a valid header value".to_owned()))?;
-    request.headers_mut().insert("authorization", bearer);
+    if let Some(bearer) = opts.bearer() {
+        let bearer = bearer
+            .parse()
+            .map_err(|_| connect_err("the token is not a valid header value".to_owned()))?;
+        request.headers_mut().insert("authorization", bearer);
+    }
     let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
-        .await
-        .map_err(|e| match e {
-            tokio_tungstenite::tungstenite::Error::Http(resp) => {
-                let body = resp
-                    .body()
-                    .as_deref()
-                    .map(|b| String::from_utf8_lossy(b).trim().to_owned())
-                    .unwrap_or_default();
-                connect_err(format!("{} {body}", resp.status()))
-            }
-            e => connect_err(e.to_string()),
-        })?;
+    // `wss://` verifies the gateway against the given CA bundle (or the
+    // public web roots) and shows the client certificate, if any.
+    let connector = if opts.url.starts_with("wss://") {
+        let tls = opts
+            .tls(crate::tls::ALPN_HTTP1)
+            .map_err(|e| connect_err(format!("TLS: {e}")))?;
+        Some(tokio_tungstenite::Connector::Rustls(tls.config()))
+    } else {
+        None
+    };
+    let (ws, _) =
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
+            .await
+            .map_err(|e| match e {
+                tokio_tungstenite::tungstenite::Error::Http(resp) => {
+                    let body = resp
+                        .body()
+                        .as_deref()
+                        .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+                        .unwrap_or_default();
+                    connect_err(format!("{} {body}", resp.status()))
+                }
+                e => connect_err(e.to_string()),
+            })?;
     let (mut sink, mut stream) = ws.split();
     let (out, mut out_rx) = mpsc::channel::<Message>(OUTBOUND_FRAMES);
     let link = Arc::new(Link::new(generation, out));

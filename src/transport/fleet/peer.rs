@@ -107,7 +107,9 @@ where
             }
         };
         // A peer connection carries many tenants: it takes a door slot, not
-        // a tenant's; the client's token is checked next, per request.
+        // a tenant's; the client's token is checked next, per request. The
+        // connection's information goes here, so the next layer never
+        // sees the peer's own (mTLS) certificate as a client's.
         if let Some(info) = req.extensions_mut().remove::<ConnInfo>()
             && let Err(e) = info.conn.promote_link()
         {
@@ -120,7 +122,11 @@ where
 }
 
 /// Serve the peer listener until the gateway stops.
-pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gw: Arc<Gateway>,
+    tls: Option<Arc<crate::tls::Tls>>,
+) {
     let limits = ConnectionLimits::new(
         LimitSettings {
             max_unauthenticated: MAX_PEER_UNAUTHENTICATED,
@@ -136,7 +142,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gw: Arc<Gateway>) {
         },
         gw.metrics.clone(),
     );
-    let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer, None);
+    let incoming = super::super::grpc::accepted(listener, gw.clone(), limits, Door::Peer, tls);
     let services = ApiServices::new(&GrpcApi::new(gw.clone()));
     let relay_limit = max_relay_frame(&gw);
     let result = tonic::transport::Server::builder()

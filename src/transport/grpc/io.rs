@@ -79,7 +79,10 @@ impl tonic::transport::server::Connected for ServerIo {
     fn connect_info(&self) -> ConnInfo {
         match self {
             ServerIo::Plain(s) => s.connect_info(),
-            ServerIo::Tls(s) => s.get_ref().0.connect_info(),
+            ServerIo::Tls(s) => ConnInfo {
+                client_cert: crate::tls::server::client_leaf(s),
+                ..s.get_ref().0.connect_info()
+            },
         }
     }
 }

@@ -26,9 +26,9 @@ use hyper::http;
 
 use crate::config::GRPC_RECEIVE_WINDOW_BYTES;
 use crate::gateway::Gateway;
-use crate::transport::authenticate::authenticate;
+use crate::tls::Tls;
+use crate::transport::authenticate::authenticate_with;
 use crate::transport::limits::{ConnInfo, ConnectionLimits, Door, Guarded};
-use crate::transport::tls::Tls;
 pub use services::GrpcApi;
 
 /// Generated code, and the descriptor set for reflection.
@@ -99,18 +99,23 @@ where
             None,
         );
         let gw = self.gw.clone();
-        let conn = req.extensions().get::<ConnInfo>().map(|c| c.conn.clone());
+        let (conn, cert) = req
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|c| (Some(c.conn.clone()), c.client_cert.clone()))
+            .unwrap_or_default();
         Box::pin(async move {
-            let authenticated = authenticate(&gw, token.as_deref())
-                .await
-                .and_then(|caller| {
-                    // The first authenticated call moves the connection into
-                    // the authenticated slots (its handshake deadline ends).
-                    if let Some(conn) = &conn {
-                        conn.promote(caller.tenant())?;
-                    }
-                    Ok(caller)
-                });
+            let authenticated =
+                authenticate_with(&gw, token.as_deref(), cert.as_deref().map(|c| c.as_ref()))
+                    .await
+                    .and_then(|caller| {
+                        // The first authenticated call moves the connection into
+                        // the authenticated slots (its handshake deadline ends).
+                        if let Some(conn) = &conn {
+                            conn.promote(caller.tenant())?;
+                        }
+                        Ok(caller)
+                    });
             match authenticated {
                 Ok(caller) => {
                     // What the call sends is charged from here on.

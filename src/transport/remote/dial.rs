@@ -22,6 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::super::authenticate::executor_caller;
 use crate::gateway::Gateway;
+use crate::tls::ClientTls;
 
 /// First pause between attempts; doubles up to [`BACKOFF_MAX`].
 pub const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -45,6 +46,9 @@ pub struct ExecutorOptions {
     pub slots: usize,
     /// The tenant (on this host) sessions run as.
     pub tenant: String,
+    /// CA bundle an `https://` registry's certificate must chain to
+    /// (`--ca`). None: the public web roots.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// A registration that cannot succeed (the executor stops).
@@ -151,7 +155,7 @@ async fn slot(
     o: Arc<ExecutorOptions>,
     token: Arc<str>,
     idempotency: Arc<str>,
-    client: reqwest::Client,
+    tls: Arc<ClientTls>,
     index: usize,
 ) -> Result<(), Fatal> {
     let caller = executor_caller(&gw, &o.tenant)
@@ -163,9 +167,22 @@ async fn slot(
     let mut backoff = BACKOFF_MIN;
     loop {
         let attempt = async {
+            // The TLS files are looked at again for each registration
+            // (a rotated CA bundle applies without a restart).
+            let tls_config = tls.config();
+            let client = reqwest::Client::builder()
+                .timeout(REGISTER_TIMEOUT)
+                .use_preconfigured_tls((*tls_config).clone())
+                .build()
+                .map_err(|e| Attempt::Fatal(format!("HTTP client: {e}")))?;
             let url = register(&client, &o, &token, &idempotency).await?;
             tracing::info!(executor = %o.executor_id, slot = index, "registered");
-            let connect = tokio_tungstenite::connect_async_with_config(&url, Some(config), true);
+            let connect = tokio_tungstenite::connect_async_tls_with_config(
+                &url,
+                Some(config),
+                true,
+                Some(tokio_tungstenite::Connector::Rustls(tls_config)),
+            );
             match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
                 Ok(Ok((ws, _))) => Ok(ws),
                 Ok(Err(e)) => Err(Attempt::Retry(format!("rendezvous connect failed: {e}"))),
@@ -201,10 +218,12 @@ async fn slot(
 /// Serve as an executor until a registration is refused for good (the
 /// error) or the gateway stops.
 pub async fn run(gw: Arc<Gateway>, o: ExecutorOptions, token: String) -> Result<(), Fatal> {
-    let client = reqwest::Client::builder()
-        .timeout(REGISTER_TIMEOUT)
-        .build()
-        .map_err(|e| Fatal(format!("HTTP client: {e}")))?;
+    let tls = ClientTls::load(
+        &crate::tls::client::trusting(o.ca.as_deref()),
+        &[crate::tls::ALPN_HTTP1],
+        "executor --ca",
+    )
+    .map_err(|e| Fatal(format!("--ca: {e}")))?;
     let run_id = uuid::Uuid::new_v4();
     let idempotency: Arc<str> = Arc::from(idempotency_id(&o, &run_id));
     let token: Arc<str> = Arc::from(token);
@@ -216,7 +235,7 @@ pub async fn run(gw: Arc<Gateway>, o: ExecutorOptions, token: String) -> Result<
             o.clone(),
             token.clone(),
             idempotency.clone(),
-            client.clone(),
+            tls.clone(),
             i,
         ));
     }

@@ -1,0 +1,96 @@
+//! A listener's TLS: its certificate, and the client certificates it asks
+//! for (`client_ca_file`: optional on the client listeners, where they
+//! authenticate machine clients; required on the peer listener, mTLS).
+
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use rustls::pki_types::CertificateDer;
+use rustls::server::WebPkiClientVerifier;
+
+use super::{ClientCerts, Reloading, TlsFiles};
+
+/// ALPN of the websocket and admin listeners (HTTP/1.1).
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+/// ALPN of the gRPC and peer listeners.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// A listener's TLS, reloaded when its files change.
+pub struct Tls {
+    inner: Reloading<tokio_rustls::TlsAcceptor>,
+    asks_client_certs: bool,
+}
+
+fn build(files: &TlsFiles, alpn: &[u8], what: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
+    let certs = super::read_certs(&files.cert)?;
+    let key = super::read_key(&files.key)?;
+    let builder = ServerConfig::builder_with_provider(super::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let roots = Arc::new(super::read_roots(ca)?);
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, super::provider());
+            let verifier = match files.client_certs {
+                ClientCerts::Required => verifier,
+                ClientCerts::Optional => verifier.allow_unauthenticated(),
+            };
+            builder.with_client_cert_verifier(
+                verifier
+                    .build()
+                    .map_err(|e| format!("{}: {e}", ca.display()))?,
+            )
+        }
+    };
+    super::warn_if_not_valid_now(what, &files.cert, &certs[0]);
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("{} and {}: {e}", files.cert.display(), files.key.display()))?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+impl Tls {
+    /// Read the files now; `alpn` is the one protocol the listener speaks,
+    /// `what` names the listener in the log.
+    pub fn load(files: &TlsFiles, alpn: &[u8], what: &'static str) -> Result<Arc<Tls>, String> {
+        let paths = [
+            Some(&files.cert),
+            Some(&files.key),
+            files.client_ca.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        let (f, alpn) = (files.clone(), alpn.to_vec());
+        let inner = Reloading::new(paths, what, Box::new(move || build(&f, &alpn, what)))?;
+        Ok(Arc::new(Tls {
+            inner,
+            asks_client_certs: files.client_ca.is_some(),
+        }))
+    }
+
+    /// The acceptor for the next connection.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        self.inner.get()
+    }
+
+    /// Whether clients may authenticate with a certificate here.
+    pub fn asks_client_certs(&self) -> bool {
+        self.asks_client_certs
+    }
+}
+
+/// The client certificate a TLS connection verified (its leaf), if any.
+pub fn client_leaf<IO>(
+    stream: &tokio_rustls::server::TlsStream<IO>,
+) -> Option<Arc<CertificateDer<'static>>> {
+    stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| Arc::new(c.clone().into_owned()))
+}
