@@ -55,13 +55,23 @@ impl tower::Service<RpcRequest> for Dispatch {
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let RpcRequest { op, ctx } = req;
         match ctx.session {
-            Some(session) => session.backend.clone().run(
-                op,
-                RunScope {
-                    evicted: ctx.evicted,
-                    reply: ctx.reply,
-                },
-            ),
+            Some(session) => {
+                let audit = crate::audit::enabled().then(|| {
+                    Arc::new(crate::audit::Tag {
+                        tenant: ctx.tenant.name.to_string(),
+                        subject: ctx.principal.subject.clone(),
+                        session: session.id.to_string(),
+                    })
+                });
+                session.backend.clone().run(
+                    op,
+                    RunScope {
+                        evicted: ctx.evicted,
+                        reply: ctx.reply,
+                        audit,
+                    },
+                )
+            }
             None => ctx.tenant.backend.run_sessionless(op),
         }
     }

@@ -38,8 +38,10 @@
 //! - [`config`]: raw configuration validated into settings.
 //! - below everything: [`fs`] (file operations on a confined root),
 //!   [`outbound`] (bounded per-connection queues), [`protocol`] (wire types),
-//!   [`error`] (the one error table), [`metrics`], [`telemetry`], [`task`].
+//!   [`error`] (the one error table), [`metrics`], [`audit`] (the audit
+//!   trail), [`telemetry`], [`task`].
 
+pub mod audit;
 pub mod auth;
 pub mod backend;
 pub mod cli;

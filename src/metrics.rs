@@ -80,6 +80,9 @@ pub struct Metrics {
     pub relays: Gauge,
     /// Relays started from this replica, in all.
     pub relays_started: Counter,
+    /// Audit events written, and dropped (queue full or cut off).
+    pub audit_events: Counter,
+    pub audit_dropped: Counter,
     /// Peer requests refused for a bad fleet credential, by reason.
     pub fleet_auth_failures: Family<ReasonLabel, Counter>,
     pub outbound_bytes: Family<TenantLabel, Gauge>,
@@ -310,6 +313,18 @@ impl Metrics {
             "Connections and calls relayed from this replica to their sessions' owners, in all",
             relays_started.clone(),
         );
+        let audit_events = Counter::default();
+        r.register(
+            "audit_events",
+            "Audit events written to the audit trail",
+            audit_events.clone(),
+        );
+        let audit_dropped = Counter::default();
+        r.register(
+            "audit_events_dropped",
+            "Audit events dropped because the writer's queue was full",
+            audit_dropped.clone(),
+        );
         let fleet_auth_failures = Family::<ReasonLabel, Counter>::default();
         r.register(
             "fleet_auth_failures",
@@ -444,6 +459,8 @@ impl Metrics {
             calls_in_flight,
             relays,
             relays_started,
+            audit_events,
+            audit_dropped,
             fleet_auth_failures,
             outbound_bytes,
             outbound_bytes_peak,

@@ -12,6 +12,8 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
+mod audit;
+
 use crate::dispatch::{Dispatch, RpcRequest};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -49,6 +51,9 @@ where
         // Outermost: one span per call covering everything below, so a call
         // refused by any layer is still traced with its method and tenant.
         .layer(TraceLayer)
+        // The audit trail (when on): successes it records and refusals by
+        // any layer below.
+        .layer(audit::AuditLayer)
         // Counts every outcome (ok, or the error kind), refusals included,
         // labelled by the (configured, hence bounded) tenant name.
         .layer(ObserveLayer {

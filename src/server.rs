@@ -138,6 +138,12 @@ pub async fn run_stdio(
     shutdown: impl Future<Output = ()>,
 ) {
     let caller = transport::authenticate::authenticate(&gw, token.as_deref()).await;
+    transport::authenticate::audit_handshake(
+        "stdio",
+        None,
+        transport::authenticate::credential_kind(token.as_deref(), None),
+        &caller,
+    );
     if let Err(e) = &caller {
         tracing::warn!(reason = e.outcome(), "stdio token refused");
     }

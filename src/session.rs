@@ -142,6 +142,24 @@ impl SessionRegistry {
         resume: Option<&str>,
         outbound: Outbound,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
+        let opened = self.open_inner(tenant, resume, outbound).await;
+        if let Ok((session, _)) = &opened {
+            let event = if resume.is_some() {
+                "session.resumed"
+            } else {
+                "session.opened"
+            };
+            audit_session(event, session, "");
+        }
+        opened
+    }
+
+    async fn open_inner(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        resume: Option<&str>,
+        outbound: Outbound,
+    ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let Some(remote) = tenant.remote.as_ref() else {
             return self.initialize(tenant, resume, outbound);
         };
@@ -334,6 +352,7 @@ impl SessionRegistry {
             }
             _ => self.initialize(tenant, None, out)?,
         };
+        audit_session("session.opened", &session, "");
         self.detach(&session, &token);
         Ok(session)
     }
@@ -409,8 +428,9 @@ impl SessionRegistry {
             session.attachment.evict_all();
             session.tenant.remove_session();
             session.tenant.metrics.sessions.dec();
+            audit_session("session.closed", session, "ended");
         }
-        session.backend.kill_all();
+        session.backend.kill_all(crate::audit::KilledBy::SessionEnd);
     }
 
     /// Kill every session's processes (shutdown).
@@ -420,7 +440,8 @@ impl SessionRegistry {
             s.attachment.evict_all();
             s.tenant.remove_session();
             s.tenant.metrics.sessions.dec();
-            s.backend.kill_all();
+            audit_session("session.closed", &s, "shutdown");
+            s.backend.kill_all(crate::audit::KilledBy::Shutdown);
         }
     }
 
@@ -448,4 +469,22 @@ impl Drop for OpeningGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+/// A session's event in the audit trail (its tenant and id; the subject
+/// is in the call events).
+fn audit_session(event: &str, session: &Session, reason: &str) {
+    let fields = if reason.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({ "reason": reason })
+    };
+    crate::audit::emit(
+        event,
+        &crate::audit::Who {
+            tenant: Some(&session.tenant.name),
+            subject: None,
+            session: Some(&session.id),
+        },
+        fields,
+    );
 }

@@ -44,6 +44,7 @@ const ORDER: &[&str] = &[
     "error",
     "protocol",
     "metrics",
+    "audit",
     "telemetry",
     "task",
 ];

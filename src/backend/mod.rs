@@ -61,6 +61,8 @@ pub struct RunScope {
     /// large replies reserve their bytes there before they are built, and
     /// are sent by the handler ([`crate::rpc::Outcome::Sent`]).
     pub reply: Option<Responder>,
+    /// Whose call it is, when the audit trail is on (process exits name it).
+    pub audit: Option<Arc<crate::audit::Tag>>,
 }
 
 /// One session's runtime.
@@ -69,7 +71,7 @@ pub trait SessionBackend: Send + Sync {
     fn run(self: Arc<Self>, op: Op, scope: RunScope) -> OpFuture;
 
     /// Kill every process of the session (session end, shutdown).
-    fn kill_all(&self);
+    fn kill_all(&self, why: crate::audit::KilledBy);
 
     /// Processes that have not closed yet.
     fn live_processes(&self) -> usize;

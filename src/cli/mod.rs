@@ -13,6 +13,7 @@ use crate::isolation::reaper::{self, Reaper};
 use crate::server::{self, ListenerTls, Listeners};
 use crate::telemetry::{self, LogFormat};
 
+mod audit;
 mod executor;
 mod reload;
 pub mod remote;
@@ -56,6 +57,9 @@ pub enum Command {
     Cp(remote::CpArgs),
     /// List a session's processes.
     Ps(remote::PsArgs),
+    /// Print the audit trail's events (all its rotated files, oldest
+    /// first), filtered by tenant, event and age.
+    Audit(audit::AuditArgs),
     /// Internal: the sidecar that kills process groups if the gateway dies.
     #[command(hide = true)]
     Reaper,
@@ -333,6 +337,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Exec(args) => client_runtime(remote::exec(args)),
         Command::Cp(args) => client_runtime(remote::cp(args)),
         Command::Ps(args) => client_runtime(remote::ps(args)),
+        Command::Audit(args) => audit::audit(&args),
     }
 }
 
@@ -428,6 +433,16 @@ async fn serve(
         Ok(g) => g,
         Err(e) => return usage_error(&e),
     };
+    if let Some(a) = &gw.settings.audit
+        && let Err(e) = crate::audit::init(
+            a,
+            gw.metrics.audit_events.clone(),
+            gw.metrics.audit_dropped.clone(),
+        )
+    {
+        eprintln!("exec-gateway: {e}");
+        return ExitCode::FAILURE;
+    }
     // Said once the configuration is known good (a refusal stays one line).
     if let Some(l) = lowered {
         tracing::warn!("{l}");
@@ -485,6 +500,7 @@ async fn serve(
         tls,
     };
     server::run(gw, listeners, stop).await;
+    crate::audit::drain(std::time::Duration::from_secs(2));
     ExitCode::SUCCESS
 }
 

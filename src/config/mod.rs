@@ -10,6 +10,7 @@
 //! files) and `common.rs` (the error type and shared parsers). Every public
 //! item is re-exported here: `crate::config::Name` is the path to use.
 
+mod audit;
 mod auth;
 mod common;
 mod exec;
@@ -23,6 +24,8 @@ mod template;
 mod tenants;
 mod uids;
 
+use audit::validate_audit;
+pub use audit::{AuditConfig, AuditSettings, AuditSink};
 pub use auth::{
     AuthConfig, AuthSettings, KeyAlgorithm, KeyConfig, KeySettings, KeySource, MAX_LEEWAY,
     MIN_HMAC_SECRET_BYTES, check_jwks_url,
@@ -93,6 +96,8 @@ pub struct Config {
     pub fleet: FleetConfig,
     #[serde(default)]
     pub executors: ExecutorsConfig,
+    #[serde(default)]
+    pub audit: AuditConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -151,6 +156,8 @@ pub struct Settings {
     pub fleet: Option<FleetSettings>,
     /// `None`: no executor registry.
     pub executors: Option<ExecutorsSettings>,
+    /// `[audit]`: the audit trail, when configured.
+    pub audit: Option<AuditSettings>,
     /// `executors.revocations_file` as read now (re-read on reload).
     pub revocations: std::sync::Arc<Revocations>,
 }
@@ -282,6 +289,7 @@ impl Config {
         // Every secret a file holds (the auth keys, the fleet key, the
         // admin token, the TLS key) is kept from the tenants the same way.
         let tls = s.tls.as_ref().map(TlsFiles::from);
+        let audit = validate_audit(&self.audit)?;
         let mut secret_files = key_files(&auth.keys);
         secret_files.extend(secret_paths(
             self.fleet
@@ -292,7 +300,12 @@ impl Config {
                 .chain(s.admin_tls.iter().map(|t| &t.key_file))
                 .chain(self.fleet.tls.iter().map(|t| &t.key_file))
                 .map(PathBuf::as_path)
-                .chain(executors::executor_secret_files(&self.executors)),
+                .chain(executors::executor_secret_files(&self.executors))
+                // The audit trail names every tenant's command lines.
+                .chain(audit.iter().filter_map(|a| match &a.sink {
+                    AuditSink::File(p) => Some(p.as_path()),
+                    AuditSink::Stdout => None,
+                })),
         ));
         secret_files.sort();
         secret_files.dedup();
@@ -447,6 +460,7 @@ impl Config {
             isolation,
             fleet,
             executors,
+            audit,
             revocations: std::sync::Arc::new(revocations),
             secret_files,
         };

@@ -71,6 +71,9 @@ pub struct Process {
     cgroup: Mutex<Option<ProcessCgroup>>,
     /// What the cgroup said of OOM kills when it was given back.
     oom_killed_at_release: AtomicBool,
+    /// Whose it is and who ended it, for the audit trail.
+    audit: Option<Arc<crate::audit::Tag>>,
+    killed_by: std::sync::atomic::AtomicU8,
     /// The session's protocol revision (exit codes, notification shapes).
     pub revision: Arc<RevisionCell>,
 }
@@ -86,6 +89,7 @@ pub struct NewProcess {
     pub subscriber_timeout: Duration,
     pub cgroup: Option<ProcessCgroup>,
     pub revision: Arc<RevisionCell>,
+    pub audit: Option<Arc<crate::audit::Tag>>,
 }
 
 impl NewProcess {
@@ -118,6 +122,8 @@ impl NewProcess {
             cgroup: Mutex::new(self.cgroup),
             oom_killed_at_release: AtomicBool::new(false),
             revision: self.revision,
+            audit: self.audit,
+            killed_by: std::sync::atomic::AtomicU8::new(0),
         })
     }
 }
@@ -127,6 +133,7 @@ impl Process {
     /// the process survives (the worker's children are orphans now).
     pub fn worker_gone(self: &Arc<Self>) {
         self.worker_died.store(true, Ordering::Relaxed);
+        self.killed_by(crate::audit::KilledBy::Worker);
         self.group.kill();
         self.kill_cgroup();
     }
@@ -231,7 +238,27 @@ impl Process {
             .await;
     }
 
+    /// Record who is ending it (the first to say so), for the audit trail.
+    pub fn killed_by(&self, who: crate::audit::KilledBy) {
+        let _ = self
+            .killed_by
+            .compare_exchange(0, who as u8, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     pub async fn emit_exit(&self, attachment: &Attachment, code: i32, signal: Option<i32>) {
+        if let Some(tag) = &self.audit {
+            let by = crate::audit::KilledBy::from_u8(self.killed_by.load(Ordering::Relaxed));
+            crate::audit::emit(
+                "process.exited",
+                &tag.who(),
+                serde_json::json!({
+                    "process_id": crate::audit::clip(&self.id),
+                    "exit_code": code,
+                    "signal": signal,
+                    "killed_by": if signal.is_some() { by.name() } else { None },
+                }),
+            );
+        }
         let seq = self.log.lock().exit(code, signal);
         self.changed.notify_waiters();
         self.publish(ProcessEvent::Exited { seq, code, signal })

@@ -45,6 +45,8 @@ pub struct StartOptions {
     pub retained_cap: Option<usize>,
     /// Hold output until the first stream subscriber (gRPC `Exec`).
     pub hold_output: bool,
+    /// Whose it is, for the audit trail's record of its exit.
+    pub audit: Option<Arc<crate::audit::Tag>>,
 }
 
 /// The processes of one session.
@@ -248,6 +250,7 @@ impl ProcessTable {
             subscriber_timeout: settings.subscriber_timeout,
             cgroup,
             revision: self.revision.clone(),
+            audit: options.audit,
         };
         let started = std::time::Instant::now();
         let child = self.spawner.spawn(spec).map_err(|e| {
@@ -427,6 +430,7 @@ impl ProcessTable {
             return TerminateResponse { running: false };
         }
         process.stdin.refuse();
+        process.killed_by(crate::audit::KilledBy::Client);
         process.group.kill();
         process.kill_cgroup();
         TerminateResponse { running: true }
@@ -450,6 +454,7 @@ impl ProcessTable {
                 params.process_id
             )));
         }
+        process.killed_by(crate::audit::KilledBy::Client);
         process
             .group
             .signal(signal::to_signal(params.signal))
@@ -525,8 +530,8 @@ impl ProcessTable {
         process.stdin.write(data).await
     }
 
-    /// SIGKILL every live process group (session end, shutdown).
-    pub fn kill_all(&self) {
+    /// SIGKILL every live process group (session end, shutdown: `why`).
+    pub fn kill_all(&self, why: crate::audit::KilledBy) {
         self.abandoned.cancel();
         let all: Vec<Arc<Process>> = self
             .entries
@@ -539,6 +544,7 @@ impl ProcessTable {
             .collect();
         for p in all {
             if !p.log.lock().closed() {
+                p.killed_by(why);
                 p.group.kill();
             }
             // Escapers outlive their group: the cgroup reaches them.
@@ -620,6 +626,7 @@ mod tests {
         api: Api::Process,
         retained_cap: None,
         hold_output: false,
+        audit: None,
     };
 
     async fn read_until_closed(t: &ProcessTable, id: &str) -> ReadResponse {

@@ -72,6 +72,65 @@ pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
     })
 }
 
+/// A handshake's outcome in the audit trail: who was admitted through
+/// which door with which kind of credential, or who was refused and why.
+pub fn audit_handshake(
+    door: &str,
+    remote: Option<std::net::SocketAddr>,
+    credential: &str,
+    result: &Result<Caller, GatewayError>,
+) {
+    if !crate::audit::enabled() {
+        return;
+    }
+    let remote = remote.map(|r| r.to_string());
+    match result {
+        Ok(c) => crate::audit::emit(
+            "auth.accepted",
+            &crate::audit::Who {
+                tenant: Some(&c.tenant.name),
+                subject: c.principal.subject.as_deref(),
+                session: None,
+            },
+            serde_json::json!({"door": door, "remote": remote, "credential": credential}),
+        ),
+        Err(e) => crate::audit::emit(
+            "auth.refused",
+            &crate::audit::Who::default(),
+            serde_json::json!({
+                "door": door,
+                "remote": remote,
+                "credential": credential,
+                "error": e.outcome(),
+                "message": crate::audit::clip(&e.to_string()),
+            }),
+        ),
+    }
+}
+
+/// The kind of credential a request carries, for the audit trail.
+pub fn credential_kind(token: Option<&str>, client_cert: Option<&[u8]>) -> &'static str {
+    match (token, client_cert) {
+        (Some(_), _) => "token",
+        (None, Some(_)) => "certificate",
+        (None, None) => "none",
+    }
+}
+
+/// A TLS handshake a client did not complete (a certificate refused, a
+/// protocol not offered), in the audit trail.
+pub fn audit_tls_refused(door: &str, remote: std::net::SocketAddr, error: &dyn std::fmt::Display) {
+    crate::audit::emit(
+        "tls.refused",
+        &crate::audit::Who::default(),
+        serde_json::json!({
+            "door": door,
+            "remote": remote.to_string(),
+            "message": crate::audit::clip(&error.to_string()),
+        }),
+    );
+}
+
 /// Guard the holder of `token` (never logged). Refusals are
 /// `Unauthenticated` or `Forbidden` (a valid token granting nothing
 /// usable); each authentication failure is counted by reason. A draining

@@ -175,6 +175,16 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>, tls: Option<Ar
         crate::task::start("admin-conn", async move {
             let svc = hyper::service::service_fn(move |req| {
                 let r = route_admin(&req, &gw);
+                crate::audit::emit(
+                    "admin.access",
+                    &crate::audit::Who::default(),
+                    serde_json::json!({
+                        "remote": peer.to_string(),
+                        "method": req.method().as_str(),
+                        "path": crate::audit::clip(req.uri().path()),
+                        "status": r.status().as_u16(),
+                    }),
+                );
                 async move { Ok::<_, Infallible>(r) }
             });
             let http = hyper::server::conn::http1::Builder::new()

@@ -82,6 +82,7 @@ pub async fn serve(
                     }
                     Err(e) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        super::authenticate::audit_tls_refused("websocket", peer, &e);
                         return;
                     }
                 },
@@ -91,6 +92,25 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// An executor's registration in the audit trail.
+fn audit_registration(executor: &str, credential: &str, peer: SocketAddr, status: StatusCode) {
+    let event = if status.is_success() {
+        "executor.registered"
+    } else {
+        "executor.refused"
+    };
+    crate::audit::emit(
+        event,
+        &crate::audit::Who::default(),
+        serde_json::json!({
+            "executor_id": crate::audit::clip(executor),
+            "credential": credential,
+            "remote": peer.to_string(),
+            "status": status.as_u16(),
+        }),
+    );
 }
 
 fn response(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -123,10 +143,14 @@ async fn handle(
         let timeout = gw.settings.handshake_timeout;
         return Ok(match registry_route {
             Some(Route::Register(id)) if req.method() == hyper::Method::POST => {
-                routes::register(req, &gw, id, timeout).await
+                let r = routes::register(req, &gw, id, timeout).await;
+                audit_registration(id, "token", peer, r.status());
+                r
             }
             Some(Route::DirectRegister(id)) if req.method() == hyper::Method::POST => {
-                routes::direct_register(req, &gw, id, timeout).await
+                let r = routes::direct_register(req, &gw, id, timeout).await;
+                audit_registration(id, "sigv4", peer, r.status());
+                r
             }
             _ => super::http::route_public(&req, &gw),
         });
@@ -204,7 +228,14 @@ async fn handle(
         req.uri().query(),
     );
     let cert = client_cert.as_deref().map(|c| c.as_ref());
-    let caller = match authenticate_with(&gw, token.as_deref(), cert).await {
+    let authenticated = authenticate_with(&gw, token.as_deref(), cert).await;
+    super::authenticate::audit_handshake(
+        "websocket",
+        Some(peer),
+        super::authenticate::credential_kind(token.as_deref(), cert),
+        &authenticated,
+    );
+    let caller = match authenticated {
         Ok(c) => c,
         Err(e) => {
             tracing::info!(%peer, reason = e.outcome(), "websocket handshake refused");

@@ -213,13 +213,13 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
     let call = match op {
         Op::Call(call) => call,
         Op::Open(Open::Events(p)) => return process::attach(s, &p),
-        Op::Open(Open::Exec(p)) => return process::exec_stream(s, *p),
+        Op::Open(Open::Exec(p)) => return process::exec_stream(s, *p, scope.audit),
         Op::Open(file) => return files::open_stream(&s.shared, file, policy).await,
     };
     let reply = match call {
         // Handled by the connection, which owns the once-per-connection state.
         Call::Initialize(_) => return Err(initialize_once()),
-        Call::ProcessStart(p) => process::start(s, p, policy)?,
+        Call::ProcessStart(p) => process::start(s, p, policy, scope.audit.clone())?,
         Call::ProcessRead(p) => return process::read(s, p, scope).await,
         Call::ProcessWrite(p) => process::write(s, p).await?,
         Call::ProcessTerminate(p) | Call::CommandExecTerminate(p) => process::terminate(s, &p),
@@ -228,7 +228,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::ProcessCloseStdin(p) => process::close_stdin(s, &p).await?,
         Call::ProcessList(_) => process::list(s),
         Call::HttpRequest(_) => return Err(http_disabled()),
-        Call::CommandExec(p) => process::command_exec(s, p)?,
+        Call::CommandExec(p) => process::command_exec(s, p, scope.audit.clone())?,
         Call::CommandExecWrite(p) => process::command_exec_write(s, &p).await?,
         Call::FsOpen(p) => handles::open(s, p, policy).await?,
         Call::FsReadBlock(p) => handles::read_block(s, p).await?,
@@ -268,8 +268,8 @@ impl SessionBackend for LocalSession {
         Box::pin(async move { route(&self, op, scope).await })
     }
 
-    fn kill_all(&self) {
-        self.table.kill_all();
+    fn kill_all(&self, why: crate::audit::KilledBy) {
+        self.table.kill_all(why);
         self.watch.lock().take();
         self.handles.lock().clear();
     }

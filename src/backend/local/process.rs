@@ -1,6 +1,8 @@
 //! The process methods (`process/*`, v0 `command/exec*`) and the gRPC
 //! process streams, over the session's process table.
 
+use std::sync::Arc;
+
 use crate::backend::RunScope;
 use crate::error::GatewayError;
 use crate::process::{Api, StartOptions};
@@ -16,11 +18,14 @@ use crate::rpc::{Opened, Outcome, Reply};
 
 use super::{LocalSession, empty};
 
-const PROCESS: StartOptions = StartOptions {
-    api: Api::Process,
-    retained_cap: None,
-    hold_output: false,
-};
+fn process_options(audit: Option<Arc<crate::audit::Tag>>) -> StartOptions {
+    StartOptions {
+        api: Api::Process,
+        retained_cap: None,
+        hold_output: false,
+        audit,
+    }
+}
 
 /// `process/start`. The tenant's confinement applies whatever the client
 /// asks; no sandbox of the client's is applied on top.
@@ -28,10 +33,11 @@ pub(super) fn start(
     s: &LocalSession,
     p: ExecParams,
     policy: &Policy,
+    audit: Option<Arc<crate::audit::Tag>>,
 ) -> Result<Reply, GatewayError> {
     s.shared.check_cwd(&p.cwd)?;
     let process_id = p.process_id.clone();
-    s.table.start(p, PROCESS)?;
+    s.table.start(p, process_options(audit))?;
     Ok(Reply::ProcessStart(ExecResponse {
         process_id,
         sandbox_type: policy
@@ -93,7 +99,11 @@ pub(super) fn list(s: &LocalSession) -> Reply {
 
 /// v0 `command/exec`: the same table, v0 notifications, stdin closed
 /// for pipe processes, and the client's retained-output cap.
-pub(super) fn command_exec(s: &LocalSession, p: CommandExecParams) -> Result<Reply, GatewayError> {
+pub(super) fn command_exec(
+    s: &LocalSession,
+    p: CommandExecParams,
+    audit: Option<Arc<crate::audit::Tag>>,
+) -> Result<Reply, GatewayError> {
     s.shared.check_cwd(&p.cwd)?;
     let process_id = p.process_id.clone();
     let exec = ExecParams {
@@ -113,6 +123,7 @@ pub(super) fn command_exec(s: &LocalSession, p: CommandExecParams) -> Result<Rep
             api: Api::CommandExec,
             retained_cap: p.output_bytes_cap,
             hold_output: false,
+            audit,
         },
     )?;
     Ok(Reply::CommandExec(CommandExecResponse {
@@ -144,13 +155,17 @@ pub(super) fn attach(s: &LocalSession, p: &ProcessIdParams) -> Result<Outcome, G
 
 /// gRPC `Exec`: start a process whose output is held until the stream
 /// subscribes.
-pub(super) fn exec_stream(s: &LocalSession, p: ExecParams) -> Result<Outcome, GatewayError> {
+pub(super) fn exec_stream(
+    s: &LocalSession,
+    p: ExecParams,
+    audit: Option<Arc<crate::audit::Tag>>,
+) -> Result<Outcome, GatewayError> {
     s.shared.check_cwd(&p.cwd)?;
     let process = s.table.start(
         p,
         StartOptions {
             hold_output: true,
-            ..PROCESS
+            ..process_options(audit)
         },
     )?;
     Ok(Outcome::Opened(Opened::Events(process)))

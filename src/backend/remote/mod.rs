@@ -405,7 +405,7 @@ impl SessionBackend for RemoteSession {
         })
     }
 
-    fn kill_all(&self) {
+    fn kill_all(&self, _why: crate::audit::KilledBy) {
         // Closing the link ends the executor's connection; it ends the
         // session's processes when its own detach TTL passes.
         self.ended.store(true, std::sync::atomic::Ordering::Release);

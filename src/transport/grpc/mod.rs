@@ -99,23 +99,34 @@ where
             None,
         );
         let gw = self.gw.clone();
-        let (conn, cert) = req
+        let (conn, cert, remote) = req
             .extensions()
             .get::<ConnInfo>()
-            .map(|c| (Some(c.conn.clone()), c.client_cert.clone()))
+            .map(|c| (Some(c.conn.clone()), c.client_cert.clone(), c.remote))
             .unwrap_or_default();
         Box::pin(async move {
-            let authenticated =
-                authenticate_with(&gw, token.as_deref(), cert.as_deref().map(|c| c.as_ref()))
-                    .await
-                    .and_then(|caller| {
-                        // The first authenticated call moves the connection into
-                        // the authenticated slots (its handshake deadline ends).
-                        if let Some(conn) = &conn {
-                            conn.promote(caller.tenant())?;
-                        }
-                        Ok(caller)
-                    });
+            let cert = cert.as_deref().map(|c| c.as_ref());
+            // The first authenticated call of a connection is its
+            // handshake, for the audit trail; every refusal is one.
+            let first = conn.as_ref().is_some_and(|c| !c.is_authenticated());
+            let authenticated = authenticate_with(&gw, token.as_deref(), cert)
+                .await
+                .and_then(|caller| {
+                    // The first authenticated call moves the connection into
+                    // the authenticated slots (its handshake deadline ends).
+                    if let Some(conn) = &conn {
+                        conn.promote(caller.tenant())?;
+                    }
+                    Ok(caller)
+                });
+            if first || authenticated.is_err() {
+                crate::transport::authenticate::audit_handshake(
+                    "grpc",
+                    remote,
+                    crate::transport::authenticate::credential_kind(token.as_deref(), cert),
+                    &authenticated,
+                );
+            }
             match authenticated {
                 Ok(caller) => {
                     // What the call sends is charged from here on.
@@ -187,7 +198,10 @@ pub(crate) fn accepted(
                     Ok(s) => {
                         let _ = tx.send(Ok(ServerIo::Tls(Box::new(s)))).await;
                     }
-                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        crate::transport::authenticate::audit_tls_refused(door.name(), peer, &e);
+                    }
                 }
             });
         }

@@ -1,0 +1,184 @@
+//! The audit trail's view of calls (module `audit`): what a process was
+//! started with, which files were written, removed or copied, and which
+//! calls were refused for want of a scope or for a path outside the root.
+//! It sits outermost, so refusals by any layer below are seen.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use serde_json::{Value, json};
+use tower::{Layer, Service};
+
+use crate::audit::{self, Who, clip, clip_list};
+use crate::dispatch::RpcRequest;
+use crate::error::{ErrorKind, GatewayError};
+use crate::protocol::fs::OpenMode;
+use crate::protocol::process::ExecParams;
+use crate::rpc::{Call, Op, Open, Outcome};
+
+#[derive(Clone, Copy, Default)]
+pub struct AuditLayer;
+
+impl<S> Layer<S> for AuditLayer {
+    type Service = Audit<S>;
+    fn layer(&self, inner: S) -> Audit<S> {
+        Audit { inner }
+    }
+}
+
+#[derive(Clone)]
+pub struct Audit<S> {
+    inner: S,
+}
+
+fn started(p: &ExecParams) -> (&'static str, Value) {
+    (
+        "process.started",
+        json!({
+            "process_id": clip(&p.process_id),
+            "argv": clip_list(p.argv.iter().map(String::as_str)),
+            "cwd": clip(p.cwd.as_str()),
+            "env_names": clip_list(sorted_keys(p.env.keys())),
+            "tty": p.tty,
+            "pipe_stdin": p.pipe_stdin,
+        }),
+    )
+}
+
+/// What a call is recorded as when it succeeds: its event and fields.
+fn describe(op: &Op) -> Option<(&'static str, Value)> {
+    Some(match op {
+        Op::Call(Call::ProcessStart(p)) => started(p),
+        Op::Open(Open::Exec(p)) => started(p),
+        Op::Call(Call::CommandExec(p)) => (
+            "process.started",
+            json!({
+                "process_id": clip(&p.process_id),
+                "argv": clip_list(p.argv.iter().map(String::as_str)),
+                "cwd": clip(p.cwd.as_str()),
+                "env_names": clip_list(sorted_keys(p.env.keys())),
+                "tty": p.tty,
+            }),
+        ),
+        Op::Call(Call::ProcessTerminate(p)) => (
+            "process.terminated",
+            json!({"process_id": clip(&p.process_id)}),
+        ),
+        Op::Call(Call::ProcessSignal(p)) => (
+            "process.signalled",
+            json!({"process_id": clip(&p.process_id), "signal": p.signal}),
+        ),
+        Op::Call(Call::FsWriteFile(p)) => (
+            "file.written",
+            json!({"path": clip(p.path.as_str()), "size": decoded_len(&p.data_base64)}),
+        ),
+        Op::Open(Open::WriteFile(p)) => ("file.written", json!({"path": clip(p.path.as_str())})),
+        Op::Call(Call::FsOpen(p)) if p.mode == OpenMode::Replace => (
+            "file.written",
+            json!({"path": clip(p.path.as_str()), "via": "fs/open"}),
+        ),
+        Op::Call(Call::FsCreateDirectory(p)) => {
+            ("directory.created", json!({"path": clip(p.path.as_str())}))
+        }
+        Op::Call(Call::FsRemove(p)) => (
+            "file.removed",
+            json!({"path": clip(p.path.as_str()), "recursive": p.recursive}),
+        ),
+        Op::Call(Call::FsCopy(p)) => (
+            "file.copied",
+            json!({
+                "source": clip(p.source_path.as_str()),
+                "destination": clip(p.destination_path.as_str()),
+                "recursive": p.recursive,
+            }),
+        ),
+        _ => return None,
+    })
+}
+
+/// The byte length base64 `s` decodes to.
+fn decoded_len(s: &str) -> usize {
+    let s = s.trim_end();
+    let pad = s.bytes().rev().take_while(|b| *b == b'=').count();
+    (s.len() / 4 * 3).saturating_sub(pad.min(2))
+}
+
+fn sorted_keys<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = keys.map(String::as_str).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Refusals worth a security team's eye: a scope the caller lacks, a path
+/// outside the root, a call the gateway forbids.
+fn is_refusal(e: &GatewayError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Forbidden | ErrorKind::OutsideRoot | ErrorKind::Unauthenticated
+    )
+}
+
+impl<S> Service<RpcRequest> for Audit<S>
+where
+    S: Service<RpcRequest, Response = Outcome, Error = GatewayError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Outcome;
+    type Error = GatewayError;
+    type Future = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: RpcRequest) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if !audit::enabled() {
+            return Box::pin(inner.call(req));
+        }
+        let described = describe(&req.op);
+        let method = req.op.method();
+        let tenant = req.ctx.tenant.name.clone();
+        let subject = req.ctx.principal.subject.clone();
+        let session = req.ctx.session.as_ref().map(|s| s.id.clone());
+        Box::pin(async move {
+            let result = inner.call(req).await;
+            let who = Who {
+                tenant: Some(&tenant),
+                subject: subject.as_deref(),
+                session: session.as_deref(),
+            };
+            match (&result, described) {
+                (Ok(_), Some((event, fields))) => audit::emit(event, &who, fields),
+                (Err(e), described) if is_refusal(e) => {
+                    let mut fields = json!({
+                        "method": method,
+                        "error": e.outcome(),
+                        "message": clip(&e.to_string()),
+                    });
+                    if let (Some((_, Value::Object(call))), Value::Object(f)) =
+                        (described, &mut fields)
+                    {
+                        f.extend(call);
+                    }
+                    audit::emit("call.refused", &who, fields);
+                }
+                _ => {}
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn decoded_lengths() {
+        assert_eq!(super::decoded_len(""), 0);
+        assert_eq!(super::decoded_len("YQ=="), 1);
+        assert_eq!(super::decoded_len("YWI="), 2);
+        assert_eq!(super::decoded_len("YWJj"), 3);
+    }
+}

@@ -1,0 +1,294 @@
+//! The audit trail (`[audit]`): a scripted session against the real
+//! binary, then its trail read back and compared with what the session
+//! did, event for event; no token or environment value in it; the
+//! `audit` command's tenant view; rotation bounding it on disk.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{Client, Gateway, mint};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_exec-gateway");
+
+fn audited(extra: &str) -> Gateway {
+    let extra = extra.to_owned();
+    Gateway::start_with(move |d| {
+        std::fs::create_dir_all(d.join("t1")).unwrap();
+        std::fs::create_dir_all(d.join("t2")).unwrap();
+        format!(
+            "[audit]\nfile = \"{0}/audit.jsonl\"\n{extra}\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"{0}/t1\"\n[tenants.t2]\nroot = \"{0}/t2\"\n",
+            d.display()
+        )
+    })
+}
+
+fn events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Wait until the trail holds `n` events (the writer flushes within
+/// 200 ms); all of them.
+async fn wait_for(path: &Path, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    loop {
+        let e = events(path);
+        if e.len() >= n {
+            return e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} events: {e:#?}",
+            e.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Read process `id` until it has exited.
+async fn until_exited(c: &mut Client, id: &str) {
+    let mut after = 0;
+    loop {
+        let r = c
+            .call(
+                "process/read",
+                json!({"processId": id, "afterSeq": after, "waitMs": 5000}),
+            )
+            .await;
+        if r["exited"].as_bool() == Some(true) || r["exitCode"].is_number() {
+            return;
+        }
+        after = r["nextSeq"].as_u64().unwrap_or(after + 1).saturating_sub(1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_of_a_scripted_session_matches_what_it_did() {
+    let mut gw = audited("");
+    let trail = gw.dir.path().join("audit.jsonl");
+    let t1_root = gw.dir.path().join("t1");
+    let token = gw.token("t1");
+
+    // 1. A forged token is refused before any session.
+    let forged = mint(b"not the gateway's key, 32 bytes long!!", "t1", "exec");
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        gw.url.as_str(),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {forged}").parse().unwrap());
+    assert!(tokio_tungstenite::connect_async(req).await.is_err());
+
+    // 2. A session: a process with an environment, one terminated, a
+    // file written, copied and removed, an escape refused.
+    let mut c = Client::connect(&gw.url, &token).await;
+    let sid = c.initialize().await;
+    c.call(
+        "process/start",
+        json!({"processId": "p1", "argv": ["sh", "-c", "exit 3"], "cwd": t1_root,
+               "env": {"PATH": "/usr/bin:/bin", "SECRET_VAR": "hunter2-value"}, "tty": false}),
+    )
+    .await;
+    until_exited(&mut c, "p1").await;
+    c.call(
+        "process/start",
+        json!({"processId": "p2", "argv": ["sleep", "60"], "cwd": t1_root,
+               "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    c.call("process/terminate", json!({"processId": "p2"}))
+        .await;
+    until_exited(&mut c, "p2").await;
+    let file = t1_root.join("notes.txt");
+    let copy = t1_root.join("copy.txt");
+    c.call(
+        "fs/writeFile",
+        json!({"path": file, "dataBase64": common::b64(b"hello audit")}),
+    )
+    .await;
+    c.call(
+        "fs/copy",
+        json!({"sourcePath": file, "destinationPath": copy, "recursive": false}),
+    )
+    .await;
+    c.call("fs/remove", json!({"path": copy})).await;
+    let escape = c
+        .call_raw("fs/readFile", json!({"path": "/etc/shadow"}))
+        .await;
+    assert!(escape.get("error").is_some(), "{escape}");
+    drop(c);
+
+    // 3. A token of t2 with read scope only tries to start a process.
+    let reader = mint(&gw.secret, "t2", "fs:read");
+    let mut r = Client::connect(&gw.url, &reader).await;
+    r.initialize().await;
+    let refused = r
+        .call_raw(
+            "process/start",
+            json!({"processId": "x", "argv": ["id"], "cwd": "/", "env": {}, "tty": false}),
+        )
+        .await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    drop(r);
+
+    // 4. The admin listener is read.
+    gw.admin_get("/metrics").await;
+
+    let all = wait_for(&trail, 16).await;
+    // Every event names its time and kind; compare the kinds in order,
+    // and what each says.
+    let kinds: Vec<&str> = all.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "auth.refused",
+            "auth.accepted",
+            "session.opened",
+            "process.started",
+            "process.exited",
+            "process.started",
+            "process.terminated",
+            "process.exited",
+            "file.written",
+            "file.copied",
+            "file.removed",
+            "call.refused",
+            "auth.accepted",
+            "session.opened",
+            "call.refused",
+            "admin.access",
+        ],
+        "{all:#?}"
+    );
+    let at = |i: usize| &all[i];
+    assert_eq!(at(0)["door"], "websocket");
+    assert_eq!(at(0)["credential"], "token");
+    assert!(at(0)["message"].as_str().unwrap().contains("signature"));
+    assert_eq!(at(1)["tenant"], "t1");
+    assert_eq!(at(2)["session"], sid.as_str());
+    let started = at(3);
+    assert_eq!(started["tenant"], "t1");
+    assert_eq!(started["session"], sid.as_str());
+    assert_eq!(started["argv"], json!(["sh", "-c", "exit 3"]));
+    assert_eq!(started["cwd"], t1_root.display().to_string());
+    assert_eq!(started["env_names"], json!(["PATH", "SECRET_VAR"]));
+    assert_eq!(started["tty"], false);
+    let exited = at(4);
+    assert_eq!(exited["process_id"], "p1");
+    assert_eq!(exited["exit_code"], 3);
+    assert_eq!(exited["signal"], Value::Null);
+    assert_eq!(exited["killed_by"], Value::Null);
+    let killed = at(7);
+    assert_eq!(killed["process_id"], "p2");
+    assert_eq!(killed["signal"], 9);
+    assert_eq!(killed["killed_by"], "client");
+    assert_eq!(at(8)["path"], file.display().to_string());
+    assert_eq!(at(8)["size"], 11);
+    assert_eq!(at(9)["destination"], copy.display().to_string());
+    assert_eq!(at(10)["path"], copy.display().to_string());
+    assert_eq!(at(11)["method"], "fs/readFile");
+    assert_eq!(at(11)["error"], "outside_root");
+    assert_eq!(at(12)["tenant"], "t2");
+    assert_eq!(at(14)["tenant"], "t2");
+    assert_eq!(at(14)["method"], "process/start");
+    assert_eq!(at(14)["error"], "forbidden");
+    assert_eq!(at(14)["argv"], json!(["id"]));
+    assert_eq!(at(15)["path"], "/metrics");
+    assert_eq!(at(15)["status"], 200);
+    assert!(all.iter().all(|e| e["ts"].is_string()));
+
+    // Never a token or an environment value.
+    let raw = std::fs::read_to_string(&trail).unwrap();
+    for secret in [token.as_str(), forged.as_str(), reader.as_str(), "hunter2"] {
+        assert!(!raw.contains(secret), "the trail holds a secret");
+    }
+    // Only its owner reads it.
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&trail).unwrap().permissions());
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+
+    // The tenant view: t1's process events only.
+    let out = std::process::Command::new(BIN)
+        .args(["audit", "--file"])
+        .arg(&trail)
+        .args(["--tenant", "t1", "--event", "process", "--since", "1h"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let view: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = view.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "process.started",
+            "process.exited",
+            "process.started",
+            "process.terminated",
+            "process.exited"
+        ]
+    );
+
+    // At shutdown the sessions left are closed in the trail.
+    gw.signal(15);
+    gw.wait_exit();
+    let last = events(&trail);
+    assert!(
+        last.iter()
+            .any(|e| e["event"] == "session.closed" && e["reason"] == "shutdown"),
+        "{last:#?}"
+    );
+}
+
+/// Rotation keeps the trail within `max_file_bytes` × (1 + `max_files`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_is_rotated_and_bounded_on_disk() {
+    let gw = audited("max_file_bytes = 4096\nmax_files = 2\n");
+    let trail = gw.dir.path().join("audit.jsonl");
+    let (mut c, _) = gw.session().await;
+    for i in 0..60 {
+        let r = c
+            .call_raw(
+                "fs/readFile",
+                json!({"path": format!("/etc/escape-{i}-{}", "x".repeat(100))}),
+            )
+            .await;
+        assert!(r.get("error").is_some());
+    }
+    drop(c);
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    loop {
+        let files = [
+            trail.clone(),
+            gw.dir.path().join("audit.jsonl.1"),
+            gw.dir.path().join("audit.jsonl.2"),
+        ];
+        if files[2].exists() {
+            assert!(!gw.dir.path().join("audit.jsonl.3").exists());
+            for f in &files {
+                assert!(
+                    std::fs::metadata(f).unwrap().len() <= 4096,
+                    "{}",
+                    f.display()
+                );
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never rotated twice"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
