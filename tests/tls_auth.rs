@@ -343,4 +343,170 @@ fn plaintext_off_loopback_is_refused_unless_asked_for() {
     // `[fleet.tls]` is a table: it follows the keys of [fleet].
     let with_tls = fleet("").replace("[fleet.peers]", &format!("{mtls}[fleet.peers]"));
     assert!(serve_outcome(d, &with_tls).is_none(), "{with_tls}");
+    // A loopback listener whose peers are elsewhere sends them clients'
+    // tokens in clear: refused too.
+    let far_peer = fleet("")
+        .replace("listen = \"0.0.0.0:0\"", "listen = \"127.0.0.1:0\"")
+        .replace(
+            "gw-0 = \"127.0.0.1:1\"",
+            "gw-0 = \"127.0.0.1:1\"\ngw-1 = \"192.0.2.10:9470\"",
+        );
+    let (code, err) = serve_outcome(d, &far_peer).expect("refused");
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("192.0.2.10"), "{err}");
+}
+
+/// A client chain longer than the gateway takes (4 intermediates) is
+/// refused before any path building; a short one is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_long_client_chain_is_refused() {
+    let server_ca = Ca::new("gateway");
+    let clients = Ca::new("clients");
+    let gw = tls_gateway(&server_ca.server(), Some(&clients));
+    let dir = gw.dir.path().to_path_buf();
+    let ca_file = server_ca.write(&dir, "ca.crt");
+    // clients -> i1 -> i2 -> ... -> leaf; the chain file holds the leaf
+    // and every intermediate.
+    let chain = |depth: usize, stem: &str| -> Vec<String> {
+        let mut cas = vec![clients.intermediate(&format!("{stem}-1"))];
+        for i in 2..=depth {
+            let next = cas[cas.len() - 1].intermediate(&format!("{stem}-{i}"));
+            cas.push(next);
+        }
+        let leaf = cas[cas.len() - 1].leaf(&LeafSpec {
+            organizations: vec!["t1"],
+            units: vec!["exec"],
+            ..LeafSpec::default()
+        });
+        let mut pem = leaf.cert_pem.clone();
+        for ca in cas.iter().rev() {
+            pem.push_str(&ca.pem);
+        }
+        let (c, k) = Leaf {
+            cert_pem: pem,
+            key_pem: leaf.key_pem,
+        }
+        .install(&dir, stem);
+        vec!["--cert".to_owned(), path(&c), "--key".to_owned(), path(&k)]
+    };
+    let base = [
+        url_args(&gw.url, false),
+        vec!["--ca".to_owned(), path(&ca_file)],
+    ]
+    .concat();
+    let (code, text) = exec(&strs(&[base.clone(), chain(2, "short")].concat())).await;
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = exec(&strs(&[base, chain(5, "long")].concat())).await;
+    assert_ne!(code, Some(0), "{text}");
+    assert!(!text.lines().any(|l| l == "over-tls"), "{text}");
+}
+
+/// Trust anchors and certificates inside a tenant's root are refused at
+/// start: a tenant that can write the client CA bundle could add a CA of
+/// its own and sign itself into any tenant.
+#[test]
+fn tls_files_inside_a_tenant_root_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("hs256.key"), common::random_secret()).unwrap();
+    let root = d.join("t1");
+    std::fs::create_dir_all(&root).unwrap();
+    let ca = Ca::new("pki");
+    ca.server().install(d, "tls");
+    ca.write(&root, "clients.crt");
+    let config = format!(
+        "[server]\nadmin_listen = \"off\"\n[server.tls]\ncert_file = \"{0}/tls.crt\"\nkey_file = \"{0}/tls.key\"\n\
+         client_ca_file = \"{1}/clients.crt\"\n\
+         [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n\
+         [tenants.t1]\nroot = \"{1}\"\n",
+        d.display(),
+        root.display()
+    );
+    let (code, err) = serve_outcome(d, &config).expect("refused");
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("clients.crt"), "{err}");
+}
+
+/// `exec-gateway executor --ca` joins a registry served over TLS: the
+/// registration over `https://`, the rendezvous over `wss://` (never a
+/// plaintext URL, whose ticket anyone on the path could redeem).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_joins_a_tls_registry_with_its_ca() {
+    let ca = Ca::new("registry");
+    let gw = Gateway::start_with(|d| {
+        ca.server().install(d, "tls");
+        format!(
+            "[server]\ndetach_ttl = \"60s\"\n\
+             [server.tls]\ncert_file = \"{0}/tls.crt\"\nkey_file = \"{0}/tls.key\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\npool = \"p\"\n\
+             [executors]\n[executors.pools.p]\n",
+            d.display()
+        )
+    });
+    let ca_file = ca.write(gw.dir.path(), "ca.crt");
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({"sub": "ci", "pool": "p", "scope": "executor", "exp": common::now() + 3600}),
+        &jsonwebtoken::EncodingKey::from_secret(&gw.secret),
+    )
+    .unwrap();
+    let edir = tempfile::tempdir().unwrap();
+    let root = edir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(edir.path().join("k"), common::random_secret()).unwrap();
+    let config = edir.path().join("executor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n[tenants.here]\nroot = \"{}\"\n",
+            edir.path().display(),
+            root.display()
+        ),
+    )
+    .unwrap();
+    let mut executor = tokio::process::Command::new(BIN)
+        .args(["executor", "--config"])
+        .arg(&config)
+        .args(["--remote", &format!("https://{}/", gw.addr)])
+        .args(["--executor-id", "tls-ex", "--slots", "1", "--ca"])
+        .arg(&ca_file)
+        .env("CODEX_EXEC_SERVER_REMOTE_BEARER_TOKEN", &token)
+        .env("XDG_STATE_HOME", edir.path().join("state"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    loop {
+        let (_, body) = gw.admin_get("/readyz").await;
+        if body.contains("1 idle links") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never joined: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let tls = common::pki::client_config(&ca.pem, None);
+    let mut c = common::Client::connect_tls(&gw.url, &gw.token("t1"), tls)
+        .await
+        .unwrap();
+    c.initialize().await;
+    let cwd = root.display().to_string();
+    c.call(
+        "process/start",
+        serde_json::json!({"processId": "p", "argv": ["echo", "on-executor"], "cwd": cwd,
+                           "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    let r = c
+        .call(
+            "process/read",
+            serde_json::json!({"processId": "p", "afterSeq": 0, "waitMs": 5000}),
+        )
+        .await;
+    let chunk = r["chunks"][0]["chunk"].as_str().unwrap_or_default();
+    assert_eq!(common::unb64(chunk), b"on-executor\n", "{r}");
+    let _ = executor.start_kill();
 }

@@ -16,6 +16,11 @@ impl Authenticator {
     pub fn verify_certificate(&self, der: &[u8]) -> Result<Principal, AuthError> {
         let (_, cert) = x509_parser::parse_x509_certificate(der)
             .map_err(|_| AuthError::Certificate("not a parseable X.509 certificate"))?;
+        // Checked at each use, not only at the handshake: a gRPC connection
+        // authenticates every call with the certificate it started with.
+        if !cert.validity().is_valid() {
+            return Err(AuthError::Certificate("it has expired or is not valid yet"));
+        }
         let subject = cert.subject();
         let text = |a: &x509_parser::x509::AttributeTypeAndValue<'_>| {
             a.as_str()

@@ -25,9 +25,37 @@ fn config_fingerprint(config: Option<&std::path::Path>, secrets: &[PathBuf]) -> 
         .into_iter()
         .chain(secrets.iter().map(PathBuf::as_path))
     {
-        std::fs::read(p).ok().hash(&mut h);
+        bounded_read(p).hash(&mut h);
     }
     h.finish()
+}
+
+/// Largest file read whole for the fingerprint; a larger one counts by
+/// size and modification time.
+const MAX_FINGERPRINT_READ: u64 = 1024 * 1024;
+
+/// A file's bytes for the fingerprint, without waiting or growing without
+/// bound: opened non-blocking (a FIFO in a key's place would block the
+/// open for ever), regular files only (`/dev/zero` never ends).
+fn bounded_read(p: &std::path::Path) -> Option<(Vec<u8>, u64, Option<std::time::SystemTime>)> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let (len, modified) = (meta.len(), meta.modified().ok());
+    if len > MAX_FINGERPRINT_READ {
+        return Some((Vec::new(), len, modified));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_FINGERPRINT_READ).read_to_end(&mut buf).ok()?;
+    Some((buf, len, modified))
 }
 
 /// Reload the configuration on every SIGHUP, and when its files change
@@ -46,7 +74,12 @@ pub(super) async fn reload_on_change(
         return;
     };
     let reread = std::sync::Arc::new(reread);
-    let mut secrets = gw.settings.secret_files.clone();
+    let watched = |s: &crate::config::Settings| -> Vec<PathBuf> {
+        let mut v = s.secret_files.clone();
+        v.retain(|p| !s.audit_files.contains(p));
+        v
+    };
+    let mut secrets = watched(&gw.settings);
     let mut seen = config_fingerprint(config.as_deref(), &secrets);
     let mut poll = tokio::time::interval(CONFIG_POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -74,7 +107,7 @@ pub(super) async fn reload_on_change(
         };
         let r = reread.clone();
         let result = match tokio::task::spawn_blocking(move || r()).await {
-            Ok(Ok(new)) => gw.reload(&new).map(|s| (s, new.secret_files)),
+            Ok(Ok(new)) => gw.reload(&new).map(|s| (s, watched(&new))),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(ConfigError(format!("reload: {e}"))),
         };
@@ -100,5 +133,26 @@ pub(super) async fn reload_on_change(
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// A FIFO or a device in a watched file's place neither blocks nor
+    /// grows the fingerprint's read (it counts as unreadable).
+    #[test]
+    fn a_fifo_or_a_device_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("key");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(super::bounded_read(&fifo).is_none());
+        assert!(super::bounded_read(std::path::Path::new("/dev/zero")).is_none());
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![0u8; 2 * 1024 * 1024]).unwrap();
+        let (bytes, len, _) = super::bounded_read(&big).unwrap();
+        assert!(bytes.is_empty());
+        assert_eq!(len, 2 * 1024 * 1024);
     }
 }

@@ -91,6 +91,9 @@ pub struct ExecutorsSettings {
     pub max_clock_skew: Duration,
     pub registration_ttl: Duration,
     pub revocations_file: Option<PathBuf>,
+    /// The client listener speaks TLS (`[server.tls]`): rendezvous URLs
+    /// built from `Host` are `wss://`.
+    pub listener_tls: bool,
 }
 
 /// A validated access key; its secret is never printed.
@@ -397,6 +400,7 @@ pub(super) fn validate_executors(
         );
     }
     Ok(Some(ExecutorsSettings {
+        listener_tls: false,
         public_url: e.public_url.map(|u| u.trim_end_matches('/').to_owned()),
         ticket_ttl: duration(
             "executors.ticket_ttl",

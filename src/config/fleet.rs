@@ -121,6 +121,16 @@ pub fn is_replica_id(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// `HOST:PORT` on this machine: a loopback IP literal or `localhost`.
+fn is_loopback_address(a: &str) -> bool {
+    let host = a.rsplit_once(':').map_or(a, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 pub(super) fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, ConfigError> {
     let Some(replica) = f.replica else {
         if f.key_file.is_some() || f.peer_address.is_some() || !f.peers.is_empty() {
@@ -192,10 +202,23 @@ pub(super) fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, Co
             ));
         }
     };
-    if !listen.ip().is_loopback() && f.tls.is_none() && !f.allow_plaintext {
-        return Err(ConfigError(format!(
-            "fleet.listen = `{listen_text}` is not loopback: set [fleet.tls] (mutual TLS between replicas), or fleet.allow_plaintext = true behind a network you trust"
-        )));
+    if f.tls.is_none() && !f.allow_plaintext {
+        if !listen.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "fleet.listen = `{listen_text}` is not loopback: set [fleet.tls] (mutual TLS between replicas), or fleet.allow_plaintext = true behind a network you trust"
+            )));
+        }
+        // What a replica sends its peers (clients' tokens, the fleet
+        // credential) crosses the network too.
+        let off_loopback = match &peers {
+            PeerDirectory::Template(t) => Some(t.clone()),
+            PeerDirectory::Static(map) => map.values().find(|a| !is_loopback_address(a)).cloned(),
+        };
+        if let Some(a) = off_loopback {
+            return Err(ConfigError(format!(
+                "fleet: peer address `{a}` is not loopback: set [fleet.tls] (mutual TLS between replicas), or fleet.allow_plaintext = true behind a network you trust"
+            )));
+        }
     }
     let tls = f.tls.as_ref().map(|t| FleetTlsFiles {
         listener: t.listener(),

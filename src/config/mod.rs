@@ -158,6 +158,9 @@ pub struct Settings {
     pub executors: Option<ExecutorsSettings>,
     /// `[audit]`: the audit trail, when configured.
     pub audit: Option<AuditSettings>,
+    /// Its file, as written and resolved (among `secret_files`, but not
+    /// watched for reload).
+    pub audit_files: Vec<PathBuf>,
     /// `executors.revocations_file` as read now (re-read on reload).
     pub revocations: std::sync::Arc<Revocations>,
 }
@@ -299,14 +302,26 @@ impl Config {
                 .chain(s.tls.iter().map(|t| &t.key_file))
                 .chain(s.admin_tls.iter().map(|t| &t.key_file))
                 .chain(self.fleet.tls.iter().map(|t| &t.key_file))
+                // A trust anchor or certificate a tenant could replace would
+                // let it in as anyone (a CA of its own) or break TLS.
+                .chain(s.tls.iter().flat_map(tls_public_files))
+                .chain(s.admin_tls.iter().flat_map(tls_public_files))
+                .chain(
+                    self.fleet
+                        .tls
+                        .iter()
+                        .flat_map(|t| [&t.cert_file, &t.ca_file]),
+                )
                 .map(PathBuf::as_path)
-                .chain(executors::executor_secret_files(&self.executors))
-                // The audit trail names every tenant's command lines.
-                .chain(audit.iter().filter_map(|a| match &a.sink {
-                    AuditSink::File(p) => Some(p.as_path()),
-                    AuditSink::Stdout => None,
-                })),
+                .chain(executors::executor_secret_files(&self.executors)),
         ));
+        // The audit trail names every tenant's command lines: hidden too,
+        // but not a configuration input (it changes all the time).
+        let audit_files = secret_paths(audit.iter().filter_map(|a| match &a.sink {
+            AuditSink::File(p) => Some(p.as_path()),
+            AuditSink::Stdout => None,
+        }));
+        secret_files.extend(audit_files.iter().cloned());
         secret_files.sort();
         secret_files.dedup();
         for (name, t) in &tenants {
@@ -349,7 +364,10 @@ impl Config {
         };
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
-        let executors = validate_executors(self.executors, &tenants)?;
+        let mut executors = validate_executors(self.executors, &tenants)?;
+        if let Some(e) = &mut executors {
+            e.listener_tls = s.tls.is_some();
+        }
         let revocations = match executors
             .as_ref()
             .and_then(|e| e.revocations_file.as_deref())
@@ -461,6 +479,7 @@ impl Config {
             fleet,
             executors,
             audit,
+            audit_files,
             revocations: std::sync::Arc::new(revocations),
             secret_files,
         };
@@ -530,6 +549,11 @@ fn refuse_unfit_inbound(s: &Settings) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// A TLS section's files other than its key (already a secret).
+fn tls_public_files(t: &TlsSection) -> impl Iterator<Item = &PathBuf> {
+    std::iter::once(&t.cert_file).chain(t.client_ca_file.iter())
 }
 
 #[cfg(test)]

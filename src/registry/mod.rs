@@ -142,12 +142,17 @@ impl Registry {
         self.standing.borrow().clone()
     }
 
-    /// The base of URLs handed to executors: `public_url`, or `ws://` and
-    /// the registration's `Host`.
+    /// The base of URLs handed to executors: `public_url`, or `ws://` (or
+    /// `wss://` on a TLS listener) and the registration's `Host`.
     fn base_url(&self, host: Option<&str>) -> Result<String, Refusal> {
+        let scheme = if self.settings.listener_tls {
+            "wss"
+        } else {
+            "ws"
+        };
         match (&self.settings.public_url, host) {
             (Some(u), _) => Ok(u.clone()),
-            (None, Some(h)) if is_authority(h) => Ok(format!("ws://{h}")),
+            (None, Some(h)) if is_authority(h) => Ok(format!("{scheme}://{h}")),
             (None, _) => Err(Refusal::new(
                 400,
                 "no_host",

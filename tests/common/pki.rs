@@ -43,6 +43,21 @@ impl Ca {
         }
     }
 
+    /// An intermediate CA signed by this one.
+    pub fn intermediate(&self, name: &str) -> Ca {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} intermediate CA"));
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Ca {
+            issuer: rcgen::Issuer::new(params, key),
+            pem: cert.pem(),
+        }
+    }
+
     /// A leaf for 127.0.0.1 and localhost, for servers and clients alike.
     pub fn server(&self) -> Leaf {
         self.leaf(&LeafSpec::default())

@@ -127,6 +127,13 @@ async fn register(
                 "the registry answered a rendezvous URL that is not ws:// or wss://".to_owned(),
             ));
         }
+        // Its ticket hands the link to whoever presents it first: never
+        // in clear after a registration over TLS.
+        if o.remote.starts_with("https://") && !r.url.starts_with("wss://") {
+            return Err(Attempt::Fatal(
+                "the registry was reached over https:// but answered a plaintext ws:// rendezvous URL; set executors.public_url to a wss:// URL on the registry".to_owned(),
+            ));
+        }
         return Ok(r.url);
     }
     let detail = match serde_json::from_str::<ErrorBody>(&text) {
