@@ -1051,3 +1051,194 @@ async fn behind_nginx() {
 async fn behind_haproxy() {
     balancer_suite("haproxy").await;
 }
+
+// ---------------------------------------------------------------------------
+// Tracing across the fleet.
+
+/// Spans an OTLP collector received: (replica, span name, trace id).
+type Received = std::sync::Arc<parking_lot::Mutex<Vec<(String, String, Vec<u8>)>>>;
+
+#[derive(Clone, Default)]
+struct Collector(Received);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
+    async fn export(
+        &self,
+        req: Request<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+        for rs in req.into_inner().resource_spans {
+            let instance = rs
+                .resource
+                .iter()
+                .flat_map(|r| r.attributes.iter())
+                .find(|kv| kv.key == "service.instance.id")
+                .and_then(|kv| kv.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(Any::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for sp in ss.spans {
+                    self.0.lock().push((instance.clone(), sp.name, sp.trace_id));
+                }
+            }
+        }
+        Ok(tonic::Response::new(
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse {
+                partial_success: None,
+            },
+        ))
+    }
+}
+
+/// An OTLP/gRPC collector on loopback: its address and what it received.
+async fn collector() -> (String, Received) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let c = Collector::default();
+    let received = c.0.clone();
+    exec_gateway::task::start(
+        "otlp-collector",
+        tonic::transport::Server::builder()
+            .add_service(
+                opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(c),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (addr, received)
+}
+
+/// One `process/start` sent through nginx, reaching a replica that relays
+/// it to the session's owner, which spawns through its worker: every hop
+/// reports a span of the trace the client started (its `trace` field).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_spans_balancer_relay_owner_and_worker() {
+    let (addr, received) = collector().await;
+    let fleet = Fleet::start(
+        3,
+        &format!("[tracing]\notlp_endpoint = \"http://{addr}\"\nexport_timeout = \"2s\"\n"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lb) = start_balancer("nginx", &fleet, dir.path()).await else {
+        return;
+    };
+    // The session lives on gw-0; a connection through the balancer that
+    // lands on another replica relays to it.
+    let mut c = fleet.client(0, "t1").await;
+    let sid = c.initialize().await;
+    drop(c);
+    let token = fleet.token("t1");
+    let mut relayed = None;
+    for _ in 0..20 {
+        let before = [
+            relays_started(fleet.gw(1)).await,
+            relays_started(fleet.gw(2)).await,
+        ];
+        let mut c = Client::connect(&lb.ws, &token).await;
+        let r = resume(&mut c, &sid).await;
+        assert_eq!(r["result"]["sessionId"], sid.as_str(), "{r}");
+        if relays_started(fleet.gw(1)).await > before[0] {
+            relayed = Some((c, "gw-1"));
+            break;
+        }
+        if relays_started(fleet.gw(2)).await > before[1] {
+            relayed = Some((c, "gw-2"));
+            break;
+        }
+    }
+    let (mut c, relay) = relayed.expect("round robin reaches another replica");
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    c.send(&json!({
+        "id": 7, "method": "process/start",
+        "params": {"processId": "traced", "argv": ["true"], "cwd": "/tmp",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false},
+        "trace": {"traceparent": format!("00-{trace_id}-00f067aa0ba902b7-01")},
+    }))
+    .await;
+    let reply = c.response(7).await;
+    assert!(reply.get("result").is_some(), "{reply}");
+    let want: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let hops = [
+        (relay, "relay.frame"),
+        ("gw-0", "jsonrpc.call"),
+        ("gw-0", "worker.spawn"),
+    ];
+    common::eventually("every hop's span reached the collector", || {
+        let got = received.lock();
+        hops.iter().all(|(replica, name)| {
+            got.iter()
+                .any(|(r, n, t)| r == replica && n == name && *t == want)
+        })
+    })
+    .await;
+    // Nothing of the trace was reported under another trace id by the
+    // owner's call span.
+    assert!(
+        received
+            .lock()
+            .iter()
+            .filter(|(r, n, _)| r == "gw-0" && n == "jsonrpc.call")
+            .all(|(_, _, t)| *t == want),
+    );
+
+    // gRPC: `traceparent` metadata through the balancer (per-request
+    // balancing); a call that lands on another replica is forwarded to
+    // the owner with the trace, and both report it.
+    let sid = SessionServiceClient::new(channel(&fleet.gw(0).grpc).await)
+        .create_session(authed(pb::CreateSessionRequest::default(), &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let lb_channel = channel(&lb.grpc).await;
+    let ids: Vec<String> = (0..6)
+        .map(|i| format!("{i:02x}{}", &trace_id[2..]))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        let mut req = authed(
+            pb::StartRequest {
+                session_id: sid.clone(),
+                spec: Some(spec(&format!("g{i}"), &["true"])),
+            },
+            &token,
+        );
+        req.metadata_mut().insert(
+            "traceparent",
+            format!("00-{id}-00f067aa0ba902b7-01").parse().unwrap(),
+        );
+        ProcessServiceClient::new(lb_channel.clone())
+            .start(req)
+            .await
+            .unwrap();
+    }
+    let bytes = |hex: &str| -> Vec<u8> {
+        (0..16)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    };
+    common::eventually("a forwarded gRPC call's trace from both replicas", || {
+        let got = received.lock();
+        ids.iter().map(|id| bytes(id)).any(|t| {
+            let of = |r: &dyn Fn(&str) -> bool, name: &str| {
+                got.iter()
+                    .any(|(rep, n, tt)| r(rep) && n == name && *tt == t)
+            };
+            of(&|r| r != "gw-0", "grpc.call")
+                && of(&|r| r == "gw-0", "grpc.call")
+                && of(&|r| r == "gw-0", "worker.spawn")
+        })
+    })
+    .await;
+}

@@ -293,14 +293,17 @@ pub fn run(cli: Cli) -> ExitCode {
     crate::isolation::fds::close_inherited_on_exec();
     match cli.command {
         Command::Serve(args) => {
-            telemetry::init(args.common.log_format);
             if args
                 .listen
                 .as_deref()
                 .is_some_and(|l| l == "stdio" || l == "stdio://")
             {
+                telemetry::init(args.common.log_format);
                 return run_stdio(&args.common);
             }
+            // Logging starts in `serve`, on the runtime: the OTLP
+            // exporter, when configured, runs on it.
+            let format = args.common.log_format;
             if let Some(l) = &args.listen
                 && let Err(e) = parse_listen(l)
             {
@@ -320,7 +323,7 @@ pub fn run(cli: Cli) -> ExitCode {
             }
             let config = args.common.config.clone();
             let reread = Box::new(move || serve_settings(&args, nofile).map(|(s, _)| s));
-            block_on(serve(settings, lowered, reread, config))
+            block_on(serve(settings, lowered, reread, config, format))
         }
         Command::Stdio(common) => {
             telemetry::init(common.log_format);
@@ -403,7 +406,12 @@ async fn serve(
     lowered: Option<String>,
     reread: reload::Reread,
     config: Option<PathBuf>,
+    format: telemetry::LogFormat,
 ) -> ExitCode {
+    if let Err(e) = telemetry::init_with(format, settings.tracing.as_ref()) {
+        eprintln!("exec-gateway: {e}");
+        return ExitCode::FAILURE;
+    }
     let settings_grpc = settings.grpc_listen;
     let settings_admin = settings.admin_listen;
     let settings_peer = settings.fleet.as_ref().map(|f| f.listen);
@@ -501,6 +509,8 @@ async fn serve(
     };
     server::run(gw, listeners, stop).await;
     crate::audit::drain(std::time::Duration::from_secs(2));
+    // The exporter's flush waits for its thread: not on a runtime thread.
+    let _ = tokio::task::spawn_blocking(telemetry::shutdown_tracing).await;
     ExitCode::SUCCESS
 }
 

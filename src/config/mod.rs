@@ -22,6 +22,7 @@ mod keys;
 mod server;
 mod template;
 mod tenants;
+mod tracing;
 mod uids;
 
 use audit::validate_audit;
@@ -55,6 +56,7 @@ pub use tenants::{
     DEFAULT_TENANT_MEMORY_BYTES, Egress, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network,
     Placement, TenantConfig, TenantSettings, read_file_reply_bytes,
 };
+pub use tracing::{TracingConfig, TracingSettings};
 pub use uids::{HostIds, IdsInUse, UidLedger, allocate_uids};
 
 use std::collections::BTreeMap;
@@ -98,6 +100,8 @@ pub struct Config {
     pub executors: ExecutorsConfig,
     #[serde(default)]
     pub audit: AuditConfig,
+    #[serde(default)]
+    pub tracing: tracing::TracingConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -161,6 +165,8 @@ pub struct Settings {
     /// Its file, as written and resolved (among `secret_files`, but not
     /// watched for reload).
     pub audit_files: Vec<PathBuf>,
+    /// `[tracing]`: spans exported over OTLP, when configured.
+    pub tracing: Option<TracingSettings>,
     /// `executors.revocations_file` as read now (re-read on reload).
     pub revocations: std::sync::Arc<Revocations>,
 }
@@ -364,6 +370,8 @@ impl Config {
         };
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
+        let tracing_settings =
+            tracing::validate_tracing(&self.tracing, fleet.as_ref().map(|f| f.replica.as_str()))?;
         let mut executors = validate_executors(self.executors, &tenants)?;
         if let Some(e) = &mut executors {
             e.listener_tls = s.tls.is_some();
@@ -480,6 +488,7 @@ impl Config {
             executors,
             audit,
             audit_files,
+            tracing: tracing_settings,
             revocations: std::sync::Arc::new(revocations),
             secret_files,
         };

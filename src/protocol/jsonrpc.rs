@@ -136,6 +136,26 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
     }
 }
 
+/// The envelope's `trace` (`{"traceparent", "tracestate"}`), when well
+/// formed: a malformed one is ignored, as the reference ignores it.
+pub fn trace_of(text: &str) -> Option<crate::telemetry::TraceContext> {
+    #[derive(Deserialize)]
+    struct Trace<'a> {
+        #[serde(borrow)]
+        traceparent: Option<&'a str>,
+        #[serde(borrow)]
+        tracestate: Option<&'a str>,
+    }
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        trace: Option<Trace<'a>>,
+    }
+    let e: Envelope<'_> = serde_json::from_str(text).ok()?;
+    let t = e.trace?;
+    crate::telemetry::TraceContext::parse(t.traceparent?, t.tracestate)
+}
+
 fn present<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
 where
     D: serde::Deserializer<'de>,

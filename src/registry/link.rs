@@ -234,7 +234,22 @@ impl Link {
         frame.push_str(&crate::protocol::notify::json_string(method));
         frame.push_str(r#","params":"#);
         frame.push_str(params);
+        // The executor hop of the call's trace: the envelope's `trace`, as
+        // Codex's own client sends it.
+        let span = crate::telemetry::exporting()
+            .then(|| tracing::info_span!("executor.call", rpc.method = method));
+        if let Some(t) = span.as_ref().and_then(crate::telemetry::context_of) {
+            frame.push_str(r#","trace":{"traceparent":"#);
+            frame.push_str(&crate::protocol::notify::json_string(&t.traceparent));
+            if let Some(s) = &t.tracestate {
+                frame.push_str(r#","tracestate":"#);
+                frame.push_str(&crate::protocol::notify::json_string(s));
+            }
+            frame.push('}');
+        }
         frame.push('}');
+        // Lives until the answer (its duration is the executor's).
+        let _span = span;
         let sent = tokio::select! {
             r = self.tx.send(Message::text(frame)) => r.is_ok(),
             () = self.closed.cancelled() => false,

@@ -57,6 +57,9 @@ pub enum Action {
         id: RequestId,
         call: Call,
         charge: Charge,
+        /// The client's W3C trace context (the envelope's `trace`), read
+        /// only when spans are exported.
+        trace: Option<crate::telemetry::TraceContext>,
     },
     /// `session/close`: end the session, answer, close the connection.
     CloseSession { id: RequestId },
@@ -195,7 +198,14 @@ impl<H: Held> Machine<H> {
                     family.label()
                 )),
             ),
-            Phase::Attached { .. } => Action::Call { id, call, charge },
+            Phase::Attached { .. } => Action::Call {
+                id,
+                call,
+                charge,
+                trace: crate::telemetry::exporting()
+                    .then(|| jsonrpc::trace_of(&text))
+                    .flatten(),
+            },
         }
     }
 

@@ -288,11 +288,16 @@ where
                 out.close(1000, "session closed").await;
                 return Stop::Closed;
             }
-            Action::Call { id, call, charge } => {
+            Action::Call {
+                id,
+                call,
+                charge,
+                trace,
+            } => {
                 let Some(a) = conn.held() else {
                     continue;
                 };
-                if !start_call(calls, a, id, call, charge).await {
+                if !start_call(calls, a, id, call, charge, trace).await {
                     return Stop::Ended;
                 }
             }
@@ -318,6 +323,7 @@ async fn start_call(
     id: RequestId,
     call: Call,
     charge: Charge,
+    trace: Option<crate::telemetry::TraceContext>,
 ) -> bool {
     let out = &calls.out;
     if let Err(e) = a.session.validate_call(&call) {
@@ -337,7 +343,17 @@ async fn start_call(
     let out = out.clone();
     let cancel = calls.cancel.clone();
     let penalty = calls.penalty.clone();
-    crate::task::start("rpc", async move {
+    // With spans exported, each call is one, continuing the client's trace.
+    let span = if crate::telemetry::exporting() {
+        let span = tracing::info_span!("jsonrpc.call", rpc.method = call.method());
+        if let Some(t) = &trace {
+            crate::telemetry::set_remote_parent(&span, t);
+        }
+        span
+    } else {
+        tracing::Span::none()
+    };
+    let task = async move {
         // What the client sent for this call stays charged while it runs.
         let _charge = charge;
         let req = RpcRequest {
@@ -368,7 +384,8 @@ async fn start_call(
             () = cancel.cancelled() => {}
         }
         drop(permit);
-    });
+    };
+    crate::task::start("rpc", tracing::Instrument::instrument(task, span));
     true
 }
 

@@ -152,6 +152,15 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
         while let Some(frame) = inbound.next().await {
             match frame {
                 InFrame::Text(text, charge) => {
+                    // A frame that carries a trace context is a hop of
+                    // that trace here (the owner continues it from the
+                    // same frame).
+                    if crate::telemetry::exporting()
+                        && let Some(trace) = jsonrpc::trace_of(&text)
+                    {
+                        let span = tracing::info_span!("relay.frame", replica = t.replica);
+                        crate::telemetry::set_remote_parent(&span, &trace);
+                    }
                     let req = OpenRequest {
                         text: Bytes::from(text.into_bytes()),
                     };

@@ -167,6 +167,20 @@ async fn forward(
         Some(v) => parts.headers.insert(CLIENT_ADDR_HEADER, v),
         None => parts.headers.remove(CLIENT_ADDR_HEADER),
     };
+    // The owner continues this replica's span of the call (the client's
+    // trace, when it sent one).
+    if let Some(t) = crate::telemetry::context_of(&tracing::Span::current()) {
+        if let Ok(v) = http::HeaderValue::from_str(&t.traceparent) {
+            parts.headers.insert("traceparent", v);
+        }
+        match t
+            .tracestate
+            .and_then(|s| http::HeaderValue::from_str(&s).ok())
+        {
+            Some(v) => parts.headers.insert("tracestate", v),
+            None => parts.headers.remove("tracestate"),
+        };
+    }
     parts.extensions = http::Extensions::new();
     let guard = gw.relay_guard();
     let req = http::Request::from_parts(parts, body);

@@ -104,7 +104,21 @@ where
             .get::<ConnInfo>()
             .map(|c| (Some(c.conn.clone()), c.client_cert.clone(), c.remote))
             .unwrap_or_default();
-        Box::pin(async move {
+        // With spans exported, each call is one, continuing the caller's
+        // `traceparent` (a client's, or a replica's forwarding it).
+        let span = if crate::telemetry::exporting() {
+            let span = tracing::info_span!("grpc.call", rpc.method = %req.uri().path());
+            let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+            if let Some(t) = header("traceparent")
+                .and_then(|tp| crate::telemetry::TraceContext::parse(tp, header("tracestate")))
+            {
+                crate::telemetry::set_remote_parent(&span, &t);
+            }
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let call = async move {
             let cert = cert.as_deref().map(|c| c.as_ref());
             // The first authenticated call of a connection is its
             // handshake, for the audit trail; every refusal is one.
@@ -143,7 +157,8 @@ where
                 }
                 Err(e) => Ok(e.to_grpc().into_http()),
             }
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(call, span))
     }
 }
 

@@ -125,6 +125,9 @@ impl WorkerConn {
 
     /// Spawn through the worker: a blocking round trip, like a local spawn.
     fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
+        // The worker hop of a call's trace (a span only when exported).
+        let _span = crate::telemetry::exporting()
+            .then(|| tracing::info_span!("worker.spawn", worker.pid = self.pid).entered());
         if self.is_dead() {
             return Err(io::Error::other("the tenant's worker process died"));
         }
