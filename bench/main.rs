@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+mod edges;
 mod executors;
 mod fleet;
 mod reliability;
@@ -79,6 +80,10 @@ pub struct BenchArgs {
     /// Only the remote-executor figures (executor vs local worker).
     #[arg(long)]
     pub executors_only: bool,
+    /// Only the production edges' cost: TLS, the audit trail, tracing,
+    /// each on against off.
+    #[arg(long)]
+    pub edges_only: bool,
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
@@ -181,7 +186,12 @@ impl Server {
                 .await
                 .map_err(|_| "no gRPC URL printed".to_owned())?
                 .map_err(err)?;
-            grpc = Some(second.trim().replace("grpc://", "http://"));
+            grpc = Some(
+                second
+                    .trim()
+                    .replace("grpcs://", "https://")
+                    .replace("grpc://", "http://"),
+            );
         }
         let mut admin = None;
         if args.contains(&"--admin-listen") {
@@ -1052,6 +1062,22 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             args.output_bytes,
         )
     };
+    let edge_rows = || {
+        edges::figures(
+            &exe,
+            &dir,
+            &config_s,
+            &bench_token,
+            args.iterations,
+            args.output_bytes,
+        )
+    };
+    if args.edges_only {
+        let rows = edge_rows().await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.executors_only {
         let rows = executor_rows().await?;
         report(&rows, false, args.json);
@@ -1524,6 +1550,7 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
 
     rows.extend(fleet_rows().await?);
     rows.extend(executor_rows().await?);
+    rows.extend(edge_rows().await?);
     report(&rows, reference.is_some(), args.json);
     let _ = std::fs::remove_dir_all(&dir);
     drop(gw);
