@@ -77,10 +77,10 @@ pub fn init(s: &AuditSettings, written: Counter, dropped: Counter) -> Result<(),
     let out = Output::open(s)?;
     let (tx, rx) = std::sync::mpsc::sync_channel(s.queue_events);
     let queued = std::sync::Arc::new(AtomicUsize::new(0));
-    let q = queued.clone();
+    let (q, d) = (queued.clone(), dropped.clone());
     std::thread::Builder::new()
         .name("audit-writer".to_owned())
-        .spawn(move || write_loop(rx, out, q, written))
+        .spawn(move || write_loop(rx, out, q, written, d))
         .map_err(|e| format!("audit: cannot start its writer: {e}"))?;
     let _ = SINK.set(Sink {
         tx,
@@ -174,48 +174,134 @@ pub fn emit(event: &str, who: &Who<'_>, fields: Value) {
     }
 }
 
-/// A string cut to [`MAX_FIELD_BYTES`] (on a character boundary).
+/// A string cut to [`MAX_FIELD_BYTES`].
 pub fn clip(s: &str) -> Value {
-    if s.len() <= MAX_FIELD_BYTES {
-        return Value::String(s.to_owned());
-    }
-    let mut end = MAX_FIELD_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    Value::String(format!("{}…", &s[..end]))
+    Value::String(clip_to(s, MAX_FIELD_BYTES))
 }
 
-/// A list of strings, each clipped, at most [`MAX_LIST_ITEMS`].
+/// `s` cut to about `max` bytes by its middle: its head and its tail stay
+/// (what a command ends with matters as much as how it starts), and the
+/// marker says how much was left out.
+fn clip_to(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut head = max / 2;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - max / 2;
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}…[{} bytes]…{}", &s[..head], tail - head, &s[tail..])
+}
+
+/// A list of strings, each clipped, at most [`MAX_LIST_ITEMS`] (the last
+/// item says how many more there were).
 pub fn clip_list<'a>(items: impl IntoIterator<Item = &'a str>) -> Value {
-    Value::Array(items.into_iter().take(MAX_LIST_ITEMS).map(clip).collect())
+    let mut out = Vec::new();
+    let mut more = 0usize;
+    for s in items {
+        if out.len() < MAX_LIST_ITEMS {
+            out.push(clip(s));
+        } else {
+            more += 1;
+        }
+    }
+    if more > 0 {
+        out.push(Value::String(format!("…[{more} more]")));
+    }
+    Value::Array(out)
+}
+
+/// The fields of `process.started`: what ran, where, on which terminal;
+/// `argv_sha256` names the whole command line even where it is cut.
+pub fn process_started<'a>(
+    id: &str,
+    argv: &[String],
+    cwd: &str,
+    env_names: impl Iterator<Item = &'a str>,
+    tty: bool,
+    pipe_stdin: bool,
+) -> Value {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for a in argv {
+        h.update(a.as_bytes());
+        h.update([0u8]);
+    }
+    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    json!({
+        "process_id": clip(id),
+        "argv": clip_list(argv.iter().map(String::as_str)),
+        "argv_sha256": digest,
+        "cwd": clip(cwd),
+        "env_names": clip_list(env_names),
+        "tty": tty,
+        "pipe_stdin": pipe_stdin,
+    })
+}
+
+/// Every string of `v` cut to `max` bytes and every list to `items`.
+fn shrink(v: &mut Value, max: usize, items: usize) {
+    match v {
+        Value::String(s) if s.len() > max => *s = clip_to(s, max),
+        Value::Array(a) => {
+            if a.len() > items {
+                let more = a.len() - items;
+                a.truncate(items);
+                a.push(Value::String(format!("…[{more} more]")));
+            }
+            a.iter_mut().for_each(|x| shrink(x, max, items));
+        }
+        Value::Object(o) => o.values_mut().for_each(|x| shrink(x, max, items)),
+        _ => {}
+    }
 }
 
 fn render(event: &str, who: &Who<'_>, fields: Value) -> String {
-    let mut m = Map::new();
-    m.insert(
+    // Who and what are written last: no field of an event can stand in
+    // for them.
+    let mut m = match fields {
+        Value::Object(f) => f,
+        _ => Map::new(),
+    };
+    let mut core = Map::new();
+    core.insert(
         "ts".to_owned(),
         Value::String(humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()),
     );
-    m.insert("event".to_owned(), clip(event));
+    core.insert("event".to_owned(), clip(event));
     for (k, v) in [
         ("tenant", who.tenant),
         ("subject", who.subject),
         ("session", who.session),
     ] {
-        if let Some(v) = v {
-            m.insert(k.to_owned(), clip(v));
-        }
+        match v {
+            Some(v) => core.insert(k.to_owned(), clip(v)),
+            None => m.remove(k),
+        };
     }
-    let core = m.clone();
-    if let Value::Object(f) = fields {
-        m.extend(f);
-    }
-    let line = Value::Object(m).to_string();
+    m.extend(core.clone());
+    let mut v = Value::Object(m);
+    let line = v.to_string();
     if line.len() <= MAX_EVENT_BYTES {
         return line;
     }
-    let mut core = core;
+    // Too long (many long fields, or escapes that grew it): every field
+    // cut shorter, so what ran is still there, marked as cut.
+    for (max, items) in [(256, 64), (64, 16)] {
+        shrink(&mut v, max, items);
+        if let Value::Object(o) = &mut v {
+            o.extend(core.clone());
+            o.insert("truncated".to_owned(), json!(true));
+        }
+        let line = v.to_string();
+        if line.len() <= MAX_EVENT_BYTES {
+            return line;
+        }
+    }
     core.insert("truncated".to_owned(), json!(true));
     Value::Object(core).to_string()
 }
@@ -232,14 +318,20 @@ enum Output {
     },
 }
 
+/// Open (or create) the trail: never through a symlink, never waiting
+/// (a FIFO in its place), and only a regular file.
 fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 impl Output {
@@ -278,7 +370,12 @@ impl Output {
                 let len = line.len() as u64 + 1;
                 if *size > 0 && *size + len > *max_bytes {
                     file.flush()?;
-                    rotate(path, *keep)?;
+                    // A trail moved or removed meanwhile (a logrotate of
+                    // its own) is not a reason to stop: the file is opened
+                    // anew either way.
+                    if let Err(e) = rotate(path, *keep) {
+                        tracing::warn!(error = %e, "audit: rotation failed; starting a new file");
+                    }
                     *file = std::io::BufWriter::new(open_append(path)?);
                     *size = 0;
                 }
@@ -295,6 +392,29 @@ impl Output {
             Output::Stdout => std::io::stdout().lock().flush(),
             Output::File { file, .. } => file.flush(),
         }
+    }
+
+    /// The file at the trail's path is no longer the one written (removed
+    /// or renamed by hand): open it anew.
+    fn reopen_if_moved(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Output::File {
+            path, file, size, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let ours = file.get_ref().metadata()?;
+        let moved = match std::fs::symlink_metadata(&*path) {
+            Ok(m) => m.ino() != ours.ino() || m.dev() != ours.dev(),
+            Err(_) => true,
+        };
+        if moved {
+            file.flush()?;
+            *file = std::io::BufWriter::new(open_append(path)?);
+            *size = 0;
+        }
+        Ok(())
     }
 }
 
@@ -337,6 +457,7 @@ fn write_loop(
     mut out: Output,
     queued: std::sync::Arc<AtomicUsize>,
     written: Counter,
+    dropped: Counter,
 ) {
     let mut dirty = false;
     loop {
@@ -348,7 +469,11 @@ fn write_loop(
                         written.inc();
                         dirty = true;
                     }
-                    Err(e) => tracing::error!(error = %e, "audit: write failed; event lost"),
+                    Err(e) => {
+                        dropped.inc();
+                        tracing::error!(error = %e, "audit: write failed; event lost");
+                        let _ = out.reopen_if_moved();
+                    }
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
@@ -357,6 +482,9 @@ fn write_loop(
                         tracing::error!(error = %e, "audit: flush failed");
                     }
                     dirty = false;
+                }
+                if let Err(e) = out.reopen_if_moved() {
+                    tracing::error!(error = %e, "audit: cannot open the trail anew");
                 }
             }
             Err(RecvTimeoutError::Disconnected) => {
@@ -409,6 +537,45 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&small).unwrap();
         assert!(v["argv"][1].as_str().unwrap().len() < 4200);
+    }
+
+    #[test]
+    fn a_cut_command_line_keeps_its_head_its_tail_and_its_digest() {
+        let who = Who {
+            tenant: Some("t1"),
+            ..Who::default()
+        };
+        let mut argv: Vec<String> = vec!["sh".into(), "-c".into()];
+        argv.push(format!(":{}; echo RAN-EVIL", " ".repeat(5000)));
+        argv.extend((0..40).map(|_| "#".repeat(4096)));
+        let fields = process_started("p", &argv, "/tmp", std::iter::empty(), false, false);
+        let line = render("process.started", &who, fields);
+        assert!(line.len() <= MAX_EVENT_BYTES);
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["truncated"], true);
+        assert_eq!(v["process_id"], "p");
+        assert_eq!(v["argv"][0], "sh");
+        assert!(v["argv"][2].as_str().unwrap().ends_with("echo RAN-EVIL"));
+        assert_eq!(v["argv_sha256"].as_str().unwrap().len(), 64);
+    }
+
+    #[test]
+    fn no_field_stands_in_for_who_or_what() {
+        let who = Who {
+            tenant: Some("t2"),
+            subject: None,
+            session: None,
+        };
+        let line = render(
+            "file.written",
+            &who,
+            json!({"tenant": "t1", "event": "x", "subject": "root", "ts": "0"}),
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["tenant"], "t2");
+        assert_eq!(v["event"], "file.written");
+        assert!(v.get("subject").is_none());
+        assert_ne!(v["ts"], "0");
     }
 
     #[test]

@@ -254,14 +254,14 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
 /// Rotation keeps the trail within `max_file_bytes` × (1 + `max_files`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trail_is_rotated_and_bounded_on_disk() {
-    let gw = audited("max_file_bytes = 4096\nmax_files = 2\n");
+    let gw = audited("max_file_bytes = 131072\nmax_files = 2\n");
     let trail = gw.dir.path().join("audit.jsonl");
     let (mut c, _) = gw.session().await;
-    for i in 0..60 {
+    for i in 0..120 {
         let r = c
             .call_raw(
                 "fs/readFile",
-                json!({"path": format!("/etc/escape-{i}-{}", "x".repeat(100))}),
+                json!({"path": format!("/etc/escape-{i}-{}", "x".repeat(3000))}),
             )
             .await;
         assert!(r.get("error").is_some());
@@ -278,7 +278,7 @@ async fn the_trail_is_rotated_and_bounded_on_disk() {
             assert!(!gw.dir.path().join("audit.jsonl.3").exists());
             for f in &files {
                 assert!(
-                    std::fs::metadata(f).unwrap().len() <= 4096,
+                    std::fs::metadata(f).unwrap().len() <= 131072,
                     "{}",
                     f.display()
                 );
@@ -291,4 +291,49 @@ async fn the_trail_is_rotated_and_bounded_on_disk() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // The trail removed by hand (a logrotate of its own): the next events
+    // go to a new file at its path.
+    std::fs::remove_file(&trail).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    gw.admin_get("/metrics").await;
+    common::eventually("the trail is opened anew", || {
+        std::fs::read_to_string(&trail).is_ok_and(|t| t.contains("admin.access"))
+    })
+    .await;
+}
+
+/// A trail whose directory leads into a tenant's root (through a symlink)
+/// is refused at start, as one written there directly is.
+#[test]
+fn a_trail_inside_a_tenant_root_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("k"), common::random_secret()).unwrap();
+    std::fs::create_dir_all(d.join("t1")).unwrap();
+    std::os::unix::fs::symlink(d.join("t1"), d.join("logs")).unwrap();
+    let config = d.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[audit]\nfile = \"{0}/logs/audit.jsonl\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/k\"\n\
+             [tenants.t1]\nroot = \"{0}/t1\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--admin-listen",
+            "off",
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(!d.join("t1/audit.jsonl").exists());
 }

@@ -27,6 +27,8 @@ pub struct AuditConfig {
 pub const DEFAULT_AUDIT_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 pub const DEFAULT_AUDIT_MAX_FILES: usize = 5;
 pub const DEFAULT_AUDIT_QUEUE_BYTES: usize = 16 * 1024 * 1024;
+/// Smallest `max_file_bytes`: two of the largest events.
+pub const MIN_AUDIT_FILE_BYTES: u64 = 2 * crate::audit::MAX_EVENT_BYTES as u64;
 /// Events waiting for the writer, at most.
 pub const AUDIT_QUEUE_EVENTS: usize = 65_536;
 /// Rotated files kept, at most.
@@ -50,13 +52,26 @@ pub(super) fn validate_audit(a: &AuditConfig) -> Result<Option<AuditSettings>, C
                 "audit.file `{file}` must be an absolute path (or `-` for stdout)"
             )));
         }
-        AuditSink::File(p)
+        // The directory as it resolves now (a symlinked parent must not
+        // carry the trail into a tenant's root unseen).
+        match (p.parent().map(std::fs::canonicalize), p.file_name()) {
+            (Some(Ok(dir)), Some(name)) => AuditSink::File(dir.join(name)),
+            (Some(Err(e)), _) => {
+                return Err(ConfigError(format!(
+                    "audit.file `{file}`: its directory: {e}"
+                )));
+            }
+            _ => {
+                return Err(ConfigError(format!("audit.file `{file}` must name a file")));
+            }
+        }
     };
     let max_file_bytes = a.max_file_bytes.unwrap_or(DEFAULT_AUDIT_MAX_FILE_BYTES);
-    if max_file_bytes < 4096 {
-        return Err(ConfigError(
-            "audit.max_file_bytes must be at least 4096".to_owned(),
-        ));
+    // Room for the largest event: a file then never grows past it.
+    if max_file_bytes < MIN_AUDIT_FILE_BYTES {
+        return Err(ConfigError(format!(
+            "audit.max_file_bytes must be at least {MIN_AUDIT_FILE_BYTES} (twice the largest event)"
+        )));
     }
     let max_files = a.max_files.unwrap_or(DEFAULT_AUDIT_MAX_FILES);
     if max_files > MAX_AUDIT_FILES {

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use serde_json::{Value, json};
 use tower::{Layer, Service};
 
-use crate::audit::{self, Who, clip, clip_list};
+use crate::audit::{self, Who, clip};
 use crate::dispatch::RpcRequest;
 use crate::error::{ErrorKind, GatewayError};
 use crate::protocol::fs::OpenMode;
@@ -32,19 +32,24 @@ pub struct Audit<S> {
     inner: S,
 }
 
+/// A start's fields, for a refusal (a start that succeeds is recorded by
+/// the process table, before the process can exit).
 fn started(p: &ExecParams) -> (&'static str, Value) {
     (
-        "process.started",
-        json!({
-            "process_id": clip(&p.process_id),
-            "argv": clip_list(p.argv.iter().map(String::as_str)),
-            "cwd": clip(p.cwd.as_str()),
-            "env_names": clip_list(sorted_keys(p.env.keys())),
-            "tty": p.tty,
-            "pipe_stdin": p.pipe_stdin,
-        }),
+        START,
+        audit::process_started(
+            &p.process_id,
+            &p.argv,
+            p.cwd.as_str(),
+            sorted_keys(p.env.keys()).into_iter(),
+            p.tty,
+            p.pipe_stdin,
+        ),
     )
 }
+
+/// A start: recorded on success by the table, here only when refused.
+const START: &str = "process.started";
 
 /// What a call is recorded as when it succeeds: its event and fields.
 fn describe(op: &Op) -> Option<(&'static str, Value)> {
@@ -52,14 +57,15 @@ fn describe(op: &Op) -> Option<(&'static str, Value)> {
         Op::Call(Call::ProcessStart(p)) => started(p),
         Op::Open(Open::Exec(p)) => started(p),
         Op::Call(Call::CommandExec(p)) => (
-            "process.started",
-            json!({
-                "process_id": clip(&p.process_id),
-                "argv": clip_list(p.argv.iter().map(String::as_str)),
-                "cwd": clip(p.cwd.as_str()),
-                "env_names": clip_list(sorted_keys(p.env.keys())),
-                "tty": p.tty,
-            }),
+            START,
+            audit::process_started(
+                &p.process_id,
+                &p.argv,
+                p.cwd.as_str(),
+                sorted_keys(p.env.keys()).into_iter(),
+                p.tty,
+                false,
+            ),
         ),
         Op::Call(Call::ProcessTerminate(p)) => (
             "process.terminated",
@@ -110,6 +116,49 @@ fn sorted_keys<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
     v
 }
 
+/// Refusal events each tenant may write per second, and in a burst.
+const REFUSALS_PER_SECOND: u32 = 20;
+const REFUSALS_BURST: u32 = 200;
+
+/// Per-tenant admission of refusal events (governor, keyed by tenant).
+struct Refusals {
+    limiter: governor::DefaultKeyedRateLimiter<std::sync::Arc<str>>,
+    suppressed: parking_lot::Mutex<std::collections::HashMap<std::sync::Arc<str>, u64>>,
+}
+
+/// Tenants whose suppressed refusals are remembered at most (beyond, the
+/// count starts again).
+const MAX_SUPPRESSED_TENANTS: usize = 4096;
+
+impl Refusals {
+    /// Some(refusals suppressed since the last one written) when this one
+    /// may be written.
+    fn admit(&self, tenant: &std::sync::Arc<str>) -> Option<u64> {
+        let mut s = self.suppressed.lock();
+        if self.limiter.check_key(tenant).is_ok() {
+            return Some(s.remove(tenant).unwrap_or(0));
+        }
+        if s.len() >= MAX_SUPPRESSED_TENANTS && !s.contains_key(tenant) {
+            s.clear();
+            self.limiter.retain_recent();
+        }
+        *s.entry(tenant.clone()).or_insert(0) += 1;
+        None
+    }
+}
+
+static REFUSALS: std::sync::LazyLock<Refusals> = std::sync::LazyLock::new(|| Refusals {
+    limiter: governor::RateLimiter::keyed(
+        governor::Quota::per_second(
+            std::num::NonZeroU32::new(REFUSALS_PER_SECOND).unwrap_or(std::num::NonZeroU32::MIN),
+        )
+        .allow_burst(
+            std::num::NonZeroU32::new(REFUSALS_BURST).unwrap_or(std::num::NonZeroU32::MIN),
+        ),
+    ),
+    suppressed: parking_lot::Mutex::new(std::collections::HashMap::new()),
+});
+
 /// Refusals worth a security team's eye: a scope the caller lacks, a path
 /// outside the root, a call the gateway forbids.
 fn is_refusal(e: &GatewayError) -> bool {
@@ -151,8 +200,16 @@ where
                 session: session.as_deref(),
             };
             match (&result, described) {
-                (Ok(_), Some((event, fields))) => audit::emit(event, &who, fields),
+                (Ok(_), Some((event, fields))) if event != START => {
+                    audit::emit(event, &who, fields);
+                }
                 (Err(e), described) if is_refusal(e) => {
+                    // Refusals cost the caller nothing else (they come
+                    // before its rate limit): a flood of them is recorded
+                    // at a bounded rate, the rest counted in the next one.
+                    let Some(suppressed) = REFUSALS.admit(&tenant) else {
+                        return result;
+                    };
                     let mut fields = json!({
                         "method": method,
                         "error": e.outcome(),
@@ -162,6 +219,9 @@ where
                         (described, &mut fields)
                     {
                         f.extend(call);
+                        if suppressed > 0 {
+                            f.insert("suppressed_before".to_owned(), json!(suppressed));
+                        }
                     }
                     audit::emit("call.refused", &who, fields);
                 }
@@ -174,6 +234,21 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_flood_of_refusals_is_recorded_at_a_bounded_rate_and_counted() {
+        let t: std::sync::Arc<str> = std::sync::Arc::from("flooder");
+        let admitted = (0..super::REFUSALS_BURST + 50)
+            .filter(|_| super::REFUSALS.admit(&t).is_some())
+            .count();
+        assert!(admitted <= super::REFUSALS_BURST as usize + 5, "{admitted}");
+        assert!(admitted >= super::REFUSALS_BURST as usize / 2, "{admitted}");
+        // Another tenant is not held back by it.
+        assert_eq!(
+            super::REFUSALS.admit(&std::sync::Arc::from("other")),
+            Some(0)
+        );
+    }
+
     #[test]
     fn decoded_lengths() {
         assert_eq!(super::decoded_len(""), 0);

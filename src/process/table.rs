@@ -213,6 +213,13 @@ impl ProcessTable {
                     .map_err(|e| GatewayError::Internal(format!("cgroup: {e}")))?,
             ),
         };
+        // The names the client set (never their values), for the audit trail.
+        let mut params_env_names: Vec<String> = if options.audit.is_some() {
+            params.env.keys().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        params_env_names.sort_unstable();
         let spec = SpawnSpec {
             env: env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env),
             argv: params.argv,
@@ -252,6 +259,20 @@ impl ProcessTable {
             revision: self.revision.clone(),
             audit: options.audit,
         };
+        // Recorded before the process's pump starts, so before its exit.
+        let audit_start = new.audit.as_ref().map(|tag| {
+            (
+                tag.clone(),
+                crate::audit::process_started(
+                    &new.id,
+                    &spec.argv,
+                    &spec.cwd,
+                    params_env_names.iter().map(String::as_str),
+                    spec.tty,
+                    spec.pipe_stdin,
+                ),
+            )
+        });
         let started = std::time::Instant::now();
         let child = self.spawner.spawn(spec).map_err(|e| {
             // A worker backing off its restart, or retired at shutdown.
@@ -263,6 +284,9 @@ impl ProcessTable {
             .observe(started.elapsed().as_secs_f64());
         settings.metrics.started.inc();
         settings.metrics.own_started.inc();
+        if let Some((tag, fields)) = audit_start {
+            crate::audit::emit("process.started", &tag.who(), fields);
+        }
         let group = signal::Group::new(child.pidfd);
         let (process, output) = match child.io {
             ChildIo::Pipes {
@@ -454,7 +478,18 @@ impl ProcessTable {
                 params.process_id
             )));
         }
-        process.killed_by(crate::audit::KilledBy::Client);
+        // A signal that ends a process by default names the client as
+        // its killer (one it traps or ignores leaves that open).
+        if matches!(
+            params.signal,
+            crate::protocol::process::SignalName::Interrupt
+                | crate::protocol::process::SignalName::Terminate
+                | crate::protocol::process::SignalName::Kill
+                | crate::protocol::process::SignalName::Hangup
+                | crate::protocol::process::SignalName::Quit
+        ) {
+            process.killed_by(crate::audit::KilledBy::Client);
+        }
         process
             .group
             .signal(signal::to_signal(params.signal))
