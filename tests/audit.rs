@@ -322,18 +322,7 @@ fn a_trail_inside_a_tenant_root_is_refused() {
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--admin-listen",
-            "off",
-            "--config",
-        ])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = common::serve_refused(&config);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     assert!(!d.join("t1/audit.jsonl").exists());
 }

@@ -139,18 +139,7 @@ fn unreadable_certificate_files_stop_the_start() {
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
-        .args([
-            "serve",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--admin-listen",
-            "off",
-            "--config",
-        ])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = common::serve_refused(&config);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("server.tls"), "{err}");

@@ -34,17 +34,29 @@ pub struct Audit<S> {
 
 /// A start's fields, for a refusal (a start that succeeds is recorded by
 /// the process table, before the process can exit).
-fn started(p: &ExecParams) -> (&'static str, Value) {
+fn started(
+    id: &str,
+    argv: &[String],
+    cwd: &str,
+    env: &std::collections::HashMap<String, String>,
+    tty: bool,
+    pipe_stdin: bool,
+) -> (&'static str, Value) {
+    let env = sorted_keys(env.keys());
     (
         START,
-        audit::process_started(
-            &p.process_id,
-            &p.argv,
-            p.cwd.as_str(),
-            sorted_keys(p.env.keys()).into_iter(),
-            p.tty,
-            p.pipe_stdin,
-        ),
+        audit::process_started(id, argv, cwd, env.into_iter(), tty, pipe_stdin),
+    )
+}
+
+fn exec_started(p: &ExecParams) -> (&'static str, Value) {
+    started(
+        &p.process_id,
+        &p.argv,
+        p.cwd.as_str(),
+        &p.env,
+        p.tty,
+        p.pipe_stdin,
     )
 }
 
@@ -54,19 +66,11 @@ const START: &str = "process.started";
 /// What a call is recorded as when it succeeds: its event and fields.
 fn describe(op: &Op) -> Option<(&'static str, Value)> {
     Some(match op {
-        Op::Call(Call::ProcessStart(p)) => started(p),
-        Op::Open(Open::Exec(p)) => started(p),
-        Op::Call(Call::CommandExec(p)) => (
-            START,
-            audit::process_started(
-                &p.process_id,
-                &p.argv,
-                p.cwd.as_str(),
-                sorted_keys(p.env.keys()).into_iter(),
-                p.tty,
-                false,
-            ),
-        ),
+        Op::Call(Call::ProcessStart(p)) => exec_started(p),
+        Op::Open(Open::Exec(p)) => exec_started(p),
+        Op::Call(Call::CommandExec(p)) => {
+            started(&p.process_id, &p.argv, p.cwd.as_str(), &p.env, p.tty, false)
+        }
         Op::Call(Call::ProcessTerminate(p)) => (
             "process.terminated",
             json!({"process_id": clip(&p.process_id)}),

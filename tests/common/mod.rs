@@ -797,6 +797,23 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
 pub mod direct;
 pub mod pki;
 
+/// `exec-gateway serve` on `config` (ws on an ephemeral port, no admin
+/// listener), run to its end: for configurations it must refuse.
+pub fn serve_refused(config: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+        .args([
+            "serve",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--admin-listen",
+            "off",
+            "--config",
+        ])
+        .arg(config)
+        .output()
+        .expect("run serve")
+}
+
 pub mod grpc {
     use exec_gateway::transport::grpc::pb;
     use tonic::Request;
