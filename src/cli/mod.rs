@@ -383,19 +383,23 @@ fn block_on<F: std::future::Future<Output = ExitCode>>(fut: F) -> ExitCode {
 }
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit; the limit in force.
+/// A failure is said on stderr directly: `serve` starts its logging later,
+/// on its runtime.
 fn raise_nofile_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => hard,
             Err(e) => {
-                tracing::warn!(error = %e, soft, hard, "cannot raise RLIMIT_NOFILE");
+                eprintln!(
+                    "exec-gateway: warning: cannot raise RLIMIT_NOFILE from {soft} to {hard}: {e}"
+                );
                 soft
             }
         },
         Ok((soft, _)) => soft,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE");
+            eprintln!("exec-gateway: warning: cannot read RLIMIT_NOFILE: {e}");
             1024
         }
     }
