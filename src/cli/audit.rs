@@ -53,19 +53,9 @@ pub(super) fn audit(args: &AuditArgs) -> ExitCode {
     for path in crate::audit::files_oldest_first(&file) {
         // Regular files only, opened without waiting (a FIFO put among
         // the rotations must not hang the reader).
-        let opened = {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&path)
-        };
-        let Ok(f) = opened else {
+        let Ok((f, _)) = crate::fs::open_regular(&path) else {
             continue;
         };
-        if !f.metadata().is_ok_and(|m| m.is_file()) {
-            continue;
-        }
         for line in std::io::BufReader::new(f).lines() {
             let Ok(line) = line else { break };
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {

@@ -39,16 +39,7 @@ const MAX_FINGERPRINT_READ: u64 = 1024 * 1024;
 /// open for ever), regular files only (`/dev/zero` never ends).
 fn bounded_read(p: &std::path::Path) -> Option<(Vec<u8>, u64, Option<std::time::SystemTime>)> {
     use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(p)
-        .ok()?;
-    let meta = f.metadata().ok()?;
-    if !meta.is_file() {
-        return None;
-    }
+    let (f, meta) = crate::fs::open_regular(p).ok()?;
     let (len, modified) = (meta.len(), meta.modified().ok());
     if len > MAX_FINGERPRINT_READ {
         return Some((Vec::new(), len, modified));

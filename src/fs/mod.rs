@@ -34,3 +34,20 @@ pub use error::FsError;
 pub use root::{FsRoot, normalize};
 pub use run::{FsDone, FsOp, run};
 pub use walk::MAX_WALK_ENTRIES;
+
+/// Open a file of the gateway's own (a certificate, a key, a trail) for
+/// reading without waiting, and only if it is a regular file: a FIFO put
+/// in its place would block the open for ever, a device never end. The
+/// file and its metadata.
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok((f, meta))
+}

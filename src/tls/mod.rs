@@ -37,18 +37,7 @@ pub const MAX_PEM_BYTES: u64 = 1024 * 1024;
 /// at most [`MAX_PEM_BYTES`].
 fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{}: not a regular file", path.display()));
-    }
+    let (f, _) = crate::fs::open_regular(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut buf = Vec::new();
     f.take(MAX_PEM_BYTES + 1)
         .read_to_end(&mut buf)

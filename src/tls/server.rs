@@ -22,7 +22,6 @@ pub const ALPN_H2: &[u8] = b"h2";
 /// A listener's TLS, reloaded when its files change.
 pub struct Tls {
     inner: Reloading<tokio_rustls::TlsAcceptor>,
-    asks_client_certs: bool,
 }
 
 fn build(files: &TlsFiles, alpn: &[u8], what: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -69,20 +68,12 @@ impl Tls {
         .collect();
         let (f, alpn) = (files.clone(), alpn.to_vec());
         let inner = Reloading::new(paths, what, Box::new(move || build(&f, &alpn, what)))?;
-        Ok(Arc::new(Tls {
-            inner,
-            asks_client_certs: files.client_ca.is_some(),
-        }))
+        Ok(Arc::new(Tls { inner }))
     }
 
     /// The acceptor for the next connection.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         self.inner.get()
-    }
-
-    /// Whether clients may authenticate with a certificate here.
-    pub fn asks_client_certs(&self) -> bool {
-        self.asks_client_certs
     }
 }
 
