@@ -60,8 +60,11 @@ fn exec_started(p: &ExecParams) -> (&'static str, Value) {
     )
 }
 
-/// A start: recorded on success by the table, here only when refused.
+/// Recorded on success by the process table (before the process can exit
+/// of it), here only when refused.
 const START: &str = "process.started";
+const TERMINATED: &str = "process.terminated";
+const SIGNALLED: &str = "process.signalled";
 
 /// What a call is recorded as when it succeeds: its event and fields.
 fn describe(op: &Op) -> Option<(&'static str, Value)> {
@@ -71,12 +74,11 @@ fn describe(op: &Op) -> Option<(&'static str, Value)> {
         Op::Call(Call::CommandExec(p)) => {
             started(&p.process_id, &p.argv, p.cwd.as_str(), &p.env, p.tty, false)
         }
-        Op::Call(Call::ProcessTerminate(p)) => (
-            "process.terminated",
-            json!({"process_id": clip(&p.process_id)}),
-        ),
+        Op::Call(Call::ProcessTerminate(p)) => {
+            (TERMINATED, json!({"process_id": clip(&p.process_id)}))
+        }
         Op::Call(Call::ProcessSignal(p)) => (
-            "process.signalled",
+            SIGNALLED,
             json!({"process_id": clip(&p.process_id), "signal": p.signal}),
         ),
         Op::Call(Call::FsWriteFile(p)) => (
@@ -204,7 +206,9 @@ where
                 session: session.as_deref(),
             };
             match (&result, described) {
-                (Ok(_), Some((event, fields))) if event != START => {
+                (Ok(_), Some((event, fields)))
+                    if ![START, TERMINATED, SIGNALLED].contains(&event) =>
+                {
                     audit::emit(event, &who, fields);
                 }
                 (Err(e), described) if is_refusal(e) => {

@@ -238,6 +238,15 @@ impl Process {
             .await;
     }
 
+    /// An event of this process in the audit trail (before what it
+    /// records takes effect, so before the exit it may cause).
+    pub fn audit_event(&self, event: &str, mut fields: serde_json::Value) {
+        if let (Some(tag), serde_json::Value::Object(f)) = (&self.audit, &mut fields) {
+            f.insert("process_id".to_owned(), crate::audit::clip(&self.id));
+            crate::audit::emit(event, &tag.who(), fields);
+        }
+    }
+
     /// Record who is ending it (the first to say so), for the audit trail.
     pub fn killed_by(&self, who: crate::audit::KilledBy) {
         let _ = self

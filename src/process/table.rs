@@ -454,6 +454,7 @@ impl ProcessTable {
             return TerminateResponse { running: false };
         }
         process.stdin.refuse();
+        process.audit_event("process.terminated", serde_json::json!({}));
         process.killed_by(crate::audit::KilledBy::Client);
         process.group.kill();
         process.kill_cgroup();
@@ -478,6 +479,10 @@ impl ProcessTable {
                 params.process_id
             )));
         }
+        process.audit_event(
+            "process.signalled",
+            serde_json::json!({ "signal": params.signal }),
+        );
         // A signal that ends a process by default names the client as
         // its killer (one it traps or ignores leaves that open).
         if matches!(
