@@ -265,24 +265,55 @@ pub fn spawn_here(
     Ok((child, fds))
 }
 
-/// A PTY pair at the reference's initial size, both ends close-on-exec
-/// (openpty(3) leaves them inheritable: no later child may keep them).
+/// A PTY pair at the reference's initial size, both ends opened
+/// close-on-exec. openpty(3) opens them inheritable and a later fcntl closes
+/// the gap too late: a child forked meanwhile by another thread would keep
+/// the terminal open (its reader would never see the hang-up).
 fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
-    let size = nix::pty::Winsize {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: opens a new descriptor, owned below.
+    let m = unsafe { libc::open(c"/dev/ptmx".as_ptr(), flags) };
+    if m < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened for us.
+    let master = unsafe { OwnedFd::from_raw_fd(m) };
+    let mut unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK with a valid int on a pty master.
+    if unsafe { libc::ioctl(m, libc::TIOCSPTLCK, &mut unlock) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // TIOCGPTPEER (Linux 4.13) opens the peer without a path lookup.
+    // SAFETY: TIOCGPTPEER returns a new descriptor, owned below.
+    let s = unsafe { libc::ioctl(m, libc::TIOCGPTPEER, flags) };
+    let slave = if s >= 0 {
+        // SAFETY: just opened for us.
+        unsafe { OwnedFd::from_raw_fd(s) }
+    } else {
+        let mut name = [0 as libc::c_char; 64];
+        // SAFETY: a buffer of the given length on a pty master.
+        if unsafe { libc::ptsname_r(m, name.as_mut_ptr(), name.len()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: ptsname_r wrote a NUL-terminated path.
+        let s = unsafe { libc::open(name.as_ptr(), flags) };
+        if s < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened for us.
+        unsafe { OwnedFd::from_raw_fd(s) }
+    };
+    let size = libc::winsize {
         ws_row: PTY_ROWS,
         ws_col: PTY_COLS,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    let pty = nix::pty::openpty(&size, None).map_err(io::Error::from)?;
-    for fd in [&pty.master, &pty.slave] {
-        nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )
-        .map_err(io::Error::from)?;
+    // SAFETY: TIOCSWINSZ with a valid winsize on a pty master.
+    if unsafe { libc::ioctl(m, libc::TIOCSWINSZ, &size) } < 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok((pty.master, pty.slave))
+    Ok((master, slave))
 }
 
 /// How a process ended.

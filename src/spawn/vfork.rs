@@ -381,9 +381,18 @@ mod tests {
         };
         let status = wait(pid);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        // One read may return a single line (each write of the child's is
+        // its own chunk): read until the closed terminal answers EIO.
+        let mut master = std::fs::File::from(master);
+        let mut all = Vec::new();
         let mut buf = vec![0u8; 4096];
-        let n = std::fs::File::from(master).read(&mut buf).unwrap();
-        let out = String::from_utf8_lossy(&buf[..n]);
+        loop {
+            match master.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+        }
+        let out = String::from_utf8_lossy(&all);
         assert!(out.starts_with("/dev/pts/"), "{out}");
         assert!(out.contains("tty0"), "{out}");
     }
