@@ -55,7 +55,7 @@ pub struct Process {
     /// notification does not count: a client that reads with
     /// `process/read` ignores them, and may not have read yet.
     close_delivered: AtomicBool,
-    pub write_ids: Mutex<WriteIds>,
+    pub write_ids: Arc<Mutex<WriteIds>>,
     pub output_bytes: prometheus_client::metrics::counter::Counter,
     /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
     /// each (back-pressure, like a connection's queue); one that stalls past
@@ -113,7 +113,7 @@ impl NewProcess {
             pty: Mutex::new(pty),
             worker_died: AtomicBool::new(false),
             close_delivered: AtomicBool::new(false),
-            write_ids: Mutex::new(WriteIds::default()),
+            write_ids: Arc::new(Mutex::new(WriteIds::default())),
             output_bytes: self.output_bytes,
             subscribers: Mutex::new(Vec::new()),
             subscriber_timeout: self.subscriber_timeout,

@@ -13,7 +13,7 @@ use super::output::OutputLog;
 use super::pump::{Output, Pump};
 use super::state::{GroupGuard, NewProcess, Process, ProcessPermits};
 use super::stdin::Stdin;
-use super::write_ids::MAX_WRITE_ID_BYTES;
+use super::write_ids::{MAX_WRITE_ID_BYTES, write_once};
 use crate::outbound::{Outbound, Reservation};
 
 /// JSON around one chunk of a `process/read` reply (seq, stream, keys).
@@ -434,12 +434,18 @@ impl ProcessTable {
         if process.stdin.is_none() {
             return status(WriteStatus::StdinClosed);
         }
-        if let Some(write_id) = &params.write_id
-            && !process.write_ids.lock().insert(write_id)
-        {
-            return status(WriteStatus::Accepted);
+        let data = params.chunk.0;
+        match &params.write_id {
+            // Once per id, even across a dropped call (write_ids.rs).
+            Some(id) => {
+                let p = process.clone();
+                write_once(&process.write_ids, id, move || async move {
+                    p.stdin.write(&data).await
+                })
+                .await?;
+            }
+            None => process.stdin.write(&data).await?,
         }
-        process.stdin.write(&params.chunk.0).await?;
         status(WriteStatus::Accepted)
     }
 
