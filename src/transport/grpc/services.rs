@@ -157,10 +157,13 @@ impl GrpcApi {
                 permit,
                 stall: self.gw.settings.slow_client_timeout,
             }),
-            Err(_) => Err(Status::resource_exhausted(format!(
-                "too many open streams for this tenant (max_streams {})",
-                tenant.settings.max_streams
-            ))),
+            // A quota like the others: its name and limit in the error data.
+            Err(_) => Err(GatewayError::QuotaExceeded {
+                quota: "streams",
+                limit: tenant.settings.max_streams as u64,
+                retry_after_ms: None,
+            }
+            .to_grpc()),
         }
     }
 
