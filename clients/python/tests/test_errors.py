@@ -129,6 +129,19 @@ async def test_quota_rate_and_in_flight_limits_say_which_and_when(site):
 
 
 @aio
+async def test_open_streams_past_the_tenants_cap_are_a_quota(site):
+    gateway = site.start(template="max_streams = 1\n")
+    async with await exec_gateway.connect(gateway.target, token=gateway.token()) as client:
+        session = await client.session()
+        # The first process's stream (held for its reader) takes the one place.
+        await session.start(["sleep", "600"])
+        with pytest.raises(QuotaExceeded) as e:
+            await session.start(["true"])
+        assert (e.value.quota, e.value.limit) == ("streams", 1)
+        await session.close()
+
+
+@aio
 async def test_a_draining_gateway_is_shutting_down(site):
     gateway = site.start(extra="[server]\nshutdown_grace = \"20s\"\n")
     async with await exec_gateway.connect(gateway.target, token=gateway.token()) as client:

@@ -91,7 +91,7 @@ class Process:
     def _ids(self) -> dict[str, str]:
         return {"session_id": self.session.id, "process_id": self.id}
 
-    async def events(self, after_seq: int = 0) -> AsyncIterator[Event]:
+    def events(self, after_seq: int = 0) -> AsyncIterator[Event]:
         """Events with seq > `after_seq`, in order, ending after `Closed`. A
         dropped connection, or a live feed this reader fell behind, is resumed
         from the last seq yielded: nothing repeated, nothing lost while the
@@ -107,8 +107,7 @@ class Process:
             return link.processes.Attach(
                 pb.AttachRequest(after_seq=cursor, **self._ids()), metadata=link.metadata())
 
-        async for event in self._follow(attach, after_seq):
-            yield event
+        return self._follow(attach, after_seq)
 
     async def _follow(self, open_call: Callable[[int], grpc.aio.UnaryStreamCall],
                       cursor: int) -> AsyncIterator[Event]:

@@ -1,0 +1,80 @@
+// The entry point: a channel to the gateway, its sessions, and the
+// tenant's files without a session.
+import { bind, Caller, unaryOnce, type CallOptions } from "./calls.js";
+import { Connection, type ConnectOptions } from "./connection.js";
+import { Files } from "./files.js";
+import { RootResolver, Session } from "./session.js";
+import { toEnvironmentInfo, type EnvironmentInfo } from "./types.js";
+
+export interface SessionOptions extends CallOptions {
+  /** Resume this session (one of this tenant's) instead of creating one. */
+  resume?: string;
+}
+
+export class Client {
+  /** The tenant's files without a session (its root). */
+  readonly files: Files;
+  private readonly caller: Caller;
+  private readonly paths: RootResolver;
+  /** Open sessions, kept alive until closed, detached, or this client closes. */
+  private readonly open = new Set<Session>();
+  private readonly forget = (s: Session): void => void this.open.delete(s);
+
+  /** @internal Use {@link connect}. */
+  constructor(conn: Connection) {
+    this.caller = new Caller(conn);
+    this.paths = new RootResolver((opts) => this.environmentInfo(opts));
+    this.files = new Files(this.caller, "", this.paths.resolve);
+  }
+
+  /**
+   * A new session, or with `resume` the session of that id (NotFound if
+   * it is gone or another tenant's).
+   */
+  async session(opts: SessionOptions = {}): Promise<Session> {
+    const { sessions, clientName } = this.caller.conn;
+    const resume = opts.resume;
+    if (resume !== undefined) {
+      const r = await this.caller.unary(opts, true, bind(sessions.resumeSession, sessions, { sessionId: resume }));
+      return this.track(new Session(this.caller, r.sessionId || resume, this.forget));
+    }
+    // Retried like the rest: a creation whose answer was lost leaves a
+    // session nobody uses, which the gateway removes after its detach TTL.
+    const r = await this.caller.retrying(opts, true, (a) =>
+      unaryOnce(bind(sessions.createSession, sessions, { clientName }), a, opts.signal),
+    );
+    return this.track(new Session(this.caller, r.sessionId, this.forget));
+  }
+
+  private track(s: Session): Session {
+    this.open.add(s);
+    return s;
+  }
+
+  /** The tenant's environment (without a session). */
+  async environmentInfo(opts?: CallOptions): Promise<EnvironmentInfo> {
+    const env = this.caller.conn.environment;
+    const r = await this.caller.unary(opts, true, bind(env.getInfo, env, { sessionId: "" }));
+    const info = toEnvironmentInfo(r);
+    this.paths.learn(info.cwd);
+    return info;
+  }
+
+  /**
+   * Stop keeping sessions alive and close the channel; calls still in
+   * flight fail. The sessions are not closed: they live the gateway's
+   * detach TTL, to be resumed.
+   */
+  close(): void {
+    for (const s of [...this.open]) s.detach();
+    this.caller.conn.close();
+  }
+}
+
+/**
+ * A client of the gateway at `target` (`grpc://HOST:PORT`, `grpcs://HOST:PORT`,
+ * or a bare `HOST:PORT` for plaintext). Nothing is dialled until the first call.
+ */
+export async function connect(target: string, opts: ConnectOptions = {}): Promise<Client> {
+  return new Client(new Connection(target, opts));
+}

@@ -1,0 +1,208 @@
+// A session: its processes, its files, where it runs.
+import { randomUUID } from "node:crypto";
+import path from "node:path";
+import { EnvInherit, type ProcessSpec } from "../gen/exec_gateway/v1/process.js";
+import { bind, unaryOnce, type CallOptions, type Caller } from "./calls.js";
+import { NotFound } from "./errors.js";
+import { Files, type Resolve } from "./files.js";
+import { launch } from "./launch.js";
+import { Process } from "./process.js";
+import { runCommand } from "./run.js";
+import { toEnvironmentInfo, toProcessInfo, type EnvironmentInfo, type ProcessInfo, type RunResult } from "./types.js";
+
+export interface SpawnOptions {
+  /** Working directory: absolute, or relative to the tenant's root (the default). */
+  cwd?: string;
+  /** Variables laid over the tenant's base environment. */
+  env?: Record<string, string>;
+  /** Run under a terminal (24×80 until resized); its output is stream `pty`. */
+  tty?: boolean;
+  /** The process's id, unique in the session (default: a fresh random one). */
+  processId?: string;
+}
+
+export interface RunOptions extends SpawnOptions {
+  /** Kill the process and raise CommandTimeout after this many ms. */
+  timeoutMs?: number;
+  /** Aborting kills the process; `run` rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Written to the process's stdin, then closed, while its output is read. */
+  stdin?: string | Uint8Array;
+  /** Past this much output (stdout and stderr together; 64 MiB), OutputLimitExceeded. */
+  maxOutputBytes?: number;
+}
+
+export interface StartOptions extends SpawnOptions, CallOptions {
+  /** Keep a writable stdin pipe (`process.write`); a terminal always has one. */
+  stdin?: boolean;
+}
+
+/** Resolves paths against the tenant root, looked up once. */
+export class RootResolver {
+  private root: Promise<string> | undefined;
+
+  constructor(private readonly lookup: (opts: CallOptions | undefined) => Promise<EnvironmentInfo>) {}
+
+  /** The root, as an environment lookup made for another reason found it. */
+  learn(root: string): void {
+    this.root ??= Promise.resolve(root);
+  }
+
+  /** A path as the gateway wants it: absolute, relative ones under the root. */
+  readonly resolve: Resolve = async (p, opts) => {
+    if (p.startsWith("/")) return p;
+    return path.posix.join(await this.rootDir(opts), p);
+  };
+
+  private rootDir(opts: CallOptions | undefined): Promise<string> {
+    if (this.root === undefined) {
+      const pending = this.lookup(opts).then((info) => info.cwd);
+      this.root = pending;
+      // A failed lookup is not remembered: the next call asks again.
+      pending.catch(() => {
+        if (this.root === pending) this.root = undefined;
+      });
+    }
+    return this.root;
+  }
+}
+
+/**
+ * A session: processes and the files where they run. While this object is
+ * open (not closed or detached, its client not closed) a call every
+ * `keepaliveInterval` keeps the gateway from expiring it; after that it
+ * lives the gateway's detach TTL, to be resumed.
+ */
+export class Session {
+  /** Files where this session runs. */
+  readonly files: Files;
+  private readonly paths: RootResolver;
+  private keepalive: NodeJS.Timeout | undefined;
+  private pinging = false;
+
+  constructor(
+    private readonly caller: Caller,
+    /** The session's id: pass it to `client.session({resume})` to pick it up elsewhere. */
+    readonly id: string,
+    private readonly forget: (s: Session) => void,
+  ) {
+    this.paths = new RootResolver((opts) => this.environmentInfo(opts));
+    this.files = new Files(caller, id, this.paths.resolve);
+    this.keepalive = setInterval(() => void this.ping(), caller.conn.keepaliveIntervalMs);
+    // It keeps the session alive, not this process.
+    this.keepalive.unref();
+  }
+
+  /** One keepalive call; the next real call reports what goes wrong. */
+  private async ping(): Promise<void> {
+    if (this.pinging || this.caller.conn.isClosed) return;
+    this.pinging = true;
+    const { sessions } = this.caller.conn;
+    try {
+      const opts = { timeoutMs: this.caller.conn.keepaliveIntervalMs * 2 };
+      await this.caller.unary(opts, false, bind(sessions.resumeSession, sessions, { sessionId: this.id }));
+    } catch (e) {
+      // Gone for good: nothing left to keep alive. Anything else (a drop,
+      // a busy gateway) is for the next real call to meet and report.
+      if (e instanceof NotFound) this.detach();
+    } finally {
+      this.pinging = false;
+    }
+  }
+
+  /**
+   * Stop keeping the session alive (it then lives the gateway's detach
+   * TTL, to be resumed by id). Calls on it still work.
+   */
+  detach(): void {
+    clearInterval(this.keepalive);
+    this.keepalive = undefined;
+    this.forget(this);
+  }
+
+  /** Where the session runs: shell, cwd (the tenant root), home, platform, capabilities. */
+  async environmentInfo(opts?: CallOptions): Promise<EnvironmentInfo> {
+    const env = this.caller.conn.environment;
+    const r = await this.caller.unary(opts, true, bind(env.getInfo, env, { sessionId: this.id }));
+    const info = toEnvironmentInfo(r);
+    this.paths.learn(info.cwd);
+    return info;
+  }
+
+  private async spec(
+    argv: readonly string[],
+    processId: string,
+    opts: StartOptions,
+    call: CallOptions | undefined,
+  ): Promise<ProcessSpec> {
+    const tty = opts.tty ?? false;
+    return {
+      processId,
+      argv: [...argv],
+      // The gateway wants an absolute cwd: none means the tenant's root.
+      cwd: await this.paths.resolve(opts.cwd ?? ".", call),
+      env: {},
+      tty,
+      pipeStdin: (opts.stdin ?? false) && !tty,
+      // The tenant's whole base environment with `env` laid over it.
+      envPolicy: {
+        inherit: EnvInherit.ENV_INHERIT_ALL,
+        ignoreDefaultExcludes: false,
+        exclude: [],
+        set: { ...opts.env },
+        includeOnly: [],
+      },
+    };
+  }
+
+  /**
+   * Run a command to its end and collect its output. With `timeoutMs`, the
+   * process is killed when it passes and CommandTimeout (with the output so
+   * far) is raised; past `maxOutputBytes`, OutputLimitExceeded; aborting
+   * `signal` kills it too.
+   */
+  run(argv: readonly string[], opts: RunOptions = {}): Promise<RunResult> {
+    return runCommand(this, argv, opts);
+  }
+
+  /**
+   * Start a process; its handle streams events and takes stdin and signals.
+   * Its output waits for the first reader (iterating it, or `wait`), the
+   * process blocking on a full pipe meanwhile as with a local pipe. Read it
+   * promptly: a stream left unread for the gateway's slow-client timeout
+   * (30 s) is dropped, and then only the newest 1 MiB is retained.
+   */
+  async start(argv: readonly string[], opts: StartOptions = {}): Promise<Process> {
+    const processId = opts.processId ?? randomUUID();
+    const spec = await this.spec(argv, processId, opts, opts);
+    const held = await launch(this.caller, { sessionId: this.id, spec }, opts);
+    return new Process(this.caller, this.id, processId, held);
+  }
+
+  /** The handle of a process started earlier, by this client or another. */
+  process(processId: string): Process {
+    return new Process(this.caller, this.id, processId);
+  }
+
+  /** The session's processes. */
+  async list(opts?: CallOptions): Promise<ProcessInfo[]> {
+    const { processes } = this.caller.conn;
+    const r = await this.caller.unary(opts, true, bind(processes.list, processes, { sessionId: this.id }));
+    return r.processes.map(toProcessInfo);
+  }
+
+  /** End the session now and kill its processes. */
+  async close(opts?: CallOptions): Promise<void> {
+    this.detach();
+    const { sessions } = this.caller.conn;
+    await this.caller.retrying(opts, true, async (a) => {
+      try {
+        await unaryOnce(bind(sessions.closeSession, sessions, { sessionId: this.id }), a, opts?.signal);
+      } catch (e) {
+        // Retried after a drop: the attempt that broke closed it.
+        if (a.retried && e instanceof NotFound) return;
+        throw e;
+      }
+    });
+  }
+}
