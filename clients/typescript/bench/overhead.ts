@@ -5,6 +5,7 @@
 //   Exec stream read to its end;
 // - throughput: a process writing M MiB (default 64) to stdout, consumed
 //   through the SDK's event iteration vs. the raw Exec stream.
+// The tenant's requests_per_second must allow a few thousand calls a second.
 // Prints one JSON line. Both sides use the same channel settings (message
 // limits, a 1 MiB flow-control window), so the difference is the SDK's.
 import { readFileSync } from "node:fs";
