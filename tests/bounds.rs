@@ -364,7 +364,13 @@ async fn grpc_streams_are_capped_per_tenant() {
     let b = files.read_file(req()).await.expect("second stream");
     let e = files.read_file(req()).await.expect_err("third stream");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("max_streams"), "{e:?}");
+    assert_eq!(e.message(), "quota exceeded: streams (limit 2)", "{e:?}");
+    let data = e
+        .metadata()
+        .get("x-exec-gateway-error-data")
+        .expect("error data");
+    let data: serde_json::Value = serde_json::from_str(data.to_str().unwrap()).unwrap();
+    assert_eq!(data, serde_json::json!({"quota": "streams", "limit": 2}));
     // Closing one frees its place.
     drop(a);
     let mut again = None;
