@@ -74,8 +74,6 @@ async def test_not_found_already_exists_invalid_argument_and_unimplemented(gatew
             await session.start(["true"], process_id="dup")
         with pytest.raises(InvalidArgument):
             await session.process("dup").resize(0, 80)
-        with pytest.raises(InvalidArgument):
-            await session.run(["true"], cwd="relative")
         # A method this gateway does not serve.
         call = client.link.channel.unary_unary(
             "/exec_gateway.v1.ProcessService/Teleport",

@@ -175,3 +175,68 @@ def test_the_sync_wrapper_runs_streams_and_moves_files(gateway):
         assert session.files.read_bytes(f"{root}/s.txt") == b"a" + b"b" * 10
         assert b"".join(session.files.read(f"{root}/s.txt", offset=1, length=3)) == b"bbb"
         session.close()
+
+
+@aio
+async def test_a_cancelled_run_leaves_no_process_running(gateway):
+    async with await exec_gateway.connect(gateway.target, token=gateway.token()) as client:
+        session = await client.session()
+        task = asyncio.ensure_future(session.run(["sh", "-c", "echo up; exec sleep 600"]))
+        while not await session.list():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [p.state for p in await session.list()] in (["exited"], ["closed"])
+        # Cancelled while the start itself is under way: still killed.
+        for _ in range(5):
+            task = asyncio.ensure_future(session.run(["sleep", "600"]))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert all(p.state in ("exited", "closed") for p in await session.list())
+
+
+@aio
+async def test_relative_paths_and_cwd_are_under_the_root_and_a_gone_session_is_let_go(gateway):
+    async with await exec_gateway.connect(gateway.target, token=gateway.token(),
+                                          keepalive_interval=0.2) as client:
+        session = await client.session()
+        root = (await session.environment_info()).cwd
+        await session.files.mkdir("rel/dir", parents=True)
+        await session.files.write("rel/dir/f.txt", b"relative")
+        assert await client.files.read_bytes(f"{root}/rel/dir/f.txt") == b"relative"
+        assert (await session.run(["cat", "f.txt"], cwd="rel/dir")).stdout == b"relative"
+        # Closed by another client: this one's keepalive stops asking.
+        async with await exec_gateway.connect(gateway.target, token=gateway.token()) as other:
+            await (await other.session(resume=session.id)).close()
+        for _ in range(100):
+            if session not in client._sessions:
+                break
+            await asyncio.sleep(0.05)
+        assert session not in client._sessions
+
+
+def test_closing_a_sync_client_ends_a_call_blocked_in_another_thread(gateway):
+    import threading
+    client = connect_sync(gateway.target, token=gateway.token())
+    proc = client.session().start(["sleep", "600"])
+    outcome = []
+
+    def waiter():
+        try:
+            proc.wait()
+        except exec_gateway.ConnectionLost as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    import time
+    time.sleep(0.5)
+    client.close()
+    t.join(timeout=20)
+    assert not t.is_alive() and len(outcome) == 1
+    with pytest.raises(exec_gateway.ConnectionLost):
+        client.session()
+    client.close()  # twice is fine

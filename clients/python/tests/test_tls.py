@@ -96,3 +96,33 @@ async def test_grpcs_with_a_ca_and_a_client_certificate_instead_of_a_token(site)
         await (await exec_gateway.connect(target, token="t", allow_plaintext=True)).close()
     for target in ("grpc://localhost:1", "grpc://127.0.0.2:1", "grpc://[::1]:1"):
         await (await exec_gateway.connect(target, token="t")).close()
+
+
+@aio
+async def test_a_plaintext_channel_ignores_http_proxies_from_the_environment(gateway):
+    import asyncio
+    import os
+    seen = []
+
+    async def proxy(reader, writer):
+        seen.append(await reader.read(200))
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    saved = {k: os.environ.get(k) for k in ("http_proxy", "grpc_proxy", "no_proxy")}
+    os.environ.update(http_proxy=f"http://127.0.0.1:{port}", grpc_proxy=f"http://127.0.0.1:{port}")
+    os.environ.pop("no_proxy", None)
+    try:
+        async with await exec_gateway.connect(gateway.target, token=gateway.token()) as client:
+            session = await client.session()
+            assert (await session.run(["echo", "direct"])).stdout == b"direct\n"
+            await session.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.close()
+    assert seen == [], seen

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from typing import Optional
+
+import grpc
 
 from ._errors import CommandTimeout, ExecGatewayError, OutputLimitExceeded, Unauthenticated
 from ._files import Files
@@ -69,7 +72,8 @@ class Client:
         self.client_name = client_name
         self.keepalive_interval = keepalive_interval
         #: File operations in the tenant's root, outside any session.
-        self.files = Files(link)
+        self.files = Files(link, self._root)
+        self._root_path: Optional[str] = None
         self._sessions: set[Session] = set()
 
     async def __aenter__(self) -> "Client":
@@ -101,6 +105,11 @@ class Client:
         """Where calls without a session run: the tenant's root."""
         return await _environment_info(self.link, "")
 
+    async def _root(self) -> str:
+        if self._root_path is None:
+            self._root_path = (await self.environment_info()).cwd
+        return self._root_path
+
     async def close(self) -> None:
         """Stops keeping sessions alive and closes the channel. The sessions
         are not closed: they live the gateway's detach TTL, to be resumed."""
@@ -118,7 +127,7 @@ class Session:
     def __init__(self, client: Client, session_id: str) -> None:
         self.client = client
         self.id = session_id
-        self.files = Files(client.link, session_id)
+        self.files = Files(client.link, self._root_dir, session_id)
         self._root: Optional[str] = None
         self._keepalive: Optional[asyncio.Task[None]] = asyncio.get_running_loop().create_task(
             self._keep_alive())
@@ -140,10 +149,14 @@ class Session:
                 await link.sessions.ResumeSession(
                     spb.ResumeSessionRequest(session_id=self.id), metadata=link.metadata(),
                     timeout=interval * 2)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the next call says what is wrong
-                continue
+            except grpc.aio.AioRpcError as e:
+                if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED):
+                    # Gone, or no longer ours: nothing left to keep alive.
+                    self._keepalive = None
+                    self.client._sessions.discard(self)
+                    return
+                # Anything else (a drop, a busy gateway): the next call says.
 
     def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
@@ -178,14 +191,19 @@ class Session:
             session_id=self.id, spec=spec(process_id, argv, await self._cwd(cwd), env, tty, stdin)))
         return process
 
-    async def _cwd(self, cwd: Optional[str]) -> str:
-        """`cwd`, or the session's root (asked once): the API takes absolute
-        paths only."""
-        if cwd:
-            return cwd
+    async def _root_dir(self) -> str:
+        """The session's root (asked once)."""
         if self._root is None:
             self._root = (await self.environment_info()).cwd
         return self._root
+
+    async def _cwd(self, cwd: Optional[str]) -> str:
+        """`cwd` (relative: under the root), or the session's root: the API
+        takes absolute paths only."""
+        if cwd and cwd.startswith("/"):
+            return cwd
+        root = await self._root_dir()
+        return posixpath.join(root, cwd) if cwd else root
 
     def process(self, process_id: str) -> Process:
         """The handle of a process started earlier (by any client)."""
@@ -203,10 +221,15 @@ class Session:
         out, err = bytearray(), bytearray()
         status: list[Exited] = []
         process: Optional[Process] = None
+        # The start runs to its end even if this call is cancelled during it:
+        # then its process is known, and killed.
+        starting: Optional[asyncio.Future[Process]] = None
 
         async def collect() -> None:
-            nonlocal process
-            process = await self.start(argv, cwd=cwd, env=env, stdin=stdin is not None)
+            nonlocal process, starting
+            starting = asyncio.ensure_future(
+                self.start(argv, cwd=cwd, env=env, stdin=stdin is not None))
+            process = await asyncio.shield(starting)
             feeding = (asyncio.get_running_loop().create_task(_feed(process, stdin))
                        if stdin is not None else None)
             try:
@@ -228,13 +251,20 @@ class Session:
                     feeding.cancel()
 
         async def kill() -> None:
-            if process is not None:
+            target = process
+            if target is None and starting is not None:
                 try:
-                    # Killed, and its end seen, before the caller hears of it.
-                    await process.terminate()
-                    await process.wait(RUN_KILL_WAIT)
-                except (ExecGatewayError, asyncio.TimeoutError):
-                    pass
+                    target = await starting
+                except (Exception, asyncio.CancelledError):
+                    return  # never started
+            if target is None:
+                return
+            try:
+                # Killed, and its end seen, before the caller hears of it.
+                await target.terminate()
+                await target.wait(RUN_KILL_WAIT)
+            except (ExecGatewayError, asyncio.TimeoutError):
+                pass
 
         try:
             if timeout is None:
@@ -250,6 +280,12 @@ class Session:
             raise OutputLimitExceeded(
                 f"{argv[0]} printed more than max_output_bytes ({max_output_bytes})",
                 stdout=bytes(out), stderr=bytes(err)) from None
+        except BaseException:
+            # Cancelled, or its output cut short: a process nobody will read
+            # is not left running.
+            if not status:
+                await asyncio.shield(kill())
+            raise
         if not status:
             raise ExecGatewayError("the process closed without an exit", code="INTERNAL")
         return Result(bytes(out), bytes(err), status[0].exit_code, status[0].signal)

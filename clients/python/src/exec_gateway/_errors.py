@@ -205,7 +205,8 @@ def _error_data(*metadata: Any) -> dict[str, Any]:
             if key == ERROR_DATA_KEY:
                 try:
                     data = json.loads(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):
+                    # Not the gateway's (it sends a flat object): ignored.
                     return {}
                 return data if isinstance(data, dict) else {}
     return {}

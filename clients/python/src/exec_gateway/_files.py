@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import (TYPE_CHECKING, AsyncIterable, AsyncIterator, Iterable,
+import posixpath
+from typing import (TYPE_CHECKING, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable,
                     Union)
 
 import grpc
@@ -27,11 +28,6 @@ WALK_MAX_ENTRIES = 100_000
 _KINDS = {pb.WALK_ENTRY_KIND_FILE: "file", pb.WALK_ENTRY_KIND_DIRECTORY: "directory"}
 
 
-def _path(p: PathLike) -> str:
-    path = os.fspath(p)
-    if not path.startswith("/"):
-        raise ValueError(f"paths are absolute on the gateway: {path!r}")
-    return path
 
 
 def _exists(err: ExecGatewayError) -> bool:
@@ -42,16 +38,26 @@ class Files:
     """Files where the session runs (`session.files`), or in the tenant's
     root (`client.files`, no session)."""
 
-    def __init__(self, link: "Link", session_id: str = "") -> None:
+    def __init__(self, link: "Link", root: Callable[[], Awaitable[str]],
+                 session_id: str = "") -> None:
         self._link = link
+        self._root = root
         self._session_id = session_id
+
+    async def _path(self, p: PathLike) -> str:
+        """An absolute path as it is; a relative one under the tenant's root
+        (the gateway confines both to it)."""
+        path = os.fspath(p)
+        if not path:
+            raise ValueError("an empty path")
+        return path if path.startswith("/") else posixpath.join(await self._root(), path)
 
     async def read(self, path: PathLike, offset: int = 0,
                    length: int = 0) -> AsyncIterator[bytes]:
         """The file's bytes from `offset`, `length` of them (0: to the end),
         in chunks of up to 1 MiB. A dropped connection continues from the
         offset reached."""
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         retrying = Retrying(link.resume_within)
         done = 0
         while True:
@@ -62,10 +68,16 @@ class Files:
                 metadata=link.metadata())
             try:
                 async for msg in call:
-                    if msg.data:
-                        done += len(msg.data)
+                    data = msg.data
+                    if length and done + len(data) > length:
+                        # More than asked for is not the gateway's answer.
+                        data = data[:length - done]
+                    if data:
+                        done += len(data)
                         retrying.progressed()
-                        yield msg.data
+                        yield data
+                    if length and done >= length:
+                        return
                 return
             except grpc.aio.AioRpcError as e:
                 err = classify(e)
@@ -88,7 +100,7 @@ class Files:
         """Writes (creates or truncates) the file; the bytes written. Bytes
         are sent again whole after a dropped connection; an iterator's chunks
         cannot be, and a drop under one raises `ConnectionLost`."""
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         if isinstance(data, str):
             data = data.encode()
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -127,14 +139,14 @@ class Files:
         return await self.write(path, text.encode(encoding))
 
     async def list(self, path: PathLike) -> list[DirEntry]:
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         resp = await link.call(lambda: link.files.ReadDirectory(
             pb.ReadDirectoryRequest(path=path, session_id=self._session_id),
             metadata=link.metadata()))
         return [DirEntry(e.file_name, e.is_directory, e.is_file) for e in resp.entries]
 
     async def stat(self, path: PathLike) -> Metadata:
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         m = await link.call(lambda: link.files.GetMetadata(
             pb.GetMetadataRequest(path=path, session_id=self._session_id),
             metadata=link.metadata()))
@@ -150,7 +162,7 @@ class Files:
 
     async def mkdir(self, path: PathLike, parents: bool = False) -> None:
         """Creates a directory (and its parents with `parents`)."""
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         await link.call(lambda: link.files.CreateDirectory(
             pb.CreateDirectoryRequest(path=path, recursive=parents,
                                       session_id=self._session_id),
@@ -159,7 +171,7 @@ class Files:
     async def remove(self, path: PathLike, recursive: bool = False, force: bool = False) -> None:
         """Removes a file, or a directory (its contents too with `recursive`);
         `force`: a missing path is not an error."""
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         await link.call(lambda: link.files.Remove(
             pb.RemoveRequest(path=path, recursive=recursive, force=force,
                              session_id=self._session_id),
@@ -169,14 +181,14 @@ class Files:
     async def copy(self, source: PathLike, destination: PathLike,
                    recursive: bool = False) -> None:
         link = self._link
-        src, dst = _path(source), _path(destination)
+        src, dst = await self._path(source), await self._path(destination)
         await link.call(lambda: link.files.Copy(
             pb.CopyRequest(source_path=src, destination_path=dst, recursive=recursive,
                            session_id=self._session_id),
             metadata=link.metadata()))
 
     async def canonicalize(self, path: PathLike) -> str:
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         resp = await link.call(lambda: link.files.Canonicalize(
             pb.CanonicalizeRequest(path=path, session_id=self._session_id),
             metadata=link.metadata()))
@@ -190,7 +202,7 @@ class Files:
         (the root's entries are level 0), at most `max_directories` read and
         `max_entries` listed (the gateway caps both at 100,000); `truncated`
         when a limit was reached."""
-        link, path = self._link, _path(path)
+        link, path = self._link, await self._path(path)
         resp = await link.call(lambda: link.files.Walk(
             pb.WalkRequest(path=path, max_depth=max_depth, max_directories=max_directories,
                            max_entries=max_entries,

@@ -11,7 +11,8 @@ from typing import Awaitable, Callable, Optional, TypeVar, Union
 
 import grpc
 
-from ._errors import ConnectionLost, ExecGatewayError, _Transport, classify, connection_lost
+from ._errors import (ConnectionLost, DeadlineExceeded, ExecGatewayError, _Transport, classify,
+                      connection_lost)
 from .v1 import (environment_pb2_grpc, file_pb2_grpc, process_pb2_grpc,
                  session_pb2_grpc)
 
@@ -27,6 +28,11 @@ DEFAULT_RESUME_WITHIN = 60.0
 #: The gateway's message limit is 16 MiB; files move in 1 MiB messages.
 MAX_MESSAGE_BYTES = 16 << 20
 FILE_CHUNK_BYTES = 1 << 20
+
+#: How long one attempt of a unary call waits for its answer. The gateway
+#: answers within its own request deadline (60 s by default): past this, the
+#: connection is presumed dead rather than the call slow.
+CALL_TIMEOUT = 90.0
 
 _RETRY_FIRST = 0.05
 _RETRY_MAX = 1.0
@@ -110,7 +116,10 @@ class Link:
                                                  certificate_chain=_pem(cert))
             self.channel = grpc.aio.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
         else:
-            self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            # No HTTP proxy from the environment (http_proxy, grpc_proxy):
+            # the token would cross it in the clear, whatever the target.
+            self.channel = grpc.aio.insecure_channel(
+                address, options=[*_CHANNEL_OPTIONS, ("grpc.enable_http_proxy", 0)])
         self.sessions = session_pb2_grpc.SessionServiceStub(self.channel)
         self.processes = process_pb2_grpc.ProcessServiceStub(self.channel)
         self.files = file_pb2_grpc.FileServiceStub(self.channel)
@@ -125,17 +134,23 @@ class Link:
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, retry: bool = True,
                    done_if: Optional[Callable[[ExecGatewayError], bool]] = None,
-                   done: Optional[Callable[[], T]] = None) -> T:
+                   done: Optional[Callable[[], T]] = None, after_drop: bool = False,
+                   timeout: Optional[float] = CALL_TIMEOUT) -> T:
         """`fn()` (one attempt of a unary call), retried while the connection
-        is down and `retry` allows, for up to `resume_within`. An error the
-        gateway answers to a retry that `done_if` accepts (an "already
-        exists" the first attempt caused) returns `done()` instead."""
+        is down and `retry` allows, for up to `resume_within`; each attempt
+        given up after `timeout` seconds without an answer. An error the
+        gateway answers to a retry (or, `after_drop`, to a first attempt
+        following one that broke elsewhere) that `done_if` accepts (an
+        "already exists" an earlier attempt caused) returns `done()`."""
         retrying = Retrying(self.resume_within)
         while True:
             try:
-                value = await fn()
+                value = await (fn() if timeout is None else asyncio.wait_for(fn(), timeout))
                 self.reached = True
                 return value
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded(f"no answer from the gateway within {timeout} s",
+                                       code="DEADLINE_EXCEEDED") from None
             except grpc.aio.AioRpcError as e:
                 err = classify(e)
             if not isinstance(err, _Transport):
@@ -148,7 +163,8 @@ class Link:
                     await retrying.wait(err.message)
                     continue
                 raise connection_lost(err.message) from None
-            if retrying.attempts and done_if is not None and done is not None and done_if(err):
+            if ((retrying.attempts or after_drop) and done_if is not None and done is not None
+                    and done_if(err)):
                 return done()
             raise err
 

@@ -39,8 +39,6 @@ _SIGNALS: dict[str, int] = {
 # The gateway's answer to a write whose pipe has no reader any more.
 _BROKEN_STDIN_TEXT = "failed to write to process stdin"
 
-# How long a write waits between tries while its process is still starting.
-_STARTING_PAUSE = 0.01
 
 
 def new_process_id() -> str:
@@ -155,6 +153,8 @@ class Process:
         link = self.session.client.link
         for start in range(0, max(len(data), 1), FILE_CHUNK_BYTES):
             piece = data[start:start + FILE_CHUNK_BYTES]
+            # A process still starting is waited for, within resume_within.
+            starting = Retrying(link.resume_within)
             while True:
                 write_id = uuid.uuid4().hex
                 try:
@@ -169,7 +169,7 @@ class Process:
                     raise
                 if resp.status == pb.WRITE_STATUS_STARTING:
                     # Not applied: tried again with a new id.
-                    await asyncio.sleep(_STARTING_PAUSE)
+                    await starting.wait(f"process {self.id} is still starting")
                     continue
                 break
             if resp.status == pb.WRITE_STATUS_UNKNOWN_PROCESS:
@@ -177,6 +177,8 @@ class Process:
             if resp.status == pb.WRITE_STATUS_STDIN_CLOSED:
                 raise StdinClosed(f"stdin of process {self.id} is closed",
                                   code="FAILED_PRECONDITION")
+            if resp.status != pb.WRITE_STATUS_ACCEPTED:
+                raise Internal(f"unknown write status {resp.status}", code="INTERNAL")
 
     async def close_stdin(self) -> None:
         link = self.session.client.link
@@ -252,10 +254,11 @@ async def launch(process: Process, request: pb.ExecRequest) -> None:
     except _Dropped:
         pass
     call.cancel()
+    # The broken Exec may have started it: "already exists" is success.
     await link.call(lambda: link.processes.Start(
         pb.StartRequest(session_id=request.session_id, spec=request.spec),
         metadata=link.metadata()),
-        done_if=lambda e: isinstance(e, AlreadyExists), done=lambda: None)
+        done_if=lambda e: isinstance(e, AlreadyExists), done=lambda: None, after_drop=True)
 
 
 class _Dropped(Exception):

@@ -12,12 +12,14 @@ daemon thread. The methods are the async API's, without `await`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from typing import (Any, AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator,
                     Optional, TypeVar, Union)
 
 from . import _client
 from ._client import SESSION_KEEPALIVE_INTERVAL
+from ._errors import ConnectionLost
 from ._files import Files as _AsyncFiles
 from ._files import PathLike
 from ._link import DEFAULT_RESUME_WITHIN, PemSource, Token
@@ -33,14 +35,24 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.closed = False
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name="exec-gateway-sync", daemon=True)
         self._thread.start()
 
     def run(self, coro: Awaitable[T]) -> T:
         if threading.current_thread() is self._thread:
+            _discard(coro)
             raise RuntimeError("a sync exec-gateway call from inside its own event loop")
-        return asyncio.run_coroutine_threadsafe(_await(coro), self.loop).result()
+        if self.closed:
+            _discard(coro)
+            raise ConnectionLost("the client is closed", code="CANCELLED")
+        future = asyncio.run_coroutine_threadsafe(_await(coro), self.loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            # Another thread closed the client under this call.
+            raise ConnectionLost("the client was closed", code="CANCELLED") from None
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         try:
@@ -51,14 +63,37 @@ class _Loop:
                     return
         finally:
             aclose = getattr(agen, "aclose", None)
-            if aclose is not None:
+            if aclose is not None and not self.closed:
                 self.run(aclose())
 
     def stop(self) -> None:
+        """Ends every call still under way (their callers get
+        `ConnectionLost`), then the loop and its thread."""
+        if self.closed:
+            return
+        self.closed = True
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout=10)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def _discard(aw: Awaitable[object]) -> None:
+    """A coroutine that will not run, closed (no "never awaited" warning)."""
+    close = getattr(aw, "close", None)
+    if close is not None:
+        close()
 
 
 async def _await(aw: Awaitable[T]) -> T:
@@ -104,6 +139,8 @@ class Client:
         return self._loop.run(self._inner.environment_info())
 
     def close(self) -> None:
+        if self._loop.closed:
+            return
         try:
             self._loop.run(self._inner.close())
         finally:
