@@ -96,6 +96,50 @@ describe("processes", { skip: skipReason() }, () => {
     assert.equal(status.signal, 9);
   });
 
+  test("a run or start aborted while it starts leaves nothing running and rejects at once", async () => {
+    // The session knows its root already: the abort falls on the start itself.
+    await session.environmentInfo();
+    const ids: string[] = [];
+    for (const delay of [0, 1, 2, 3, 5, 8]) {
+      for (const how of ["run", "start"] as const) {
+        const processId = `abort-early-${how}-${delay}`;
+        ids.push(processId);
+        const ac = new AbortController();
+        const reason = new Error(`stop ${processId}`);
+        setTimeout(() => ac.abort(reason), delay);
+        const t0 = Date.now();
+        const call: Promise<unknown> =
+          how === "run"
+            ? session.run(["sleep", "60"], { signal: ac.signal, processId })
+            : session.start(["sleep", "60"], { signal: ac.signal, processId });
+        const settled = await call.then(
+          (v) => ({ v }),
+          (e: unknown) => ({ e }),
+        );
+        const ms = Date.now() - t0;
+        if ("v" in settled) {
+          // The start won the race (only `start` can: `run` waits for the exit).
+          assert.equal(how, "start", `${processId} resolved`);
+          await (settled.v as { terminate(): Promise<boolean> }).terminate();
+        } else {
+          assert.equal(settled.e, reason, `${processId}: ${String(settled.e)}`);
+        }
+        assert.ok(ms < 3000, `${processId} settled after ${ms} ms`);
+      }
+    }
+    // Nothing the aborted calls started lives on.
+    await eventually(async () => {
+      const live = (await session.list()).filter(
+        (p) => ids.includes(p.processId) && (p.state === "running" || p.state === "starting"),
+      );
+      assert.deepEqual(
+        live.map((p) => p.processId),
+        [],
+      );
+      return true;
+    }, 3000);
+  });
+
   test("start yields output, exited and closed with contiguous numeric seqs, then ends", async () => {
     const p = await session.start(["sh", "-c", "echo one; echo two >&2; exit 4"]);
     const { events, stdout, stderr } = await drain(p);

@@ -159,6 +159,21 @@ describe("resuming after a dropped connection", { skip: skipReason() }, () => {
     await p.terminate();
   });
 
+  test("a start aborted while its answer is lost is seen through, and the process killed", async () => {
+    await session.run(["true"]);
+    proxy.oneway();
+    const ac = new AbortController();
+    const starting = session.start(["sleep", "60"], { processId: "aborted-unanswered", signal: ac.signal });
+    await eventually(async () => (await observer.list()).some((x) => x.processId === "aborted-unanswered"));
+    ac.abort();
+    // The Exec's answer is lost with the connection: `Start` again finds it.
+    proxy.cut();
+    proxy.forward();
+    await assert.rejects(starting, { name: "AbortError" });
+    const status = await observer.process("aborted-unanswered").wait({ timeoutMs: 5000 });
+    assert.equal(status.signal, 9);
+  });
+
   test("a signal whose answer was lost is not retried: ConnectionLost", async () => {
     const p = await session.start(["sh", "-c", "trap 'echo usr1' USR1; echo ready; while :; do sleep 0.05; done"]);
     const watch = iterate(observer.process(p.id));

@@ -11,7 +11,15 @@ import type {
 } from "@grpc/grpc-js";
 import { abortError, sleep, throwIfAborted } from "./abort.js";
 import type { Connection } from "./connection.js";
-import { ConnectionLost, ExecGatewayError, isRetryable, isServiceError, statusError, Unsent } from "./errors.js";
+import {
+  ConnectionLost,
+  DeadlineExceeded,
+  ExecGatewayError,
+  isRetryable,
+  isServiceError,
+  statusError,
+  Unsent,
+} from "./errors.js";
 
 /** What every SDK call takes. */
 export interface CallOptions {
@@ -22,6 +30,28 @@ export interface CallOptions {
    * included; then it fails with DeadlineExceeded.
    */
   timeoutMs?: number;
+}
+
+/**
+ * Where {@link withDeadline} keeps a call's absolute deadline, so that a
+ * call made of several (a lookup of the root, then the operation; the
+ * chunks of a write and their retries) is bounded as a whole by its
+ * `timeoutMs`, not each part by its own.
+ */
+const DEADLINE_AT: unique symbol = Symbol("exec-gateway.deadlineAt");
+
+/** Options whose deadline was fixed by {@link withDeadline}. */
+interface Fixed {
+  readonly [DEADLINE_AT]?: number;
+}
+
+/**
+ * `opts` with its `timeoutMs` turned into a deadline from now, once: the
+ * parts of the call that are given the result share it.
+ */
+export function withDeadline<O extends CallOptions>(opts: O): O {
+  if (opts.timeoutMs === undefined || (opts as Fixed)[DEADLINE_AT] !== undefined) return opts;
+  return { ...opts, [DEADLINE_AT]: Date.now() + opts.timeoutMs };
 }
 
 /** A generated unary method, bound to its request. */
@@ -193,30 +223,51 @@ export class Recovery {
   async broke(e: ConnectionLost): Promise<void> {
     // A gateway that never answered is a wrong address more likely than a drop.
     if (!this.conn.reached) throw this.conn.unreachable(e);
+    if (!(e instanceof Unsent)) this.mayHaveActed = true;
+    await this.again(e.message, "the gateway could not be reached", e);
+  }
+
+  /**
+   * Pause before the next attempt of a call that has not got anywhere
+   * since the last {@link progressed} (a broken connection, or a stream the
+   * gateway ended without anything new): 50 ms doubling to 1 s, and once
+   * `resumeWithin` has passed since the first such attempt, ConnectionLost
+   * ("`giveUp` within N s: `why`"); DeadlineExceeded past the call's
+   * deadline; the abort reason.
+   */
+  async again(why: string, giveUp: string, cause?: unknown): Promise<void> {
     const now = Date.now();
     this.lostAt ??= now;
     this.failures += 1;
-    if (!(e instanceof Unsent)) this.mayHaveActed = true;
     const lostBy = this.lostAt + this.conn.resumeWithinMs;
     if (now >= lostBy) {
       throw new ConnectionLost(
         "UNAVAILABLE",
-        `the gateway could not be reached within ${this.conn.resumeWithinMs / 1000} s: ${e.message}`,
+        `${giveUp} within ${this.conn.resumeWithinMs / 1000} s: ${why}`,
         undefined,
-        { cause: e },
+        cause === undefined ? undefined : { cause },
       );
     }
+    if (this.deadline !== undefined && now >= this.deadline) {
+      throw new DeadlineExceeded("DEADLINE_EXCEEDED", `the call's deadline passed: ${why}`);
+    }
     // A reset connection may still read READY for a moment.
-    await sleep(Math.min(backoffMs(this.failures), Math.max(0, lostBy - now)), this.signal);
-    await this.conn.awaitReconnect(lostBy, this.deadline, this.signal, e.message);
+    const until = Math.min(lostBy, this.deadline ?? Infinity);
+    await sleep(Math.min(backoffMs(this.failures), Math.max(0, until - now)), this.signal);
+    await this.conn.awaitReconnect(lostBy, this.deadline, this.signal, why);
   }
 }
 
 export class Caller {
   constructor(readonly conn: Connection) {}
 
-  /** When a call with `opts` must be done by (absolute ms). */
+  /**
+   * When a call with `opts` must be done by (absolute ms): the deadline
+   * {@link withDeadline} fixed, else `timeoutMs` from now.
+   */
   deadline(opts: CallOptions | undefined): number | undefined {
+    const fixed = (opts as Fixed | undefined)?.[DEADLINE_AT];
+    if (fixed !== undefined) return fixed;
     const t = opts?.timeoutMs;
     return t === undefined ? undefined : Date.now() + t;
   }

@@ -1,5 +1,6 @@
 // The entry point: a channel to the gateway, its sessions, and the
 // tenant's files without a session.
+import { inspect } from "node:util";
 import { bind, Caller, unaryOnce, type CallOptions } from "./calls.js";
 import { Connection, type ConnectOptions } from "./connection.js";
 import { Files } from "./files.js";
@@ -14,7 +15,8 @@ export interface SessionOptions extends CallOptions {
 export class Client {
   /** The tenant's files without a session (its root). */
   readonly files: Files;
-  private readonly caller: Caller;
+  /** A private field: the channel (and the calls on it) stay out of `util.inspect`, whatever its options. */
+  readonly #caller: Caller;
   private readonly paths: RootResolver;
   /** Open sessions, kept alive until closed, detached, or this client closes. */
   private readonly open = new Set<Session>();
@@ -22,9 +24,9 @@ export class Client {
 
   /** @internal Use {@link connect}. */
   constructor(conn: Connection) {
-    this.caller = new Caller(conn);
+    this.#caller = new Caller(conn);
     this.paths = new RootResolver((opts) => this.environmentInfo(opts));
-    this.files = new Files(this.caller, "", this.paths.resolve);
+    this.files = new Files(this.#caller, "", this.paths.resolve);
   }
 
   /**
@@ -32,18 +34,18 @@ export class Client {
    * it is gone or another tenant's).
    */
   async session(opts: SessionOptions = {}): Promise<Session> {
-    const { sessions, clientName } = this.caller.conn;
+    const { sessions, clientName } = this.#caller.conn;
     const resume = opts.resume;
     if (resume !== undefined) {
-      const r = await this.caller.unary(opts, true, bind(sessions.resumeSession, sessions, { sessionId: resume }));
-      return this.track(new Session(this.caller, r.sessionId || resume, this.forget));
+      const r = await this.#caller.unary(opts, true, bind(sessions.resumeSession, sessions, { sessionId: resume }));
+      return this.track(new Session(this.#caller, r.sessionId || resume, this.forget));
     }
     // Retried like the rest: a creation whose answer was lost leaves a
     // session nobody uses, which the gateway removes after its detach TTL.
-    const r = await this.caller.retrying(opts, true, (a) =>
+    const r = await this.#caller.retrying(opts, true, (a) =>
       unaryOnce(bind(sessions.createSession, sessions, { clientName }), a, opts.signal),
     );
-    return this.track(new Session(this.caller, r.sessionId, this.forget));
+    return this.track(new Session(this.#caller, r.sessionId, this.forget));
   }
 
   private track(s: Session): Session {
@@ -53,8 +55,8 @@ export class Client {
 
   /** The tenant's environment (without a session). */
   async environmentInfo(opts?: CallOptions): Promise<EnvironmentInfo> {
-    const env = this.caller.conn.environment;
-    const r = await this.caller.unary(opts, true, bind(env.getInfo, env, { sessionId: "" }));
+    const env = this.#caller.conn.environment;
+    const r = await this.#caller.unary(opts, true, bind(env.getInfo, env, { sessionId: "" }));
     const info = toEnvironmentInfo(r);
     this.paths.learn(info.cwd);
     return info;
@@ -67,7 +69,13 @@ export class Client {
    */
   close(): void {
     for (const s of [...this.open]) s.detach();
-    this.caller.conn.close();
+    this.#caller.conn.close();
+  }
+
+  /** What `console.log` shows: the target and open sessions, never the token. */
+  [inspect.custom](): string {
+    const ids = [...this.open].map((s) => inspect(s.id)).join(", ");
+    return `Client { target: ${inspect(this.#caller.conn.target)}, sessions: [${ids}] }`;
   }
 }
 

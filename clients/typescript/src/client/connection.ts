@@ -2,6 +2,7 @@
 // generated service stubs sharing it, the token as call metadata, and a
 // wait for the channel to be (back) up.
 import { readFileSync } from "node:fs";
+import { inspect } from "node:util";
 import {
   Channel,
   type ChannelOptions,
@@ -136,7 +137,11 @@ export class Connection {
    * is an error at once (a wrong address or port), not a drop to ride out.
    */
   reached = false;
-  private readonly token: TokenSource | undefined;
+  /**
+   * A private field: neither `console.log` nor `util.inspect` (whatever its
+   * options) shows it, and the class's own inspection leaves it out.
+   */
+  readonly #token: TokenSource | undefined;
   private closed = false;
 
   constructor(target: string, opts: ConnectOptions) {
@@ -165,7 +170,7 @@ export class Connection {
     }
     this.keepaliveIntervalMs = keepalive * 1000;
     this.clientName = opts.clientName ?? "exec-gateway-typescript";
-    this.token = opts.token;
+    this.#token = opts.token;
     const options: ChannelOptions = {
       // This client's own connection: closing it, or a dead one, is not
       // shared with other clients of the same target in the process.
@@ -183,6 +188,11 @@ export class Connection {
       // here for a slow reader stays bounded (this window and grpc-js's 16
       // buffered messages; then the gateway holds the process back).
       "grpc-node.flow_control_window": 1024 * 1024,
+      // A plaintext call goes straight to the gateway, never through an
+      // HTTP proxy named by http_proxy / grpc_proxy: the token would be in
+      // the clear to the proxy (and to whatever lies between). Through
+      // TLS, the proxy sees only a tunnel.
+      ...(t.tls ? {} : { "grpc.enable_http_proxy": 0 }),
       ...opts.channelOptions,
     };
     this.channel = new Channel(t.address, creds, options);
@@ -196,7 +206,7 @@ export class Connection {
   /** Call metadata: the current token, when there is one. */
   async metadata(): Promise<Metadata> {
     const md = new Metadata();
-    const token = typeof this.token === "function" ? await this.token() : this.token;
+    const token = typeof this.#token === "function" ? await this.#token() : this.#token;
     if (token !== undefined && token !== "") md.set("authorization", `Bearer ${token}`);
     return md;
   }
@@ -210,7 +220,7 @@ export class Connection {
 
   /** Whether the token can change between calls. */
   get rotatingToken(): boolean {
-    return typeof this.token === "function";
+    return typeof this.#token === "function";
   }
 
   get isClosed(): boolean {
@@ -281,5 +291,10 @@ export class Connection {
     if (this.closed) return;
     this.closed = true;
     this.channel.close();
+  }
+
+  /** What `console.log` shows: the target, never the token. */
+  [inspect.custom](): string {
+    return `Connection { target: ${inspect(this.target)}${this.closed ? ", closed" : ""} }`;
   }
 }

@@ -229,18 +229,24 @@ export function statusError(e: ServiceError): ExecGatewayError {
     case Status.UNAVAILABLE:
       return unavailable(code, message, data);
     case Status.INTERNAL:
+      if (message.startsWith(UNREADABLE)) return unreadable(code, message.slice(UNREADABLE.length), data);
+      return internalOrLost(code, message, data);
     case Status.UNKNOWN:
     case Status.CANCELLED:
-      // grpc-js reports a stream its connection dropped under with these
-      // too (an RST_STREAM, a reset socket): that is the connection's. An
-      // OS error the gateway passes on says so ("(os error N)").
-      if (data === undefined && BROKEN_STREAM.test(message) && !message.includes("(os error")) {
-        return lost(message);
-      }
-      return new Internal(code, message, data);
+      return internalOrLost(code, message, data);
     default:
       return new Internal(code, message, data);
   }
+}
+
+/**
+ * grpc-js reports a stream its connection dropped under with INTERNAL,
+ * UNKNOWN or CANCELLED too (an RST_STREAM, a reset socket): that is the
+ * connection's. An OS error the gateway passes on says so ("(os error N)").
+ */
+function internalOrLost(code: string, message: string, data: ErrorData | undefined): ExecGatewayError {
+  if (data === undefined && BROKEN_STREAM.test(message) && !message.includes("(os error")) return lost(message);
+  return new Internal(code, message, data);
 }
 
 /**
@@ -278,6 +284,20 @@ function unavailable(code: string, message: string, data: ErrorData | undefined)
   }
   if (message.startsWith(NOT_CONNECTED)) return new Unsent(code, `no connection: ${message}`);
   return lost(message);
+}
+
+/** grpc-js's text for a message from the server it could not decode. */
+const UNREADABLE = "Response message parsing error: ";
+
+/**
+ * A message from the gateway the SDK cannot decode (grpc-js cancelled the
+ * call): never a valid gateway's, so not retried.
+ */
+function unreadable(code: string, detail: string, data: ErrorData | undefined): Internal {
+  const why = detail.includes("MAX_SAFE_INTEGER")
+    ? " (a 64-bit number, such as an event's seq, past 2^53 - 1: a JavaScript number cannot hold it exactly)"
+    : "";
+  return new Internal(code, `the gateway sent a message the SDK cannot read: ${detail}${why}`, data);
 }
 
 function lost(detail: string): ConnectionLost {

@@ -3,8 +3,8 @@
 // while the gateway still retains it; what it no longer retains is
 // reported as an `outputLost` event.
 import type { ProcessEvent as PbProcessEvent } from "../gen/exec_gateway/v1/process.js";
-import { sleep, throwIfAborted } from "./abort.js";
-import { backoffMs, Recovery, type Attempt, type Caller } from "./calls.js";
+import { throwIfAborted } from "./abort.js";
+import { Recovery, type Attempt, type Caller } from "./calls.js";
 import { DeadlineExceeded, ExecGatewayError, InvalidArgument, Unauthenticated } from "./errors.js";
 import { toEvent, type ProcessEvent } from "./types.js";
 
@@ -39,10 +39,12 @@ function isTokenExpiry(e: unknown): boolean {
 
 /**
  * Yield the events after `afterSeq` in seq order, until `closed`. A stream
- * that breaks with its connection, that the gateway ended as too slow, or
- * that ended before `closed`, is opened again from the last seq yielded.
- * Gives up with ConnectionLost once the connection has been down for
- * `resumeWithin`.
+ * that breaks with its connection, that the gateway ended as too slow or
+ * unread, that finds the process still starting, or that ended before
+ * `closed`, is opened again from the last seq yielded, after a pause (50 ms
+ * doubling to 1 s). Only an event past the cursor is progress: once
+ * `resumeWithin` has passed without any, whatever the reason, the
+ * iteration gives up with ConnectionLost.
  */
 export async function* followEvents(
   caller: Caller,
@@ -54,25 +56,22 @@ export async function* followEvents(
   const recovery = new Recovery(conn, undefined, signal);
   let cursor = afterSeq;
   let attempt = 0;
-  let emptyEnds = 0;
   // A rotating token gets one fresh try per stretch of progress.
   let renewed = false;
   for (;;) {
     throwIfAborted(signal);
-    let progressed = false;
+    let why: string;
     try {
       const a: Attempt = { md: await conn.metadata(), deadline: undefined, retried: recovery.retried };
       const stream = open(cursor, a, attempt);
       attempt += 1;
       for await (const msg of stream) {
-        if (!progressed) {
-          progressed = true;
-          recovery.progressed();
-          emptyEnds = 0;
-          renewed = false;
-        }
+        // The gateway answered, though perhaps with nothing new.
+        conn.reached = true;
         const ev = msg.event;
         if (ev === undefined || ev.seq <= cursor) continue;
+        recovery.progressed();
+        renewed = false;
         if (ev.seq > cursor + 1) {
           // Every exit and close is retained: a gap is evicted output.
           const lost: ProcessEvent = { type: "outputLost", seq: cursor + 1, chunks: ev.seq - cursor - 1 };
@@ -85,25 +84,24 @@ export async function* followEvents(
         yield out;
         if (out.type === "closed") return;
       }
-      // Ended before `closed` (a feed the gateway closed early): open it
-      // again, pausing if that keeps happening without progress.
-      if (!progressed) {
-        emptyEnds += 1;
-        await sleep(backoffMs(emptyEnds), signal);
-      }
+      // Ended before `closed` (a feed the gateway closed early, or one
+      // with only what was already seen).
+      why = "the event stream ended before the process closed";
     } catch (e) {
       if (isReattachHint(e)) {
-        // Not a drop; still paced, in case it keeps happening.
-        emptyEnds += 1;
-        await sleep(backoffMs(emptyEnds), signal);
-        continue;
-      }
-      if (isTokenExpiry(e) && conn.rotatingToken && !renewed) {
+        // Not a drop, but mended the same way, and as bounded.
+        conn.reached = true;
+        why = (e as Error).message;
+      } else if (isTokenExpiry(e) && conn.rotatingToken && !renewed) {
         renewed = true;
         continue;
+      } else if (recovery.mayRetry(e)) {
+        await recovery.broke(e);
+        continue;
+      } else {
+        throw e;
       }
-      if (!recovery.mayRetry(e)) throw e;
-      await recovery.broke(e);
     }
+    await recovery.again(why, "no new event from the gateway");
   }
 }

@@ -1,4 +1,5 @@
 // Files under the tenant's root, with a session (where it runs) or without.
+import { inspect } from "node:util";
 import type { ClientWritableStream } from "@grpc/grpc-js";
 import type { WriteFileRequest, WriteFileResponse } from "../gen/exec_gateway/v1/file.js";
 import { abortError, throwIfAborted } from "./abort.js";
@@ -10,6 +11,7 @@ import {
   Recovery,
   streamOnce,
   unaryOnce,
+  withDeadline,
   type Attempt,
   type CallOptions,
   type Caller,
@@ -66,20 +68,31 @@ export type Resolve = (path: string, opts: CallOptions | undefined) => Promise<s
 
 /** The file operations of a session, or of the tenant's root without one (`sessionId` ""). */
 export class Files {
+  /** A private field: the channel (and the calls on it) stay out of `util.inspect`, whatever its options. */
+  readonly #caller: Caller;
+
   constructor(
-    private readonly caller: Caller,
+    caller: Caller,
     private readonly sessionId: string,
     private readonly resolve: Resolve,
-  ) {}
+  ) {
+    this.#caller = caller;
+  }
+
+  /** What `console.log` shows: whose files, never the token. */
+  [inspect.custom](): string {
+    return this.sessionId === "" ? "Files { tenant root }" : `Files { sessionId: ${inspect(this.sessionId)} }`;
+  }
 
   /**
    * Stream a file's bytes in chunks (1 MiB each from the gateway). A
    * dropped connection continues from the offset reached.
    */
   async *read(path: string, opts: ReadOptions = {}): AsyncGenerator<Uint8Array, void, undefined> {
-    const conn = this.caller.conn;
+    opts = withDeadline(opts);
+    const conn = this.#caller.conn;
     const signal = opts.signal;
-    const deadline = this.caller.deadline(opts);
+    const deadline = this.#caller.deadline(opts);
     const full = await this.resolve(path, opts);
     const length = opts.length ?? 0;
     let offset = opts.offset ?? 0;
@@ -97,9 +110,13 @@ export class Files {
       try {
         for await (const msg of streamOnce(bindStream(conn.files.readFile, conn.files, request), a, signal)) {
           recovery.progressed();
-          offset += msg.data.length;
-          got += msg.data.length;
-          if (msg.data.length > 0) yield msg.data;
+          // Never past `length`, whatever the gateway sends.
+          const data = length !== 0 && got + msg.data.length > length ? msg.data.subarray(0, length - got) : msg.data;
+          offset += data.length;
+          got += data.length;
+          if (data.length > 0) yield data;
+          // Done: the stream is cancelled, not read to its end.
+          if (length !== 0 && got >= length) return;
         }
         return;
       } catch (e) {
@@ -128,12 +145,13 @@ export class Files {
    * from an iterable cannot be, and a drop is a ConnectionLost.
    */
   async write(path: string, data: WriteData, opts: CallOptions = {}): Promise<number> {
+    opts = withDeadline(opts);
     const full = await this.resolve(path, opts);
     if (typeof data === "string" || data instanceof Uint8Array) {
       const bytes = toBytes(data);
-      return this.caller.retrying(opts, true, (a) => this.writeOnce(full, chunksOf(bytes), a, opts.signal));
+      return this.#caller.retrying(opts, true, (a) => this.writeOnce(full, chunksOf(bytes), a, opts.signal));
     }
-    return this.caller.retrying(opts, false, (a) => this.writeOnce(full, data, a, opts.signal));
+    return this.#caller.retrying(opts, false, (a) => this.writeOnce(full, data, a, opts.signal));
   }
 
   /** One WriteFile call fed from `chunks`, waiting for the stream to drain. */
@@ -144,7 +162,7 @@ export class Files {
     signal: AbortSignal | undefined,
   ): Promise<number> {
     throwIfAborted(signal);
-    const files = this.caller.conn.files;
+    const files = this.#caller.conn.files;
     let call: ClientWritableStream<WriteFileRequest> | undefined;
     const answer = new Promise<WriteFileResponse>((resolve, reject) => {
       call = files.writeFile(a.md, grpcOptions(a.deadline), (err, res) =>
@@ -192,9 +210,10 @@ export class Files {
 
   /** A directory's entries (readdir order). */
   async list(path: string, opts?: CallOptions): Promise<DirEntry[]> {
+    opts = withDeadline(opts ?? {});
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
-    const r = await this.caller.unary(
+    const files = this.#caller.conn.files;
+    const r = await this.#caller.unary(
       opts,
       true,
       bind(files.readDirectory, files, { sessionId: this.sessionId, path: full }),
@@ -204,9 +223,10 @@ export class Files {
 
   /** Metadata of a path (following symlinks, but `isSymlink` is the path's own). */
   async stat(path: string, opts?: CallOptions): Promise<FileStat> {
+    opts = withDeadline(opts ?? {});
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
-    const r = await this.caller.unary(
+    const files = this.#caller.conn.files;
+    const r = await this.#caller.unary(
       opts,
       true,
       bind(files.getMetadata, files, { sessionId: this.sessionId, path: full }),
@@ -227,10 +247,11 @@ export class Files {
 
   /** Create a directory (with `parents`, its missing parents too). */
   async mkdir(path: string, opts: MkdirOptions = {}): Promise<void> {
+    opts = withDeadline(opts);
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
+    const files = this.#caller.conn.files;
     const request = { sessionId: this.sessionId, path: full, recursive: opts.parents ?? false };
-    await this.caller.retrying(opts, true, async (a) => {
+    await this.#caller.retrying(opts, true, async (a) => {
       try {
         await unaryOnce(bind(files.createDirectory, files, request), a, opts.signal);
       } catch (e) {
@@ -243,15 +264,16 @@ export class Files {
 
   /** Remove a path (a symlink itself, never its target). */
   async remove(path: string, opts: RemoveOptions = {}): Promise<void> {
+    opts = withDeadline(opts);
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
+    const files = this.#caller.conn.files;
     const request = {
       sessionId: this.sessionId,
       path: full,
       recursive: opts.recursive ?? false,
       force: opts.force ?? false,
     };
-    await this.caller.retrying(opts, true, async (a) => {
+    await this.#caller.retrying(opts, true, async (a) => {
       try {
         await unaryOnce(bind(files.remove, files, request), a, opts.signal);
       } catch (e) {
@@ -264,21 +286,23 @@ export class Files {
 
   /** Copy a path (a directory needs `recursive`). */
   async copy(source: string, destination: string, opts: CopyOptions = {}): Promise<void> {
+    opts = withDeadline(opts);
     const [src, dst] = [await this.resolve(source, opts), await this.resolve(destination, opts)];
-    const files = this.caller.conn.files;
+    const files = this.#caller.conn.files;
     const request = {
       sessionId: this.sessionId,
       sourcePath: src,
       destinationPath: dst,
       recursive: opts.recursive ?? false,
     };
-    await this.caller.unary(opts, true, bind(files.copy, files, request));
+    await this.#caller.unary(opts, true, bind(files.copy, files, request));
   }
 
   /** List a tree breadth first, within limits. */
   async walk(path: string, opts: WalkOptions = {}): Promise<WalkResult> {
+    opts = withDeadline(opts);
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
+    const files = this.#caller.conn.files;
     const request = {
       sessionId: this.sessionId,
       path: full,
@@ -288,15 +312,16 @@ export class Files {
       followDirectorySymlinks: opts.followDirectorySymlinks ?? false,
       pruneHiddenDirectories: opts.pruneHiddenDirectories ?? false,
     };
-    const r = await this.caller.unary(opts, true, bind(files.walk, files, request));
+    const r = await this.#caller.unary(opts, true, bind(files.walk, files, request));
     return toWalkResult(r);
   }
 
   /** The path with symlinks resolved and `.`/`..` removed. */
   async canonicalize(path: string, opts?: CallOptions): Promise<string> {
+    opts = withDeadline(opts ?? {});
     const full = await this.resolve(path, opts);
-    const files = this.caller.conn.files;
-    const r = await this.caller.unary(
+    const files = this.#caller.conn.files;
+    const r = await this.#caller.unary(
       opts,
       true,
       bind(files.canonicalize, files, { sessionId: this.sessionId, path: full }),

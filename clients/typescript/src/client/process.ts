@@ -1,10 +1,29 @@
 // A process of a session: its events, stdin, signals and exit.
 import { randomUUID } from "node:crypto";
+import { inspect } from "node:util";
 import { SignalKind, WriteStatus, type StartRequest, type WriteResponse } from "../gen/exec_gateway/v1/process.js";
 import { anySignal, sleep } from "./abort.js";
-import { bind, bindStream, streamOnce, unaryOnce, type CallOptions, type Caller } from "./calls.js";
+import {
+  backoffMs,
+  bind,
+  bindStream,
+  streamOnce,
+  unaryOnce,
+  withDeadline,
+  type CallOptions,
+  type Caller,
+} from "./calls.js";
 import { followEvents } from "./events.js";
-import { AlreadyExists, DeadlineExceeded, Internal, InvalidArgument, NotFound, StdinClosed } from "./errors.js";
+import {
+  AlreadyExists,
+  ConnectionLost,
+  DeadlineExceeded,
+  ExecGatewayError,
+  Internal,
+  InvalidArgument,
+  NotFound,
+  StdinClosed,
+} from "./errors.js";
 import type { HeldStream } from "./launch.js";
 import { toProcessInfo, type ExitStatus, type ProcessEvent, type ProcessInfo, type SignalName } from "./types.js";
 
@@ -20,9 +39,6 @@ export const WRITE_CHUNK_BYTES = 1024 * 1024;
 
 /** The gateway's text for a write into a pipe that is closed. */
 const STDIN_WRITE_FAILED = "failed to write to process stdin";
-
-/** How long a write waits before asking again while the process is still starting. */
-const STARTING_RETRY_MS = 50;
 
 const SIGNALS: Record<SignalName, SignalKind> = {
   interrupt: SignalKind.SIGNAL_KIND_INTERRUPT,
@@ -55,14 +71,21 @@ export class Process implements AsyncIterable<ProcessEvent> {
   private seenSeq = 0;
   private exit: ExitStatus | undefined;
 
+  /** Private fields: the channel (and the calls on it) stay out of `util.inspect`, whatever its options. */
+  readonly #caller: Caller;
+  /** The stream `start` opened, for the first reader. */
+  #held: HeldStream | undefined;
+
   constructor(
-    private readonly caller: Caller,
+    caller: Caller,
     readonly sessionId: string,
     /** Unique in the session; not an OS pid. */
     readonly id: string,
-    /** The stream `start` opened, for the first reader. */
-    private held?: HeldStream,
-  ) {}
+    held?: HeldStream,
+  ) {
+    this.#caller = caller;
+    this.#held = held;
+  }
 
   /** Events from the first, as `events()`. */
   [Symbol.asyncIterator](): AsyncIterator<ProcessEvent> {
@@ -74,13 +97,13 @@ export class Process implements AsyncIterable<ProcessEvent> {
    * `closed`. Survives dropped connections (see the README's "Resuming").
    */
   async *events(opts: EventsOptions = {}): AsyncGenerator<ProcessEvent, void, undefined> {
-    const { processes } = this.caller.conn;
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id };
-    const stream = followEvents(this.caller, opts.afterSeq ?? 0, opts.signal, (cursor, a, attempt) => {
+    const stream = followEvents(this.#caller, opts.afterSeq ?? 0, opts.signal, (cursor, a, attempt) => {
       // The first reader takes the stream `start` opened (from seq 0:
       // what is not past the cursor is skipped).
-      const held = attempt === 0 ? this.held?.take(opts.signal) : undefined;
-      this.held = undefined;
+      const held = attempt === 0 ? this.#held?.take(opts.signal) : undefined;
+      this.#held = undefined;
       return (
         held ?? streamOnce(bindStream(processes.attach, processes, { ...request, afterSeq: cursor }), a, opts.signal)
       );
@@ -96,8 +119,8 @@ export class Process implements AsyncIterable<ProcessEvent> {
    * output back for it). A later reader attaches anew.
    */
   release(): void {
-    this.held?.release();
-    this.held = undefined;
+    this.#held?.release();
+    this.#held = undefined;
   }
 
   private note(ev: ProcessEvent): void {
@@ -108,22 +131,30 @@ export class Process implements AsyncIterable<ProcessEvent> {
   /**
    * Write to stdin (a string as UTF-8). Each chunk carries a write id, so
    * the gateway applies a write retried after a dropped connection once.
-   * A process still starting is asked again after a short pause.
+   * A process still starting is asked again (50 ms, doubling to 1 s) until
+   * `timeoutMs` has passed (DeadlineExceeded), or without one
+   * `resumeWithin` (ConnectionLost). `timeoutMs` bounds the whole write:
+   * every chunk and every retry.
    */
-  async write(data: string | Uint8Array, opts?: CallOptions): Promise<void> {
+  async write(data: string | Uint8Array, opts: CallOptions = {}): Promise<void> {
+    const bounded = withDeadline(opts);
     const bytes = toBytes(data);
     for (let at = 0; at === 0 || at < bytes.length; at += WRITE_CHUNK_BYTES) {
-      await this.writeChunk(bytes.subarray(at, at + WRITE_CHUNK_BYTES), opts);
+      await this.writeChunk(bytes.subarray(at, at + WRITE_CHUNK_BYTES), bounded);
     }
   }
 
-  private async writeChunk(data: Uint8Array, opts: CallOptions | undefined): Promise<void> {
-    const { processes } = this.caller.conn;
+  private async writeChunk(data: Uint8Array, opts: CallOptions): Promise<void> {
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id, data: asBuffer(data), writeId: randomUUID() };
+    const deadline = this.#caller.deadline(opts);
+    /** When the gateway first said the process was starting, and how often since. */
+    let startingSince: number | undefined;
+    let starting = 0;
     for (;;) {
       let r: WriteResponse;
       try {
-        r = await this.caller.unary(opts, true, bind(processes.write, processes, request));
+        r = await this.#caller.unary(opts, true, bind(processes.write, processes, request));
       } catch (e) {
         // After CloseStdin (or once the child closed its end) the gateway
         // answers INTERNAL with this text rather than STDIN_CLOSED.
@@ -137,10 +168,17 @@ export class Process implements AsyncIterable<ProcessEvent> {
       switch (r.status) {
         case WriteStatus.WRITE_STATUS_ACCEPTED:
           return;
-        case WriteStatus.WRITE_STATUS_STARTING:
-          // Not applied (the id is not recorded either): the same write again.
-          await sleep(STARTING_RETRY_MS, opts?.signal);
+        case WriteStatus.WRITE_STATUS_STARTING: {
+          // Not applied (the id is not recorded either): the same write
+          // again, as long as the call's deadline (or resumeWithin) allows.
+          startingSince ??= Date.now();
+          starting += 1;
+          const until = deadline ?? startingSince + this.#caller.conn.resumeWithinMs;
+          if (Date.now() < until) await sleep(Math.min(backoffMs(starting), until - Date.now()), opts.signal);
+          // Not asked again with no time left to answer in.
+          if (Date.now() >= until) throw this.stillStarting(opts);
           continue;
+        }
         case WriteStatus.WRITE_STATUS_UNKNOWN_PROCESS:
           throw new NotFound("NOT_FOUND", `unknown process id ${this.id}`);
         case WriteStatus.WRITE_STATUS_STDIN_CLOSED:
@@ -151,11 +189,21 @@ export class Process implements AsyncIterable<ProcessEvent> {
     }
   }
 
+  /** A write given up on because the process stayed "starting" (see `write`). */
+  private stillStarting(opts: CallOptions): ExecGatewayError {
+    const why = `process ${this.id} was still starting`;
+    if (opts.timeoutMs !== undefined) {
+      return new DeadlineExceeded("DEADLINE_EXCEEDED", `${why} when the write's timeoutMs (${opts.timeoutMs} ms) passed`);
+    }
+    const s = this.#caller.conn.resumeWithinMs / 1000;
+    return new ConnectionLost("UNAVAILABLE", `${why} after ${s} s (resumeWithin): the write was not applied`);
+  }
+
   /** Close stdin (EOF on a pipe; ^D under a terminal). */
   async closeStdin(opts?: CallOptions): Promise<void> {
-    const { processes } = this.caller.conn;
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id };
-    await this.caller.unary(opts, true, bind(processes.closeStdin, processes, request));
+    await this.#caller.unary(opts, true, bind(processes.closeStdin, processes, request));
   }
 
   /**
@@ -167,9 +215,9 @@ export class Process implements AsyncIterable<ProcessEvent> {
     if (kind === undefined) {
       throw new InvalidArgument("INVALID_ARGUMENT", `unknown signal ${JSON.stringify(name)}`);
     }
-    const { processes } = this.caller.conn;
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id, signal: kind };
-    await this.caller.unary(opts, false, bind(processes.signal, processes, request));
+    await this.#caller.unary(opts, false, bind(processes.signal, processes, request));
   }
 
   /** Resize the terminal of a `tty` process. */
@@ -182,9 +230,9 @@ export class Process implements AsyncIterable<ProcessEvent> {
         throw new InvalidArgument("INVALID_ARGUMENT", `${what} must be an integer from 1 to 65535, not ${n}`);
       }
     }
-    const { processes } = this.caller.conn;
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id, rows, cols };
-    await this.caller.unary(opts, true, bind(processes.resize, processes, request));
+    await this.#caller.unary(opts, true, bind(processes.resize, processes, request));
   }
 
   /**
@@ -193,9 +241,9 @@ export class Process implements AsyncIterable<ProcessEvent> {
    * call may answer false for a kill its first attempt made.
    */
   async terminate(opts?: CallOptions): Promise<boolean> {
-    const { processes } = this.caller.conn;
+    const { processes } = this.#caller.conn;
     const request = { sessionId: this.sessionId, processId: this.id };
-    const r = await this.caller.unary(opts, true, bind(processes.terminate, processes, request));
+    const r = await this.#caller.unary(opts, true, bind(processes.terminate, processes, request));
     return r.running;
   }
 
@@ -231,10 +279,15 @@ export class Process implements AsyncIterable<ProcessEvent> {
     throw new Internal("INTERNAL", `process ${this.id} closed without an exit status`);
   }
 
+  /** What `console.log` shows: the ids, never the token. */
+  [inspect.custom](): string {
+    return `Process { id: ${inspect(this.id)}, sessionId: ${inspect(this.sessionId)} }`;
+  }
+
   /** This process as `session.list()` describes it. */
   async info(opts?: CallOptions): Promise<ProcessInfo> {
-    const { processes } = this.caller.conn;
-    const r = await this.caller.unary(opts, true, bind(processes.list, processes, { sessionId: this.sessionId }));
+    const { processes } = this.#caller.conn;
+    const r = await this.#caller.unary(opts, true, bind(processes.list, processes, { sessionId: this.sessionId }));
     const p = r.processes.find((x) => x.processId === this.id);
     if (p === undefined) throw new NotFound("NOT_FOUND", `unknown process id ${this.id}`);
     return toProcessInfo(p);
@@ -251,10 +304,13 @@ export async function startProcess(
   request: StartRequest,
   opts: CallOptions | undefined,
   afterDrop = false,
+  /** Told as each attempt is sent. */
+  attempted?: () => void,
 ): Promise<void> {
   const { processes } = caller.conn;
   await caller.retrying(opts, true, async (a) => {
     try {
+      attempted?.();
       await unaryOnce(bind(processes.start, processes, request), a, opts?.signal);
     } catch (e) {
       // The attempt that broke had started it.

@@ -1,8 +1,9 @@
 // A session: its processes, its files, where it runs.
 import { randomUUID } from "node:crypto";
 import path from "node:path";
+import { inspect } from "node:util";
 import { EnvInherit, type ProcessSpec } from "../gen/exec_gateway/v1/process.js";
-import { bind, unaryOnce, type CallOptions, type Caller } from "./calls.js";
+import { bind, unaryOnce, withDeadline, type CallOptions, type Caller } from "./calls.js";
 import { NotFound } from "./errors.js";
 import { Files, type Resolve } from "./files.js";
 import { launch } from "./launch.js";
@@ -77,15 +78,18 @@ export class Session {
   /** Files where this session runs. */
   readonly files: Files;
   private readonly paths: RootResolver;
+  /** A private field: the channel (and the calls on it) stay out of `util.inspect`, whatever its options. */
+  readonly #caller: Caller;
   private keepalive: NodeJS.Timeout | undefined;
   private pinging = false;
 
   constructor(
-    private readonly caller: Caller,
+    caller: Caller,
     /** The session's id: pass it to `client.session({resume})` to pick it up elsewhere. */
     readonly id: string,
     private readonly forget: (s: Session) => void,
   ) {
+    this.#caller = caller;
     this.paths = new RootResolver((opts) => this.environmentInfo(opts));
     this.files = new Files(caller, id, this.paths.resolve);
     this.keepalive = setInterval(() => void this.ping(), caller.conn.keepaliveIntervalMs);
@@ -95,12 +99,12 @@ export class Session {
 
   /** One keepalive call; the next real call reports what goes wrong. */
   private async ping(): Promise<void> {
-    if (this.pinging || this.caller.conn.isClosed) return;
+    if (this.pinging || this.#caller.conn.isClosed) return;
     this.pinging = true;
-    const { sessions } = this.caller.conn;
+    const { sessions } = this.#caller.conn;
     try {
-      const opts = { timeoutMs: this.caller.conn.keepaliveIntervalMs * 2 };
-      await this.caller.unary(opts, false, bind(sessions.resumeSession, sessions, { sessionId: this.id }));
+      const opts = { timeoutMs: this.#caller.conn.keepaliveIntervalMs * 2 };
+      await this.#caller.unary(opts, false, bind(sessions.resumeSession, sessions, { sessionId: this.id }));
     } catch (e) {
       // Gone for good: nothing left to keep alive. Anything else (a drop,
       // a busy gateway) is for the next real call to meet and report.
@@ -122,8 +126,8 @@ export class Session {
 
   /** Where the session runs: shell, cwd (the tenant root), home, platform, capabilities. */
   async environmentInfo(opts?: CallOptions): Promise<EnvironmentInfo> {
-    const env = this.caller.conn.environment;
-    const r = await this.caller.unary(opts, true, bind(env.getInfo, env, { sessionId: this.id }));
+    const env = this.#caller.conn.environment;
+    const r = await this.#caller.unary(opts, true, bind(env.getInfo, env, { sessionId: this.id }));
     const info = toEnvironmentInfo(r);
     this.paths.learn(info.cwd);
     return info;
@@ -171,31 +175,41 @@ export class Session {
    * process blocking on a full pipe meanwhile as with a local pipe. Read it
    * promptly: a stream left unread for the gateway's slow-client timeout
    * (30 s) is dropped, and then only the newest 1 MiB is retained.
+   * Given up on (`signal`, `timeoutMs`) before the gateway said whether it
+   * started, the start is seen through and the process killed before this
+   * rejects: nothing is left running.
    */
   async start(argv: readonly string[], opts: StartOptions = {}): Promise<Process> {
     const processId = opts.processId ?? randomUUID();
-    const spec = await this.spec(argv, processId, opts, opts);
-    const held = await launch(this.caller, { sessionId: this.id, spec }, opts);
-    return new Process(this.caller, this.id, processId, held);
+    // One deadline for the root's lookup (for a relative cwd) and the start.
+    const bounded = withDeadline(opts);
+    const spec = await this.spec(argv, processId, bounded, bounded);
+    const held = await launch(this.#caller, { sessionId: this.id, spec }, bounded);
+    return new Process(this.#caller, this.id, processId, held);
+  }
+
+  /** What `console.log` shows: the id, never the token. */
+  [inspect.custom](): string {
+    return `Session { id: ${inspect(this.id)} }`;
   }
 
   /** The handle of a process started earlier, by this client or another. */
   process(processId: string): Process {
-    return new Process(this.caller, this.id, processId);
+    return new Process(this.#caller, this.id, processId);
   }
 
   /** The session's processes. */
   async list(opts?: CallOptions): Promise<ProcessInfo[]> {
-    const { processes } = this.caller.conn;
-    const r = await this.caller.unary(opts, true, bind(processes.list, processes, { sessionId: this.id }));
+    const { processes } = this.#caller.conn;
+    const r = await this.#caller.unary(opts, true, bind(processes.list, processes, { sessionId: this.id }));
     return r.processes.map(toProcessInfo);
   }
 
   /** End the session now and kill its processes. */
   async close(opts?: CallOptions): Promise<void> {
     this.detach();
-    const { sessions } = this.caller.conn;
-    await this.caller.retrying(opts, true, async (a) => {
+    const { sessions } = this.#caller.conn;
+    await this.#caller.retrying(opts, true, async (a) => {
       try {
         await unaryOnce(bind(sessions.closeSession, sessions, { sessionId: this.id }), a, opts?.signal);
       } catch (e) {
