@@ -196,6 +196,18 @@ async def test_a_cancelled_run_leaves_no_process_running(gateway):
             with pytest.raises(asyncio.CancelledError):
                 await task
         assert all(p.state in ("exited", "closed") for p in await session.list())
+        # And a start cancelled during its own call.
+        for _ in range(5):
+            task = asyncio.ensure_future(session.start(["sleep", "600"]))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        for _ in range(100):
+            if all(p.state in ("exited", "closed") for p in await session.list()):
+                break
+            await asyncio.sleep(0.05)
+        assert all(p.state in ("exited", "closed") for p in await session.list())
 
 
 @aio

@@ -187,8 +187,16 @@ class Session:
         (30 s) is dropped, and then only the newest 1 MiB is kept."""
         process_id = process_id or new_process_id()
         process = Process(self, process_id)
-        await launch(process, ppb.ExecRequest(
-            session_id=self.id, spec=spec(process_id, argv, await self._cwd(cwd), env, tty, stdin)))
+        request = ppb.ExecRequest(
+            session_id=self.id, spec=spec(process_id, argv, await self._cwd(cwd), env, tty, stdin))
+        # Cancelled while the gateway starts it, the start is still seen
+        # through (the gateway goes on with it), and its process killed.
+        launching = asyncio.ensure_future(launch(process, request))
+        try:
+            await asyncio.shield(launching)
+        except asyncio.CancelledError:
+            await asyncio.shield(_kill_started(process, launching))
+            raise
         return process
 
     async def _root_dir(self) -> str:
@@ -303,6 +311,18 @@ class Session:
     async def environment_info(self) -> EnvironmentInfo:
         """Where the session runs: shell, cwd, home, platform, capabilities."""
         return await _environment_info(self.client.link, self.id)
+
+
+async def _kill_started(process: Process, launching: "asyncio.Future[None]") -> None:
+    try:
+        await launching
+    except (Exception, asyncio.CancelledError):
+        return  # not started
+    process.release()
+    try:
+        await process.terminate()
+    except ExecGatewayError:
+        pass
 
 
 class _TooMuch(Exception):

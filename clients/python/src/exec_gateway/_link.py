@@ -193,7 +193,7 @@ class Retrying:
         if self._deadline is None:
             self._deadline = now + self.resume_within
         if now >= self._deadline:
-            raise connection_lost(why)
+            raise connection_lost(f"no progress within {self.resume_within} s: {why}")
         await asyncio.sleep(min(self._delay, self._deadline - now))
         self._delay = min(self._delay * 2, _RETRY_MAX)
         self.attempts += 1

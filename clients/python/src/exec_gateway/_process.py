@@ -86,6 +86,13 @@ class Process:
     def __aiter__(self) -> AsyncIterator[Event]:
         return self.events()
 
+    def release(self) -> None:
+        """Gives up the start's stream unread (the process goes on; a later
+        reader attaches from the retained output)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.cancel()
+
     def _ids(self) -> dict[str, str]:
         return {"session_id": self.session.id, "process_id": self.id}
 
