@@ -1,7 +1,7 @@
 // Files under the tenant's root, with a session (where it runs) or without.
 import { inspect } from "node:util";
 import type { ClientWritableStream } from "@grpc/grpc-js";
-import type { WriteFileRequest, WriteFileResponse } from "../gen/exec_gateway/v1/file.js";
+import type { FileServiceClient, WriteFileRequest, WriteFileResponse } from "../gen/exec_gateway/v1/file.js";
 import { abortError, throwIfAborted } from "./abort.js";
 import {
   bind,
@@ -15,6 +15,7 @@ import {
   type Attempt,
   type CallOptions,
   type Caller,
+  type UnaryMethod,
 } from "./calls.js";
 import { Internal, NotFound } from "./errors.js";
 import { asBuffer, toBytes } from "./process.js";
@@ -208,30 +209,30 @@ export class Files {
     return (await answer).bytesWritten;
   }
 
+  /**
+   * A retried unary call whose request is `{sessionId, path}`, the path
+   * resolved under the root, within one deadline.
+   */
+  async #onPath<Res>(
+    path: string,
+    opts: CallOptions | undefined,
+    method: (files: FileServiceClient) => UnaryMethod<{ sessionId: string; path: string }, Res>,
+  ): Promise<Res> {
+    const o = withDeadline(opts ?? {});
+    const full = await this.resolve(path, o);
+    const files = this.#caller.conn.files;
+    return this.#caller.unary(o, true, bind(method(files), files, { sessionId: this.sessionId, path: full }));
+  }
+
   /** A directory's entries (readdir order). */
   async list(path: string, opts?: CallOptions): Promise<DirEntry[]> {
-    opts = withDeadline(opts ?? {});
-    const full = await this.resolve(path, opts);
-    const files = this.#caller.conn.files;
-    const r = await this.#caller.unary(
-      opts,
-      true,
-      bind(files.readDirectory, files, { sessionId: this.sessionId, path: full }),
-    );
+    const r = await this.#onPath(path, opts, (f) => f.readDirectory);
     return r.entries.map(toDirEntry);
   }
 
   /** Metadata of a path (following symlinks, but `isSymlink` is the path's own). */
   async stat(path: string, opts?: CallOptions): Promise<FileStat> {
-    opts = withDeadline(opts ?? {});
-    const full = await this.resolve(path, opts);
-    const files = this.#caller.conn.files;
-    const r = await this.#caller.unary(
-      opts,
-      true,
-      bind(files.getMetadata, files, { sessionId: this.sessionId, path: full }),
-    );
-    return toFileStat(r);
+    return toFileStat(await this.#onPath(path, opts, (f) => f.getMetadata));
   }
 
   /** Whether a path exists. */
@@ -318,15 +319,7 @@ export class Files {
 
   /** The path with symlinks resolved and `.`/`..` removed. */
   async canonicalize(path: string, opts?: CallOptions): Promise<string> {
-    opts = withDeadline(opts ?? {});
-    const full = await this.resolve(path, opts);
-    const files = this.#caller.conn.files;
-    const r = await this.#caller.unary(
-      opts,
-      true,
-      bind(files.canonicalize, files, { sessionId: this.sessionId, path: full }),
-    );
-    return r.path;
+    return (await this.#onPath(path, opts, (f) => f.canonicalize)).path;
   }
 }
 
