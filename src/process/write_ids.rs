@@ -85,6 +85,14 @@ impl WriteIds {
         }
     }
 
+    /// Forgets `id` if it is still the write `rx` watched (not one another
+    /// waiter has claimed since).
+    fn abandon(&mut self, id: &str, rx: &watch::Receiver<bool>) {
+        if matches!(self.ids.get(id), Some(State::Writing(r)) if r.same_channel(rx)) {
+            self.finish(id, false);
+        }
+    }
+
     /// Bytes of ids held.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -108,8 +116,12 @@ where
         match claim {
             Claim::Written => return Ok(()),
             Claim::Wait(mut rx) => {
-                // Over when the writer says so or is gone; then claim again.
-                let _ = rx.wait_for(|done| *done).await;
+                // Over when the writer says so; then claim again. A writer
+                // gone without saying (its task panicked) wrote nothing
+                // known: forgotten, as a failed write.
+                if rx.wait_for(|done| *done).await.is_err() {
+                    ids.lock().abandon(id, &rx);
+                }
             }
             Claim::Write(tx) => {
                 let Some(write) = write.take() else {
