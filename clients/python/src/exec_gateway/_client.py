@@ -228,16 +228,12 @@ class Session:
         output so far."""
         out, err = bytearray(), bytearray()
         status: list[Exited] = []
+        # Cancelled (or timed out) during its start, `start` kills it.
         process: Optional[Process] = None
-        # The start runs to its end even if this call is cancelled during it:
-        # then its process is known, and killed.
-        starting: Optional[asyncio.Future[Process]] = None
 
         async def collect() -> None:
-            nonlocal process, starting
-            starting = asyncio.ensure_future(
-                self.start(argv, cwd=cwd, env=env, stdin=stdin is not None))
-            process = await asyncio.shield(starting)
+            nonlocal process
+            process = await self.start(argv, cwd=cwd, env=env, stdin=stdin is not None)
             feeding = (asyncio.get_running_loop().create_task(_feed(process, stdin))
                        if stdin is not None else None)
             try:
@@ -259,18 +255,12 @@ class Session:
                     feeding.cancel()
 
         async def kill() -> None:
-            target = process
-            if target is None and starting is not None:
-                try:
-                    target = await starting
-                except (Exception, asyncio.CancelledError):
-                    return  # never started
-            if target is None:
+            if process is None:
                 return
             try:
                 # Killed, and its end seen, before the caller hears of it.
-                await target.terminate()
-                await target.wait(RUN_KILL_WAIT)
+                await process.terminate()
+                await process.wait(RUN_KILL_WAIT)
             except (ExecGatewayError, asyncio.TimeoutError):
                 pass
 
