@@ -342,6 +342,10 @@ impl Conn {
             adm.release_source(p.source);
         }
         self.authenticated.store(true, Ordering::Release);
+        // The handshake's waker is not needed past this point, and it holds
+        // the task that served the handshake (its whole cell, ~5 KiB) alive
+        // for as long as the connection lasts.
+        drop(self.waker.take());
         Ok(())
     }
 }
@@ -387,6 +391,12 @@ impl<T> Guarded<T> {
             return None;
         }
         self.conn.waker.register(cx.waker());
+        if self.conn.is_authenticated() {
+            // Promoted between the check and the registration.
+            drop(self.conn.waker.take());
+            self.deadline = None;
+            return None;
+        }
         if d.as_mut().poll(cx).is_ready() {
             self.deadline = None;
             self.conn
