@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
-use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -45,11 +44,12 @@ where
     WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
 }
 
-/// Bytes read from the socket per read call. Small keeps idle sessions cheap
-/// (tungstenite keeps this much zero-filled per connection: at 8 KiB, a
-/// third of an idle session's 26 KiB); large messages are assembled across
-/// reads, 512 of them for a 1 MiB one.
-const WS_READ_BUFFER_BYTES: usize = 2 * 1024;
+/// Bytes read from the socket per read call when no frame is being
+/// assembled. Small keeps idle sessions cheap: tungstenite keeps this much
+/// per connection (at 8 KiB, a third of an idle session's 26 KiB; at 2 KiB,
+/// a fifth of 11 KiB). A frame's header reserves room for its whole
+/// payload, which is then read in as few calls as the socket allows.
+const WS_READ_BUFFER_BYTES: usize = 512;
 /// Bytes of frames gathered before tungstenite writes to the socket.
 pub(super) const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Bytes queued in tungstenite beyond which a write fails and the
@@ -125,8 +125,26 @@ where
 /// Serve one JSON-RPC connection over `ws` (the server role, whoever
 /// dialled) for `caller`; `meter` charges what it reads (a client's
 /// connection; not a link this binary dialled).
-pub(crate) async fn run<S>(
+pub(crate) fn run<S>(
     ws: WebSocketStream<S>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    caller: Caller,
+    relay: Option<Arc<dyn Relay>>,
+    meter: Option<InboundMeter>,
+) -> impl std::future::Future<Output = ()> + Send
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    // Split before the future is made: the stream's few hundred bytes would
+    // otherwise keep a slot in it for the connection's whole life.
+    let (sink, stream) = ws.split();
+    run_halves(sink, stream, gw, peer, caller, relay, meter)
+}
+
+async fn run_halves<S>(
+    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
     gw: Arc<Gateway>,
     peer: SocketAddr,
     caller: Caller,
@@ -135,7 +153,6 @@ pub(crate) async fn run<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sink, mut stream) = ws.split();
     let (out, mut rx) = Outbound::channel(caller.tenant().outbound.clone());
     let done = CancellationToken::new();
     let slow_client_timeout = gw.settings.slow_client_timeout;
@@ -183,7 +200,9 @@ pub(crate) async fn run<S>(
                 drop(written);
                 Ok::<_, WsError>(close)
             };
-            match tokio::time::timeout(slow_client_timeout, write).await {
+            // Boxed: a batch's write state only exists while it is written,
+            // not in every idle connection's writer.
+            match tokio::time::timeout(slow_client_timeout, Box::pin(write)).await {
                 Ok(Ok(None)) => {}
                 Ok(Ok(Some(close))) => {
                     let _ = tokio::time::timeout(
@@ -207,77 +226,25 @@ pub(crate) async fn run<S>(
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     });
 
-    // Reader: frames → InFrame; ping/pong are answered by tungstenite.
-    let (in_tx, in_rx) = mpsc::channel::<InFrame>(1);
-    let reader_done = done.clone();
+    // Reader: frames → InFrame, read as the connection asks for them (a
+    // stream, not a task and a channel: those were a third of an idle
+    // session's memory); ping/pong are answered by tungstenite.
     let ended_by = Arc::new(std::sync::OnceLock::<(u16, &'static str)>::new());
-    let reader_ended_by = ended_by.clone();
-    let message_timeout = gw.settings.inbound_message_timeout;
-    let reader = crate::task::start("ws-reader", async move {
-        let mut pings = ControlBudget::default();
-        loop {
-            // A message being assembled must complete in time; between
-            // messages the check only comes round once per timeout.
-            let check_at = meter
-                .as_ref()
-                .and_then(InboundMeter::partial_since)
-                .unwrap_or_else(tokio::time::Instant::now)
-                + message_timeout;
-            let msg = tokio::select! {
-                m = stream.next() => m,
-                () = reader_done.cancelled() => break,
-                () = tokio::time::sleep_until(check_at) => {
-                    let late = meter
-                        .as_ref()
-                        .and_then(InboundMeter::partial_since)
-                        .is_some_and(|since| since.elapsed() >= message_timeout);
-                    if late {
-                        tracing::info!(%peer, "closing a client whose message did not complete in time");
-                        let _ = reader_ended_by.set((1008, "message not completed in time"));
-                        break;
-                    }
-                    continue;
-                }
-            };
-            let charge = || meter.as_ref().map(InboundMeter::take).unwrap_or_default();
-            let frame = match msg {
-                None | Some(Ok(Message::Close(_))) => break,
-                Some(Ok(Message::Text(t))) => InFrame::Text(t.as_str().to_owned(), charge()),
-                Some(Ok(Message::Binary(b))) => match String::from_utf8(b.to_vec()) {
-                    Ok(t) => InFrame::Text(t, charge()),
-                    // Not JSON: let the decoder produce the malformed answer.
-                    Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned(), charge()),
-                },
-                Some(Ok(Message::Ping(p) | Message::Pong(p))) => {
-                    // Only the frame's own bytes: a message whose fragments
-                    // it came between keeps its charge and its deadline.
-                    if let Some(m) = &meter {
-                        m.control_frame(p.len());
-                    }
-                    // Each ping costs a pong; a client may keep a
-                    // connection alive with a few, not flood with them.
-                    if pings.note(tokio::time::Instant::now()) {
-                        tracing::info!(%peer, "closing a client that floods pings");
-                        break;
-                    }
-                    continue;
-                }
-                Some(Ok(_)) => continue,
-                Some(Err(WsError::Capacity(e))) => {
-                    let _ = reader_ended_by.set((1009, "message too big"));
-                    let _ = in_tx.send(InFrame::TooLarge(e.to_string())).await;
-                    break;
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "websocket read failed");
-                    break;
-                }
-            };
-            if in_tx.send(frame).await.is_err() {
-                break;
-            }
-        }
-    });
+    let reader = Reader {
+        stream,
+        meter,
+        pings: ControlBudget::default(),
+        done: done.clone(),
+        ended_by: ended_by.clone(),
+        message_timeout: gw.settings.inbound_message_timeout,
+        peer,
+        finished: false,
+    };
+    let inbound = futures_util::stream::unfold(reader, |mut r| async move {
+        let frame = r.next_frame().await?;
+        Some((frame, r))
+    })
+    .boxed();
 
     let meta = ConnMeta {
         parse_error_prefix: format!(
@@ -287,7 +254,6 @@ pub(crate) async fn run<S>(
         caller: Ok(caller),
         relay,
     };
-    let inbound = tokio_stream_from(in_rx);
     serve_connection(inbound, out.clone(), gw, meta).await;
     // A too-large or unfinished message ended the read side: say so
     // (1009, 1008) before closing.
@@ -299,12 +265,96 @@ pub(crate) async fn run<S>(
     // Give queued responses a moment to drain, then stop both halves.
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     done.cancel();
-    let _ = reader.await;
 }
 
-fn tokio_stream_from(
-    rx: mpsc::Receiver<InFrame>,
-) -> impl futures_util::Stream<Item = InFrame> + Unpin {
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
-        .boxed()
+/// The read half of a connection, frame by frame.
+struct Reader<S> {
+    stream: S,
+    meter: Option<InboundMeter>,
+    pings: ControlBudget,
+    /// Cancelled when the writer ends: nothing more is read.
+    done: CancellationToken,
+    /// How the read side ended, when it says more than "closed".
+    ended_by: Arc<std::sync::OnceLock<(u16, &'static str)>>,
+    message_timeout: Duration,
+    peer: SocketAddr,
+    finished: bool,
+}
+
+impl<S> Reader<S>
+where
+    S: futures_util::Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    /// The next frame for the connection; `None` once the read side ended.
+    async fn next_frame(&mut self) -> Option<InFrame> {
+        let peer = self.peer;
+        while !self.finished {
+            // A message being assembled must complete in time; between
+            // messages the check only comes round once per timeout.
+            let check_at = self
+                .meter
+                .as_ref()
+                .and_then(InboundMeter::partial_since)
+                .unwrap_or_else(tokio::time::Instant::now)
+                + self.message_timeout;
+            let msg = tokio::select! {
+                m = self.stream.next() => m,
+                () = self.done.cancelled() => break,
+                () = tokio::time::sleep_until(check_at) => {
+                    let late = self
+                        .meter
+                        .as_ref()
+                        .and_then(InboundMeter::partial_since)
+                        .is_some_and(|since| since.elapsed() >= self.message_timeout);
+                    if late {
+                        tracing::info!(%peer, "closing a client whose message did not complete in time");
+                        let _ = self.ended_by.set((1008, "message not completed in time"));
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let charge = || {
+                self.meter
+                    .as_ref()
+                    .map(InboundMeter::take)
+                    .unwrap_or_default()
+            };
+            return Some(match msg {
+                None | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(Message::Text(t))) => InFrame::Text(t.as_str().to_owned(), charge()),
+                Some(Ok(Message::Binary(b))) => match String::from_utf8(b.to_vec()) {
+                    Ok(t) => InFrame::Text(t, charge()),
+                    // Not JSON: let the decoder produce the malformed answer.
+                    Err(_) => InFrame::Text(String::from_utf8_lossy(&b).into_owned(), charge()),
+                },
+                Some(Ok(Message::Ping(p) | Message::Pong(p))) => {
+                    // Only the frame's own bytes: a message whose fragments
+                    // it came between keeps its charge and its deadline.
+                    if let Some(m) = &self.meter {
+                        m.control_frame(p.len());
+                    }
+                    // Each ping costs a pong; a client may keep a
+                    // connection alive with a few, not flood with them.
+                    if self.pings.note(tokio::time::Instant::now()) {
+                        tracing::info!(%peer, "closing a client that floods pings");
+                        break;
+                    }
+                    continue;
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(WsError::Capacity(e))) => {
+                    let _ = self.ended_by.set((1009, "message too big"));
+                    self.finished = true;
+                    InFrame::TooLarge(e.to_string())
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "websocket read failed");
+                    break;
+                }
+            });
+        }
+        self.finished = true;
+        None
+    }
 }

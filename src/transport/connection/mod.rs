@@ -233,76 +233,96 @@ where
         let Some(frame) = frame else {
             return Stop::Eof;
         };
-        match conn.on_frame(frame) {
-            Action::Nothing => {}
-            Action::Send(text) => {
-                out.send(text).await;
-            }
-            Action::Initialize { id, params, frame } => {
-                if let (Some(relay), Ok(p)) = (&meta.relay, params.as_ref())
-                    && let Some(session) = p.resume_session_id.as_deref()
-                    && let Some(replica) = peer_owner(gw, session)
-                {
-                    // Another replica owns the session: from here on this
-                    // connection is a relay to it, frame for frame. Boxed,
-                    // as `initialize` below: a future awaited once per
-                    // connection would otherwise size the state of every
-                    // idle connection.
-                    relay
-                        .run(RelayStart {
-                            inbound,
-                            out,
-                            gw,
-                            session,
-                            replica: &replica,
-                            id: &id,
-                            first: frame,
-                        })
-                        .await;
-                    return Stop::Relayed;
-                }
-                let span = tracing::info_span!("rpc", method = "initialize");
-                let result = Box::pin(initialize(gw, &meta.caller, *params, out))
-                    .instrument(span)
+        // Each frame is handled in a future of its own, boxed: its state
+        // (the action, the sends it awaits) would otherwise be part of
+        // every idle connection's, a few KiB each.
+        if let Some(stop) = Box::pin(on_frame(frame, inbound, calls, meta, conn)).await {
+            return stop;
+        }
+    }
+}
+
+/// Act on one frame; `Some` when the connection stops.
+async fn on_frame<S>(
+    frame: InFrame,
+    inbound: &mut S,
+    calls: &Calls,
+    meta: &ConnMeta,
+    conn: &mut Machine<Attached>,
+) -> Option<Stop>
+where
+    S: Stream<Item = InFrame> + Unpin + Send,
+{
+    let (gw, out) = (&calls.gw, &calls.out);
+    match conn.on_frame(frame) {
+        Action::Nothing => {}
+        Action::Send(text) => {
+            out.send(text).await;
+        }
+        Action::Initialize { id, params, frame } => {
+            if let (Some(relay), Ok(p)) = (&meta.relay, params.as_ref())
+                && let Some(session) = p.resume_session_id.as_deref()
+                && let Some(replica) = peer_owner(gw, session)
+            {
+                // Another replica owns the session: from here on this
+                // connection is a relay to it, frame for frame. Boxed,
+                // as `initialize` below: a future awaited once per
+                // connection would otherwise size the state of every
+                // idle connection.
+                relay
+                    .run(RelayStart {
+                        inbound,
+                        out,
+                        gw,
+                        session,
+                        replica: &replica,
+                        id: &id,
+                        first: frame,
+                    })
                     .await;
-                count(gw, &meta.caller, "initialize", result.as_ref().err());
-                let text = match result {
-                    Ok((reply, attached)) => {
-                        conn.attach(attached);
-                        jsonrpc::encode_response(&id, &reply)
-                    }
-                    Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
-                };
-                out.send(text).await;
+                return Some(Stop::Relayed);
             }
-            Action::CloseSession { id } => {
-                // Calls sent before the close are answered first.
-                drain(calls).await;
-                if let Some(a) = conn.held() {
-                    tracing::debug!(session.id = %a.session.id, "session closed by its client");
-                    gw.sessions.remove(&a.session);
-                    count(gw, &meta.caller, "session/close", None);
+            let span = tracing::info_span!("rpc", method = "initialize");
+            let result = Box::pin(initialize(gw, &meta.caller, *params, out))
+                .instrument(span)
+                .await;
+            count(gw, &meta.caller, "initialize", result.as_ref().err());
+            let text = match result {
+                Ok((reply, attached)) => {
+                    conn.attach(attached);
+                    jsonrpc::encode_response(&id, &reply)
                 }
-                out.send(jsonrpc::encode_response(&id, &crate::protocol::Empty {}))
-                    .await;
-                out.close(1000, "session closed").await;
-                return Stop::Closed;
+                Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
+            };
+            out.send(text).await;
+        }
+        Action::CloseSession { id } => {
+            // Calls sent before the close are answered first.
+            drain(calls).await;
+            if let Some(a) = conn.held() {
+                tracing::debug!(session.id = %a.session.id, "session closed by its client");
+                gw.sessions.remove(&a.session);
+                count(gw, &meta.caller, "session/close", None);
             }
-            Action::Call {
-                id,
-                call,
-                charge,
-                trace,
-            } => {
-                let Some(a) = conn.held() else {
-                    continue;
-                };
-                if !start_call(calls, a, id, call, charge, trace).await {
-                    return Stop::Ended;
-                }
+            out.send(jsonrpc::encode_response(&id, &crate::protocol::Empty {}))
+                .await;
+            out.close(1000, "session closed").await;
+            return Some(Stop::Closed);
+        }
+        Action::Call {
+            id,
+            call,
+            charge,
+            trace,
+        } => {
+            // A call before `initialize` was answered by the machine.
+            let a = conn.held()?;
+            if !start_call(calls, a, id, call, charge, trace).await {
+                return Some(Stop::Ended);
             }
         }
     }
+    None
 }
 
 /// How long a connection that ends in order (`session/close`, stdio's
