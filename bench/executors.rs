@@ -89,10 +89,14 @@ pub async fn figures(
         .map_err(err)?;
     let local_url = format!("{}/?access_token={token}", gw.url);
     let remote_url = format!("{}/?access_token={remote_token}", gw.url);
-    let local_sid = Conn::open(&local_url).await?.session_id;
-    // Opening waits (up to the open timeout) for the executor's first link.
+    // The local session stays attached while the remote one waits (up to the
+    // open timeout) for the executor's first link: a detached one would
+    // expire after the detach TTL on a slow start.
+    let local = Conn::open(&local_url).await?;
+    let local_sid = local.session_id.clone();
     let remote_sid = Conn::open(&remote_url).await?.session_id;
-    if !remote_sid.starts_with("x-bench-1.") {
+    drop(local);
+    if !remote_sid.starts_with("x-bench-1@") && !remote_sid.starts_with("x-bench-1.") {
         return Err(format!(
             "the session did not land on the executor: {remote_sid}"
         ));
