@@ -89,14 +89,17 @@ fn unfinished_message(len: usize, fragmented: bool) -> Vec<u8> {
 }
 
 /// The code of the close frame among the frames in `buf` (the gateway's
-/// small frames: no extended lengths).
+/// frames here: up to 16-bit lengths).
 fn close_code(buf: &[u8]) -> Option<u16> {
     let mut i = 0;
     while i + 4 <= buf.len() {
         if buf[i] & 0x0F == 8 {
             return Some(u16::from_be_bytes([buf[i + 2], buf[i + 3]]));
         }
-        i += 2 + (buf[i + 1] & 0x7F) as usize;
+        i += match buf[i + 1] & 0x7F {
+            126 => 4 + usize::from(u16::from_be_bytes([buf[i + 2], buf[i + 3]])),
+            n => 2 + n as usize,
+        };
     }
     None
 }
@@ -219,6 +222,43 @@ async fn a_trickled_message_is_cut_at_the_message_timeout() {
     assert_eq!(close_code(&buf), Some(1008), "{buf:?}");
     assert!(!trickle.is_finished(), "the whole message was sent");
     trickle.abort();
+}
+
+/// A message's first bytes read together with a whole message (one write:
+/// a request, then the head of a large frame) are still an unfinished
+/// message: cut at the message timeout. Found by the attack review: the
+/// whole message's hand-over ended the deadline, and such a connection
+/// stalled for ever.
+#[tokio::test]
+async fn a_message_begun_in_the_read_of_another_is_cut_at_the_message_timeout() {
+    let gw = Gateway::start("[server]\ninbound_message_timeout = \"2s\"\n");
+    let mut s = raw_websocket(&gw, "t1").await;
+    let request = br#"{"id":1,"method":"initialize","params":{"clientName":"x"}}"#;
+    let mut bytes = frame_header(1, true, request.len());
+    bytes.extend_from_slice(request);
+    bytes.extend(frame_header(1, true, 500_000));
+    bytes.extend_from_slice(&[b'x'; 16]);
+    s.write_all(&bytes).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf)).await;
+    assert_eq!(close_code(&buf), Some(1008), "{buf:?}");
+}
+
+/// A client that breaks the protocol is told how (RFC 6455 §7.4.1), not
+/// closed as if all were well (the attack review saw 1000 for each).
+#[tokio::test]
+async fn protocol_violations_are_closed_with_their_codes() {
+    let gw = Gateway::start("");
+    let unmasked = [0x81, 0x02, b'h', b'i'];
+    let mut bad_utf8 = frame_header(1, true, 2);
+    bad_utf8.extend_from_slice(&[0xC3, 0x28]);
+    for (bytes, code) in [(unmasked.to_vec(), 1002), (bad_utf8, 1007)] {
+        let mut s = raw_websocket(&gw, "t1").await;
+        s.write_all(&bytes).await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(EVENT_TIMEOUT, s.read_to_end(&mut buf)).await;
+        assert_eq!(close_code(&buf), Some(code), "{bytes:?}: {buf:?}");
+    }
 }
 
 /// A budget smaller than the largest message would hold back a message

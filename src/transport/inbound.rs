@@ -78,8 +78,94 @@ fn merge(slot: &mut Option<Reservation>, r: Reservation) {
 #[derive(Debug, Default)]
 struct Held {
     charge: Charge,
-    /// When the first byte of the message being assembled was read.
+    /// Since when a message has been unfinished in what was read.
     since: Option<Instant>,
+    framing: Framing,
+}
+
+/// Where the client's bytes stand in websocket framing (RFC 6455 §5.2),
+/// read from the bytes themselves: one read can hold the end of one message
+/// and the start of the next, so "a message was handed on" does not mean
+/// "nothing is unfinished" (a partial frame read together with a whole
+/// message escaped its deadline).
+#[derive(Debug, Default)]
+struct Framing {
+    head: [u8; 14],
+    /// Header bytes read of the frame coming (0 between frames).
+    have: usize,
+    /// Payload bytes still to come of the current frame.
+    left: u64,
+    /// The current frame is a data frame with FIN: its end ends a message.
+    ends_message: bool,
+    /// A data frame without FIN was seen: a message is being assembled.
+    in_message: bool,
+}
+
+impl Framing {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some((&first, rest)) = bytes.split_first() {
+            if self.left > 0 {
+                let n = usize::try_from(self.left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                self.left -= n as u64;
+                bytes = &bytes[n..];
+                if self.left == 0 {
+                    self.frame_done();
+                }
+                continue;
+            }
+            self.head[self.have] = first;
+            self.have += 1;
+            bytes = rest;
+            if self.header_len() == Some(self.have) {
+                let fin = self.head[0] & 0x80 != 0;
+                // Opcodes 0-7 are data (continuation, text, binary); 8-15 control.
+                let data = self.head[0] & 0x08 == 0;
+                self.ends_message = data && fin;
+                self.in_message |= data && !fin;
+                self.left = self.payload_len();
+                self.have = 0;
+                if self.left == 0 {
+                    self.frame_done();
+                }
+            }
+        }
+    }
+
+    /// The header's length, once its first two bytes are in.
+    fn header_len(&self) -> Option<usize> {
+        if self.have < 2 {
+            return None;
+        }
+        let extended = match self.head[1] & 0x7F {
+            126 => 2,
+            127 => 8,
+            _ => 0,
+        };
+        let mask = if self.head[1] & 0x80 != 0 { 4 } else { 0 };
+        Some(2 + extended + mask)
+    }
+
+    fn payload_len(&self) -> u64 {
+        let h = &self.head;
+        match h[1] & 0x7F {
+            126 => u64::from(u16::from_be_bytes([h[2], h[3]])),
+            127 => u64::from_be_bytes([h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]]),
+            n => u64::from(n),
+        }
+    }
+
+    fn frame_done(&mut self) {
+        if self.ends_message {
+            self.in_message = false;
+        }
+        self.ends_message = false;
+    }
+
+    fn unfinished(&self) -> bool {
+        self.have > 0 || self.left > 0 || self.in_message
+    }
 }
 
 /// One connection's inbound accounting, shared by its socket's reads
@@ -100,11 +186,11 @@ impl InboundMeter {
         }
     }
 
-    /// A message is complete: the charge of what was read for it goes with it.
+    /// A message is complete: the charge of what was read for it goes with
+    /// it. Its deadline is the framing's to end: what was read with it may
+    /// have begun the next message.
     pub fn take(&self) -> Charge {
-        let mut held = self.held.lock();
-        held.since = None;
-        std::mem::take(&mut held.charge)
+        std::mem::take(&mut self.held.lock().charge)
     }
 
     /// A control frame (ping, pong) of `payload` bytes came between the
@@ -116,7 +202,6 @@ impl InboundMeter {
         let n = payload + 6;
         let mut held = self.held.lock();
         if held.charge.bytes() <= n {
-            held.since = None;
             held.charge = Charge::default();
             return;
         }
@@ -136,9 +221,18 @@ impl InboundMeter {
     }
 
     fn read(&self, tenant: Reservation, gateway: Reservation) {
+        self.held.lock().charge.add(tenant, gateway);
+    }
+
+    /// `bytes` were read: where do they leave the framing?
+    fn scan(&self, bytes: &[u8]) {
         let mut held = self.held.lock();
-        held.since.get_or_insert_with(Instant::now);
-        held.charge.add(tenant, gateway);
+        held.framing.feed(bytes);
+        if held.framing.unfinished() {
+            held.since.get_or_insert_with(Instant::now);
+        } else {
+            held.since = None;
+        }
     }
 }
 
@@ -189,6 +283,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         let n = buf.filled().len() - before;
         if n > 0 {
+            this.meter.scan(&buf.filled()[before..]);
             match (
                 this.meter.tenant.try_reserve(n),
                 this.meter.gateway.try_reserve(n),
@@ -196,14 +291,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
                 (Some(t), Some(g)) => this.meter.read(t, g),
                 // Over a budget: these bytes are owed, and the next read
                 // waits until they fit.
-                _ => {
-                    this.owed = n;
-                    this.meter
-                        .held
-                        .lock()
-                        .since
-                        .get_or_insert_with(Instant::now);
-                }
+                _ => this.owed = n,
             }
         }
         Poll::Ready(Ok(()))
@@ -257,14 +345,94 @@ mod tests {
         )
     }
 
+    /// A client frame's header: text, masked with key 0.
+    fn header(fin: bool, len: usize) -> Vec<u8> {
+        let mut h = vec![if fin { 0x81 } else { 0x01 }];
+        match len {
+            0..126 => h.push(0x80 | len as u8),
+            126..65536 => {
+                h.push(0x80 | 126);
+                h.extend_from_slice(&(len as u16).to_be_bytes());
+            }
+            _ => {
+                h.push(0x80 | 127);
+                h.extend_from_slice(&(len as u64).to_be_bytes());
+            }
+        }
+        h.extend_from_slice(&[0; 4]);
+        h
+    }
+
+    /// Read `bytes` through a meter: is a message left unfinished?
+    async fn unfinished_after(
+        meter: &InboundMeter,
+        reader: &mut Metered<tokio::io::DuplexStream>,
+        client: &mut tokio::io::DuplexStream,
+        bytes: &[u8],
+    ) -> bool {
+        client.write_all(bytes).await.unwrap();
+        let mut buf = vec![0u8; bytes.len()];
+        reader.read_exact(&mut buf).await.unwrap();
+        drop(meter.take());
+        meter.partial_since().is_some()
+    }
+
+    /// The deadline follows the framing, not the messages handed on: the
+    /// start of a message read together with a whole one keeps its
+    /// deadline (the attack review's stall: a complete message and a
+    /// partial frame in one write were never cut), and a message ends it
+    /// only with its last fragment; control frames never start one.
+    #[tokio::test]
+    async fn a_message_is_unfinished_until_its_last_frame_is_read() {
+        let meter = InboundMeter::new(ByteBudget::unlimited(), ByteBudget::unlimited());
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut reader = Metered::new(server, meter.clone());
+        let whole = |len: usize| {
+            let mut f = header(true, len);
+            f.resize(f.len() + len, b'x');
+            f
+        };
+        macro_rules! unfinished {
+            ($bytes:expr) => {
+                unfinished_after(&meter, &mut reader, &mut client, &$bytes[..]).await
+            };
+        }
+        assert!(!unfinished!(whole(20)));
+        // A whole message and 3 bytes of the next header, in one read.
+        let mut both = whole(24);
+        both.extend_from_slice(&header(true, 500_000)[..3]);
+        assert!(unfinished!(both));
+        // The rest of that header and all but one payload byte: unfinished;
+        // the last byte ends it.
+        let mut rest = header(true, 500_000)[3..].to_vec();
+        rest.resize(rest.len() + 499_999, b'x');
+        assert!(unfinished!(rest));
+        assert!(!unfinished!([b'x']));
+        // Fragments: unfinished until the FIN continuation.
+        let mut first = header(false, 5);
+        first.extend_from_slice(b"hello");
+        assert!(unfinished!(first));
+        // A ping between fragments (opcode 9, FIN) does not end it.
+        assert!(unfinished!([0x89, 0x80, 0, 0, 0, 0]));
+        let mut last = vec![0x80, 0x82, 0, 0, 0, 0];
+        last.extend_from_slice(b"!!");
+        assert!(!unfinished!(last));
+        // A ping alone starts nothing; a 16-bit length split after its first byte does.
+        assert!(!unfinished!([0x89, 0x80, 0, 0, 0, 0]));
+        assert!(unfinished!([0x81, 0xFE, 0x01]));
+    }
+
     #[tokio::test]
     async fn reads_are_charged_until_taken_and_wait_when_over_budget() {
         let (tenant, held, waiting) = budget(1000);
         let meter = InboundMeter::new(tenant, ByteBudget::unlimited());
         let (mut client, server) = tokio::io::duplex(64);
         let mut reader = Metered::new(server, meter.clone());
+        // The first 600 bytes of a text frame of 10,000.
         let first = crate::task::start("test-writer", async move {
-            client.write_all(&[1u8; 600]).await.unwrap();
+            let mut start = header(true, 10_000);
+            start.resize(600, b'x');
+            client.write_all(&start).await.unwrap();
             client
         });
         let mut buf = vec![0u8; 600];
@@ -272,10 +440,9 @@ mod tests {
         let mut client = first.await.unwrap();
         assert_eq!(held.get(), 600);
         assert!(meter.partial_since().is_some());
-        // The message is handed on: its charge goes with it until dropped.
+        // What was read is handed on: its charge goes with it until dropped.
         let charge = meter.take();
         assert_eq!(charge.bytes(), 600);
-        assert!(meter.partial_since().is_none());
         assert_eq!(held.get(), 600);
         drop(charge);
         assert_eq!(held.get(), 0);

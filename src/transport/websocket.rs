@@ -338,6 +338,7 @@ where
                     // connection alive with a few, not flood with them.
                     if self.pings.note(tokio::time::Instant::now()) {
                         tracing::info!(%peer, "closing a client that floods pings");
+                        let _ = self.ended_by.set((1008, "too many control frames"));
                         break;
                     }
                     continue;
@@ -350,6 +351,17 @@ where
                 }
                 Some(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "websocket read failed");
+                    // Say why where the client broke the protocol (RFC 6455
+                    // §7.4.1), not a normal close.
+                    match e {
+                        WsError::Protocol(_) => {
+                            let _ = self.ended_by.set((1002, "protocol error"));
+                        }
+                        WsError::Utf8(_) => {
+                            let _ = self.ended_by.set((1007, "invalid UTF-8"));
+                        }
+                        _ => {}
+                    }
                     break;
                 }
             });
