@@ -255,8 +255,8 @@ async fn run_halves<S>(
         relay,
     };
     serve_connection(inbound, out.clone(), gw, meta).await;
-    // A too-large or unfinished message ended the read side: say so
-    // (1009, 1008) before closing.
+    // A too-large or unfinished message, a broken protocol or a ping flood
+    // ended the read side: say so (1009, 1008, 1002, 1007) before closing.
     match ended_by.get() {
         Some(&(code, reason)) => out.close(code, reason).await,
         None => out.close(1000, "").await,
