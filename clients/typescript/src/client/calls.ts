@@ -301,4 +301,24 @@ export class Caller {
   unary<Res>(opts: CallOptions | undefined, retry: boolean, invoke: Unary<Res>): Promise<Res> {
     return this.retrying(opts, retry, (a) => unaryOnce(invoke, a, opts?.signal));
   }
+
+  /**
+   * A retried unary call whose retry may find it done: after a dropped
+   * attempt, an error `doneIf` accepts means the attempt that broke made it
+   * (the Python SDK's `done_if`).
+   */
+  async unaryDoneIf<Res>(
+    opts: CallOptions | undefined,
+    invoke: Unary<Res>,
+    doneIf: (e: unknown) => boolean,
+  ): Promise<void> {
+    await this.retrying(opts, true, async (a) => {
+      try {
+        await unaryOnce(invoke, a, opts?.signal);
+      } catch (e) {
+        if (a.retried && doneIf(e)) return;
+        throw e;
+      }
+    });
+  }
 }

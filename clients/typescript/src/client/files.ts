@@ -10,7 +10,6 @@ import {
   grpcOptions,
   Recovery,
   streamOnce,
-  unaryOnce,
   withDeadline,
   type Attempt,
   type CallOptions,
@@ -252,15 +251,11 @@ export class Files {
     const full = await this.resolve(path, opts);
     const files = this.#caller.conn.files;
     const request = { sessionId: this.sessionId, path: full, recursive: opts.parents ?? false };
-    await this.#caller.retrying(opts, true, async (a) => {
-      try {
-        await unaryOnce(bind(files.createDirectory, files, request), a, opts.signal);
-      } catch (e) {
-        // Retried after a drop: the attempt that broke made it.
-        if (a.retried && e instanceof Internal && e.message.startsWith("File exists")) return;
-        throw e;
-      }
-    });
+    await this.#caller.unaryDoneIf(
+      opts,
+      bind(files.createDirectory, files, request),
+      (e) => e instanceof Internal && e.message.startsWith("File exists"),
+    );
   }
 
   /** Remove a path (a symlink itself, never its target). */
@@ -274,15 +269,7 @@ export class Files {
       recursive: opts.recursive ?? false,
       force: opts.force ?? false,
     };
-    await this.#caller.retrying(opts, true, async (a) => {
-      try {
-        await unaryOnce(bind(files.remove, files, request), a, opts.signal);
-      } catch (e) {
-        // Retried after a drop: the attempt that broke removed it.
-        if (a.retried && e instanceof NotFound) return;
-        throw e;
-      }
-    });
+    await this.#caller.unaryDoneIf(opts, bind(files.remove, files, request), (e) => e instanceof NotFound);
   }
 
   /** Copy a path (a directory needs `recursive`). */

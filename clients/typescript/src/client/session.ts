@@ -3,7 +3,7 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import { inspect } from "node:util";
 import { EnvInherit, type ProcessSpec } from "../gen/exec_gateway/v1/process.js";
-import { bind, unaryOnce, withDeadline, type CallOptions, type Caller } from "./calls.js";
+import { bind, withDeadline, type CallOptions, type Caller } from "./calls.js";
 import { NotFound } from "./errors.js";
 import { Files, type Resolve } from "./files.js";
 import { launch } from "./launch.js";
@@ -209,14 +209,10 @@ export class Session {
   async close(opts?: CallOptions): Promise<void> {
     this.detach();
     const { sessions } = this.#caller.conn;
-    await this.#caller.retrying(opts, true, async (a) => {
-      try {
-        await unaryOnce(bind(sessions.closeSession, sessions, { sessionId: this.id }), a, opts?.signal);
-      } catch (e) {
-        // Retried after a drop: the attempt that broke closed it.
-        if (a.retried && e instanceof NotFound) return;
-        throw e;
-      }
-    });
+    await this.#caller.unaryDoneIf(
+      opts,
+      bind(sessions.closeSession, sessions, { sessionId: this.id }),
+      (e) => e instanceof NotFound,
+    );
   }
 }
