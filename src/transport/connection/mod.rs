@@ -267,8 +267,8 @@ where
                 // Another replica owns the session: from here on this
                 // connection is a relay to it, frame for frame. Boxed,
                 // as `initialize` below: a future awaited once per
-                // connection would otherwise size the state of every
-                // idle connection.
+                // connection would otherwise size every frame's boxed
+                // state, calls included.
                 relay
                     .run(RelayStart {
                         inbound,
