@@ -1,8 +1,10 @@
 """Generates the gRPC stubs from proto/ into the built package.
 
-The .proto files are the repository's (../../proto from here), read when
-the package is built, so the stubs are never committed beside them. To
-build elsewhere, put a copy of the repository's proto/ beside setup.py."""
+The .proto files the package is built from are its own copy, proto/ beside
+this file (the repository's proto/exec_gateway/v1, which the repository's
+tests/python/test_sdk_packages.py keeps it identical to): the folder, its
+sdist and a copy of either build without the rest of the repository. The
+stubs are generated when the package is built, never committed."""
 
 import pathlib
 
@@ -10,13 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-def proto_root() -> pathlib.Path:
-    for candidate in (HERE.parents[1] / "proto", HERE / "proto"):
-        if (candidate / "exec_gateway" / "v1").is_dir():
-            return candidate
-    raise SystemExit("exec-gateway: proto/exec_gateway/v1 not found beside the package")
+PROTO = HERE / "proto"
 
 
 class BuildWithStubs(build_py):
@@ -24,11 +20,12 @@ class BuildWithStubs(build_py):
         super().run()
         from grpc_tools import protoc
 
-        root = proto_root()
+        if not (PROTO / "exec_gateway" / "v1").is_dir():
+            raise SystemExit(f"exec-gateway: {PROTO}/exec_gateway/v1 not found")
         out = pathlib.Path(self.build_lib)
-        protos = sorted(str(p.relative_to(root))
-                        for p in (root / "exec_gateway" / "v1").glob("*.proto"))
-        rc = protoc.main(["protoc", f"-I{root}", f"--python_out={out}", f"--pyi_out={out}",
+        protos = sorted(str(p.relative_to(PROTO))
+                        for p in (PROTO / "exec_gateway" / "v1").glob("*.proto"))
+        rc = protoc.main(["protoc", f"-I{PROTO}", f"--python_out={out}", f"--pyi_out={out}",
                           f"--grpc_python_out={out}", *protos])
         if rc != 0:
             raise SystemExit(f"exec-gateway: protoc failed ({rc})")

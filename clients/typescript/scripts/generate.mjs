@@ -1,7 +1,6 @@
 // Generates the gRPC stubs (src/gen/) from the repository's protos
 // (../../proto) with buf and ts-proto, as buf.gen.yaml says. Runs from the
-// package's own directory whatever the caller's working directory is (npm
-// runs `prepare` from elsewhere when the package is installed by path), and
+// package's own directory whatever the caller's working directory is, and
 // starts from an empty src/gen/ so that a proto removed upstream leaves no
 // stale stub behind.
 import { spawnSync } from "node:child_process";
