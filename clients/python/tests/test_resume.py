@@ -4,6 +4,7 @@ byte-exact, and calls retried across it take effect once."""
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
@@ -130,3 +131,31 @@ async def test_a_gateway_gone_for_longer_than_resume_within_is_connection_lost(g
     async with await exec_gateway.connect(proxy.target, token=gateway.token()) as client:
         with pytest.raises(ConnectionLost, match="cannot reach the gateway"):
             await client.session()
+
+
+@aio
+async def test_a_new_clients_first_call_cut_mid_flight_is_a_lost_connection(site, gateway):
+    """The gateway reached, then killed under the client's very first call
+    (a write fed from an iterator, held after its first chunk): what any
+    later call cut so reports, a lost connection, not "cannot reach"."""
+    path = site.dir / "roots" / "alpha" / "first.bin"
+    chunk = b"x" * 4096
+    release = asyncio.Event()
+
+    async def chunks():
+        yield chunk
+        await release.wait()
+        yield chunk
+
+    async with await exec_gateway.connect(gateway.target, token=gateway.token()) as client:
+        write = asyncio.ensure_future(client.files.write(str(path), chunks()))
+        # The first chunk on disk: the gateway has the call, which waits for more.
+        while not (path.exists() and path.stat().st_size == len(chunk)):
+            assert not write.done(), write
+            await asyncio.sleep(0.01)
+        gateway.stop(signal.SIGKILL)
+        with pytest.raises(ConnectionLost) as lost:
+            await write
+        release.set()
+        assert "cannot reach" not in lost.value.message, lost.value.message
+        assert lost.value.message.startswith("connection to the gateway lost"), lost.value.message

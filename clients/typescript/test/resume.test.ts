@@ -3,6 +3,9 @@
 // and a gateway that stays away is a ConnectionLost.
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
+import { existsSync, statSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
 import { after, afterEach, before, beforeEach, describe, test } from "node:test";
 import { connect, ConnectionLost, type Client, type ProcessEvent, type Session } from "@exec-gateway/client";
 import { Gateway, skipReason } from "./harness/gateway.js";
@@ -238,6 +241,42 @@ describe("resuming after a dropped connection", { skip: skipReason() }, () => {
       assert.equal((await (await direct.session({ resume: s.id })).process(p.id).info()).state, "running");
     } finally {
       short.close();
+    }
+  });
+});
+
+describe("a new client's first call, its gateway killed under it", { skip: skipReason() }, () => {
+  test("is a drop, resumed as under any later call, not a gateway never reached", async () => {
+    let gw = await Gateway.start();
+    const clients: Client[] = [];
+    try {
+      const size = 64 * 1024 * 1024;
+      const data = randomBytes(size);
+      for (let round = 0; ; round++) {
+        assert.ok(round < 5, "the write never was caught mid-flight");
+        const c = await connect(gw.target, { token: gw.token() });
+        clients.push(c);
+        const file = path.join(gw.root("t1"), `first-${round}.bin`);
+        // The client's first call: bytes, which a drop has sent again whole.
+        const writing = c.files.write(file, data);
+        writing.catch(() => undefined);
+        await eventually(async () => existsSync(file) && statSync(file).size > 0);
+        // Frozen with part of the file written: the call is in flight.
+        gw.signal("SIGSTOP");
+        if (statSync(file).size < size) {
+          gw = await gw.restart();
+          assert.equal(await writing, size);
+          const digest = (b: Uint8Array): string => createHash("sha256").update(b).digest("hex");
+          assert.equal(digest(await readFile(file)), digest(data));
+          return;
+        }
+        // All of it written before the freeze: once more.
+        gw.signal("SIGCONT");
+        await writing;
+      }
+    } finally {
+      for (const c of clients) c.close();
+      await gw.stop();
     }
   });
 });

@@ -106,9 +106,12 @@ class Link:
                              "grpcs:// (or allow_plaintext=True on a network you trust)")
         self.target = target
         self.resume_within = resume_within
-        #: Whether the gateway has ever answered: until it has, a refused
-        #: connection is an error at once (a wrong address, not a drop).
+        #: Whether the gateway was ever reached (the channel connected to
+        #: it, or it answered a call): until then a failed call is an error
+        #: at once (a wrong address, not a drop); after, even under the
+        #: first call, a broken connection is a drop, retried as any other.
         self.reached = False
+        self._watch: Optional[asyncio.Task[None]] = None
         self._token = token
         if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=_pem(ca),
@@ -124,12 +127,30 @@ class Link:
         self.processes = process_pb2_grpc.ProcessServiceStub(self.channel)
         self.files = file_pb2_grpc.FileServiceStub(self.channel)
         self.environment = environment_pb2_grpc.EnvironmentServiceStub(self.channel)
+        try:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_ready())
+        except RuntimeError:
+            # No loop yet: only an answer then tells that it was reached.
+            self._watch = None
+
+    async def _watch_ready(self) -> None:
+        """Sets `reached` once the channel is connected to the gateway
+        (TCP, TLS and HTTP/2 settings done), before any call's answer."""
+        state = self.channel.get_state(try_to_connect=False)
+        while state != grpc.ChannelConnectivity.READY:
+            if state == grpc.ChannelConnectivity.SHUTDOWN:
+                return
+            await self.channel.wait_for_state_change(state)
+            state = self.channel.get_state(try_to_connect=False)
+        self.reached = True
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         token = self._token() if callable(self._token) else self._token
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         await self.channel.close()
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, retry: bool = True,

@@ -221,7 +221,7 @@ export class Recovery {
    * call's deadline, the abort reason).
    */
   async broke(e: ConnectionLost): Promise<void> {
-    // A gateway that never answered is a wrong address more likely than a drop.
+    // A gateway never reached is a wrong address more likely than a drop.
     if (!this.conn.reached) throw this.conn.unreachable(e);
     if (!(e instanceof Unsent)) this.mayHaveActed = true;
     await this.again(e.message, "the gateway could not be reached", e);

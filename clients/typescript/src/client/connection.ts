@@ -133,8 +133,10 @@ export class Connection {
   readonly clientName: string;
   readonly target: string;
   /**
-   * Whether the gateway ever answered: until it has, a failed connection
-   * is an error at once (a wrong address or port), not a drop to ride out.
+   * Whether the gateway was ever reached (the channel connected to it, or
+   * it answered a call): until then a failed call is an error at once (a
+   * wrong address or port); after, even under the first call, a broken
+   * connection is a drop to ride out like any other.
    */
   reached = false;
   /**
@@ -201,6 +203,27 @@ export class Connection {
     this.processes = new ProcessServiceClient(t.address, creds, stub);
     this.files = new FileServiceClient(t.address, creds, stub);
     this.environment = new EnvironmentServiceClient(t.address, creds, stub);
+    this.watchReady(this.channel.getConnectivityState(false));
+  }
+
+  /**
+   * Sets `reached` once the channel is connected to the gateway (TCP, TLS
+   * and HTTP/2 settings done), before any call's answer. grpc-js calls a
+   * watcher as the state changes; with no deadline it holds no timer.
+   */
+  private watchReady(state: connectivityState): void {
+    if (state === connectivityState.READY) {
+      this.reached = true;
+      return;
+    }
+    if (state === connectivityState.SHUTDOWN) return;
+    try {
+      this.channel.watchConnectivityState(state, Infinity, (err) => {
+        if (err === undefined) this.watchReady(this.channel.getConnectivityState(false));
+      });
+    } catch {
+      // The channel is closed.
+    }
   }
 
   /** Call metadata: the current token, when there is one. */
@@ -211,7 +234,7 @@ export class Connection {
     return md;
   }
 
-  /** The error for a gateway that has never answered: not retried. */
+  /** The error for a gateway never reached (no connection made): not retried. */
   unreachable(e: Error): ConnectionLost {
     return new ConnectionLost("UNAVAILABLE", `cannot reach the gateway at ${this.target}: ${e.message}`, undefined, {
       cause: e,

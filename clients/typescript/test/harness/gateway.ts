@@ -3,7 +3,7 @@
 // the ports it picked read from its stdout.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createHmac, randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync, readlinkSync, realpathSync } from "node:fs";
 import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -65,6 +65,9 @@ export class Gateway {
     private readonly stderr: string[],
   ) {}
 
+  /** Set once a restart took this gateway's directory over: stop leaves it. */
+  private handedOver = false;
+
   static async start(opts: GatewayOptions = {}): Promise<Gateway> {
     const dir = await mkdtemp(path.join(tmpdir(), "eg-ts-"));
     // Tenant uids must traverse the roots' parent: mkdtemp makes it 0700.
@@ -87,6 +90,26 @@ export class Gateway {
     }
     config += opts.extra ?? "";
     await writeFile(path.join(dir, "gateway.toml"), config);
+    return Gateway.launch(dir, roots, secret, 0);
+  }
+
+  /**
+   * SIGKILL this gateway (no drain: its connections break under their
+   * calls), then start another on the same directory (config, key, roots,
+   * state) and the same port. This one's `stop` then leaves the directory.
+   */
+  async restart(): Promise<Gateway> {
+    if (!this.exited) {
+      const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+      this.child.kill("SIGUSR1");
+      await exited;
+    }
+    this.handedOver = true;
+    const port = Number(this.address.split(":")[1]);
+    return Gateway.launch(this.dir, this.roots, this.secret, port);
+  }
+
+  private static async launch(dir: string, roots: string, secret: string, port: number): Promise<Gateway> {
     // Through a shell that ends the gateway when our end of its stdin
     // closes: however this test process dies (a runner's timeout
     // included), no gateway is left behind.
@@ -100,7 +123,7 @@ export class Gateway {
         "--listen",
         "ws://127.0.0.1:0",
         "--grpc-listen",
-        "127.0.0.1:0",
+        `127.0.0.1:${port}`,
         "--admin-listen",
         "off",
         "--config",
@@ -165,6 +188,19 @@ export class Gateway {
     this.child.stdin?.end();
   }
 
+  /**
+   * Send `sig` to the gateway process itself (not the shell around it):
+   * SIGSTOP freezes it with its connections open.
+   */
+  signal(sig: NodeJS.Signals): void {
+    const shell = this.child.pid;
+    if (shell === undefined) throw new Error("the gateway's shell has no pid");
+    const children = readFileSync(`/proc/${shell}/task/${shell}/children`, "utf8").trim().split(/\s+/);
+    const pid = children.find((c) => c !== "" && readlinkSync(`/proc/${c}/exe`) === realpathSync(gatewayBinary()));
+    if (pid === undefined) throw new Error("the gateway process is gone");
+    process.kill(Number(pid), sig);
+  }
+
   /** Whether the gateway process has exited. */
   get exited(): boolean {
     return this.child.exitCode !== null || this.child.signalCode !== null;
@@ -179,6 +215,7 @@ export class Gateway {
       await exited;
       clearTimeout(timer);
     }
+    if (this.handedOver) return;
     await rm(this.dir, { recursive: true, force: true, maxRetries: 3 });
   }
 }
