@@ -4,13 +4,14 @@ byte-exact, and calls retried across it take effect once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 import pytest
 
 import exec_gateway
 from exec_gateway import ConnectionLost, Output
-from conftest import Proxy
+from conftest import Gateway, Proxy
 from test_processes import aio
 
 # 3,000 numbered lines of 64 bytes, paced so that the stream is still
@@ -159,3 +160,34 @@ async def test_a_new_clients_first_call_cut_mid_flight_is_a_lost_connection(site
         release.set()
         assert "cannot reach" not in lost.value.message, lost.value.message
         assert lost.value.message.startswith("connection to the gateway lost"), lost.value.message
+
+
+@aio
+async def test_a_new_clients_first_call_cut_mid_flight_is_retried_once_the_gateway_is_back(site):
+    """The client's first call, a write of bytes (sent again whole after a
+    drop), caught mid-write: the gateway is frozen, killed, and started
+    again on its port. The write is resumed as under any later call."""
+    gw = site.start()
+    port = int(gw.address.rsplit(":", 1)[1])
+    data = os.urandom(64 << 20)
+    for attempt in range(5):
+        path = site.dir / "roots" / "alpha" / f"first-{attempt}.bin"
+        async with await exec_gateway.connect(gw.target, token=gw.token()) as client:
+            write = asyncio.ensure_future(client.files.write(str(path), data))
+            while not (path.exists() and path.stat().st_size > 0):
+                assert not write.done() or write.exception() is None, write
+                await asyncio.sleep(0.01)
+            # Frozen with part of the file written: the call is in flight.
+            gw.proc.send_signal(signal.SIGSTOP)
+            if path.stat().st_size < len(data):
+                gw.stop(signal.SIGKILL)
+                gw = Gateway(gw.workdir, (gw.workdir / "gateway.toml").read_text(), gw.secret,
+                             grpc_port=port)
+                site.gateways.append(gw)
+                assert await write == len(data)
+                assert path.read_bytes() == data
+                return
+            # All of it written before the freeze: once more.
+            gw.proc.send_signal(signal.SIGCONT)
+            await write
+    raise AssertionError("the write was never caught mid-flight")
