@@ -310,8 +310,11 @@ async def _kill_started(process: Process, launching: "asyncio.Future[None]") -> 
         return  # not started
     process.release()
     try:
+        # Killed, and its end seen, before the caller hears of the cancel
+        # (as `run` does): a list right after it finds the process ended.
         await process.terminate()
-    except ExecGatewayError:
+        await process.wait(RUN_KILL_WAIT)
+    except (ExecGatewayError, asyncio.TimeoutError):
         pass
 
 
