@@ -583,6 +583,81 @@ async fn the_open_file_limit_is_raised_and_caps_that_cannot_fit_are_refused() {
     assert!(err.contains("RLIMIT_NOFILE"), "{err}");
 }
 
+/// 1,000 configured tenants at their defaults start at RLIMIT_NOFILE
+/// 20,000: the defaulted `max_active_tenants` is lowered to fit, like the
+/// connection caps, and `/readyz` says to what; one written in the file
+/// that cannot fit is refused.
+#[tokio::test]
+async fn a_thousand_configured_tenants_start_with_their_active_cap_lowered_to_fit() {
+    let dir = scratch();
+    let wrapper = dir.path().join("nofile-20000.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -n 20000\nexec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tenants: String = (0..1000)
+        .map(|i| format!("[tenants.t{i}]\nroot = \"/\"\n"))
+        .collect();
+    let gw = Gateway::start_binary(&wrapper, |d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n{tenants}",
+            d.display()
+        )
+    });
+    let (status, body) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let cap: usize = body
+        .split("(server.max_active_tenants ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cap in {body}"));
+    assert!((1..1000).contains(&cap), "{body}");
+    // The lowered cap serves: a tenant's session runs.
+    let (mut c, _) = gw.session_of("t999").await;
+    c.call("process/list", json!({})).await;
+
+    // Set in the file, a cap that cannot fit refuses the start.
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "gw.toml",
+        &format!(
+            "[server]\nmax_active_tenants = 1000\n[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n{tenants}",
+            dir.path().display()
+        ),
+    );
+    let mut child = std::process::Command::new(&wrapper)
+        .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + common::event_timeout();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a cap that cannot fit did not refuse the start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(64));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("1000 active tenants"), "{err}");
+}
+
 // === 4. Admin routes are not on the client port ===
 
 #[tokio::test]

@@ -50,9 +50,10 @@ impl Settings {
         }
     }
 
-    /// (descriptors of each cap, set in the file): websocket, gRPC,
-    /// unauthenticated, processes, active tenants.
-    fn fd_caps(&self) -> [(u64, bool); 5] {
+    /// (descriptors of each cap, kept as it is): websocket, gRPC,
+    /// unauthenticated, processes, active tenants. Caps set in the file
+    /// are kept, and so is the active tenants' when `keep_tenants`.
+    fn fd_caps(&self, keep_tenants: bool) -> [(u64, bool); 5] {
         let e = self.caps_explicit;
         let grpc = if self.grpc_listen.is_some() {
             self.grpc_max_connections as u64
@@ -64,12 +65,9 @@ impl Settings {
             (grpc, e.grpc),
             (self.max_unauthenticated as u64, e.unauthenticated),
             (FDS_PER_PROCESS * self.max_processes as u64, e.processes),
-            // Without a template every configured tenant must fit (the
-            // cap is never lowered below them); with one, a defaulted cap
-            // is lowered with the other caps.
             (
                 self.fds_per_active_tenant() * self.active_tenants_bound() as u64,
-                e.active_tenants || self.template.is_none(),
+                e.active_tenants || keep_tenants,
             ),
         ]
     }
@@ -81,7 +79,14 @@ impl Settings {
 
     /// Descriptors the caps may take at once.
     pub fn fds_needed(&self) -> u64 {
-        self.reserved_fds() + self.fd_caps().iter().map(|(n, _)| n).sum::<u64>()
+        self.reserved_fds() + self.fd_caps(true).iter().map(|(n, _)| n).sum::<u64>()
+    }
+
+    /// (descriptors of the caps kept, of those lowered) under `keep_tenants`.
+    fn fixed_and_flexible(&self, keep_tenants: bool) -> (u64, u64) {
+        let caps = self.fd_caps(keep_tenants);
+        let fixed = self.reserved_fds() + caps.iter().filter(|c| c.1).map(|c| c.0).sum::<u64>();
+        (fixed, caps.iter().filter(|c| !c.1).map(|c| c.0).sum())
     }
 
     /// Fit the connection and process caps into `limit` open files. Caps
@@ -93,12 +98,17 @@ impl Settings {
         if need <= limit {
             return Ok(None);
         }
-        let caps = self.fd_caps();
-        let fixed: u64 =
-            self.reserved_fds() + caps.iter().filter(|c| c.1).map(|c| c.0).sum::<u64>();
-        let flexible: u64 = caps.iter().filter(|c| !c.1).map(|c| c.0).sum();
         // Room for at least a few of each defaulted cap.
-        if flexible == 0 || limit < fixed + 64 {
+        let fits = |(fixed, flexible): (u64, u64)| flexible > 0 && limit >= fixed + 64;
+        // Without a template, the configured tenants' cap is kept where
+        // the other caps can make room (a reload may add tenants up to
+        // it); where they cannot, a defaulted cap is lowered with them
+        // (tenants past it wait for an idle one's place, as templated
+        // ones do). One set in the file is always kept.
+        let keep_tenants = self.template.is_none() && fits(self.fixed_and_flexible(true));
+        let caps = self.fd_caps(keep_tenants);
+        let (fixed, flexible) = self.fixed_and_flexible(keep_tenants);
+        if !fits((fixed, flexible)) {
             return Err(ConfigError(format!(
                 "connection, process and tenant caps need up to {need} open files (server.max_connections {} + server.grpc_max_connections {} + server.max_unauthenticated {} + {FDS_PER_PROCESS} x exec.max_processes {} + {} active tenants x {} for their workers, max_open_files and max_streams + {} reserved) but RLIMIT_NOFILE allows {limit}: lower them or raise the limit",
                 self.max_connections,
@@ -126,7 +136,7 @@ impl Settings {
             .max_unauthenticated_per_source
             .min(self.max_unauthenticated);
         self.max_processes = scale(self.max_processes, e.processes);
-        if !e.active_tenants && self.template.is_some() {
+        if !e.active_tenants && !keep_tenants {
             self.max_active_tenants = scale(self.active_tenants_bound(), false);
         }
         Ok(Some(format!(
