@@ -574,24 +574,35 @@ async fn a_key_bound_to_a_tenant_accepts_codex_tokens_for_it_only() {
     let (status, body) = gw.handshake("/", Some(&format!("Bearer {expired}"))).await;
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("expired"), "{body}");
-    // A `kid` no configured key names still verifies against a kid-less key.
-    let with_kid = sign(
-        Algorithm::HS256,
-        Some("codex-2026"),
-        &key,
-        &json!({"exp": now() + 600}),
-    );
-    let mut k = gw.connect_as(&with_kid).await;
-    k.initialize().await;
-    // ... but not against the wrong secret.
-    let wrong = sign(
-        Algorithm::HS256,
-        Some("codex-2026"),
-        &EncodingKey::from_secret(&common::random_secret()),
-        &json!({"exp": now() + 600}),
-    );
-    let (status, body) = gw.handshake("/", Some(&format!("Bearer {wrong}"))).await;
-    assert_eq!(status, 401, "{body}");
+}
+
+/// A token naming a `kid` is tried only against keys configured with that
+/// `kid`: one naming another algorithm's key, or no key at all, is an
+/// unknown key id (401), even where a key without a kid would verify its
+/// signature.
+#[tokio::test]
+async fn a_kid_must_name_a_configured_key() {
+    let keys = tempfile::tempdir().unwrap();
+    let (_, rsa_pub) = rsa(keys.path(), "rsa");
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [[auth.keys]]\nalgorithm = \"RS256\"\nkid = \"rsa1\"\npublic_key_file = \"{rsa_pub}\"\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    let hs = EncodingKey::from_secret(&gw.secret);
+    let mut ok = gw
+        .connect_as(&sign(Algorithm::HS256, None, &hs, &claims()))
+        .await;
+    ok.initialize().await;
+    for kid in ["rsa1", "codex-2026"] {
+        let token = sign(Algorithm::HS256, Some(kid), &hs, &claims());
+        let (status, body) = gw.handshake("/", Some(&format!("Bearer {token}"))).await;
+        assert_eq!(status, 401, "{kid}: {body}");
+        assert!(body.contains("unknown key id"), "{kid}: {body}");
+    }
 }
 
 /// A config file a tenant could write (inside its root) would let it grant

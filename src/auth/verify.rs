@@ -198,16 +198,9 @@ impl Authenticator {
         if candidates.is_empty() {
             candidates = self.remote_keys(kid, header.alg).await;
         }
-        if candidates.is_empty() && kid.is_some() {
-            // A `kid` no key claims (Codex's tokens may carry one): a
-            // configured key without a kid of its own may still verify it.
-            candidates = self
-                .keys
-                .iter()
-                .filter(|k| k.alg == header.alg && k.kid.is_none())
-                .cloned()
-                .collect();
-        }
+        // A `kid` no key of the token's algorithm claims is unknown: a key
+        // without a kid of its own never stands in for it (the token
+        // names another key, or one that is gone).
         if candidates.is_empty() {
             let alg_known = self.keys.iter().any(|k| k.alg == header.alg)
                 || self.remote.iter().any(|r| r.alg == header.alg);
