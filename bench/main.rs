@@ -1822,6 +1822,7 @@ async fn stack_cost(
                 subject: None,
                 scopes: exec_gateway::auth::Scopes::ALL,
                 expires_at: None,
+                key: exec_gateway::auth::KeyLife::default(),
             }),
             tenant: tenant.clone(),
             session: Some(session),

@@ -151,13 +151,18 @@ impl Gateway {
     /// restart and is named in the returned line; nothing is applied if
     /// the new tenants or keys are refused.
     pub fn reload(self: &Arc<Self>, new: &Settings) -> Result<String, ConfigError> {
-        let auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
+        let mut auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
+        if let (Some(r), Some(e)) = (&self.executors, &new.executors) {
+            refuse_pool_moves(r, e)?;
+        }
         let tenants = self.tenants.reload(new)?;
         if let Some(r) = &self.executors {
             r.reload(new.executors.as_ref(), new.revocations.clone());
         }
         let stop = CancellationToken::new();
         auth.start(stop.clone());
+        // Applied from here on: keys gone end their live connections.
+        auth.take_over(&self.auth());
         self.auth.store(Arc::new(auth));
         let old = std::mem::replace(&mut *self.auth_stop.lock(), stop);
         old.cancel();
@@ -487,6 +492,28 @@ fn authenticator(
 
 /// Settings a reload cannot apply (listeners, fleet, executors and the
 /// gateway-wide caps), by section.
+/// A pool serves the tenant it started with until a restart: a reload
+/// that names another tenant for it is refused (that tenant would reach
+/// the first one's executors and resume its sessions).
+fn refuse_pool_moves(
+    running: &crate::registry::Registry,
+    new: &crate::config::ExecutorsSettings,
+) -> Result<(), ConfigError> {
+    for p in new.pools.values() {
+        if let Some(pool) = running.pool(&p.name)
+            && pool.tenant() != p.tenant
+        {
+            return Err(ConfigError(format!(
+                "executors.pools.{} serves tenant `{}` until a restart; it cannot be given to tenant `{}` by a reload (its executors and sessions are the first tenant's)",
+                p.name,
+                pool.tenant(),
+                p.tenant
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn restart_needed(old: &Settings, new: &Settings) -> Vec<&'static str> {
     let mut out = Vec::new();
     if (old.listen, old.grpc_listen, old.admin_listen)

@@ -494,6 +494,7 @@ mod tests {
                     subject: None,
                     scopes: Scopes::of(scopes),
                     expires_at: None,
+                    key: crate::auth::KeyLife::default(),
                 }),
                 tenant: tenant.clone(),
                 session: None,

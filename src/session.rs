@@ -166,10 +166,13 @@ impl SessionRegistry {
         match resume {
             Some(id) => {
                 let known = self.sessions.lock().contains_key(id);
-                // Another pool's id is not one of this tenant's.
+                // Another pool's id is not one of this tenant's, nor is
+                // one of a pool that serves another tenant: either fails
+                // as an unknown id.
                 let parsed = crate::fleet::parse_remote(id, self.replica.is_some())
                     .filter(|r| r.replica == self.replica.as_deref())
-                    .filter(|r| r.pool.is_none_or(|p| p == remote.pool_name()));
+                    .filter(|r| r.pool.is_none_or(|p| p == remote.pool_name()))
+                    .filter(|_| remote.serves(&tenant.name));
                 match parsed {
                     Some(r) if !known => {
                         self.open_remote(tenant, remote, outbound, Some((r.executor, r.session)))

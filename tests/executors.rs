@@ -627,6 +627,124 @@ fn a_pool_serves_one_tenant() {
     assert!(err.contains("a pool serves one tenant"), "{err}");
 }
 
+/// A pool serves one tenant whatever made it: a template cannot name one
+/// (each templated tenant would run on it), even one a configured tenant
+/// names.
+#[test]
+fn a_template_cannot_name_a_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("k"), random_secret()).unwrap();
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    let config = common::write_file(
+        dir.path(),
+        "g.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/k\"\n\
+             [tenants.a]\nroot = \"{0}/a\"\npool = \"p\"\n\
+             [tenant_template]\nroot = \"{0}/roots/{{tenant}}\"\npool = \"p\"\n\
+             [executors.pools.p]\n",
+            dir.path().display()
+        ),
+    );
+    let out = common::serve_expecting_refusal(&config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tenant_template: pool, pool_labels and placement cannot be templated"),
+        "{err}"
+    );
+}
+
+/// An executor session is resumed only by the tenant that opened it: a
+/// reload that would hand the pool (its executors, its detached sessions)
+/// to another tenant is refused, and that tenant's resume of the id fails
+/// like an unknown one, while the owner still resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_never_resumes_an_executor_session() {
+    let config = |d: &Path, pooled: &str| {
+        let (p1, p2) = if pooled == "t1" {
+            ("pool = \"p\"\n", "")
+        } else {
+            ("", "pool = \"p\"\n")
+        };
+        format!(
+            "[server]\ndetach_ttl = \"1s\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\n{p1}[tenants.t2]\nroot = \"/\"\n{p2}\
+             [executors]\nopen_timeout = \"10s\"\n[executors.pools.p]\n",
+            d.display()
+        )
+    };
+    let gw = Gateway::start_with(|d| config(d, "t1"));
+    let a = Executor::start(&gw.addr, &executor_token(&gw.secret, "p"), "ex-a", 2);
+    let cwd = a.root.display().to_string();
+    let t1 = gw.token("t1");
+    let mut c = Client::connect(&gw.url, &t1).await;
+    let sid = c.initialize().await;
+    assert!(sid.starts_with("x-ex-a@p."), "{sid}");
+    c.call(
+        "process/start",
+        json!({"processId": "cat", "argv": ["/bin/cat"], "cwd": cwd, "env": {},
+               "tty": false, "pipeStdin": true}),
+    )
+    .await;
+    drop(c);
+    // The detach TTL passes: the gateway forgets the session; the
+    // executor keeps it, resumable by its id.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while gw
+        .metric("exec_gateway_sessions", "tenant=\"t1\"")
+        .await
+        .unwrap_or(0.0)
+        > 0.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::write(
+        gw.dir.path().join("gateway.toml"),
+        config(gw.dir.path(), "t2"),
+    )
+    .unwrap();
+    gw.signal(libc::SIGHUP);
+    let reloads = |outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.metric(
+                "exec_gateway_config_reloads_total",
+                &format!("outcome=\"{outcome}\""),
+            )
+            .await
+            .unwrap_or(0.0)
+        }
+    };
+    while reloads("ok").await + reloads("refused").await < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(reloads("refused").await, 1.0, "the pool moved to t2");
+
+    let mut c2 = Client::connect(&gw.url, &gw.token("t2")).await;
+    let r = c2
+        .call_raw(
+            "initialize",
+            json!({"clientName": "test", "resumeSessionId": sid}),
+        )
+        .await;
+    assert!(r.get("result").is_none(), "t2 resumed t1's session: {r}");
+    // Worded as for an id never issued.
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert_eq!(
+        r["error"]["message"],
+        format!("unknown session id {sid}").as_str(),
+        "{r}"
+    );
+
+    // Its owner resumes it, the process still there.
+    let mut c = Client::connect(&gw.url, &t1).await;
+    assert_eq!(c.resume(&sid).await["sessionId"], sid.as_str());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executor_session_is_owned_where_its_link_landed_and_reached_through_any_replica() {
     let dir = tempfile::tempdir().unwrap();

@@ -407,3 +407,109 @@ async fn a_root_someone_else_planted_is_not_adopted() {
     let mut c = Client::connect(&gw.url, &mint(&gw.secret, "fine", ALL_SCOPES)).await;
     c.initialize().await;
 }
+
+/// A failed activation (its root another user's directory, a link or a
+/// file) takes no uid: with a range of one, the next tenant still gets it.
+#[tokio::test]
+async fn a_failed_activation_takes_no_uid() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (tenants get their own uids)");
+        return;
+    }
+    let gw = templated("[isolation]\nuid_range = [47011, 47011]\n");
+    let roots = gw.dir.path().join("roots");
+    std::fs::create_dir_all(&roots).unwrap();
+    let other = roots.join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::os::unix::fs::chown(&other, Some(65534), Some(65534)).unwrap();
+    std::os::unix::fs::symlink("/tmp", roots.join("link")).unwrap();
+    std::fs::write(roots.join("file"), "x").unwrap();
+    for name in ["other", "link", "file", "other"] {
+        let bearer = format!("Bearer {}", mint(&gw.secret, name, ALL_SCOPES));
+        let (status, body) = gw.handshake("/", Some(&bearer)).await;
+        assert_ne!(status, 101, "{name}: {body}");
+        assert!(!body.contains("no free uid"), "{name}: {body}");
+    }
+    let held = std::fs::read_dir(roots.join(".uids")).map_or(0, |d| d.count());
+    assert_eq!(held, 0, "a failed activation holds a uid");
+    // The range's one uid is there for a tenant that can run.
+    let mut c = Client::connect(&gw.url, &mint(&gw.secret, "fine", ALL_SCOPES)).await;
+    c.initialize().await;
+    let root = std::fs::symlink_metadata(roots.join("fine")).unwrap();
+    assert_eq!(root.uid(), 47011);
+}
+
+/// Reload removes what it removes: a configured tenant taken out of the
+/// file is refused (401) although the template's pattern admits its name,
+/// and a websocket connection whose token's key was taken out is closed
+/// (1008, as at expiry) while one of a kept key goes on.
+#[tokio::test]
+async fn a_reload_removes_a_tenant_and_a_key_even_from_live_connections() {
+    let (dir, key2) = (tempfile::tempdir().unwrap(), common::random_secret());
+    std::fs::write(dir.path().join("k2"), &key2).unwrap();
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    let text = |d: &Path, with: bool| {
+        let mut t = format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenant_template]\nroot = \"{}/roots/{{tenant}}\"\n",
+            d.display(),
+            d.display()
+        );
+        if with {
+            t += &format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nkid = \"k2\"\nsecret_file = \"{0}/k2\"\n\
+                 [tenants.a]\nroot = \"{0}/a\"\n",
+                dir.path().display()
+            );
+        }
+        t
+    };
+    let gw = Gateway::start_with(|d| text(d, true));
+    let bearer = |tenant: &str| format!("Bearer {}", mint(&gw.secret, tenant, ALL_SCOPES));
+    assert_eq!(gw.handshake("/", Some(&bearer("a"))).await.0, 101);
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    h.kid = Some("k2".to_owned());
+    let by_k2 = jsonwebtoken::encode(
+        &h,
+        &json!({"tenant": "b", "scope": ALL_SCOPES, "exp": common::now() + 600}),
+        &jsonwebtoken::EncodingKey::from_secret(&key2),
+    )
+    .unwrap();
+    let mut gone = Client::connect(&gw.url, &by_k2).await;
+    gone.initialize().await;
+    let mut kept = Client::connect(&gw.url, &gw.token("b")).await;
+    kept.initialize().await;
+
+    std::fs::write(
+        gw.dir.path().join("gateway.toml"),
+        text(gw.dir.path(), false),
+    )
+    .unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually_async("the reload", || async {
+        gw.metric("exec_gateway_config_reloads_total", "outcome=\"ok\"")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+
+    let (status, body) = gw.handshake("/", Some(&bearer("a"))).await;
+    assert_eq!(status, 401, "removed tenant `a` served: {body}");
+    assert_eq!(gw.handshake("/", Some(&bearer("c"))).await.0, 101);
+    use futures_util::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let code = tokio::time::timeout(event_timeout(), async {
+        loop {
+            match gone.ws.next().await {
+                Some(Ok(Message::Close(Some(f)))) => break Some(u16::from(f.code)),
+                Some(Ok(_)) => continue,
+                _ => break None,
+            }
+        }
+    })
+    .await
+    .expect("a connection of a removed key stayed open");
+    assert_eq!(code, Some(1008));
+    kept.call("process/list", json!({})).await;
+}

@@ -58,6 +58,7 @@ impl Authenticator {
             subject: common.first().map(|cn| format!("cert:{cn}")),
             scopes,
             expires_at,
+            key: super::KeyLife::default(),
         })
     }
 }

@@ -33,6 +33,62 @@ pub(super) struct Key {
     pub(super) alg: Algorithm,
     pub(super) key: DecodingKey,
     pub(super) binding: Option<Arc<Binding>>,
+    /// What the key is (algorithm, kid, material, binding): a reload
+    /// that keeps a key with the same fingerprint keeps the key.
+    fingerprint: [u8; 32],
+    /// Cancelled when a reload removes the key.
+    pub(super) life: KeyLife,
+}
+
+/// Whether the configured key that verified a token is still configured:
+/// a reload that removes it ends the websocket connections its tokens
+/// opened, as each gRPC call then refuses the token. A JWKS URL's keys
+/// and certificates are never removed this way.
+#[derive(Clone, Default)]
+pub struct KeyLife(tokio_util::sync::CancellationToken);
+
+impl KeyLife {
+    /// Wait until a reload removes the key.
+    pub async fn removed(&self) {
+        self.0.cancelled().await;
+    }
+}
+
+impl std::fmt::Debug for KeyLife {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyLife(removed: {})", self.0.is_cancelled())
+    }
+}
+
+/// Which key verified a token is not part of who calls.
+impl PartialEq for KeyLife {
+    fn eq(&self, _: &KeyLife) -> bool {
+        true
+    }
+}
+
+impl Eq for KeyLife {}
+
+fn fingerprint(
+    alg: Algorithm,
+    kid: Option<&str>,
+    material: &[u8],
+    binding: Option<&Arc<Binding>>,
+) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    let mut field = |b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    field(format!("{alg:?}").as_bytes());
+    field(kid.unwrap_or("\0none").as_bytes());
+    field(material);
+    match binding {
+        Some(b) => field(format!("{}\0{:?}", b.tenant, b.scopes).as_bytes()),
+        None => field(b"\0unbound"),
+    }
+    h.finalize().into()
 }
 
 /// A key bound to one tenant (`[[auth.keys]] tenant = ...`).
@@ -126,7 +182,10 @@ fn keys_from_jwks(set: &JwkSet, alg: Algorithm, binding: Option<&Arc<Binding>>) 
                 return None;
             }
             let key = DecodingKey::from_jwk(jwk).ok()?;
+            let material = serde_json::to_vec(jwk).unwrap_or_default();
             Some(Key {
+                fingerprint: fingerprint(alg, jwk.common.key_id.as_deref(), &material, binding),
+                life: KeyLife::default(),
                 kid: jwk.common.key_id.clone(),
                 alg,
                 key,
@@ -147,7 +206,7 @@ fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
 fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
     let alg = jwt_algorithm(k.algorithm);
     let binding = Binding::new(k)?;
-    let key = match &k.source {
+    let (key, material) = match &k.source {
         KeySource::Secret(p) => {
             let secret = read_secret(p)?;
             if secret.len() < MIN_HMAC_SECRET_BYTES {
@@ -156,16 +215,17 @@ fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
                     p.display()
                 ));
             }
-            DecodingKey::from_secret(&secret)
+            (DecodingKey::from_secret(&secret), secret)
         }
         KeySource::PublicKey(p) => {
             let pem = read_file(p)?;
-            match alg {
+            let key = match alg {
                 Algorithm::ES256 | Algorithm::ES384 => DecodingKey::from_ec_pem(&pem),
                 Algorithm::EdDSA => DecodingKey::from_ed_pem(&pem),
                 _ => DecodingKey::from_rsa_pem(&pem),
             }
-            .map_err(|e| format!("{}: {e}", p.display()))?
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+            (key, pem)
         }
         KeySource::JwksFile(p) => {
             let set: JwkSet = serde_json::from_slice(&read_file(p)?)
@@ -175,6 +235,8 @@ fn load_key(k: &KeySettings) -> Result<Vec<Key>, String> {
         KeySource::JwksUrl(_) => return Ok(Vec::new()),
     };
     Ok(vec![Key {
+        fingerprint: fingerprint(alg, k.kid.as_deref(), &material, binding.as_ref()),
+        life: KeyLife::default(),
         kid: k.kid.clone(),
         alg,
         key,
@@ -286,6 +348,23 @@ impl Authenticator {
             http,
             on_fetch: Arc::new(|_| {}),
         })
+    }
+
+    /// Take over from `old`, the verifier a reload replaces: a key both
+    /// hold stays the same key (tokens it verified stay good); a key only
+    /// `old` holds is removed, which ends the connections its tokens
+    /// opened.
+    pub fn take_over(&mut self, old: &Authenticator) {
+        for k in &mut self.keys {
+            if let Some(o) = old.keys.iter().find(|o| o.fingerprint == k.fingerprint) {
+                k.life = o.life.clone();
+            }
+        }
+        for o in &old.keys {
+            if !self.keys.iter().any(|k| k.fingerprint == o.fingerprint) {
+                o.life.0.cancel();
+            }
+        }
     }
 
     /// Report each JWKS fetch's outcome to `f`.

@@ -19,7 +19,7 @@ mod scope;
 mod verify;
 
 pub use bearer::bearer_token;
-pub use keys::{Authenticator, KnownTenants};
+pub use keys::{Authenticator, KeyLife, KnownTenants};
 pub use mint::{mint, mint_executor};
 pub use scope::{Scope, Scopes};
 pub use verify::{AuthError, EXECUTOR_SCOPE, ExecutorPrincipal, Principal};

@@ -23,6 +23,9 @@ pub struct Principal {
     /// leeway); a connection it opened is closed then. `None`: never (the
     /// operator's stdio, this binary's own executor links).
     pub expires_at: Option<std::time::SystemTime>,
+    /// Whether the configured key that verified the token is still
+    /// configured.
+    pub key: super::KeyLife,
 }
 
 /// Why a token was refused. `reason()` is a fixed label (metrics, logs).
@@ -131,19 +134,21 @@ impl Authenticator {
     /// Verify a client's bearer token: a tenant's, never an executor
     /// credential.
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
-        let (claims, binding) = self.verified_claims(token).await?;
+        let (claims, key) = self.verified_claims(token).await?;
         if has_scope(&claims, &self.settings.scopes_claim, EXECUTOR_SCOPE) {
             return Err(AuthError::ExecutorCredential);
         }
-        self.principal(&claims, binding.as_deref())
+        let mut principal = self.principal(&claims, key.binding.as_deref())?;
+        principal.key = key.life;
+        Ok(principal)
     }
 
     /// Verify an executor credential (a registration's bearer token): the
     /// `executor` scope, a pool claim, no tenant claim, and signed by a key
     /// bound to no tenant (a tenant's own key cannot admit executors).
     pub async fn verify_executor(&self, token: &str) -> Result<ExecutorPrincipal, AuthError> {
-        let (claims, binding) = self.verified_claims(token).await?;
-        if binding.is_some() {
+        let (claims, key) = self.verified_claims(token).await?;
+        if key.binding.is_some() {
             return Err(AuthError::NotExecutorCredential("signed by a tenant's key"));
         }
         if claims.contains_key(&self.settings.tenant_claim) {
@@ -179,10 +184,7 @@ impl Authenticator {
 
     /// A token's claims once its signature and registered claims hold, and
     /// the tenant binding of the key that verified it.
-    async fn verified_claims(
-        &self,
-        token: &str,
-    ) -> Result<(Map<String, Value>, Option<Arc<Binding>>), AuthError> {
+    async fn verified_claims(&self, token: &str) -> Result<(Map<String, Value>, Key), AuthError> {
         let token = token.trim();
         if token.is_empty() {
             return Err(AuthError::Missing);
@@ -212,7 +214,7 @@ impl Authenticator {
         }
         for key in &candidates {
             match self.decode(token, key) {
-                Ok(claims) => return Ok((claims, key.binding.clone())),
+                Ok(claims) => return Ok((claims, key.clone())),
                 // Another key may sign it.
                 Err(AuthError::BadSignature) => continue,
                 // The signature held: this key's claims verdict is the answer
@@ -313,6 +315,7 @@ impl Authenticator {
             subject: claims.get("sub").and_then(Value::as_str).map(str::to_owned),
             scopes,
             expires_at,
+            key: super::KeyLife::default(),
         })
     }
 }

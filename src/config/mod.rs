@@ -495,16 +495,6 @@ impl Config {
         refuse_unfit_inbound(&settings)?;
         if let Some(t) = &settings.template {
             let e = &t.example;
-            if let Some(pool) = &e.pool
-                && !settings
-                    .executors
-                    .as_ref()
-                    .is_some_and(|x| x.pools.contains_key(pool))
-            {
-                return Err(ConfigError(format!(
-                    "tenant_template.pool: no pool `{pool}` in [executors.pools]"
-                )));
-            }
             if settings.isolation.network != LayerPolicy::Off && e.network == Some(Network::Host) {
                 return Err(ConfigError(
                     "tenant_template.network = \"host\" is allowed only with [isolation] network = \"off\"".to_owned(),

@@ -163,6 +163,11 @@ pub(super) fn validate_template(
             "tenant_template: uid and gid are allocated per tenant from [isolation] uid_range; a template cannot name one (every tenant would share it)".to_owned(),
         ));
     }
+    if fields.pool.is_some() || !fields.pool_labels.is_empty() || fields.placement.is_some() {
+        return Err(ConfigError(
+            "tenant_template: pool, pool_labels and placement cannot be templated: a pool serves one tenant, and every templated tenant would share its executors (configure a tenant that needs executors as [tenants.NAME] with its own pool)".to_owned(),
+        ));
+    }
     let mut example_fields = fields.clone();
     example_fields.root = Some(roots.join("example"));
     let example = validate_tenant_at("example", example_fields, uid_policy, false)
@@ -282,6 +287,9 @@ mod tests {
         for (extra, want) in [
             ("name_pattern = \"(\"", "name_pattern"),
             ("uid = 5000", "uid"),
+            ("pool = \"p\"", "a pool serves one tenant"),
+            ("placement = \"local\"", "cannot be templated"),
+            ("pool_labels = { kind = \"x\" }", "cannot be templated"),
             ("max_tmp_bytes = 1", "tenant_template.max_tmp_bytes"),
         ] {
             let e = template(extra).unwrap_err().0;

@@ -452,6 +452,11 @@ impl Drop for Lease {
 }
 
 impl Pool {
+    /// The one tenant whose sessions the pool serves.
+    pub fn tenant(&self) -> &str {
+        &self.settings.tenant
+    }
+
     fn new(settings: PoolSettings, metrics: Arc<Metrics>) -> Arc<Pool> {
         let label = PoolLabel {
             pool: settings.name.clone(),

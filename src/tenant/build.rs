@@ -66,6 +66,11 @@ pub(super) fn build(
     let mut phases = Phases::start();
     if let Origin::Template(ledger) = origin {
         if let (Some(ledger), true) = (ledger, layers.uid) {
+            // What is already at the root is judged before a uid is taken:
+            // a root that cannot be the tenant's never costs the range one.
+            if let Some(root) = &settings.root {
+                refuse_foreign_root(name, root, ledger)?;
+            }
             let uid = ledger.uid_for(name, &crate::config::HostIds)?;
             settings.uid = Some((uid, uid));
             settings.uid_allocated = true;
@@ -263,6 +268,14 @@ fn build_rest(
             let pool = registry
                 .pool(pool)
                 .ok_or_else(|| ConfigError(format!("tenants.{name}.pool: no such pool")))?;
+            // A pool serves one tenant: never another's executors.
+            if pool.tenant() != name {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.pool: pool `{}` serves tenant `{}`",
+                    pool.name,
+                    pool.tenant()
+                )));
+            }
             Some(Arc::new(RemoteBackend::new(
                 pool.clone(),
                 t.pool_labels.clone(),
@@ -358,6 +371,38 @@ pub(super) fn preflight(
 /// A templated tenant's root, made on first use: `ROOTS/NAME`, mode
 /// 0700, owned by the tenant's uid (where it has one). What is there
 /// already must be a directory, never a link.
+/// Refuse what is at templated tenant `name`'s root, if anything, unless
+/// an earlier activation left it: a directory (never a link) owned by the
+/// uid the ledger gives `name`. Only the gateway writes the roots'
+/// directory, and a concurrent activation of `name` (another replica's)
+/// can only make that same root, so what passes here stays adoptable.
+fn refuse_foreign_root(
+    name: &str,
+    root: &Path,
+    ledger: &crate::config::UidLedger,
+) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let err =
+        |e: std::io::Error| ConfigError(format!("tenant `{name}`: root {}: {e}", root.display()));
+    let m = match std::fs::symlink_metadata(root) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(err(e)),
+    };
+    if !m.is_dir() {
+        return Err(err(std::io::Error::other(
+            "exists and is not a directory (a link or a file)",
+        )));
+    }
+    if ledger.holder(m.uid()).as_deref() != Some(name) {
+        return Err(err(std::io::Error::other(format!(
+            "exists and belongs to uid {}, not the tenant's (the ledger gives it no such uid): the gateway adopts only a root it made; move it away or chown it",
+            m.uid()
+        ))));
+    }
+    Ok(())
+}
+
 fn make_root(name: &str, root: &Path, uid: Option<(u32, u32)>) -> Result<(), ConfigError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let err =

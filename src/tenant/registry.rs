@@ -27,7 +27,15 @@ pub struct TenantSet {
     pub configured: BTreeMap<String, TenantSettings>,
     pub template: Option<Arc<TemplateSettings>>,
     ledger: Option<UidLedger>,
+    /// Configured tenants a reload removed since the start: refused, even
+    /// where the template admits the name (at most
+    /// [`MAX_REMOVED_TENANTS`]).
+    removed: std::collections::BTreeSet<String>,
 }
+
+/// Most configured tenants removed by reloads that the gateway keeps
+/// refusing until a restart; a reload past it is refused.
+pub const MAX_REMOVED_TENANTS: usize = 100_000;
 
 /// The tenant set in force, shared with whatever must know the tenants
 /// (the token verifier) and swapped whole by a reload.
@@ -47,7 +55,27 @@ impl TenantSet {
                 .template
                 .as_ref()
                 .map(|t| UidLedger::new(&t.roots, s.uid_range, &s.tenants)),
+            removed: Default::default(),
         }
+    }
+
+    /// `s`'s tenants replacing `old`: the names `old` configured (or had
+    /// removed) that `s` does not configure stay removed.
+    fn after(old: &TenantSet, s: &Settings) -> Result<TenantSet, ConfigError> {
+        let mut new = TenantSet::new(s);
+        new.removed = old
+            .removed
+            .iter()
+            .chain(old.configured.keys())
+            .filter(|n| !new.configured.contains_key(*n))
+            .cloned()
+            .collect();
+        if new.removed.len() > MAX_REMOVED_TENANTS {
+            return Err(ConfigError(format!(
+                "more than {MAX_REMOVED_TENANTS} configured tenants removed since the start: restart the gateway to forget them"
+            )));
+        }
+        Ok(new)
     }
 
     /// Every configured root, the templated roots' directory and the
@@ -68,13 +96,18 @@ impl TenantSet {
         if let Some(t) = self.configured.get(name) {
             return Some((t.clone(), false));
         }
+        if self.removed.contains(name) {
+            return None;
+        }
         let t = self.template.as_ref()?.settings_for(name).ok()?;
         Some((t, true))
     }
 
     /// Whether a token naming `name` has a tenant.
     pub fn knows(&self, name: &str) -> bool {
-        self.configured.contains_key(name) || self.template.as_ref().is_some_and(|t| t.admits(name))
+        self.configured.contains_key(name)
+            || (!self.removed.contains(name)
+                && self.template.as_ref().is_some_and(|t| t.admits(name)))
     }
 }
 
@@ -427,7 +460,7 @@ impl Tenants {
         preflight_all(settings, self.ctx.layers)?;
         // The new set first: an activation that starts from here on (a
         // stale tenant's replacement included) builds from it.
-        let new = Arc::new(TenantSet::new(settings));
+        let new = Arc::new(TenantSet::after(&self.set.load(), settings)?);
         let old = self.set.swap(new.clone());
         let (mut removed, mut stale, mut changed) = (0, 0, 0);
         for t in self.active() {

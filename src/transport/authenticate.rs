@@ -67,6 +67,7 @@ pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
             subject: Some("executor-link".to_owned()),
             scopes: crate::auth::Scopes::ALL,
             expires_at: None,
+            key: crate::auth::KeyLife::default(),
         }),
         tenant,
     })

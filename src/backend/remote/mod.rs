@@ -67,6 +67,12 @@ impl RemoteBackend {
         &self.pool.name
     }
 
+    /// Whether the pool serves `tenant` (a pool's sessions are its one
+    /// tenant's).
+    pub fn serves(&self, tenant: &str) -> bool {
+        self.pool.tenant() == tenant
+    }
+
     /// Whether an executor with the tenant's labels has a free link now.
     pub fn has_free_link(&self) -> bool {
         self.pool.has_free_link(&self.labels)

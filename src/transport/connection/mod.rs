@@ -193,6 +193,10 @@ where
         }),
         _ => None,
     };
+    let key = match (&meta.caller, meta.on_close) {
+        (Ok(caller), OnClose::Detach) => Some(caller.principal().key.clone()),
+        _ => None,
+    };
     loop {
         let pause = calls.penalty.lock().take();
         if let Some(until) = pause {
@@ -226,6 +230,12 @@ where
             // session is detached, to be resumed with a fresh one.
             () = async { match expiry { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                 out.close(TOKEN_EXPIRED_CLOSE_CODE, "token expired; resume the session with a fresh token").await;
+                return Stop::Ended;
+            }
+            // A reload removed the key that verified it: as for an
+            // expired token.
+            () = async { match &key { Some(k) => k.removed().await, None => std::future::pending().await } } => {
+                out.close(TOKEN_EXPIRED_CLOSE_CODE, "the token's key was removed; resume the session with a token of a configured key").await;
                 return Stop::Ended;
             }
             f = inbound.next() => f,
