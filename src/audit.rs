@@ -285,7 +285,7 @@ fn render(event: &str, who: &Who<'_>, fields: Value) -> String {
     }
     m.extend(core.clone());
     let mut v = Value::Object(m);
-    let line = v.to_string();
+    let line = to_line(&v);
     if line.len() <= MAX_EVENT_BYTES {
         return line;
     }
@@ -297,13 +297,39 @@ fn render(event: &str, who: &Who<'_>, fields: Value) -> String {
             o.extend(core.clone());
             o.insert("truncated".to_owned(), json!(true));
         }
-        let line = v.to_string();
+        let line = to_line(&v);
         if line.len() <= MAX_EVENT_BYTES {
             return line;
         }
     }
     core.insert("truncated".to_owned(), json!(true));
-    Value::Object(core).to_string()
+    to_line(&Value::Object(core))
+}
+
+/// Line breaks JSON leaves raw, each six bytes escaped.
+const RAW_BREAKS: [(char, &str); 3] = [
+    ('\u{2028}', "\\u2028"),
+    ('\u{2029}', "\\u2029"),
+    ('\u{0085}', "\\u0085"),
+];
+
+/// `v` as one line: serde_json escapes the control characters but leaves
+/// U+2028, U+2029 and U+0085 raw, which line-oriented readers (and
+/// JavaScript before ES2019) take as line ends. Outside strings JSON has
+/// none of them, so each is escaped where it stands.
+fn to_line(v: &Value) -> String {
+    let line = v.to_string();
+    if !line.contains(|c| RAW_BREAKS.iter().any(|(b, _)| *b == c)) {
+        return line;
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        match RAW_BREAKS.iter().find(|(b, _)| *b == c) {
+            Some((_, esc)) => out.push_str(esc),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// Where lines go.
@@ -576,6 +602,30 @@ mod tests {
         assert_eq!(v["event"], "file.written");
         assert!(v.get("subject").is_none());
         assert_ne!(v["ts"], "0");
+    }
+
+    #[test]
+    fn unicode_line_breaks_are_escaped() {
+        let who = Who {
+            tenant: Some("t\u{2029}1"),
+            ..Who::default()
+        };
+        let line = render(
+            "process.started",
+            &who,
+            json!({"argv": ["a\u{2028}b", "c\u{0085}d"]}),
+        );
+        for raw in ['\u{2028}', '\u{2029}', '\u{0085}'] {
+            assert!(!line.contains(raw), "{line}");
+        }
+        assert!(
+            line.contains(r"a\u2028b") && line.contains(r"c\u0085d"),
+            "{line}"
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["argv"][0], "a\u{2028}b");
+        assert_eq!(v["argv"][1], "c\u{0085}d");
+        assert_eq!(v["tenant"], "t\u{2029}1");
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl SessionRegistry {
     pub async fn open(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
+        subject: Option<&str>,
         resume: Option<&str>,
         outbound: Outbound,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
@@ -149,7 +150,7 @@ impl SessionRegistry {
             } else {
                 "session.opened"
             };
-            audit_session(event, session, "");
+            audit_session(event, session, subject, "");
         }
         opened
     }
@@ -207,10 +208,11 @@ impl SessionRegistry {
     pub async fn resume_detached(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
+        subject: Option<&str>,
         id: &str,
     ) -> Result<Arc<Session>, GatewayError> {
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
-        let (session, token) = self.open(tenant, Some(id), out).await?;
+        let (session, token) = self.open(tenant, subject, Some(id), out).await?;
         self.detach(&session, &token);
         Ok(session)
     }
@@ -339,6 +341,7 @@ impl SessionRegistry {
     pub async fn create_detached(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
+        subject: Option<&str>,
     ) -> Result<Arc<Session>, GatewayError> {
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
         let (session, token) = match (tenant.remote.as_ref(), tenant.settings.placement) {
@@ -355,7 +358,7 @@ impl SessionRegistry {
             }
             _ => self.initialize(tenant, None, out)?,
         };
-        audit_session("session.opened", &session, "");
+        audit_session("session.opened", &session, subject, "");
         self.detach(&session, &token);
         Ok(session)
     }
@@ -431,7 +434,7 @@ impl SessionRegistry {
             session.attachment.evict_all();
             session.tenant.remove_session();
             session.tenant.metrics.sessions.dec();
-            audit_session("session.closed", session, "ended");
+            audit_session("session.closed", session, None, "ended");
         }
         session.backend.kill_all(crate::audit::KilledBy::SessionEnd);
     }
@@ -443,7 +446,7 @@ impl SessionRegistry {
             s.attachment.evict_all();
             s.tenant.remove_session();
             s.tenant.metrics.sessions.dec();
-            audit_session("session.closed", &s, "shutdown");
+            audit_session("session.closed", &s, None, "shutdown");
             s.backend.kill_all(crate::audit::KilledBy::Shutdown);
         }
     }
@@ -473,9 +476,10 @@ impl Drop for OpeningGuard<'_> {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
-/// A session's event in the audit trail (its tenant and id; the subject
-/// is in the call events).
-fn audit_session(event: &str, session: &Session, reason: &str) {
+/// A session's event in the audit trail: its tenant and id, and the
+/// subject of the caller that opened or resumed it (a close has none:
+/// expiry and shutdown are nobody's call).
+fn audit_session(event: &str, session: &Session, subject: Option<&str>, reason: &str) {
     let fields = if reason.is_empty() {
         serde_json::json!({})
     } else {
@@ -485,7 +489,7 @@ fn audit_session(event: &str, session: &Session, reason: &str) {
         event,
         &crate::audit::Who {
             tenant: Some(&session.tenant.name),
-            subject: None,
+            subject,
             session: Some(&session.id),
         },
         fields,

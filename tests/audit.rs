@@ -251,6 +251,74 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
     );
 }
 
+/// What docs/operations.md says each event carries: `session.opened` its
+/// subject, `process.terminated` its signal, a refusal after a suppressed
+/// burst the count left out (a refused call with no fields of its own,
+/// `fs/readFile`, once lost it), and U+2028/U+2029/U+0085 escaped, so
+/// every event is one line to any reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_carries_what_the_docs_say() {
+    let gw = audited("");
+    let trail = gw.dir.path().join("audit.jsonl");
+    let t1_root = gw.dir.path().join("t1");
+    let mut c = Client::connect(&gw.url, &gw.token("t1")).await;
+    let sid = c.initialize().await;
+    c.call(
+        "process/start",
+        json!({"processId": "p\u{2028}1", "argv": ["sh", "-c", "sleep 60", "x\u{2029}y\u{0085}z"],
+               "cwd": t1_root, "env": {}, "tty": false}),
+    )
+    .await;
+    c.call("process/terminate", json!({"processId": "p\u{2028}1"}))
+        .await;
+    until_exited(&mut c, "p\u{2028}1").await;
+    // A burst of refusals past the per-tenant burst, then refusals until
+    // one is written after some were left out.
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    let counted = loop {
+        for _ in 0..250 {
+            let r = c
+                .call_raw("fs/readFile", json!({"path": "/etc/shadow"}))
+                .await;
+            assert!(r.get("error").is_some(), "{r}");
+        }
+        let found = events(&trail)
+            .into_iter()
+            .find(|e| e["suppressed_before"].is_u64());
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refusal says how many were left out"
+        );
+    };
+    assert_eq!(counted["event"], "call.refused");
+    assert_eq!(counted["method"], "fs/readFile");
+    assert!(counted["suppressed_before"].as_u64().unwrap() > 0);
+
+    let all = wait_for(&trail, 5).await;
+    let opened = all.iter().find(|e| e["event"] == "session.opened").unwrap();
+    assert_eq!(opened["session"], sid.as_str());
+    assert_eq!(opened["subject"], "test");
+    let terminated = all
+        .iter()
+        .find(|e| e["event"] == "process.terminated")
+        .unwrap_or_else(|| panic!("{all:#?}"));
+    assert_eq!(terminated["process_id"], "p\u{2028}1");
+    assert_eq!(terminated["signal"], 9);
+    let started = all
+        .iter()
+        .find(|e| e["event"] == "process.started")
+        .unwrap();
+    assert_eq!(started["argv"][3], "x\u{2029}y\u{0085}z");
+    let raw = std::fs::read_to_string(&trail).unwrap();
+    for c in ['\u{2028}', '\u{2029}', '\u{0085}'] {
+        assert!(!raw.contains(c), "{c:?} raw in the trail");
+    }
+    assert!(raw.contains(r#""x\u2029y\u0085z""#), "{raw}");
+}
+
 /// Rotation keeps the trail within `max_file_bytes` × (1 + `max_files`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trail_is_rotated_and_bounded_on_disk() {

@@ -223,10 +223,12 @@ where
                         "error": e.outcome(),
                         "message": clip(&e.to_string()),
                     });
-                    if let (Some((_, Value::Object(call))), Value::Object(f)) =
-                        (described, &mut fields)
-                    {
-                        f.extend(call);
+                    if let Value::Object(f) = &mut fields {
+                        if let Some((_, Value::Object(call))) = described {
+                            f.extend(call);
+                        }
+                        // Whatever the call (a refusal with no fields of
+                        // its own once lost the count).
                         if suppressed > 0 {
                             f.insert("suppressed_before".to_owned(), json!(suppressed));
                         }

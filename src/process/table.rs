@@ -460,7 +460,10 @@ impl ProcessTable {
             return TerminateResponse { running: false };
         }
         process.stdin.refuse();
-        process.audit_event("process.terminated", serde_json::json!({}));
+        process.audit_event(
+            "process.terminated",
+            serde_json::json!({"signal": libc::SIGKILL}),
+        );
         process.killed_by(crate::audit::KilledBy::Client);
         process.group.kill();
         process.kill_cgroup();

@@ -455,6 +455,7 @@ async fn initialize(
         .sessions
         .open(
             caller.tenant(),
+            caller.principal().subject.as_deref(),
             params.resume_session_id.as_deref(),
             out.clone(),
         )

@@ -105,7 +105,7 @@ impl GrpcApi {
         }
         self.gw
             .sessions
-            .create_detached(caller.tenant())
+            .create_detached(caller.tenant(), caller.principal().subject.as_deref())
             .await
             .map_err(status)
     }
@@ -351,7 +351,7 @@ impl pb::session_service_server::SessionService for GrpcApi {
             Err(e) if e.code() == tonic::Code::NotFound && caller.tenant().remote.is_some() => self
                 .gw
                 .sessions
-                .resume_detached(caller.tenant(), id)
+                .resume_detached(caller.tenant(), caller.principal().subject.as_deref(), id)
                 .await
                 .map_err(status)?,
             Err(e) => return Err(e),
