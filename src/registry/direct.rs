@@ -14,9 +14,13 @@
 //!   clock-skew window is refused (a dial with 503, which the real
 //!   executor retries a moment later with a new signature; two dials of
 //!   one second carry the same signature). Seen signatures are kept per
-//!   replica.
+//!   replica and per access key, each until it leaves the window: one
+//!   key's holder can fill only its own key's share (its own executors'
+//!   signed requests then get 503 until some leave the window), never
+//!   another key's or another pool's.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -29,36 +33,115 @@ use super::ticket::{Credential, Registration, RegistrationError, Ticket, now_sec
 use super::{Pool, Refusal, Registry};
 use crate::config::{AccessKey, is_executor_id};
 
-/// Signatures remembered; past it, signed requests are refused (503)
-/// until some leave the clock-skew window.
-pub const MAX_SEEN_SIGNATURES: usize = 65_536;
+/// Signatures remembered per access key within the clock-skew window;
+/// past it, that key's signed requests are refused (503) until some leave
+/// the window. Other keys are not affected. 8,192 in a window of ±5
+/// minutes is about 14 signed requests a second, sustained, per key (an
+/// executor signs one per registration and one per dial).
+pub const MAX_SEEN_SIGNATURES_PER_KEY: usize = 8_192;
 
 /// The only transport a direct registration may ask for.
 pub const DIRECT_TRANSPORT: &str = "direct_jsonrpc_v1";
 
-/// Signatures already used, each until it could no longer verify.
+/// A signature, as remembered (its 32 bytes).
+type Sig = [u8; 32];
+
+/// One access key's signatures already used, each until it could no
+/// longer verify.
 #[derive(Default)]
-pub(super) struct Replays(Mutex<HashMap<String, u64>>);
+struct Seen {
+    until: HashMap<Sig, u64>,
+    /// The same, soonest to expire first.
+    expiry: BinaryHeap<Reverse<(u64, Sig)>>,
+}
+
+impl Seen {
+    /// Forget the signatures that can no longer verify.
+    fn expire(&mut self, now: u64) {
+        while let Some(Reverse((until, _))) = self.expiry.peek() {
+            if *until >= now {
+                break;
+            }
+            if let Some(Reverse((_, sig))) = self.expiry.pop() {
+                self.until.remove(&sig);
+            }
+        }
+    }
+}
+
+/// Signatures already used, per access key (only keys whose signature
+/// verified, so configured ones: as many shares as keys, each bounded).
+#[derive(Default)]
+pub(super) struct Replays(Mutex<ReplayState>);
+
+#[derive(Default)]
+struct ReplayState {
+    keys: HashMap<String, Seen>,
+    /// When every key's share was last swept (a key removed by reload
+    /// is forgotten once its signatures expire).
+    swept: u64,
+}
 
 impl Replays {
     /// Whether `v`'s signature is new (and remember it).
     fn first_use(&self, v: &Verified, skew: u64) -> Result<bool, Refusal> {
         let now = now_secs();
-        let mut seen = self.0.lock();
-        if seen.len() >= MAX_SEEN_SIGNATURES {
-            seen.retain(|_, until| *until >= now);
-            if seen.len() >= MAX_SEEN_SIGNATURES {
-                return Err(Refusal::new(
-                    503,
-                    "busy",
-                    "too many signed requests at once; retry later",
-                ));
+        let sig = sig_bytes(&v.signature);
+        let mut state = self.0.lock();
+        if state.swept != now {
+            state.swept = now;
+            state.keys.retain(|_, seen| {
+                seen.expire(now);
+                !seen.until.is_empty()
+            });
+        }
+        let seen = state.keys.entry(v.access_key.clone()).or_default();
+        seen.expire(now);
+        if seen.until.contains_key(&sig) {
+            return Ok(false);
+        }
+        if seen.until.len() >= MAX_SEEN_SIGNATURES_PER_KEY {
+            return Err(Refusal::new(
+                503,
+                "busy",
+                format!(
+                    "too many signed requests with access key {} within the clock-skew window; retry later",
+                    v.access_key
+                ),
+            ));
+        }
+        let until = v.signed_at.saturating_add(skew);
+        seen.until.insert(sig, until);
+        seen.expiry.push(Reverse((until, sig)));
+        Ok(true)
+    }
+}
+
+/// A signature's bytes (verified: 64 lower-case hex digits); anything
+/// else is hashed, still one value per spelling.
+fn sig_bytes(signature: &str) -> Sig {
+    let mut out = [0u8; 32];
+    let b = signature.as_bytes();
+    let hexval = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    if b.len() == 64 {
+        let mut ok = true;
+        for (i, o) in out.iter_mut().enumerate() {
+            match (hexval(b[2 * i]), hexval(b[2 * i + 1])) {
+                (Some(h), Some(l)) => *o = h << 4 | l,
+                _ => ok = false,
             }
         }
-        Ok(seen
-            .insert(v.signature.clone(), v.signed_at.saturating_add(skew))
-            .is_none())
+        if ok {
+            return out;
+        }
     }
+    use sha2::Digest as _;
+    out.copy_from_slice(&sha2::Sha256::digest(b));
+    out
 }
 
 /// A direct registration's body.
@@ -321,5 +404,60 @@ impl Registry {
                 ..Credential::default()
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn signed(key: &str, n: usize, signed_at: u64) -> Verified {
+        Verified {
+            access_key: key.to_owned(),
+            signature: format!("{n:064x}"),
+            signed_at,
+        }
+    }
+
+    /// One key's holder fills what is remembered for its key, with
+    /// valid signatures, until refused: another key (another pool's) is
+    /// still served, replays of it are still caught, and the flooded key
+    /// is served again as its signatures leave the clock-skew window.
+    #[test]
+    fn one_access_key_cannot_fill_the_replay_cache_of_another() {
+        let replays = Replays::default();
+        let (now, skew) = (now_secs(), 300);
+        let mut sent = 0;
+        let refused = loop {
+            match replays.first_use(&signed("AKIDFLOOD", sent, now), skew) {
+                Ok(fresh) => assert!(fresh, "signature {sent} taken for a replay"),
+                Err(e) => break e,
+            }
+            sent += 1;
+            assert!(sent < 1_000_000, "never refused");
+        };
+        assert_eq!((refused.status, refused.code), (503, "busy"));
+        let other = signed("AKIDOTHER", 0, now);
+        assert_eq!(replays.first_use(&other, skew).unwrap(), true);
+        assert_eq!(replays.first_use(&other, skew).unwrap(), false, "replayed");
+        // The flooded key's own replays are still recognised as such.
+        assert_eq!(
+            replays
+                .first_use(&signed("AKIDFLOOD", 0, now), skew)
+                .unwrap(),
+            false
+        );
+        // Signatures past the window are forgotten: the key has room again.
+        let old = Replays::default();
+        for n in 0..sent {
+            old.first_use(&signed("AKIDFLOOD", n, now - skew - 1), skew)
+                .unwrap();
+        }
+        assert_eq!(
+            old.first_use(&signed("AKIDFLOOD", sent, now), skew)
+                .unwrap(),
+            true
+        );
     }
 }
