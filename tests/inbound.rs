@@ -578,3 +578,98 @@ async fn each_grpc_connection_holds_its_window_in_the_tenants_budget() {
     let status = get_info(&again, &token).await;
     assert!(status.starts_with("0:"), "{status}");
 }
+
+/// A unary `GetInfo` whose headers carry `pad` bytes of metadata of its
+/// own; `message` false leaves it waiting for a message that never comes.
+fn padded_get_info(
+    send: h2::client::SendRequest<bytes::Bytes>,
+    token: String,
+    pad: usize,
+    message: bool,
+) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let mut send = send.ready().await.unwrap();
+        let req = http::Request::post("/exec_gateway.v1.EnvironmentService/GetInfo")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {token}"))
+            .header("x-pad", "p".repeat(pad))
+            .body(())
+            .unwrap();
+        let (resp, mut stream) = match send.send_request(req, false) {
+            Ok(r) => r,
+            Err(e) => return format!("refused: {e}"),
+        };
+        if message {
+            let _ = stream.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true);
+        }
+        let outcome = match resp.await {
+            Ok(r) => grpc_outcome(r).await,
+            Err(e) => format!("reset: {e}"),
+        };
+        drop(stream);
+        outcome
+    })
+}
+
+/// Found by the attack review: 32 connections × 100 streams with 15 KiB
+/// of metadata and no message took the gateway from 18 to 113 MiB with
+/// no inbound-budget refusal. A header list past 8 KiB is now refused by
+/// HTTP/2 itself, and an authenticated call's headers are charged to its
+/// tenant's (and the gateway's) inbound budget while they are held: past
+/// it, calls are refused at once (RESOURCE_EXHAUSTED, inbound_bytes),
+/// what t1 holds stays within its budget, and t2 is served meanwhile.
+#[tokio::test]
+async fn grpc_request_headers_are_bounded_and_charged() {
+    let gw = Gateway::start_with(|d| {
+        format!(
+            "[server]\nmax_message_bytes = 262144\ninbound_message_timeout = \"5s\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\nmax_inbound_bytes = 786432\n\
+             [tenants.t2]\nroot = \"/\"\n",
+            d.display()
+        )
+    });
+    // 12 KiB of metadata: refused before the gateway holds it.
+    let send = h2_connection(&gw).await;
+    let big = padded_get_info(send.clone(), gw.token("t2"), 12 * 1024, true)
+        .await
+        .unwrap();
+    assert!(!big.starts_with("0:"), "{big}");
+    let small = padded_get_info(send, gw.token("t2"), 1024, true)
+        .await
+        .unwrap();
+    assert!(small.starts_with("0:"), "{small}");
+
+    // One connection (its window takes 512 KiB of t1's 768) × 100
+    // streams × 7 KiB of metadata, none sending its message: the 64 the
+    // gateway serves at once (server.max_in_flight_per_connection, also
+    // its HTTP/2 stream limit) hold 470 KiB of headers against the 256
+    // KiB left.
+    let token = gw.token("t1");
+    let send = h2_connection(&gw).await;
+    let calls: Vec<_> = (0..100)
+        .map(|_| padded_get_info(send.clone(), token.clone(), 7 * 1024, false))
+        .collect();
+    let mut refused = 0;
+    let mut outcomes = Vec::new();
+    for call in calls {
+        let status = tokio::time::timeout(EVENT_TIMEOUT * 2, call)
+            .await
+            .expect("every call is answered")
+            .unwrap();
+        if status.starts_with("8:") {
+            assert!(status.contains("inbound_bytes"), "{status}");
+            refused += 1;
+        } else {
+            assert!(status.starts_with("4:"), "{status}");
+        }
+        outcomes.push(status);
+    }
+    assert!(refused > 0, "no call was refused: {outcomes:?}");
+    assert!(inbound(&gw, "bytes_peak", "t1").await <= (768 * 1024) as f64);
+    // t2 is served meanwhile.
+    let other = h2_connection(&gw).await;
+    let status = get_info(&other, &gw.token("t2")).await;
+    assert!(status.starts_with("0:"), "{status}");
+}

@@ -1,5 +1,8 @@
 //! What gRPC clients send, budgeted like websocket messages (module
-//! `transport::inbound`): an authenticated call's request body is read
+//! `transport::inbound`): an authenticated call's headers are charged on
+//! arrival, held with the request's parts (at most
+//! `GRPC_MAX_HEADER_LIST_BYTES` each, 100 streams a connection; refused
+//! with RESOURCE_EXHAUSTED when the budget has no room), and its request body is read
 //! through [`MeteredBody`], which charges each DATA frame to the caller's
 //! tenant (`max_inbound_bytes`) and to the gateway
 //! (`server.max_inbound_bytes`) before handing it to tonic, and keeps the
@@ -85,6 +88,20 @@ impl Framing {
         self.header_len = 0;
         self.partial = 0;
     }
+}
+
+/// A request's header list as HTTP/2 counts it (RFC 7541: each field's
+/// name and value plus 32 bytes), pseudo-headers' path included: what
+/// its call is charged on arrival (`transport::grpc`).
+pub fn header_bytes<B>(req: &hyper::Request<B>) -> usize {
+    const FIELD_OVERHEAD: usize = 32;
+    req.headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + FIELD_OVERHEAD)
+        .sum::<usize>()
+        + ":path".len()
+        + req.uri().path().len()
+        + FIELD_OVERHEAD
 }
 
 /// The budgets a call's body is charged to.

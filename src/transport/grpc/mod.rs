@@ -143,6 +143,31 @@ where
             }
             match authenticated {
                 Ok(caller) => {
+                    // Its headers first: held with the request's parts
+                    // (an extension), for as long as tonic or the service
+                    // keeps them; none left, the call is refused at once
+                    // (they are already read: waiting would hold them
+                    // uncharged).
+                    let mut req = req;
+                    let bytes = inbound::header_bytes(&req);
+                    match (
+                        caller.tenant().inbound.try_reserve(bytes),
+                        gw.inbound.try_reserve(bytes),
+                    ) {
+                        (Some(t), Some(g)) => {
+                            req.extensions_mut()
+                                .insert(Arc::new(crate::transport::inbound::Charge::new(t, g)));
+                        }
+                        _ => {
+                            return Ok(crate::error::GatewayError::QuotaExceeded {
+                                quota: "inbound_bytes",
+                                limit: caller.tenant().settings.max_inbound_bytes as u64,
+                                retry_after_ms: None,
+                            }
+                            .to_grpc()
+                            .into_http());
+                        }
+                    }
                     // What the call sends is charged from here on.
                     let budgets = inbound::InboundBudgets {
                         tenant: caller.tenant().inbound.clone(),
@@ -173,6 +198,11 @@ pub const HTTP2_MAX_FRAME_BYTES: u32 = 1024 * 1024;
 /// Concurrent HTTP/2 streams per connection (gRPC's usual 100): each
 /// costs a few KiB of stream state however little it sends.
 pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+/// Largest header list (metadata) of a request, as HTTP/2 counts it (each
+/// field's name and value plus 32 bytes): a token, `traceparent` and a
+/// client's own metadata fit; larger is refused by HTTP/2 itself (431,
+/// REFUSED_STREAM) before the gateway holds it. hyper's default is 16 KiB.
+pub const GRPC_MAX_HEADER_LIST_BYTES: u32 = 8 * 1024;
 
 /// Connections handed from the accept loop to tonic at once.
 const ACCEPT_QUEUE: usize = 64;
@@ -328,7 +358,14 @@ pub async fn serve(
         .initial_connection_window_size(Some(GRPC_RECEIVE_WINDOW_BYTES))
         .http2_adaptive_window(Some(false))
         .max_frame_size(Some(HTTP2_MAX_FRAME_BYTES))
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        // No more streams than calls served at once: a stream past the
+        // in-flight limit would wait in hyper with its headers held and
+        // uncharged; so it waits at the client.
+        .max_concurrent_streams(
+            MAX_CONCURRENT_STREAMS
+                .min(u32::try_from(gw.settings.max_in_flight_per_connection).unwrap_or(u32::MAX)),
+        )
+        .http2_max_header_list_size(Some(GRPC_MAX_HEADER_LIST_BYTES))
         .concurrency_limit_per_connection(gw.settings.max_in_flight_per_connection)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
