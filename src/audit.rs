@@ -41,6 +41,9 @@ pub struct AuditSettings {
     pub max_files: usize,
     pub queue_bytes: usize,
     pub queue_events: usize,
+    /// Bytes of whole events one tenant may have written per minute
+    /// (see [`Budgets`]).
+    pub tenant_bytes_per_minute: u64,
 }
 
 /// Largest event line; longer fields are cut first, then the event is
@@ -58,6 +61,76 @@ struct Sink {
     queued: std::sync::Arc<AtomicUsize>,
     max_queued: usize,
     dropped: Counter,
+    budgets: Budgets,
+}
+
+/// The window of a tenant's byte budget.
+const BUDGET_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+/// Longest string and most list items of an event cut to its summary.
+const SUMMARY_FIELD_BYTES: usize = 128;
+const SUMMARY_LIST_ITEMS: usize = 8;
+/// Tenants whose budgets are remembered at most (beyond, all start anew).
+const MAX_BUDGETED_TENANTS: usize = 4096;
+
+/// What one tenant (events with no tenant count as one more) may make
+/// the trail keep, per minute: its events whole up to the budget, then
+/// summarised (who, what, every field cut to 128 bytes and 8 items,
+/// `"over_budget": true`) up to twice it, then left out, counted in the
+/// dropped total and, in the next event of the tenant written, in
+/// `omitted_before`. So a tenant writes at most about twice its budget a
+/// minute, whatever it does, and cannot rotate the others' history away.
+struct Budgets {
+    per_window: u64,
+    tenants: parking_lot::Mutex<std::collections::HashMap<String, Budget>>,
+}
+
+struct Budget {
+    since: std::time::Instant,
+    used: u64,
+    omitted: u64,
+}
+
+/// How an event is written, by its tenant's budget.
+enum Admit {
+    Whole { omitted: u64 },
+    Summary { omitted: u64 },
+    Omit,
+}
+
+impl Budgets {
+    fn admit(&self, tenant: Option<&str>) -> Admit {
+        let mut all = self.tenants.lock();
+        let key = tenant.unwrap_or("");
+        if all.len() >= MAX_BUDGETED_TENANTS && !all.contains_key(key) {
+            all.clear();
+        }
+        let now = std::time::Instant::now();
+        let b = all.entry(key.to_owned()).or_insert(Budget {
+            since: now,
+            used: 0,
+            omitted: 0,
+        });
+        if now.duration_since(b.since) >= BUDGET_WINDOW {
+            b.since = now;
+            b.used = 0;
+        }
+        if b.used >= self.per_window.saturating_mul(2) {
+            b.omitted += 1;
+            return Admit::Omit;
+        }
+        let omitted = std::mem::take(&mut b.omitted);
+        if b.used >= self.per_window {
+            Admit::Summary { omitted }
+        } else {
+            Admit::Whole { omitted }
+        }
+    }
+
+    fn charge(&self, tenant: Option<&str>, bytes: usize) {
+        if let Some(b) = self.tenants.lock().get_mut(tenant.unwrap_or("")) {
+            b.used = b.used.saturating_add(bytes as u64);
+        }
+    }
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
@@ -87,6 +160,10 @@ pub fn init(s: &AuditSettings, written: Counter, dropped: Counter) -> Result<(),
         queued,
         max_queued: s.queue_bytes,
         dropped,
+        budgets: Budgets {
+            per_window: s.tenant_bytes_per_minute,
+            tenants: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        },
     });
     Ok(())
 }
@@ -156,10 +233,30 @@ pub struct Who<'a> {
 
 /// Record `event` with `fields` (an object). Never blocks: a full queue
 /// drops it (counted).
-pub fn emit(event: &str, who: &Who<'_>, fields: Value) {
+pub fn emit(event: &str, who: &Who<'_>, mut fields: Value) {
     let Some(sink) = SINK.get() else { return };
+    let omitted = match sink.budgets.admit(who.tenant) {
+        Admit::Omit => {
+            sink.dropped.inc();
+            return;
+        }
+        Admit::Whole { omitted } => omitted,
+        Admit::Summary { omitted } => {
+            shrink(&mut fields, SUMMARY_FIELD_BYTES, SUMMARY_LIST_ITEMS);
+            if let Value::Object(f) = &mut fields {
+                f.insert("over_budget".to_owned(), json!(true));
+            }
+            omitted
+        }
+    };
+    if omitted > 0
+        && let Value::Object(f) = &mut fields
+    {
+        f.insert("omitted_before".to_owned(), json!(omitted));
+    }
     let line = render(event, who, fields);
     let len = line.len();
+    sink.budgets.charge(who.tenant, len);
     if sink.queued.fetch_add(len, Ordering::Relaxed) + len > sink.max_queued {
         sink.queued.fetch_sub(len, Ordering::Relaxed);
         sink.dropped.inc();
@@ -638,6 +735,7 @@ mod tests {
             max_files: 2,
             queue_bytes: 1 << 20,
             queue_events: 1024,
+            tenant_bytes_per_minute: 1 << 20,
         };
         let mut out = Output::open(&s).unwrap();
         for i in 0..20 {

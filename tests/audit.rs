@@ -319,6 +319,98 @@ async fn the_trail_carries_what_the_docs_say() {
     assert!(raw.contains(r#""x\u2029y\u0085z""#), "{raw}");
 }
 
+/// Found by the attack review: at the defaults one tenant's large
+/// `process.started` events (64 KiB argv, 200 a second) rotated the whole
+/// 600 MiB kept away in about 50 s. Now a tenant's events are whole up
+/// to its budget a minute, summarised up to twice it, then left out
+/// (counted): what t1 makes the trail keep is bounded, and t2's events
+/// are still written whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_fill_the_trail() {
+    const BUDGET: usize = 65536;
+    let gw = audited(&format!(
+        "tenant_bytes_per_minute = {BUDGET}
+"
+    ));
+    let trail = gw.dir.path().join("audit.jsonl");
+    let t1_root = gw.dir.path().join("t1");
+    let mut c = Client::connect(&gw.url, &gw.token("t1")).await;
+    c.initialize().await;
+    // 60 starts of about 48 KiB of argv each: about 2.9 MiB offered.
+    let pad: Vec<String> = (0..12)
+        .map(|i| format!("{i}{}", "a".repeat(4000)))
+        .collect();
+    for i in 0..60 {
+        let mut argv = vec!["true".to_owned()];
+        argv.extend(pad.iter().cloned());
+        c.call(
+            "process/start",
+            json!({"processId": format!("p{i}"), "argv": argv, "cwd": t1_root,
+                   "env": {}, "tty": false}),
+        )
+        .await;
+    }
+    let mut o = Client::connect(&gw.url, &gw.token("t2")).await;
+    o.initialize().await;
+    let t2_root = gw.dir.path().join("t2");
+    let mut argv = vec!["true".to_owned()];
+    argv.extend(pad.iter().cloned());
+    o.call(
+        "process/start",
+        json!({"processId": "q", "argv": argv, "cwd": t2_root, "env": {}, "tty": false}),
+    )
+    .await;
+    // Until t2's start is written (events are written in order).
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    let all = loop {
+        let all = events(&trail);
+        if all
+            .iter()
+            .any(|e| e["tenant"] == "t2" && e["event"] == "process.started")
+        {
+            break all;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "t2 never written");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let raw = std::fs::read_to_string(&trail).unwrap();
+    let t1_bytes: usize = raw
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).unwrap()["tenant"] == "t1")
+        .map(|l| l.len() + 1)
+        .sum();
+    assert!(
+        t1_bytes <= 2 * BUDGET + 64 * 1024,
+        "t1 made the trail keep {t1_bytes} bytes"
+    );
+    let t1_started: Vec<&Value> = all
+        .iter()
+        .filter(|e| e["tenant"] == "t1" && e["event"] == "process.started")
+        .collect();
+    assert!(t1_started.len() < 60, "none of t1's starts were left out");
+    assert_eq!(t1_started[0]["argv"].as_array().unwrap().len(), 13);
+    let summary = t1_started
+        .iter()
+        .find(|e| e["over_budget"] == true)
+        .expect("a summarised start");
+    assert_eq!(summary["argv_sha256"], t1_started[0]["argv_sha256"]);
+    assert!(summary["argv"].as_array().unwrap().len() <= 9);
+    // t2's start is whole.
+    let q = all
+        .iter()
+        .find(|e| e["tenant"] == "t2" && e["event"] == "process.started")
+        .unwrap();
+    assert_eq!(q["argv"].as_array().unwrap().len(), 13);
+    assert!(q.get("over_budget").is_none());
+    let (_, metrics) = gw.admin_get("/metrics").await;
+    let dropped: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("exec_gateway_audit_events_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(dropped > 0.0, "nothing counted as left out");
+}
+
 /// Rotation keeps the trail within `max_file_bytes` × (1 + `max_files`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trail_is_rotated_and_bounded_on_disk() {

@@ -22,11 +22,18 @@ pub struct AuditConfig {
     /// Bytes of events waiting for the writer; past it events are dropped
     /// and counted. Default 16 MiB.
     pub queue_bytes: Option<usize>,
+    /// Bytes of whole events one tenant may have written a minute; past
+    /// it its events are summarised, past twice it left out (counted).
+    /// Default 1 MiB.
+    pub tenant_bytes_per_minute: Option<u64>,
 }
 
 pub const DEFAULT_AUDIT_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 pub const DEFAULT_AUDIT_MAX_FILES: usize = 5;
 pub const DEFAULT_AUDIT_QUEUE_BYTES: usize = 16 * 1024 * 1024;
+/// At the defaults (600 MiB kept), one tenant needs over 5 hours to
+/// rotate the others' events away.
+pub const DEFAULT_AUDIT_TENANT_BYTES_PER_MINUTE: u64 = 1024 * 1024;
 /// Smallest `max_file_bytes`: two of the largest events.
 pub const MIN_AUDIT_FILE_BYTES: u64 = 2 * crate::audit::MAX_EVENT_BYTES as u64;
 /// Events waiting for the writer, at most.
@@ -36,7 +43,11 @@ pub const MAX_AUDIT_FILES: usize = 100;
 
 pub(super) fn validate_audit(a: &AuditConfig) -> Result<Option<AuditSettings>, ConfigError> {
     let Some(file) = &a.file else {
-        if a.max_file_bytes.is_some() || a.max_files.is_some() || a.queue_bytes.is_some() {
+        if a.max_file_bytes.is_some()
+            || a.max_files.is_some()
+            || a.queue_bytes.is_some()
+            || a.tenant_bytes_per_minute.is_some()
+        {
             return Err(ConfigError(
                 "[audit] has settings but no `file` (a path, or `-` for stdout)".to_owned(),
             ));
@@ -85,11 +96,21 @@ pub(super) fn validate_audit(a: &AuditConfig) -> Result<Option<AuditSettings>, C
             "audit.queue_bytes must be at least 65536".to_owned(),
         ));
     }
+    let tenant_bytes_per_minute = a
+        .tenant_bytes_per_minute
+        .unwrap_or(DEFAULT_AUDIT_TENANT_BYTES_PER_MINUTE);
+    if tenant_bytes_per_minute < crate::audit::MAX_EVENT_BYTES as u64 {
+        return Err(ConfigError(format!(
+            "audit.tenant_bytes_per_minute must be at least {} (the largest event)",
+            crate::audit::MAX_EVENT_BYTES
+        )));
+    }
     Ok(Some(AuditSettings {
         sink,
         max_file_bytes,
         max_files,
         queue_bytes,
         queue_events: AUDIT_QUEUE_EVENTS,
+        tenant_bytes_per_minute,
     }))
 }
