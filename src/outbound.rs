@@ -388,6 +388,8 @@ struct Attached {
     outbound: Outbound,
     /// Cancelled when another connection takes the session over.
     evicted: CancellationToken,
+    /// A draining gateway queued a close on it.
+    closing: bool,
 }
 
 /// What a connection keeps to know whether it still holds its session.
@@ -405,6 +407,7 @@ impl Attachment {
             generation,
             outbound,
             evicted: evicted.clone(),
+            closing: false,
         });
         if let Some(p) = previous {
             p.evicted.cancel();
@@ -450,6 +453,18 @@ impl Attachment {
     }
 
     /// Evict the current holder (session killed or taken over).
+    /// The attached connection's queue, once per attachment, for a
+    /// draining gateway to queue its close behind everything sent so far.
+    pub fn take_for_close(&self) -> Option<Outbound> {
+        let mut cur = self.current.lock();
+        let a = cur.as_mut()?;
+        if a.closing || a.outbound.is_closed() {
+            return None;
+        }
+        a.closing = true;
+        Some(a.outbound.clone())
+    }
+
     pub fn evict_all(&self) {
         if let Some(a) = self.current.lock().take() {
             a.evicted.cancel();

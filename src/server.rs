@@ -4,7 +4,10 @@
 //! 1. draining: `/readyz` turns 503, gRPC health NOT_SERVING, new sessions
 //!    get the draining error; live sessions (direct or relayed through
 //!    this replica) are served as before;
-//! 2. running processes and relays get up to `shutdown_grace` to finish;
+//! 2. running processes and relays get up to `shutdown_grace` to finish,
+//!    and attached clients to have their processes' ends (a client that
+//!    follows notifications is closed, 1012, once everything is queued
+//!    for it: its close reply ends the wait);
 //! 3. listeners stop accepting and connections close (1012, "service
 //!    restart"; gRPC connections get GOAWAY);
 //! 4. every remaining process is killed, backends (workers) retired, the
@@ -193,6 +196,16 @@ async fn shut_down(gw: &Gateway, grace: Duration) {
         || gw.metrics.calls_in_flight.get() > 0)
         && tokio::time::Instant::now() < deadline
     {
+        // A client that follows notifications is told to reconnect once
+        // it has been sent everything of its session (no call being
+        // answered could then be cut off): its close reply proves it read
+        // it all, and the drain need not wait the grace for it.
+        if gw.metrics.calls_in_flight.get() == 0 {
+            gw.sessions.close_delivered_clients(
+                transport::connection::SHUTDOWN_CLOSE_CODE,
+                "server shutting down",
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.stop();

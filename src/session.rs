@@ -466,6 +466,29 @@ impl SessionRegistry {
             })
             .sum()
     }
+
+    /// Drain: close (websocket 1012, behind everything already queued) the
+    /// attached connection of each session whose processes have all ended
+    /// and whose clients follow notifications, once per attachment. The
+    /// client's close reply proves it read every frame before it; the
+    /// connection then ends and the session detaches, so the drain no
+    /// longer waits for it. A client that never answers keeps it attached
+    /// until the write stalls (`slow_client_timeout`) or the grace ends.
+    pub fn close_delivered_clients(&self, code: u16, reason: &'static str) {
+        let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        for s in all {
+            let done = s.backend.live_processes() == 0
+                && s.backend.undelivered_closes() > 0
+                && s.backend.closes_awaiting_read() == 0;
+            if !done {
+                continue;
+            }
+            if let Some(out) = s.attachment.take_for_close() {
+                tracing::debug!(session.id = %s.id, "drain: closing a client that has its processes' ends");
+                crate::task::start("drain-close", async move { out.close(code, reason).await });
+            }
+        }
+    }
 }
 
 /// Counts a remote session being opened while it lives.

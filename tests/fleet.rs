@@ -1242,3 +1242,31 @@ async fn one_trace_spans_balancer_relay_owner_and_worker() {
     })
     .await;
 }
+
+/// Issue 42 #11 through a relay: a client of the draining owner that lands
+/// on another replica and follows notifications gets every byte, the exit
+/// and the owner's 1012, and its close reply (passed back through the
+/// relay) ends the owner's drain: with a 600 s grace the owner exits within
+/// the test's own bound.
+#[tokio::test]
+async fn a_draining_owner_ends_when_its_relayed_notification_client_has_everything() {
+    const BYTES: usize = 2 * 1024 * 1024;
+    let mut fleet = Fleet::start(2, "[server]\nshutdown_grace = \"600s\"\n");
+    let mut direct = fleet.client(0, "t1").await;
+    let sid = direct.initialize().await;
+    drop(direct);
+    let mut relayed = fleet.client(1, "t1").await;
+    let r = resume(&mut relayed, &sid).await;
+    assert!(r.get("result").is_some(), "{r}");
+    relayed
+        .start("job", &["sh", "-c", &format!("head -c {BYTES} /dev/zero")])
+        .await;
+    fleet.gw(0).signal(15);
+    let got = relayed.collect("job").await;
+    assert_eq!(got.stdout.len(), BYTES, "every byte");
+    assert_eq!(got.exit_code, Some(0));
+    assert_eq!(close_code(&mut relayed).await, 1012);
+    while let Some(Ok(_)) = relayed.ws.next().await {}
+    let mut gw0 = fleet.replicas[0].take().unwrap();
+    assert!(gw0.wait_exit().success());
+}

@@ -103,3 +103,119 @@ async fn sigkill_of_the_gateway_leaves_no_process_group_behind() {
     })
     .await;
 }
+
+/// Reads every message up to the close frame: (notifications and replies
+/// in order, the close code), then reads on until the socket ends, which
+/// sends the close reply (tungstenite answers a close as it reads it).
+async fn read_to_close(c: &mut common::Client) -> (Vec<serde_json::Value>, Option<u16>) {
+    use tokio_tungstenite::tungstenite::Message;
+    let mut seen: Vec<serde_json::Value> = c.pending.drain(..).collect();
+    let code = loop {
+        match tokio::time::timeout(common::EVENT_TIMEOUT, c.ws.next())
+            .await
+            .expect("the drain ends the connection, it does not wait its grace")
+        {
+            Some(Ok(Message::Text(t))) => seen.push(serde_json::from_str(t.as_str()).unwrap()),
+            Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            other => panic!("the connection ended without a close frame: {other:?}"),
+        }
+    };
+    while let Some(Ok(_)) = c.ws.next().await {}
+    (seen, code)
+}
+
+/// The output, exit code and whether `process/closed` came last, from the
+/// notifications of process `id` among `seen`.
+fn notified(seen: &[serde_json::Value], id: &str) -> (usize, Option<i64>, bool) {
+    let mut bytes = 0;
+    let mut exit = None;
+    let mut closed_last = false;
+    for v in seen {
+        closed_last = false;
+        if v["params"]["processId"] != id {
+            continue;
+        }
+        match v["method"].as_str().unwrap_or_default() {
+            "process/output" => bytes += unb64(v["params"]["chunk"].as_str().unwrap()).len(),
+            "process/exited" => exit = v["params"]["exitCode"].as_i64(),
+            "process/closed" => closed_last = true,
+            _ => {}
+        }
+    }
+    (bytes, exit, closed_last)
+}
+
+/// Issue 42 #11: a client that follows notifications (never `process/read`)
+/// used to hold a drain for the whole `shutdown_grace` once its processes
+/// had ended. Now the drain closes its connection behind the last
+/// notification and ends at the client's close reply: with a 600 s grace
+/// the gateway exits within the test's own bound, after the client got
+/// every byte, the exit and the close, in that order.
+#[tokio::test]
+async fn a_drain_ends_when_a_notification_client_has_everything_not_at_its_grace() {
+    const BYTES: usize = 3 * 1024 * 1024;
+    let mut gw = Gateway::start("[server]\nshutdown_grace = \"600s\"\n");
+    let (mut c, _) = gw.session().await;
+    c.start("p", &["sh", "-c", &format!("head -c {BYTES} /dev/zero")])
+        .await;
+    gw.signal(15);
+    let (seen, code) = read_to_close(&mut c).await;
+    let (bytes, exit, closed_last) = notified(&seen, "p");
+    assert_eq!(bytes, BYTES, "every byte before the close");
+    assert_eq!(exit, Some(0));
+    assert!(
+        closed_last,
+        "process/closed is the last message before the close"
+    );
+    assert_eq!(code, Some(1012), "told to reconnect elsewhere");
+    let status = gw.wait_exit();
+    assert!(status.success(), "{status:?}");
+}
+
+/// The other side of #11: a client that does not read while the drain
+/// runs is owed output (its process waits for room in the connection's
+/// queue); the drain does not cut it off. Once it reads, it gets every
+/// byte, the exit and the close, and only then does the gateway exit.
+#[tokio::test]
+async fn a_drain_keeps_what_a_client_that_is_not_reading_is_owed() {
+    const BYTES: usize = 16 * 1024 * 1024;
+    let mut gw = Gateway::start("[server]\nshutdown_grace = \"600s\"\n");
+    let (mut c, _) = gw.session().await;
+    c.start("p", &["sh", "-c", &format!("head -c {BYTES} /dev/zero")])
+        .await;
+    let labels = "tenant=\"t1\"";
+    let owed = async |gw: &Gateway| {
+        gw.metric("exec_gateway_outbound_waiting", labels)
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    };
+    let deadline = tokio::time::Instant::now() + common::EVENT_TIMEOUT;
+    while !owed(&gw).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "output never waited for the client"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    gw.signal(15);
+    while gw.http_get("/readyz").await.0 != 503 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz never turned 503"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        owed(&gw).await,
+        "draining, and output still waits for the client"
+    );
+    let (seen, code) = read_to_close(&mut c).await;
+    let (bytes, exit, closed_last) = notified(&seen, "p");
+    assert_eq!(bytes, BYTES, "nothing the client was owed is cut off");
+    assert_eq!(exit, Some(0));
+    assert!(closed_last);
+    assert_eq!(code, Some(1012));
+    assert!(gw.wait_exit().success());
+}

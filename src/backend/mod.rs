@@ -82,6 +82,14 @@ pub trait SessionBackend: Send + Sync {
         0
     }
 
+    /// Of the undelivered closes, those a websocket close handshake would
+    /// not deliver (their client reads with `process/read`, or the close
+    /// notification is not queued yet): while there are none, a draining
+    /// gateway closes the client's connection to learn it has them all.
+    fn closes_awaiting_read(&self) -> usize {
+        0
+    }
+
     /// What the session's commands run in (`initialize`, `environment/info`),
     /// paths as `file://` URIs.
     fn environment(&self) -> EnvironmentInfo;

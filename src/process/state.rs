@@ -55,6 +55,13 @@ pub struct Process {
     /// notification does not count: a client that reads with
     /// `process/read` ignores them, and may not have read yet.
     close_delivered: AtomicBool,
+    /// Its close notification is in the attached connection's queue,
+    /// behind every output notification: a websocket close handshake
+    /// after it proves a client that follows notifications has it all.
+    close_queued: AtomicBool,
+    /// A `process/read` asked for it: its client reads that way, so only a
+    /// read that returns the close counts as delivered.
+    polled: AtomicBool,
     pub write_ids: Arc<Mutex<WriteIds>>,
     pub output_bytes: prometheus_client::metrics::counter::Counter,
     /// Live stream subscribers (gRPC Attach/Exec). Publishing awaits room in
@@ -113,6 +120,8 @@ impl NewProcess {
             pty: Mutex::new(pty),
             worker_died: AtomicBool::new(false),
             close_delivered: AtomicBool::new(false),
+            close_queued: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
             write_ids: Arc::new(Mutex::new(WriteIds::default())),
             output_bytes: self.output_bytes,
             subscribers: Mutex::new(Vec::new()),
@@ -319,6 +328,7 @@ impl Process {
             Api::CommandExec => notify::command_exec_exited(&self.id_json, code),
         };
         attachment.notify(text).await;
+        self.close_queued.store(true, Ordering::Release);
         if subscribed {
             self.mark_close_delivered();
         }
@@ -326,6 +336,7 @@ impl Process {
 
     /// A `process/read` was answered; `through_close`: it carried the close.
     pub fn mark_read(&self, through_close: bool) {
+        self.polled.store(true, Ordering::Relaxed);
         if through_close {
             self.mark_close_delivered();
         }
@@ -339,6 +350,14 @@ impl Process {
     /// Closed, but no client has been told yet.
     pub fn close_undelivered(&self) -> bool {
         self.log.lock().closed() && !self.close_delivered.load(Ordering::Relaxed)
+    }
+
+    /// Closed, not delivered, and a websocket close handshake would not
+    /// prove it delivered: its client reads with `process/read`, or its
+    /// close notification is not queued yet.
+    pub fn close_awaits_read(&self) -> bool {
+        self.close_undelivered()
+            && (self.polled.load(Ordering::Relaxed) || !self.close_queued.load(Ordering::Acquire))
     }
 }
 

@@ -622,6 +622,16 @@ impl ProcessTable {
             .count()
     }
 
+    /// Of those, the ones only a `process/read` can deliver (see
+    /// `Process::close_awaits_read`).
+    pub fn awaiting_read_count(&self) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|e| matches!(e, Entry::Running(p) if p.close_awaits_read()))
+            .count()
+    }
+
     fn evict(&self, process: &Arc<Process>) {
         let mut entries = self.entries.lock();
         if let Some(Entry::Running(p)) = entries.get(&process.id)

@@ -155,7 +155,12 @@ async fn run_halves<S>(
 {
     let (out, mut rx) = Outbound::channel(caller.tenant().outbound.clone());
     let done = CancellationToken::new();
+    // Cancelled once the read side is gone (the client's close reply read,
+    // or the connection loop ended).
+    let read_ended = CancellationToken::new();
     let slow_client_timeout = gw.settings.slow_client_timeout;
+    let writer_gw = gw.clone();
+    let writer_read_ended = read_ended.clone();
 
     // Writer: batches whatever is queued, flushes once, and gives up on a
     // client that stalls a write past the slow-client timeout.
@@ -205,11 +210,22 @@ async fn run_halves<S>(
             match tokio::time::timeout(slow_client_timeout, Box::pin(write)).await {
                 Ok(Ok(None)) => {}
                 Ok(Ok(Some(close))) => {
-                    let _ = tokio::time::timeout(
+                    let sent = tokio::time::timeout(
                         Duration::from_secs(1),
                         sink.send(Message::Close(Some(close))),
                     )
                     .await;
+                    // The queue stays open until the client answers: its
+                    // reply proves it read every frame before the close (a
+                    // draining gateway waits for that, not for its grace),
+                    // within the slow-client bound, and never past the stop.
+                    if matches!(sent, Ok(Ok(()))) {
+                        tokio::select! {
+                            () = writer_read_ended.cancelled() => {}
+                            () = writer_gw.stopped() => {}
+                            () = tokio::time::sleep(slow_client_timeout) => {}
+                        }
+                    }
                     break;
                 }
                 Ok(Err(e)) => {
@@ -255,6 +271,7 @@ async fn run_halves<S>(
         relay,
     };
     serve_connection(inbound, out.clone(), gw, meta).await;
+    read_ended.cancel();
     // A too-large or unfinished message, a broken protocol or a ping flood
     // ended the read side: say so (1009, 1008, 1002, 1007) before closing.
     match ended_by.get() {

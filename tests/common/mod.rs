@@ -375,7 +375,7 @@ pub struct Client {
     pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     next_id: i64,
     /// Messages read while looking for something else.
-    pending: VecDeque<Value>,
+    pub pending: VecDeque<Value>,
 }
 
 impl Client {

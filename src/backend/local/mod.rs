@@ -282,6 +282,10 @@ impl SessionBackend for LocalSession {
         self.table.undelivered_count()
     }
 
+    fn closes_awaiting_read(&self) -> usize {
+        self.table.awaiting_read_count()
+    }
+
     fn environment(&self) -> EnvironmentInfo {
         environment::describe(&self.shared, &NOV_2026)
     }

@@ -187,7 +187,7 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
                     let text = String::from_utf8(b.to_vec())
                         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                     if !out.send(text).await {
-                        return;
+                        return false;
                     }
                 }
                 Ok(Some(OpenResponse {
@@ -195,13 +195,13 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
                 })) => {
                     let code = u16::try_from(c.code).unwrap_or(1011);
                     out.close(code, c.reason).await;
-                    return;
+                    return true;
                 }
                 Ok(Some(OpenResponse { frame: None })) => {}
                 Ok(None) => {
                     // The owner ended the connection without a close.
                     out.close(1000, "").await;
-                    return;
+                    return false;
                 }
                 Err(status) => {
                     tracing::info!(session = ?t.session, replica = t.replica, status = ?status.message(), "relay lost its owner");
@@ -210,16 +210,28 @@ async fn run(t: RelayStart<'_>, origin: &RelayOrigin) {
                         truncate_reason(format!("session owner replica {} is gone", t.replica)),
                     )
                     .await;
-                    return;
+                    return false;
                 }
             }
         }
     };
-    tokio::select! {
-        () = up => {}
-        () = down => {}
+    tokio::pin!(up);
+    let owner_closed = tokio::select! {
+        () = &mut up => false,
+        closed = down => closed,
         () = gw.stopped() => {
             out.close(super::super::connection::SHUTDOWN_CLOSE_CODE, "server shutting down").await;
+            false
+        }
+    };
+    if owner_closed {
+        // The owner's stream ends only when the client's does: the owner
+        // (a draining one) learns from that that the client answered the
+        // close, so had every frame before it. The websocket ends the read
+        // side within its slow-client bound if the client never answers.
+        tokio::select! {
+            () = &mut up => {}
+            () = gw.stopped() => {}
         }
     }
 }
