@@ -243,12 +243,10 @@ impl Call {
         }
     }
 
-    /// The revision a call tells by itself: its paths, or a method only the
-    /// newer revision has.
+    /// The revision a call tells by itself: a method only the newer
+    /// revision has (whatever form its paths take: 0.169.0 refuses a plain
+    /// path there, it does not become 0.130.0), else its paths.
     pub fn tells(&self) -> Option<Revision> {
-        if let Some(r) = self.paths().iter().find_map(|(p, _)| p.tells()) {
-            return Some(r);
-        }
         match self {
             Call::FsCanonicalize(_)
             | Call::FsWalk(_)
@@ -262,7 +260,7 @@ impl Call {
             | Call::EnvironmentConfigRead(_)
             | Call::CapabilitiesDiscover(_)
             | Call::CapabilityRootsDiscover(_) => Some(Revision::Nov2026),
-            _ => None,
+            _ => self.paths().iter().find_map(|(p, _)| p.tells()),
         }
     }
 }
@@ -440,6 +438,28 @@ pub enum Outcome {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Issue 42 #14: a method only 0.169.0 has tells its revision whatever
+    /// form its paths take, so a plain path there is refused as 0.169.0
+    /// refuses it (before, the plain path told 0.130.0 and was accepted).
+    #[test]
+    fn a_newer_method_tells_its_revision_even_with_a_plain_path() {
+        use crate::protocol::path::PathField;
+        let raw: Box<RawValue> =
+            serde_json::from_str(r#"{"watchId":1,"missing":["/tmp/m1"],"present":"/tmp"}"#)
+                .unwrap();
+        let call = Call::decode("fs/watchMissing", Some(&raw)).unwrap();
+        assert_eq!(call.tells(), Some(Revision::Nov2026));
+        let e = call.paths()[0]
+            .0
+            .check(Revision::Nov2026, PathField::Path)
+            .unwrap_err();
+        assert_eq!(e.message, "invalid URI: relative URL without a base");
+        // An older method still learns the revision from its path's form.
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"path":"/tmp"}"#).unwrap();
+        let call = Call::decode("fs/getMetadata", Some(&raw)).unwrap();
+        assert_eq!(call.tells(), Some(Revision::May2026));
+    }
 
     #[test]
     fn unknown_method_and_bad_params_have_distinct_codes() {

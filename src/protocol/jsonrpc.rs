@@ -116,6 +116,7 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
     }
     let raw: RawMessage<'_> =
         serde_json::from_str(text).map_err(|e| MalformedMessage::Json(e.to_string()))?;
+    check_escapes(text)?;
     let id = raw.id.and_then(parse_id);
     match (raw.method, id) {
         (Some(method), Some(id)) => Ok(Inbound::Request {
@@ -133,6 +134,22 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
             Ok(Inbound::ClientResponse)
         }
         (None, _) => Err(MalformedMessage::NoVariant),
+    }
+}
+
+/// Both references decode every string of a frame, wherever it is (the
+/// envelope, params, an unknown member), and refuse an escape that makes no
+/// string, such as a lone UTF-16 surrogate (`"\ud800"`), with serde_json's
+/// text and position; borrowed `RawValue`s skip that check. A frame with a
+/// `\u` escape (never in base64 payloads, so rarely paid for) is read
+/// through once more as values to find such an escape.
+fn check_escapes(text: &str) -> Result<(), MalformedMessage> {
+    if !text.contains("\\u") {
+        return Ok(());
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Err(e) if e.is_syntax() => Err(MalformedMessage::Json(e.to_string())),
+        _ => Ok(()),
     }
 }
 
@@ -310,6 +327,30 @@ pub fn encode_request<T: Serialize>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_lone_surrogate_anywhere_is_malformed_with_the_references_text() {
+        for (frame, column) in [
+            (r#"{"id":"\ud800","method":"x"}"#, 14),
+            (
+                r#"{"id":1,"method":"process/read","params":{"processId":"\ud800"}}"#,
+                62,
+            ),
+            (
+                r#"{"id":1,"method":"process/read","params":{"processId":"x"},"extra":"\ud800"}"#,
+                75,
+            ),
+        ] {
+            let e = super::decode(frame).map(|_| ()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("unexpected end of hex escape at line 1 column {column}"),
+                "{frame}"
+            );
+        }
+        // A valid pair and ordinary escapes still decode.
+        assert!(super::decode(r#"{"id":1,"method":"x\ud83d\ude00\u0041"}"#).is_ok());
+    }
+
     use super::*;
 
     fn request(text: &str) -> (RequestId, String, Option<String>) {

@@ -187,6 +187,19 @@ class Gen(ProcessSequences):
             out.append((args, tags))
         return out
 
+    def any_form(self, rel, base="dir", relative=True):
+        """P(rel) for a path parameter that has no purpose-made choice (watch
+        paths, cwds, discovery roots): mostly the revision's own form, else
+        an absolute plain path, a file:// URI or a variant of one, or (when
+        `relative`, nothing is written there) a relative path."""
+        x = self.rng.random()
+        if relative and x < 0.06:
+            return P(self.pick([rel or ".", "./" + rel, "file:" + rel]), base="none")
+        if x < 0.36:
+            return P(rel, base=base, form=self.pick(["plain", "plain", "uri", "localhost",
+                                                     "opaque", "upper"]))
+        return P(rel, base=base)
+
     def path(self, purpose="read", prefer=None):
         """A path value for a request: mostly a P in the revision's form."""
         x = self.rng.random()
@@ -378,22 +391,23 @@ class Gen(ProcessSequences):
                 method = self.pick(["environment/info", "environment/status"])
                 self.add(Request("c1", method, self.pick([None, {}, ...])))
             else:
+                cwd = self.any_form(self.pick(["", "", "missing"]))
                 method, params = self.pick([
-                    ("environmentConfig/read", {"cwd": P(""), "configPaths": [["mcp_servers"]],
+                    ("environmentConfig/read", {"cwd": cwd, "configPaths": [["mcp_servers"]],
                                                 "requirementsPaths": [["mcp_servers"]]}),
-                    ("environmentConfig/read", {"cwd": P(""), "configPaths": [],
+                    ("environmentConfig/read", {"cwd": cwd, "configPaths": [],
                                                 "requirementsPaths": []}),
-                    ("capabilities/discoverV2", {"cwd": P("")}),
-                    ("capabilities/discoverV2", {"cwd": P("missing")}),
+                    ("capabilities/discoverV2", {"cwd": cwd}),
                     ("capabilityRoots/discoverV1", {"roots": []}),
-                    ("capabilityRoots/discoverV1", {"roots": [{"id": "r1", "path": P("")}]})])
+                    ("capabilityRoots/discoverV1", {"roots": [{"id": "r1", "path": cwd}]})])
                 self.add(Request("c1", method, params))
 
     def watch(self, conn):
-        missing = [self.pick([P("m1"), P("m2"), P("f.txt"), P("missing", base="out"),
-                              P("o.txt", base="out"), P("d/m3")])
+        missing = [self.any_form(*self.pick([("m1",), ("m2",), ("f.txt",), ("missing", "out"),
+                                             ("o.txt", "out"), ("d/m3",)]))
                    for _ in range(self.rng.randint(0, 2))]
-        present = self.pick([None, None, P("f.txt"), P("absent")])
+        present = self.pick([None, None, "f.txt", "absent"])
+        present = present and self.any_form(present)
         wid = self.pick([1, 5, 0])
         params = {"watchId": wid, "missing": missing, "present": present}
         self.mutate_params(params)

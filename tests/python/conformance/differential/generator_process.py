@@ -28,11 +28,33 @@ SHORT_COMMANDS = [
 ]
 
 
+# Malformed frames of several kinds: truncated, bad tokens, bad escapes and
+# lone surrogates (in the envelope and inside params), numbers out of range,
+# duplicate keys, several values, envelope members of the wrong type, and
+# objects that are no JSON-RPC message at all.
+MALFORMED = [
+    "{", "}", "[", "[1,2", "{\"id\":1", "{\"id\":1,}", "{\"id\":1 \"method\":\"x\"}", "nul",
+    "1.", "\"unterminated", "\"\\u00\"", "{'id':1}", "\u0000", "   ",
+    '{"a":"\\x"}', '{"a":"\\ud800"}', '{"id":"\\ud800","method":"x"}',
+    '{"id":1,"method":"process/read","params":{"processId":"\\ud800"}}',
+    '{"id":1,"method":"process/read","params":{"processId":"x"},"extra":"\\ud800"}',
+    '{"id":1,"method":"process/read","params":{"processId":"x"},"jsonrpc":1.}',
+    '{"id":01}', '{"id":-}', '{"id":true1}', '{"id":1e999}', '{"id":null}', '{"id":1.5}',
+    '{"id":[],"method":"x"}', '{"id":99999999999999999999,"method":"x"}',
+    '{"id":1,"method":5}', '{"method":5}', '{"id":1,"method":"x","method":"y"}',
+    '{"a":1}', '{"a":1}{"b":2}', '\t{}x', ' {"a":1} ', '{"id":1,"error":5}',
+    '{"id":1,"error":{"code":1}}', '{"id":1,"result":5}x', '{"method":"initialized"}x',
+    '{"id":1,"method":"process/read","params":{"processId":"x"},}',
+]
+
+
 class ProcessSequences:
     """Gen's process, envelope and resume sequence kinds (a mixin)."""
 
     def start_params(self, pid, argv, cwd=None, **extra):
-        params = {"processId": pid, "argv": argv, "cwd": cwd if cwd is not None else P(""),
+        if cwd is None:
+            cwd = self.any_form("", relative=False)
+        params = {"processId": pid, "argv": argv, "cwd": cwd,
                   "env": {"PATH": "/usr/bin:/bin"}, "tty": False}
         params.update(extra)
         return params
@@ -318,7 +340,7 @@ class ProcessSequences:
                 '[{"id":1,"method":"process/read","params":{"processId":"x"}}]',
                 "{}", '{"id":1}', '{"params":{}}', '{"id":1,"method":"process/terminate",'
                 '"params":{"processId":"nope"}} trailing', '{"id":1,"id":2,"method":"process/terminate",'
-                '"params":{"processId":"nope"}}', "\ufeff{}"])))
+                '"params":{"processId":"nope"}}', "\ufeff{}"] + MALFORMED)))
         elif kind == "initialize":
             params = self.pick([{"clientName": "x"}, {}, {"clientName": 5}, None,
                                 {"clientName": "x", "resumeSessionId": None},
