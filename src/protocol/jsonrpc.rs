@@ -77,9 +77,11 @@ pub enum MalformedMessage {
     /// Valid JSON that is not an object (a batch, a number...).
     #[error("{NO_VARIANT}")]
     NotAnObject,
-    /// An object that is neither a request, a notification nor a response.
+    /// An object that is neither a request, a notification nor a response;
+    /// the text 0.169.0 gives for it (it decodes such an object as an error
+    /// response, or as a response when it has `result`).
     #[error("{NO_VARIANT}")]
-    NoVariant,
+    NoVariant { current: &'static str },
 }
 
 impl MalformedMessage {
@@ -88,6 +90,7 @@ impl MalformedMessage {
     pub fn current_text(&self) -> String {
         match self {
             MalformedMessage::NotAnObject => "expected a JSON-RPC object".to_owned(),
+            MalformedMessage::NoVariant { current } => (*current).to_owned(),
             other => other.to_string(),
         }
     }
@@ -118,6 +121,7 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
         serde_json::from_str(text).map_err(|e| MalformedMessage::Json(e.to_string()))?;
     check_escapes(text)?;
     let id = raw.id.and_then(parse_id);
+    let bad_id = raw.id.is_some() && id.is_none();
     match (raw.method, id) {
         (Some(method), Some(id)) => Ok(Inbound::Request {
             id,
@@ -133,13 +137,21 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
         (None, _) if raw.id.is_some() && (raw.result.is_some() || raw.error.is_some()) => {
             Ok(Inbound::ClientResponse)
         }
-        (None, _) => Err(MalformedMessage::NoVariant),
+        (None, _) => Err(MalformedMessage::NoVariant {
+            current: if bad_id {
+                BAD_REQUEST_ID
+            } else if raw.result.is_some() || raw.error.is_some() {
+                "missing field `id`"
+            } else {
+                "missing field `error`"
+            },
+        }),
     }
 }
 
-/// Both references decode every string of a frame, wherever it is (the
-/// envelope, params, an unknown member), and refuse an escape that makes no
-/// string, such as a lone UTF-16 surrogate (`"\ud800"`), with serde_json's
+/// 0.169.0 decodes every string of a frame, wherever it is (the envelope,
+/// params, an unknown member), and refuses an escape that makes no string,
+/// such as a lone UTF-16 surrogate (`"\ud800"`), with serde_json's
 /// text and position; borrowed `RawValue`s skip that check. A frame with a
 /// `\u` escape (never in base64 payloads, so rarely paid for) is read
 /// through once more as values to find such an escape.
@@ -327,6 +339,24 @@ pub fn encode_request<T: Serialize>(
 
 #[cfg(test)]
 mod tests {
+    /// Issue 42 #14: an object that is no message, in 0.169.0's words (as
+    /// its binary answers them); 0.130.0's stay "no variant".
+    #[test]
+    fn an_object_that_is_no_message_is_worded_as_0_169_0_words_it() {
+        for (frame, current) in [
+            ("{}", "missing field `error`"),
+            (r#"{"a":1}"#, "missing field `error`"),
+            (r#"{"id":1}"#, "missing field `error`"),
+            (r#"{"id":null}"#, super::BAD_REQUEST_ID),
+            (r#"{"id":1.5}"#, super::BAD_REQUEST_ID),
+            (r#"{"result":1}"#, "missing field `id`"),
+        ] {
+            let e = super::decode(frame).map(|_| ()).unwrap_err();
+            assert_eq!(e.current_text(), current, "{frame}");
+            assert_eq!(e.to_string(), super::NO_VARIANT, "{frame}");
+        }
+    }
+
     #[test]
     fn a_lone_surrogate_anywhere_is_malformed_with_the_references_text() {
         for (frame, column) in [
