@@ -1236,9 +1236,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     let plain_toml = std::fs::read_to_string(&config).map_err(err)?
         + if nix::unistd::geteuid().is_root() {
             // As root the uid layer cannot be off (tenants would run as root).
-            "[isolation]\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"\n"
+            "[isolation]\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"\nnetwork = \"off\"\n"
         } else {
-            "[isolation]\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"\nuid = \"off\"\n"
+            "[isolation]\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"\nnetwork = \"off\"\nuid = \"off\"\n"
         };
     std::fs::write(&plain_config, plain_toml).map_err(err)?;
     let plain_config_s = plain_config.display().to_string();
@@ -1287,8 +1287,9 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
             &path,
             std::fs::read_to_string(&config).map_err(err)?
                 + &format!(
-                    "[isolation]\nworkers = \"{}\"\nnamespaces = \"{}\"\n",
+                    "[isolation]\nworkers = \"{}\"\nnamespaces = \"{}\"\nnetwork = \"{}\"\n",
                     policy(workers),
+                    policy(namespaces),
                     policy(namespaces)
                 ),
         )

@@ -11,6 +11,11 @@ use crate::isolation::{Layers, cgroup};
 use crate::metrics::{LayerLabel, Metrics};
 use crate::worker::{WorkerLaunch, WorkerPool};
 
+/// What a refused start says when the network layer cannot be had.
+const NETWORK_HINT: &str = " (without it every tenant would share the host's network: its \
+    loopback, the gateway's listeners, the admin endpoint; install slirp4netns and nftables, \
+    or write [isolation] network = \"off\" to accept that)";
+
 /// Probe one layer: `Ok(true)` when active.
 fn probe_layer(
     name: &str,
@@ -35,7 +40,8 @@ fn probe_layer(
             Ok(true)
         }
         Err(reason) if policy == LayerPolicy::Required => Err(ConfigError(format!(
-            "isolation layer `{name}` is required but unavailable: {reason}"
+            "isolation layer `{name}` is required but unavailable: {reason}{}",
+            if name == "network" { NETWORK_HINT } else { "" }
         ))),
         Err(reason) => {
             tracing::warn!(layer = name, %reason, "isolation layer unavailable; continuing without it");

@@ -153,6 +153,7 @@ fn gateway_toml_parses_and_requires_every_isolation_layer() {
         ("cgroups", i.cgroups),
         ("namespaces", i.namespaces),
         ("uid", i.uid),
+        ("network", i.network),
     ] {
         assert_eq!(policy, Some(LayerPolicy::Required), "isolation.{name}");
     }

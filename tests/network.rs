@@ -553,3 +553,62 @@ async fn tenant_networks_leave_the_hosts_named_namespaces_mounted() {
         String::from_utf8_lossy(&exec.stderr)
     );
 }
+
+/// A host without slirp4netns or nft refuses a configuration file with
+/// tenants, whose tenants would otherwise share the host's network (its
+/// loopback, the gateway's listeners, the admin endpoint): the layer is
+/// `required` unless the file says otherwise. `network = "off"` written
+/// in the file is the operator's choice, and starts.
+#[test]
+fn a_missing_network_tool_refuses_to_start() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let dir = common::scratch();
+    let root = dir.path().join("r");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    for tool in ["slirp4netns", "nft"] {
+        // The gateway in a mount namespace of its own where every copy of
+        // `tool` it could find is /dev/null (not a file).
+        let wrapper = dir.path().join(format!("without-{tool}"));
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec unshare --mount --propagation private sh -c '\
+                 for d in /usr/sbin /usr/bin /sbin /bin /usr/local/sbin /usr/local/bin; do \
+                 if [ -f \"$d/{tool}\" ]; then mount --bind /dev/null \"$d/{tool}\" || exit 1; fi; done; \
+                 exec \"$0\" \"$@\"' {} \"$@\"\n",
+                env!("CARGO_BIN_EXE_exec-gateway")
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (isolation, refused) in [("", true), ("[isolation]\nnetwork = \"off\"\n", false)] {
+            let config = common::write_file(
+                dir.path(),
+                &format!("{tool}.toml"),
+                &format!(
+                    "{isolation}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+                     [tenants.a]\nroot = \"{}\"\n",
+                    dir.path().display(),
+                    root.display()
+                ),
+            );
+            let out = common::serve_expecting_refusal_as(&wrapper, &config);
+            let err = String::from_utf8_lossy(&out.stderr);
+            if refused {
+                assert_eq!(out.status.code(), Some(64), "{tool}: {err}");
+                assert!(
+                    err.contains(&format!("`{tool}` not found"))
+                        && err.contains("isolation layer `network` is required"),
+                    "{tool}: {err}"
+                );
+            } else {
+                // Started, then killed.
+                assert!(out.status.code().is_none(), "{tool}, network off: {err}");
+            }
+        }
+    }
+}

@@ -372,7 +372,7 @@ async fn tenant_processes_hold_no_capabilities() {
     for isolation in [
         "",
         "workers = \"off\"",
-        "workers = \"off\"\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"",
+        "workers = \"off\"\ncgroups = \"off\"\nlandlock = \"off\"\nseccomp = \"off\"\nnamespaces = \"off\"\nnetwork = \"off\"",
     ] {
         let gw = gateway(&r, isolation, "", "");
         let (mut c, _) = gw.session_of("a").await;

@@ -26,10 +26,13 @@ pub struct IsolationConfig {
     /// other tenants' roots under `/tmp` gone; needed by `network = "none"`.
     /// Default: `optional`.
     pub namespaces: Option<LayerPolicy>,
-    /// A network namespace per tenant with filtered egress through pasta
-    /// (`tenants.NAME.network = "isolated"`, the default where active;
-    /// needs the namespaces layer, `pasta` and `nft`). `off` lets tenants
-    /// use `network = "host"`. Default: `optional`.
+    /// A network namespace per tenant with filtered egress through
+    /// slirp4netns (`tenants.NAME.network = "isolated"`, the default where
+    /// active; needs the namespaces layer, `slirp4netns` and `nft`). `off`
+    /// lets tenants use `network = "host"`. Default: `required` (a tenant
+    /// without it would share the host's network: its loopback, the
+    /// gateway's listeners), except in the embedded single-operator
+    /// default ([`DEFAULT_NETWORK_EMBEDDED`]).
     pub network: Option<LayerPolicy>,
     /// A project quota of `max_disk_bytes` on each tenant root (its
     /// filesystem must be mounted with `prjquota`). Default: `optional`.
@@ -83,7 +86,18 @@ pub enum LayerPolicy {
     Off,
 }
 
-/// Validate `[isolation]`: a layer not named is `optional`.
+/// `[isolation] network` when a configuration file does not name it: a
+/// host without slirp4netns or nft refuses to start rather than put
+/// tenants on the host's network.
+pub const DEFAULT_NETWORK: LayerPolicy = LayerPolicy::Required;
+
+/// `[isolation] network` of the embedded default (no file: one tenant, the
+/// local operator's own directory): used where the host allows it, else
+/// the operator's process runs on the network the operator already has.
+pub const DEFAULT_NETWORK_EMBEDDED: LayerPolicy = LayerPolicy::Optional;
+
+/// Validate `[isolation]`: a layer not named is `optional`, but for
+/// `network` ([`DEFAULT_NETWORK`]).
 pub(super) fn validate_isolation(i: &IsolationConfig) -> IsolationSettings {
     let layer = |p: Option<LayerPolicy>| p.unwrap_or(LayerPolicy::Optional);
     IsolationSettings {
@@ -93,7 +107,7 @@ pub(super) fn validate_isolation(i: &IsolationConfig) -> IsolationSettings {
         seccomp: layer(i.seccomp),
         uid: layer(i.uid),
         namespaces: layer(i.namespaces),
-        network: layer(i.network),
+        network: i.network.unwrap_or(DEFAULT_NETWORK),
         disk: layer(i.disk),
         cgroup_version: i.cgroup_version.unwrap_or_default(),
     }

@@ -218,6 +218,10 @@ impl Config {
                 ..AuthConfig::default()
             },
             tenants,
+            isolation: IsolationConfig {
+                network: Some(isolation::DEFAULT_NETWORK_EMBEDDED),
+                ..IsolationConfig::default()
+            },
             ..Config::default()
         })
     }

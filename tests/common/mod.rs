@@ -672,10 +672,16 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// instead would serve forever: it is killed, and the test fails on the
 /// status (not a hang).
 pub fn serve_expecting_refusal(config: &Path) -> std::process::Output {
+    serve_expecting_refusal_as(Path::new(env!("CARGO_BIN_EXE_exec-gateway")), config)
+}
+
+/// [`serve_expecting_refusal`] through `exe` (a wrapper script that ends
+/// by exec-ing the gateway with its arguments).
+pub fn serve_expecting_refusal_as(exe: &Path, config: &Path) -> std::process::Output {
     // A state directory of its own (root's default, /var/lib, may be
     // read-only, as in the VM lane).
     let state = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+    let mut child = Command::new(exe)
         .args(["serve", "--listen", "ws://127.0.0.1:0", "--config"])
         .arg(config)
         .env("XDG_STATE_HOME", state.path())
