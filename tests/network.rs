@@ -115,7 +115,13 @@ fn serve_in(ns: &str, specs: &[&str]) -> Child {
 }
 
 fn world() -> World {
-    let id = std::process::id();
+    // Tests run in parallel in one process: a world of each its own.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let id = format!(
+        "{}{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let w = World {
         gw: format!("egw-gw-{id}"),
         net: format!("egw-net-{id}"),
@@ -611,4 +617,118 @@ fn a_missing_network_tool_refuses_to_start() {
             }
         }
     }
+}
+
+/// A listener that accepts and never reads, in `ns` at `addr:port`.
+fn sink_in(ns: &str, addr: &str, port: u16) -> Child {
+    use std::io::BufRead as _;
+    let script = format!(
+        "import socket, threading\n\
+         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\n\
+         s.bind(('{addr}', {port})); s.listen(4096)\n\
+         held = []\n\
+         def loop():\n\
+         \x20   while True: held.append(s.accept()[0])\n\
+         threading.Thread(target=loop, daemon=True).start()\n\
+         print('ready', flush=True)\n\
+         threading.Event().wait()\n"
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sink");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+/// Opens up to argv[1] connections to the sink, each written to until
+/// its send queue is full, and prints what it got on one line; then holds
+/// them.
+const FLOOD: &str = r#"
+import socket, sys, threading
+socks, err, queued = [], None, 0
+for i in range(int(sys.argv[1])):
+    try:
+        s = socket.create_connection(("93.184.215.10", 9000), timeout=5)
+    except OSError as e:
+        err = e.errno
+        break
+    s.setblocking(False)
+    try:
+        while True:
+            queued += s.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    socks.append(s)
+wmem = open("/proc/sys/net/ipv4/tcp_wmem").read().split()[2]
+print(f"opened={len(socks)} err={err} wmem={wmem} queued={queued}", flush=True)
+threading.Event().wait()
+"#;
+
+/// One tenant's egress is bounded by its own limits: its connections out
+/// of its namespace by `max_egress_connections` (the next is refused at
+/// once, EHOSTUNREACH), what each may queue by its namespace's
+/// `tcp_wmem`; and while it holds every connection it may, to a peer
+/// that never reads, another tenant still reaches the same server.
+#[tokio::test]
+async fn a_tenants_egress_flood_is_refused_past_its_bound_and_another_keeps_working() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let mut w = world();
+    w.servers.push(serve_in(
+        &w.net,
+        &["93.184.215.10:8080:public", "10.77.0.53:53:dns"],
+    ));
+    w.servers.push(sink_in(&w.net, "93.184.215.10", 9000));
+    enter(&w.gw);
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let bin = wrapper(scratch.path(), &w.gw);
+    let gw = Gateway::launch(&bin, None, &[], |dir| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\nmax_egress_connections = 20\n\
+             [tenants.b]\nroot = \"{}\"\n",
+            dir.display(),
+            ra.display(),
+            rb.display()
+        )
+    });
+    let (mut a, _) = gw.session_of("a").await;
+    a.call(
+        "process/start",
+        json!({"processId": "flood", "argv": ["python3", "-c", FLOOD, "60"], "cwd": ra,
+               "tty": false, "env": {"PATH": "/usr/bin:/bin"}}),
+    )
+    .await;
+    let line = a.first_line("flood").await;
+    eprintln!("tenant a: {line}");
+    let got = |k: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+            .to_owned()
+    };
+    // Its DNS flows count too, but it made none: exactly its bound.
+    assert_eq!(got("opened"), "20", "{line}");
+    assert_eq!(got("err"), "113", "refused with EHOSTUNREACH: {line}");
+    assert_eq!(got("wmem"), (256 << 10).to_string(), "{line}");
+    // Tenant b, meanwhile, reaches the same server's other port.
+    let (mut b, _) = gw.session_of("b").await;
+    let out = probe(&mut b, "p", &rb, &["public,93.184.215.10,8080".to_owned()]).await;
+    assert_eq!(field(&out, "public"), "ok:public", "{out}");
+    a.call("process/terminate", json!({"processId": "flood"}))
+        .await;
+    a.collect("flood").await;
 }

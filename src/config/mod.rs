@@ -52,9 +52,10 @@ pub use server::{
 };
 pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
 pub use tenants::{
-    CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_OUTBOUND_BYTES, DEFAULT_MAX_READ_FILE_BYTES,
-    DEFAULT_TENANT_MEMORY_BYTES, Egress, MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network,
-    Placement, TenantConfig, TenantSettings, read_file_reply_bytes,
+    CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_EGRESS_CONNECTIONS, DEFAULT_MAX_OUTBOUND_BYTES,
+    DEFAULT_MAX_READ_FILE_BYTES, DEFAULT_TENANT_MEMORY_BYTES, Egress, MAX_EGRESS_CONNECTIONS,
+    MAX_EXECUTOR_LABELS, MAX_READ_FILE_LIMIT, Network, Placement, TenantConfig, TenantSettings,
+    read_file_reply_bytes,
 };
 pub use tracing::{TracingConfig, TracingSettings};
 pub use uids::{HostIds, IdsInUse, UidLedger, allocate_uids};

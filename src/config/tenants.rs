@@ -93,6 +93,10 @@ pub struct TenantConfig {
     /// (private ranges allowed), which may include `"internet"`. The
     /// gateway host's own addresses are never reachable.
     pub egress: Option<EgressConfig>,
+    /// Connections (TCP and UDP flows, DNS included) an `isolated`
+    /// tenant may hold open outside its namespace at once; the next is
+    /// refused (EHOSTUNREACH). Default: [`DEFAULT_MAX_EGRESS_CONNECTIONS`].
+    pub max_egress_connections: Option<u32>,
     /// The executor pool (`[executors.pools.NAME]`) the tenant's sessions
     /// may run on. Default: none.
     pub pool: Option<String>,
@@ -104,13 +108,33 @@ pub struct TenantConfig {
     pub placement: Option<Placement>,
 }
 
-/// Where a tenant's processes may connect (`tenants.NAME.egress`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Default `tenants.NAME.max_egress_connections`: a tenant's open
+/// connections out of its namespace, each of which holds socket buffers
+/// in its namespace and in slirp4netns (docs/isolation.md, "Network").
+pub const DEFAULT_MAX_EGRESS_CONNECTIONS: u32 = 256;
+/// The largest `max_egress_connections`: slirp4netns's descriptor cap.
+pub const MAX_EGRESS_CONNECTIONS: u32 = 4096;
+
+/// Where a tenant's processes may connect (`tenants.NAME.egress`), and how
+/// many connections at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Egress {
     /// Every public address.
     pub internet: bool,
     /// These too, private ranges included (never the host's own addresses).
     pub allow: Vec<ipnet::IpNet>,
+    /// Connections open at once (`max_egress_connections`).
+    pub max_connections: u32,
+}
+
+impl Default for Egress {
+    fn default() -> Egress {
+        Egress {
+            internet: false,
+            allow: Vec::new(),
+            max_connections: DEFAULT_MAX_EGRESS_CONNECTIONS,
+        }
+    }
 }
 
 impl Egress {
@@ -175,7 +199,7 @@ fn validate_egress(name: &str, e: Option<EgressConfig>) -> Result<Egress, Config
         None => {
             return Ok(Egress {
                 internet: true,
-                allow: Vec::new(),
+                ..Egress::default()
             });
         }
         Some(EgressConfig::Word(w)) if w == "none" => return Ok(Egress::none()),
@@ -487,7 +511,21 @@ pub(super) fn validate_tenant_at(
                     "tenants.{name}.egress applies to network = \"isolated\" only"
                 )));
             }
-            validate_egress(name, t.egress)?
+            let mut e = validate_egress(name, t.egress)?;
+            if let Some(n) = t.max_egress_connections {
+                if matches!(t.network, Some(Network::Host | Network::None)) {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.max_egress_connections applies to network = \"isolated\" only"
+                    )));
+                }
+                if n == 0 || n > MAX_EGRESS_CONNECTIONS {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.max_egress_connections = {n}: needs 1 to {MAX_EGRESS_CONNECTIONS}"
+                    )));
+                }
+                e.max_connections = n;
+            }
+            e
         },
         placement: match (t.placement, &t.pool) {
             (Some(Placement::Local) | None, None) => Placement::Local,

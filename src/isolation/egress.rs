@@ -416,6 +416,7 @@ fn new_netns() -> io::Result<OwnedFd> {
                 return Err(io::Error::last_os_error());
             }
             loopback_up()?;
+            bound_socket_buffers()?;
             let fd = libc::open(
                 c"/proc/thread-self/ns/net".as_ptr(),
                 libc::O_RDONLY | libc::O_CLOEXEC,
@@ -428,6 +429,27 @@ fn new_netns() -> io::Result<OwnedFd> {
     })
     .join()
     .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// The largest send and receive buffer a TCP socket in a tenant's
+/// namespace grows to on its own (`net.ipv4.tcp_wmem`/`tcp_rmem`, per
+/// namespace; the host's default is 4 MiB and 6 MiB). Its peer is
+/// slirp4netns on the tap device, a hop away, so this costs the tenant's
+/// throughput nothing, and one connection whose peer never reads holds
+/// at most this (or twice the host's `net.core.wmem_max`, what
+/// `SO_SNDBUF` may ask) in its send queue.
+pub const EGRESS_SOCKET_BUFFER_BYTES: u32 = 256 << 10;
+
+/// Bound the socket buffers of the namespace this thread is in.
+fn bound_socket_buffers() -> io::Result<()> {
+    for (file, initial) in [("tcp_wmem", 16 << 10), ("tcp_rmem", 128 << 10)] {
+        std::fs::write(
+            format!("/proc/sys/net/ipv4/{file}"),
+            format!("4096 {initial} {EGRESS_SOCKET_BUFFER_BYTES}"),
+        )
+        .map_err(|e| io::Error::new(e.kind(), format!("net.ipv4.{file}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Bring `lo` up in a fresh network namespace (it starts down).
@@ -536,6 +558,12 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
         "  chain output {".to_owned(),
         "    type filter hook output priority 0; policy drop;".to_owned(),
         "    oifname \"lo\" accept".to_owned(),
+        // Every flow out of the namespace counts, DNS included: past the
+        // cap a new one is refused until one ends.
+        format!(
+            "    ct state new ct count over {} {REFUSE}",
+            egress.max_connections
+        ),
         format!("    ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept"),
         format!("    ip daddr {SLIRP_GATEWAY} {REFUSE}"),
     ];
@@ -630,7 +658,7 @@ pub fn probe(dir: &Path) -> Result<NetTools, String> {
     ensure_tun().map_err(|e| format!("/dev/net/tun is missing and cannot be made: {e}"))?;
     let egress = Egress {
         internet: true,
-        allow: Vec::new(),
+        ..Egress::default()
     };
     TenantNet::create("probe", &egress, &tools, dir, None)
         .map_err(|e| format!("a tenant network could not be set up: {e}"))?;
@@ -663,6 +691,7 @@ mod tests {
         let e = Egress {
             internet: true,
             allow: vec!["10.1.2.0/24".parse().unwrap()],
+            ..Egress::default()
         };
         let r = ruleset(&e, &["10.1.2.3/32".parse().unwrap()]);
         let host = r
@@ -693,6 +722,7 @@ mod tests {
                 "10.0.0.0/8".parse().unwrap(),
                 "10.1.0.0/16".parse().unwrap(),
             ],
+            ..Egress::default()
         };
         let r = ruleset(
             &e,
