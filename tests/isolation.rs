@@ -90,14 +90,32 @@ fn cpu_quota(gw: &Gateway, tenant: &str) -> Option<u64> {
 /// The tenant's worker's own tasks: threads in the tenant's cgroup (v1),
 /// or what its `worker` leaf counts (v2).
 fn worker_pids(gw: &Gateway, tenant: &str) -> usize {
-    if unified() {
+    let worker: usize = if unified() {
         cgroup_file(gw, "pids", &format!("{tenant}/worker"), "pids.current")
             .trim()
             .parse()
             .unwrap()
     } else {
         cgroup_file(gw, "pids", tenant, "tasks").lines().count()
-    }
+    };
+    worker + slirp_tasks(gw, tenant)
+}
+
+/// The tasks of the tenant's slirp4netns, which runs in a cgroup of the
+/// tenant's own (its network's way out costs the tenant).
+fn slirp_tasks(gw: &Gateway, tenant: &str) -> usize {
+    let under = format!("/gw-{}/{tenant}/", gw.child.id());
+    common::host_pids_where(|cmd| {
+        cmd.split(|b| *b == 0)
+            .next()
+            .is_some_and(|a0| a0.ends_with(b"slirp4netns"))
+    })
+    .into_iter()
+    .filter(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&under))
+    })
+    .map(|pid| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count))
+    .sum()
 }
 
 /// Start process `esc`, whose child leaves its process group and session

@@ -694,7 +694,19 @@ async fn a_tenants_egress_flood_is_refused_past_its_bound_and_another_keeps_work
     let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
     std::fs::create_dir_all(&ra).unwrap();
     std::fs::create_dir_all(&rb).unwrap();
-    let bin = wrapper(scratch.path(), &w.gw);
+    // Entered with nsenter, not `ip netns exec`: that mounts a sysfs of
+    // the namespace's own over /sys, and the cgroups with it.
+    let bin = scratch.path().join("gateway-nsenter");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\nexec nsenter --net=/run/netns/{} {} \"$@\"\n",
+            w.gw,
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let gw = Gateway::launch(&bin, None, &[], |dir| {
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
@@ -728,6 +740,33 @@ async fn a_tenants_egress_flood_is_refused_past_its_bound_and_another_keeps_work
     let (mut b, _) = gw.session_of("b").await;
     let out = probe(&mut b, "p", &rb, &["public,93.184.215.10,8080".to_owned()]).await;
     assert_eq!(field(&out, "public"), "ok:public", "{out}");
+    // Each tenant's slirp4netns runs in that tenant's cgroups (v1: its
+    // memory cgroup; v2: a cgroup under the tenant's), not the gateway's.
+    let instance = format!("gw-{}", gw.child.id());
+    let mut charged: Vec<String> = Vec::new();
+    for pid in common::host_pids_where(|cmd| {
+        cmd.split(|b| *b == 0)
+            .next()
+            .is_some_and(|a0| a0.ends_with(b"slirp4netns"))
+    }) {
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        for t in ["a", "b"] {
+            let mine = cg.lines().any(|l| {
+                l.contains(&format!("/{instance}/{t}/"))
+                    || (l.contains(":memory:") && l.ends_with(&format!("/{instance}/{t}")))
+            });
+            if mine {
+                charged.push(t.to_owned());
+            }
+        }
+    }
+    charged.sort();
+    charged.dedup();
+    assert_eq!(
+        charged,
+        ["a", "b"],
+        "slirp4netns outside the tenants' cgroups"
+    );
     a.call("process/terminate", json!({"processId": "flood"}))
         .await;
     a.collect("flood").await;

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
+use super::cgroup::ProcessCgroup;
 use super::reaper::Reaper;
 use crate::config::Egress;
 
@@ -124,6 +125,8 @@ pub struct TenantNet {
     reaper: Option<Arc<Reaper>>,
     resolv_conf: PathBuf,
     egress: Egress,
+    /// The tenant's cgroup slirp4netns runs in, once it was moved there.
+    cgroup: parking_lot::Mutex<Option<ProcessCgroup>>,
 }
 
 impl TenantNet {
@@ -165,6 +168,7 @@ impl TenantNet {
             reaper,
             resolv_conf,
             egress: egress.clone(),
+            cgroup: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -321,6 +325,27 @@ impl TenantNet {
         Ok(())
     }
 
+    /// Move slirp4netns into `cg`, one of the tenant's own cgroups: its
+    /// memory (and the buffers of the sockets it opens from then on: on
+    /// v2 always, on v1 under the tenant's `memory.kmem.tcp` limit), CPU
+    /// and pid are the tenant's, not the gateway's. Nothing to move where
+    /// it does not run (`egress = "none"`).
+    pub fn charge_to(&self, cg: ProcessCgroup) -> io::Result<()> {
+        let Some(pid) = self.slirp.lock().as_ref().map(Child::id) else {
+            return Ok(());
+        };
+        for procs in cg.procs_paths() {
+            std::fs::write(&procs, pid.to_string()).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("moving slirp4netns into {}: {e}", procs.display()),
+                )
+            })?;
+        }
+        *self.cgroup.lock() = Some(cg);
+        Ok(())
+    }
+
     /// Load the ruleset again with the host's current addresses.
     fn refresh(&self, host: &[IpNet]) -> io::Result<()> {
         load_ruleset(&self.nft, &self.netns, &ruleset(&self.egress, host))
@@ -337,6 +362,8 @@ impl Drop for TenantNet {
                 r.unregister(child.id() as i32);
             }
         }
+        // Emptied (and pooled) once slirp4netns is gone.
+        drop(self.cgroup.get_mut().take());
         let _ = std::fs::remove_file(&self.resolv_conf);
     }
 }

@@ -143,6 +143,15 @@ pub(super) fn build(
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("network setup panicked"))),
         };
+        // slirp4netns costs the tenant, not the gateway: into a cgroup of
+        // the tenant's own.
+        let configured = match (configured, &built, &net) {
+            (Ok(()), Ok(tenant), Some((n, _))) => match &tenant.cgroup {
+                Some(cg) => cg.process().and_then(|pc| n.charge_to(pc)),
+                None => Ok(()),
+            },
+            (c, _, _) => c,
+        };
         match (built, configured) {
             (Ok(tenant), Ok(())) => {
                 tracing::debug!(tenant = name, egress = %t.egress.describe(), "tenant network");

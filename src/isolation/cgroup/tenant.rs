@@ -21,6 +21,11 @@ use crate::config::{CPU_PERIOD_US, CgroupLimits};
 /// cgroup mutex (and so every spawn's join) for up to ~10 ms here.
 const FREE_POOL_MAX: usize = 4096;
 
+/// On cgroup v1, what the tenant's sockets may buffer: its memory limit
+/// divided by this (`memory.kmem.tcp.limit_in_bytes`; v1 counts it apart
+/// from `memory.usage_in_bytes`, v2 within `memory.current`).
+pub const V1_TCP_SHARE_OF_MEMORY: u64 = 4;
+
 /// A tenant's cgroup (created with its limits).
 #[derive(Debug)]
 pub struct TenantCgroup {
@@ -103,6 +108,17 @@ impl TenantCgroup {
         }
         if let Some(v) = limits.memory_max_bytes {
             set("memory", "memory.limit_in_bytes", v)?;
+            // v1 charges socket buffers to no one unless this is set (v2
+            // charges them to the memory cgroup): the tenant's own sockets
+            // and slirp4netns's for it. Absent from a kernel without it.
+            match set(
+                "memory",
+                "memory.kmem.tcp.limit_in_bytes",
+                v / V1_TCP_SHARE_OF_MEMORY,
+            ) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                r => r?,
+            }
         }
         if let Some(v) = limits.cpu_shares {
             set("cpu", "cpu.shares", v)?;
