@@ -771,3 +771,57 @@ async fn a_tenants_egress_flood_is_refused_past_its_bound_and_another_keeps_work
         .await;
     a.collect("flood").await;
 }
+
+/// Egress tightened by a reload reaches the live tenant's running
+/// session: its next connection to a now-refused address is refused (the
+/// rules of its namespace are replaced), not only a new activation's.
+#[tokio::test]
+async fn a_reload_that_tightens_egress_reaches_live_sessions() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let mut w = world();
+    w.servers.push(serve_in(
+        &w.net,
+        &["93.184.215.10:8080:public", "10.77.0.53:53:dns"],
+    ));
+    enter(&w.gw);
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ra = scratch.path().join("a");
+    std::fs::create_dir_all(&ra).unwrap();
+    let bin = wrapper(scratch.path(), &w.gw);
+    let text = |egress: &str, dir: &Path| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\negress = {egress}\n",
+            dir.display(),
+            ra.display()
+        )
+    };
+    let gw = Gateway::launch(&bin, None, &[], |dir| text("\"internet\"", dir));
+    let (mut a, _) = gw.session_of("a").await;
+    let public = ["public,93.184.215.10,8080".to_owned()];
+    let out = probe(&mut a, "before", &ra, &public).await;
+    assert_eq!(field(&out, "public"), "ok:public", "{out}");
+    std::fs::write(
+        gw.dir.path().join("gateway.toml"),
+        text("[\"10.77.0.1/32\"]", gw.dir.path()),
+    )
+    .unwrap();
+    gw.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + common::event_timeout();
+    while gw
+        .metric("exec_gateway_config_reloads_total", "outcome=\"ok\"")
+        .await
+        .unwrap_or(0.0)
+        < 1.0
+    {
+        assert!(std::time::Instant::now() < deadline, "no reload applied");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The same session, the same activation: refused now.
+    let out = probe(&mut a, "after", &ra, &public).await;
+    assert_eq!(field(&out, "public"), "OSError:113", "{out}");
+}

@@ -124,7 +124,8 @@ pub struct TenantNet {
     exit_pipe: parking_lot::Mutex<Option<OwnedFd>>,
     reaper: Option<Arc<Reaper>>,
     resolv_conf: PathBuf,
-    egress: Egress,
+    /// Its rules' egress (a reload may change it in place).
+    egress: parking_lot::Mutex<Egress>,
     /// The tenant's cgroup slirp4netns runs in, once it was moved there.
     cgroup: parking_lot::Mutex<Option<ProcessCgroup>>,
 }
@@ -167,7 +168,7 @@ impl TenantNet {
             exit_pipe: parking_lot::Mutex::new(None),
             reaper,
             resolv_conf,
-            egress: egress.clone(),
+            egress: parking_lot::Mutex::new(egress.clone()),
             cgroup: parking_lot::Mutex::new(None),
         }))
     }
@@ -176,8 +177,9 @@ impl TenantNet {
     /// start slirp4netns.
     pub fn configure(self: &Arc<Self>, tools: &NetTools) -> io::Result<()> {
         let host = host_addresses()?;
-        load_ruleset(&tools.nft, &self.netns, &ruleset(&self.egress, &host))?;
-        if self.egress.internet || !self.egress.allow.is_empty() {
+        let egress = self.egress.lock().clone();
+        load_ruleset(&tools.nft, &self.netns, &ruleset(&egress, &host))?;
+        if egress.internet || !egress.allow.is_empty() {
             self.start_slirp(&tools.slirp)?;
         }
         watch_host_addresses(self, host);
@@ -348,7 +350,26 @@ impl TenantNet {
 
     /// Load the ruleset again with the host's current addresses.
     fn refresh(&self, host: &[IpNet]) -> io::Result<()> {
-        load_ruleset(&self.nft, &self.netns, &ruleset(&self.egress, host))
+        let egress = self.egress.lock();
+        load_ruleset(&self.nft, &self.netns, &ruleset(&egress, host))
+    }
+
+    /// Take `egress` in place (a reload): the namespace's ruleset is
+    /// replaced at once (`nft -f` is atomic), so the tenant's live
+    /// processes meet it with their next packet, established connections
+    /// included. Returns `false`, changing nothing, where it would need a
+    /// way out this namespace was made without (slirp4netns starts with
+    /// the namespace or not at all): then a new activation takes it.
+    pub fn set_egress(&self, egress: &Egress) -> io::Result<bool> {
+        let reaches = egress.internet || !egress.allow.is_empty();
+        if reaches && self.slirp.lock().is_none() {
+            return Ok(false);
+        }
+        let host = host_addresses()?;
+        let mut now = self.egress.lock();
+        load_ruleset(&self.nft, &self.netns, &ruleset(egress, &host))?;
+        *now = egress.clone();
+        Ok(true)
     }
 }
 

@@ -153,7 +153,8 @@ pub(super) fn build(
             (c, _, _) => c,
         };
         match (built, configured) {
-            (Ok(tenant), Ok(())) => {
+            (Ok(mut tenant), Ok(())) => {
+                tenant.net = net.as_ref().map(|(n, _)| n.clone());
                 tracing::debug!(tenant = name, egress = %t.egress.describe(), "tenant network");
                 Ok(tenant)
             }

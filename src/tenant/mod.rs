@@ -77,6 +77,8 @@ pub struct Tenant {
     pub root_quota: Option<RootQuota>,
     /// Its cgroup (limits, usage for the account), where it has one.
     pub cgroup: Option<Arc<TenantCgroup>>,
+    /// Its own network namespace, where it has one.
+    pub net: Option<Arc<crate::isolation::egress::TenantNet>>,
     /// A reload removed it: new sessions are refused, live ones go on.
     removed: AtomicBool,
     /// A reload changed what only a new activation applies: it is retired
@@ -127,6 +129,7 @@ impl Tenant {
             tmp: None,
             root_quota: None,
             cgroup: None,
+            net: None,
             removed: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             settings,
@@ -192,6 +195,19 @@ impl Tenant {
         in_place.burst = new.burst;
         in_place.max_sessions = new.max_sessions;
         in_place.cgroup_limits = new.cgroup_limits.clone();
+        // Its namespace's rules: tightened egress reaches its live
+        // sessions at once, not only a new activation's.
+        if now.egress != new.egress
+            && let Some(net) = &self.net
+        {
+            match net.set_egress(&new.egress) {
+                Ok(true) => in_place.egress = new.egress.clone(),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(tenant = %self.name, error = %e, "reload: cannot change the live tenant's egress rules; new sessions get them through a new activation");
+                }
+            }
+        }
         if (now.requests_per_second, now.burst) != (new.requests_per_second, new.burst) {
             self.limiter.store(Arc::new(limiter(new)));
         }
