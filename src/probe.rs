@@ -139,6 +139,10 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 .join("net");
             crate::isolation::egress::probe(&dir).map(|_| ())
         })?;
+    // The host's network only where the operator let the layer go: `off`,
+    // or `optional` whose probe failed (said above). Unprobed (no tenant
+    // wanted it), a tenant added later that names no network is refused.
+    let host_network = iso.network == LayerPolicy::Off || (wanted && !network);
     if let Some(t) = &settings.template {
         t.make_roots()?;
     }
@@ -157,6 +161,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
     Ok(Layers {
         disk,
         network,
+        host_network,
         workers,
         cgroups,
         landlock,

@@ -825,3 +825,90 @@ async fn a_reload_that_tightens_egress_reaches_live_sessions() {
     let out = probe(&mut a, "after", &ra, &public).await;
     assert_eq!(field(&out, "public"), "OSError:113", "{out}");
 }
+
+/// Found by the attack on issue 42's fixes: a file whose every tenant said
+/// `network = "none"` started without probing the network layer, and a
+/// reload that then added a tenant naming no network (or removed a
+/// tenant's `none`) was accepted and put that tenant on the host's
+/// network (`net:[...]` of the host, the gateway's loopback listeners
+/// reachable), though the layer defaults to `required`. Such a reload is
+/// refused now: the running configuration stays, and the tenant that said
+/// `none` keeps its own loopback.
+#[tokio::test]
+async fn a_reload_never_puts_a_tenant_on_the_hosts_network_when_the_layer_was_not_probed() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let scratch = common::scratch();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ra, rb) = (scratch.path().join("a"), scratch.path().join("b"));
+    std::fs::create_dir_all(&ra).unwrap();
+    std::fs::create_dir_all(&rb).unwrap();
+    let text = |a_network: &str, b: bool, dir: &Path| {
+        let b = if b {
+            format!("[tenants.b]\nroot = \"{}\"\n", rb.display())
+        } else {
+            String::new()
+        };
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{}\"\n{a_network}{b}",
+            dir.display(),
+            ra.display()
+        )
+    };
+    let gw = Gateway::start_with(|dir| text("network = \"none\"\n", false, dir));
+    let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let reloads = |outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.metric(
+                "exec_gateway_config_reloads_total",
+                &format!("outcome=\"{outcome}\""),
+            )
+            .await
+            .unwrap_or(0.0)
+        }
+    };
+    for (what, a_network, b) in [
+        (
+            "a tenant naming no network added",
+            "network = \"none\"\n",
+            true,
+        ),
+        ("a tenant's `none` removed", "", false),
+    ] {
+        let before = reloads("ok").await + reloads("refused").await;
+        // Whole or not at all (the config watcher may read it too).
+        let tmp = gw.dir.path().join("gateway.toml.new");
+        std::fs::write(&tmp, text(a_network, b, gw.dir.path())).unwrap();
+        std::fs::rename(&tmp, gw.dir.path().join("gateway.toml")).unwrap();
+        gw.signal(libc::SIGHUP);
+        let deadline = std::time::Instant::now() + common::event_timeout();
+        while reloads("ok").await + reloads("refused").await <= before {
+            assert!(std::time::Instant::now() < deadline, "{what}: no reload");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(reloads("ok").await, 0.0, "{what}: the reload was accepted");
+        // b is not a tenant; a still runs in a namespace of its own.
+        let (status, _) = gw
+            .handshake("/", Some(&format!("Bearer {}", gw.token("b"))))
+            .await;
+        assert_eq!(status, 401, "{what}");
+        let (mut a, _) = gw.session_of("a").await;
+        a.call(
+            "process/start",
+            json!({"processId": "ns", "argv": ["readlink", "/proc/self/ns/net"],
+                   "cwd": ra, "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        )
+        .await;
+        let ns = a.first_line("ns").await;
+        assert_ne!(
+            ns,
+            host_ns.to_string_lossy(),
+            "{what}: a is on the host's network"
+        );
+        assert!(ns.starts_with("net:["), "{ns}");
+    }
+}

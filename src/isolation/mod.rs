@@ -26,6 +26,12 @@ pub struct Layers {
     pub namespaces: bool,
     /// A network namespace per tenant with filtered egress.
     pub network: bool,
+    /// Whether a tenant that names no network may share the host's: only
+    /// where the operator let the layer go (`off`, or `optional` whose
+    /// probe failed). Not where the probe was skipped because no tenant
+    /// wanted it then: a tenant added later (by reload, or by removing its
+    /// `network = "none"`) gets its own network or is refused.
+    pub host_network: bool,
     /// A project quota on each tenant root.
     pub disk: bool,
 }

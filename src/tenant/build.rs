@@ -352,7 +352,7 @@ pub(super) fn preflight(
     if network == Network::Isolated {
         if !layers.network {
             return Err(ConfigError(format!(
-                "tenants.{name}.network = \"isolated\" needs the network layer, which is off or unavailable on this host (see the network probe above)"
+                "tenants.{name}.network = \"isolated\" (a tenant's default where the layer is not off) needs the network layer, which is off or unavailable on this host (see the network probe above), or was not probed at start because every tenant then said \"none\" (restart the gateway to add such a tenant)"
             )));
         }
         tools

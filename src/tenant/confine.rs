@@ -22,12 +22,15 @@ pub(super) struct Hide {
 }
 
 /// The network a tenant gets: as configured, else its own where the
-/// network layer is active.
+/// network layer is active, else the host's only where the operator let
+/// the layer go ([`Layers::host_network`]); otherwise its own, which the
+/// inactive layer then refuses (at start, reload or activation).
 pub fn effective_network(t: &TenantSettings, layers: Layers) -> Network {
     match t.network {
         Some(n) => n,
         None if layers.network => Network::Isolated,
-        None => Network::Host,
+        None if layers.host_network => Network::Host,
+        None => Network::Isolated,
     }
 }
 
@@ -57,7 +60,7 @@ pub(super) fn sandbox_spec(
         (Network::Isolated, Some(net)) => NetSpec::Joined(net),
         (Network::Isolated, None) => {
             return Err(ConfigError(format!(
-                "tenants.{name}.network = \"isolated\" needs the network layer, which is off or unavailable on this host (see the network probe above)"
+                "tenants.{name}.network = \"isolated\" (a tenant's default where the layer is not off) needs the network layer, which is off or unavailable on this host (see the network probe above), or was not probed at start because every tenant then said \"none\" (restart the gateway to add such a tenant)"
             )));
         }
     };

@@ -328,8 +328,10 @@ impl Tenants {
             }
             Err(e) => {
                 tracing::error!(tenant = name, error = %e, "tenant cannot be activated");
+                // Why names host paths and other owners' uids: the
+                // operator's log has it, not the token's holder.
                 Err(GatewayError::Internal(format!(
-                    "tenant `{name}` cannot be activated: {e}"
+                    "tenant `{name}` cannot be activated (the gateway's log says why)"
                 )))
             }
         }
