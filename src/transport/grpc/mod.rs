@@ -183,7 +183,61 @@ where
                 Err(e) => Ok(e.to_grpc().into_http()),
             }
         };
-        Box::pin(tracing::Instrument::instrument(call, span))
+        // The call's span ends with its response body, not when the
+        // handler returns: a streaming call (`Exec`, `Attach`, `ReadFile`)
+        // is served while its stream is read.
+        let held = span.clone();
+        Box::pin(async move {
+            let response = tracing::Instrument::instrument(call, span).await?;
+            Ok(if held.is_none() {
+                response
+            } else {
+                response.map(|body| tonic::body::Body::new(InSpan { body, span: held }))
+            })
+        })
+    }
+}
+
+/// A response body polled in its call's span, which it holds until the
+/// body is done or dropped (a span is exported when it closes).
+struct InSpan {
+    body: tonic::body::Body,
+    span: tracing::Span,
+}
+
+impl http_body::Body for InSpan {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let _entered = this.span.enter();
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None)) {
+            // Done: the span closes now, though hyper may keep the body.
+            drop(_entered);
+            this.span = tracing::Span::none();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for InSpan {
+    fn drop(&mut self) {
+        // A span's end time is when it was last exited: a stream the
+        // client cancelled ends now, not at its last poll.
+        let _entered = self.span.enter();
     }
 }
 
