@@ -296,8 +296,10 @@ async fn a_tenant_killing_its_worker_is_backed_off_and_others_are_served() {
             Some(e) if e["code"] == -32001 && e["data"]["retryAfterMs"].as_u64().is_some() => {
                 refused += 1
             }
-            Some(_) => {}
-            None => killed += 1,
+            // Started, or failed because the worker it killed died under
+            // the spawn's answer (a loaded machine runs the child first):
+            // either way a worker was killed.
+            _ => killed += 1,
         }
         let out = b
             .call(

@@ -149,3 +149,36 @@ pub fn client_leaf<IO>(
         .and_then(|c| c.first())
         .map(|c| Arc::new(c.clone().into_owned()))
 }
+
+/// How long a refused TLS connection is kept, read and discarded, after
+/// its alert and FIN.
+pub const REFUSED_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+/// What a refused TLS connection may still send meanwhile.
+pub const REFUSED_LINGER_BYTES: usize = 64 * 1024;
+
+/// Close a connection whose TLS handshake was refused so that its client
+/// reads the alert: in TLS 1.3 a client sends its first data right after
+/// its certificate, and closing a socket with that data unread resets the
+/// connection, which can discard the alert before the client reads it (a
+/// refused client certificate then looked like a dropped connection, and
+/// clients retried it). The write side is shut (the alert, then FIN) and
+/// what the client still sends is read and dropped, within
+/// [`REFUSED_LINGER`] and [`REFUSED_LINGER_BYTES`].
+pub async fn close_refused<IO>(mut io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = tokio::time::timeout(REFUSED_LINGER, async {
+        let _ = io.shutdown().await;
+        let mut buf = [0u8; 4096];
+        let mut left = REFUSED_LINGER_BYTES;
+        while left > 0 {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}

@@ -73,16 +73,17 @@ pub async fn serve(
                         .with_upgrades()
                         .await
                 }
-                Some(a) => match a.accept(io).await {
+                Some(a) => match a.accept(io).into_fallible().await {
                     Ok(tls) => {
                         let cert = crate::tls::server::client_leaf(&tls);
                         http.serve_connection(TokioIo::new(tls), svc(cert))
                             .with_upgrades()
                             .await
                     }
-                    Err(e) => {
+                    Err((e, io)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         super::authenticate::audit_tls_refused("websocket", peer, &e);
+                        crate::tls::server::close_refused(io).await;
                         return;
                     }
                 },

@@ -293,13 +293,14 @@ pub(crate) fn accepted(
             // deadline), so a slow one holds up no other connection.
             let (acceptor, tx) = (tls.acceptor(), tx.clone());
             crate::task::start("grpc-tls-accept", async move {
-                match acceptor.accept(io).await {
+                match acceptor.accept(io).into_fallible().await {
                     Ok(s) => {
                         let _ = tx.send(Ok(ServerIo::Tls(Box::new(s)))).await;
                     }
-                    Err(e) => {
+                    Err((e, io)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         crate::transport::authenticate::audit_tls_refused(door.name(), peer, &e);
+                        crate::tls::server::close_refused(io).await;
                     }
                 }
             });
