@@ -41,8 +41,8 @@ pub(super) struct Key {
 }
 
 /// Whether the configured key that verified a token is still configured:
-/// a reload that removes it ends the websocket connections its tokens
-/// opened, as each gRPC call then refuses the token. A JWKS URL's keys
+/// a reload that removes it ends the websocket connections and gRPC
+/// streams its tokens opened, as each gRPC call then refuses the token. A JWKS URL's keys
 /// and certificates are never removed this way.
 #[derive(Clone, Default)]
 pub struct KeyLife(tokio_util::sync::CancellationToken);

@@ -14,6 +14,7 @@ use super::convert;
 use super::pb;
 use super::services::{
     EventStream, FILE_CHUNK_BYTES, GrpcApi, StreamSlot, caller, finish, status, unexpected,
+    while_token_holds,
 };
 use crate::fs::FsError;
 use crate::outbound::Reservation;
@@ -36,6 +37,73 @@ impl GrpcApi {
     ) -> Result<Reply, Status> {
         let (session, _ephemeral) = self.file_session(caller, session_id).await?;
         self.call(caller, session, call).await
+    }
+
+    /// `WriteFile`'s messages, written where [`GrpcApi::file_session`] says.
+    async fn write_file_from(
+        &self,
+        caller: &Caller,
+        mut input: Streaming<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        let Some(first) = input.next().await.transpose()? else {
+            return Err(Status::invalid_argument(
+                "the first message must name the path",
+            ));
+        };
+        let (session, _ephemeral) = self.file_session(caller, &first.session_id).await?;
+        let _guard = session.as_ref().map(|s| s.stream_guard());
+        let open = Open::WriteFile(PathParams::plain(first.path));
+        let opened = self.open(caller, session, open).await?;
+        let mut written = 0u64;
+        let mut next = Some(first.data);
+        match opened {
+            Opened::File(file) => {
+                let file = Arc::new(file);
+                while let Some(data) = next.take() {
+                    written += data.len() as u64;
+                    let f = file.clone();
+                    tokio::task::spawn_blocking(move || crate::fs::write_whole(&f, &data))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .map_err(|e| status(e.into()))?;
+                    next = input.next().await.transpose()?.map(|m| m.data);
+                }
+            }
+            Opened::Blocks(file) => {
+                let inbound = caller.tenant().inbound.clone();
+                while let Some(data) = next.take() {
+                    // Held (an executor without block calls gets the file
+                    // whole at the end) against the tenant's inbound budget.
+                    let held = inbound.try_reserve(data.len()).ok_or_else(|| {
+                        Status::resource_exhausted(
+                            "this tenant's inbound memory budget is full (max_inbound_bytes)",
+                        )
+                    })?;
+                    let len = data.len() as u64;
+                    file.write(written, data.to_vec(), held)
+                        .await
+                        .map_err(status)?;
+                    written += len;
+                    // What is held waits for the next message at most the
+                    // inbound message timeout.
+                    let wait = self.inbound_message_timeout();
+                    next = tokio::time::timeout(wait, input.next())
+                        .await
+                        .map_err(|_| {
+                            Status::deadline_exceeded(
+                                "the next WriteFile message did not come in time (server.inbound_message_timeout)",
+                            )
+                        })?
+                        .transpose()?
+                        .map(|m| m.data);
+                }
+                file.finish().await.map_err(status)?;
+            }
+            Opened::Events(_) => return Err(unexpected()),
+        }
+        Ok(Response::new(pb::WriteFileResponse {
+            bytes_written: written,
+        }))
     }
 }
 
@@ -60,7 +128,7 @@ fn chunks(
             }
         }
     });
-    finish(data_rx, stalled, slot.permit, slot.expires_at)
+    finish(data_rx, stalled, slot)
 }
 
 /// Read `file` of the tenant's root on the blocking pool. Each chunk's
@@ -221,66 +289,8 @@ impl pb::file_service_server::FileService for GrpcApi {
         let caller = caller(&req)?;
         // An open file, here or on an executor: one of the tenant's streams.
         let _slot = self.stream_slot(&caller)?;
-        let mut input = req.into_inner();
-        let Some(first) = input.next().await.transpose()? else {
-            return Err(Status::invalid_argument(
-                "the first message must name the path",
-            ));
-        };
-        let (session, _ephemeral) = self.file_session(&caller, &first.session_id).await?;
-        let _guard = session.as_ref().map(|s| s.stream_guard());
-        let open = Open::WriteFile(PathParams::plain(first.path));
-        let opened = self.open(&caller, session, open).await?;
-        let mut written = 0u64;
-        let mut next = Some(first.data);
-        match opened {
-            Opened::File(file) => {
-                let file = Arc::new(file);
-                while let Some(data) = next.take() {
-                    written += data.len() as u64;
-                    let f = file.clone();
-                    tokio::task::spawn_blocking(move || crate::fs::write_whole(&f, &data))
-                        .await
-                        .map_err(|e| Status::internal(e.to_string()))?
-                        .map_err(|e| status(e.into()))?;
-                    next = input.next().await.transpose()?.map(|m| m.data);
-                }
-            }
-            Opened::Blocks(file) => {
-                let inbound = caller.tenant().inbound.clone();
-                while let Some(data) = next.take() {
-                    // Held (an executor without block calls gets the file
-                    // whole at the end) against the tenant's inbound budget.
-                    let held = inbound.try_reserve(data.len()).ok_or_else(|| {
-                        Status::resource_exhausted(
-                            "this tenant's inbound memory budget is full (max_inbound_bytes)",
-                        )
-                    })?;
-                    let len = data.len() as u64;
-                    file.write(written, data.to_vec(), held)
-                        .await
-                        .map_err(status)?;
-                    written += len;
-                    // What is held waits for the next message at most the
-                    // inbound message timeout.
-                    let wait = self.inbound_message_timeout();
-                    next = tokio::time::timeout(wait, input.next())
-                        .await
-                        .map_err(|_| {
-                            Status::deadline_exceeded(
-                                "the next WriteFile message did not come in time (server.inbound_message_timeout)",
-                            )
-                        })?
-                        .transpose()?
-                        .map(|m| m.data);
-                }
-                file.finish().await.map_err(status)?;
-            }
-            Opened::Events(_) => return Err(unexpected()),
-        }
-        Ok(Response::new(pb::WriteFileResponse {
-            bytes_written: written,
-        }))
+        let input = req.into_inner();
+        while_token_holds(&caller, self.write_file_from(&caller, input)).await
     }
 
     async fn create_directory(

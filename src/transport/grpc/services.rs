@@ -154,6 +154,7 @@ impl GrpcApi {
         match tenant.streams.clone().try_acquire_owned() {
             Ok(permit) => Ok(StreamSlot {
                 expires_at: caller.principal().expires_at,
+                key: caller.principal().key.clone(),
                 permit,
                 stall: self.gw.settings.slow_client_timeout,
             }),
@@ -165,6 +166,44 @@ impl GrpcApi {
             }
             .to_grpc()),
         }
+    }
+
+    /// `StreamInput`'s chunks, each a `process/write`.
+    async fn stream_input_from(
+        &self,
+        caller: &Caller,
+        mut input: Streaming<pb::StreamInputRequest>,
+    ) -> Result<Response<pb::StreamInputResponse>, Status> {
+        let Some(first) = input.next().await.transpose()? else {
+            return Ok(Response::new(pb::StreamInputResponse { bytes_written: 0 }));
+        };
+        let session = self.session(caller, &first.session_id)?;
+        let process_id = first.process_id;
+        let mut written = 0u64;
+        let mut next = Some(first.data);
+        while let Some(data) = next.take() {
+            let len = data.len() as u64;
+            // Each chunk is a process/write through the stack (scope, rate).
+            let call = Call::ProcessWrite(WriteParams {
+                process_id: process_id.clone(),
+                chunk: ByteChunk(data.to_vec()),
+                write_id: None,
+            });
+            match self.call(caller, Some(session.clone()), call).await? {
+                Reply::ProcessWrite(w) if w.status == WriteStatus::Accepted => written += len,
+                Reply::ProcessWrite(w) => {
+                    return Err(Status::failed_precondition(format!(
+                        "stdin not writable: {:?}",
+                        w.status
+                    )));
+                }
+                _ => return Err(unexpected()),
+            }
+            next = input.next().await.transpose()?.map(|m| m.data);
+        }
+        Ok(Response::new(pb::StreamInputResponse {
+            bytes_written: written,
+        }))
     }
 
     async fn session_call(
@@ -265,51 +304,88 @@ where
         }
         drop(keep);
     });
-    finish(rx, ended, slot.permit, slot.expires_at)
+    finish(rx, ended, slot)
 }
 
-/// An open server stream's place in its tenant's `max_streams`, and how
-/// long it may wait for its client.
+/// An open server stream's place in its tenant's `max_streams`, how long
+/// it may wait for its client, and how long its caller's token holds.
 pub struct StreamSlot {
     pub(super) permit: tokio::sync::OwnedSemaphorePermit,
     pub(super) stall: std::time::Duration,
     /// When the caller's token expires: the stream ends then.
     pub(super) expires_at: Option<std::time::SystemTime>,
+    /// The configured key that verified the caller's token: the stream
+    /// ends when a reload removes it.
+    pub(super) key: crate::auth::KeyLife,
+}
+
+impl StreamSlot {
+    /// Resolves when the caller's token stops holding: see [`token_ends`].
+    pub(super) fn token_ends(&self) -> impl Future<Output = &'static str> + use<> {
+        token_ends(self.expires_at, self.key.clone())
+    }
+}
+
+/// Resolves when a caller's token stops holding, with why: it expires
+/// (`expires_at`), or a reload removes the key that verified it (as each
+/// later call would then refuse it).
+async fn token_ends(
+    expires_at: Option<std::time::SystemTime>,
+    key: crate::auth::KeyLife,
+) -> &'static str {
+    let expiry = async move {
+        match expires_at {
+            Some(at) => {
+                let left = at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
+                tokio::time::sleep(left).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = expiry => "token expired; call again with a fresh token",
+        () = key.removed() => "the token's key was removed by a configuration reload; call again with a token of a configured key",
+    }
+}
+
+/// A client-streaming call's `work`, ended with UNAUTHENTICATED when the
+/// caller's token stops holding (as a server stream is, by [`finish`]).
+pub(super) async fn while_token_holds<T>(
+    caller: &Caller,
+    work: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let p = caller.principal();
+    tokio::select! {
+        r = work => r,
+        why = token_ends(p.expires_at, p.key.clone()) => Err(Status::unauthenticated(why)),
+    }
 }
 
 /// The receiving end of a server stream: it ends with DEADLINE_EXCEEDED if
 /// the producer gave up on a client that stopped reading (never a silent
 /// end that looks complete), and with UNAUTHENTICATED when the caller's
-/// token expires (`expires_at`); the slot is held until the stream is
+/// token stops holding (it expires, or a reload removes its key: see
+/// [`StreamSlot::token_ends`]); the slot is held until the stream is
 /// dropped.
 pub(super) fn finish<T: Send + 'static>(
     rx: mpsc::Receiver<Result<T, Status>>,
     stalled: Arc<std::sync::atomic::AtomicBool>,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    expires_at: Option<std::time::SystemTime>,
+    slot: StreamSlot,
 ) -> EventStream<T> {
-    let expired = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let expiry = {
-        let expired = expired.clone();
+    let ended_by = Arc::new(std::sync::OnceLock::<&'static str>::new());
+    let token_ends = {
+        let (ended_by, ends) = (ended_by.clone(), slot.token_ends());
         async move {
-            match expires_at {
-                Some(at) => {
-                    let left = at
-                        .duration_since(std::time::SystemTime::now())
-                        .unwrap_or_default();
-                    tokio::time::sleep(left).await;
-                    expired.store(true, std::sync::atomic::Ordering::Release);
-                }
-                None => std::future::pending().await,
-            }
+            let _ = ended_by.set(ends.await);
         }
     };
+    let permit = slot.permit;
     let tail = futures_util::stream::once(async move {
         let _permit = permit;
-        if expired.load(std::sync::atomic::Ordering::Acquire) {
-            return Some(Err(Status::unauthenticated(
-                "token expired; call again with a fresh token",
-            )));
+        if let Some(why) = ended_by.get() {
+            return Some(Err(Status::unauthenticated(*why)));
         }
         stalled.load(std::sync::atomic::Ordering::Acquire).then(|| {
             Err(Status::deadline_exceeded(
@@ -320,7 +396,7 @@ pub(super) fn finish<T: Send + 'static>(
     .filter_map(std::future::ready);
     Box::pin(
         ReceiverStream::new(rx)
-            .take_until(Box::pin(expiry))
+            .take_until(Box::pin(token_ends))
             .chain(tail),
     )
 }
@@ -467,37 +543,8 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         req: Request<Streaming<pb::StreamInputRequest>>,
     ) -> Result<Response<pb::StreamInputResponse>, Status> {
         let caller = caller(&req)?;
-        let mut input = req.into_inner();
-        let Some(first) = input.next().await.transpose()? else {
-            return Ok(Response::new(pb::StreamInputResponse { bytes_written: 0 }));
-        };
-        let session = self.session(&caller, &first.session_id)?;
-        let process_id = first.process_id;
-        let mut written = 0u64;
-        let mut next = Some(first.data);
-        while let Some(data) = next.take() {
-            let len = data.len() as u64;
-            // Each chunk is a process/write through the stack (scope, rate).
-            let call = Call::ProcessWrite(WriteParams {
-                process_id: process_id.clone(),
-                chunk: ByteChunk(data.to_vec()),
-                write_id: None,
-            });
-            match self.call(&caller, Some(session.clone()), call).await? {
-                Reply::ProcessWrite(w) if w.status == WriteStatus::Accepted => written += len,
-                Reply::ProcessWrite(w) => {
-                    return Err(Status::failed_precondition(format!(
-                        "stdin not writable: {:?}",
-                        w.status
-                    )));
-                }
-                _ => return Err(unexpected()),
-            }
-            next = input.next().await.transpose()?.map(|m| m.data);
-        }
-        Ok(Response::new(pb::StreamInputResponse {
-            bytes_written: written,
-        }))
+        let input = req.into_inner();
+        while_token_holds(&caller, self.stream_input_from(&caller, input)).await
     }
 
     async fn close_stdin(
