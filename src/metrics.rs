@@ -322,7 +322,7 @@ impl Metrics {
         let audit_dropped = Counter::default();
         r.register(
             "audit_events_dropped",
-            "Audit events dropped because the writer's queue was full",
+            "Audit events not written: the writer's queue was full, or their source's byte budget for the minute was spent",
             audit_dropped.clone(),
         );
         let fleet_auth_failures = Family::<ReasonLabel, Counter>::default();

@@ -411,6 +411,83 @@ async fn one_tenant_cannot_fill_the_trail() {
     assert!(dropped > 0.0, "nothing counted as left out");
 }
 
+/// A flood of forged-token handshakes from one address past the budget of
+/// events with no tenant hides neither the operator's admin access nor
+/// another address's refusal (issue 42, finding M3): each has a budget of
+/// its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_hides_neither_admin_access_nor_other_sources() {
+    const BUDGET: usize = 65536;
+    let gw = audited(&format!("tenant_bytes_per_minute = {BUDGET}\n"));
+    let trail = gw.dir.path().join("audit.jsonl");
+    let forged = format!(
+        "Bearer {}",
+        mint(b"not-the-gateway-key-0123456789abc", "t1", "exec")
+    );
+    // About 300 bytes a refusal: 1,000 of them are past twice the budget.
+    for _ in 0..1000 {
+        let (status, _) = gw.handshake("/", Some(&forged)).await;
+        assert_eq!(status, 401);
+    }
+    let (status, _) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    // A refusal from a second address.
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = sock.connect(gw.addr.parse().unwrap()).await.unwrap();
+        let req = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             Authorization: {forged}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 512];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"));
+    }
+    let from = |e: &Value, ip: &str| {
+        e["remote"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(&format!("{ip}:")))
+    };
+    // Until the second address's refusal is written (events are written
+    // in order).
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    let all = loop {
+        let all = events(&trail);
+        if all
+            .iter()
+            .any(|e| e["event"] == "auth.refused" && from(e, "127.0.0.2"))
+        {
+            break all;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "127.0.0.2 never written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let flood: Vec<&Value> = all
+        .iter()
+        .filter(|e| e["event"] == "auth.refused" && from(e, "127.0.0.1"))
+        .collect();
+    assert!(flood.len() < 1000, "none of the flood was left out");
+    assert!(flood.iter().any(|e| e["over_budget"] == true));
+    let admin = all
+        .iter()
+        .find(|e| e["event"] == "admin.access" && e["path"] == "/metrics")
+        .expect("the admin access is written");
+    assert!(admin.get("over_budget").is_none(), "{admin}");
+    let other = all
+        .iter()
+        .find(|e| e["event"] == "auth.refused" && from(e, "127.0.0.2"))
+        .unwrap();
+    assert!(other.get("over_budget").is_none(), "{other}");
+    assert!(other.get("omitted_before").is_none(), "{other}");
+}
+
 /// Rotation keeps the trail within `max_file_bytes` × (1 + `max_files`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trail_is_rotated_and_bounded_on_disk() {

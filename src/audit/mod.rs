@@ -24,6 +24,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+
+mod budget;
+use budget::{Admit, Bucket, Budgets, SUMMARY_FIELD_BYTES, SUMMARY_LIST_ITEMS};
 use serde_json::{Map, Value, json};
 
 /// Where the audit trail goes.
@@ -64,75 +67,6 @@ struct Sink {
     budgets: Budgets,
 }
 
-/// The window of a tenant's byte budget.
-const BUDGET_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-/// Longest string and most list items of an event cut to its summary.
-const SUMMARY_FIELD_BYTES: usize = 128;
-const SUMMARY_LIST_ITEMS: usize = 8;
-/// Tenants whose budgets are remembered at most (beyond, all start anew).
-const MAX_BUDGETED_TENANTS: usize = 4096;
-
-/// What one tenant (events with no tenant count as one more) may make
-/// the trail keep, per minute: its events whole up to the budget, then
-/// summarised (who, what, every field cut to 128 bytes and 8 items,
-/// `"over_budget": true`) up to twice it, then left out, counted in the
-/// dropped total and, in the next event of the tenant written, in
-/// `omitted_before`. So a tenant writes at most about twice its budget a
-/// minute, whatever it does, and cannot rotate the others' history away.
-struct Budgets {
-    per_window: u64,
-    tenants: parking_lot::Mutex<std::collections::HashMap<String, Budget>>,
-}
-
-struct Budget {
-    since: std::time::Instant,
-    used: u64,
-    omitted: u64,
-}
-
-/// How an event is written, by its tenant's budget.
-enum Admit {
-    Whole { omitted: u64 },
-    Summary { omitted: u64 },
-    Omit,
-}
-
-impl Budgets {
-    fn admit(&self, tenant: Option<&str>) -> Admit {
-        let mut all = self.tenants.lock();
-        let key = tenant.unwrap_or("");
-        if all.len() >= MAX_BUDGETED_TENANTS && !all.contains_key(key) {
-            all.clear();
-        }
-        let now = std::time::Instant::now();
-        let b = all.entry(key.to_owned()).or_insert(Budget {
-            since: now,
-            used: 0,
-            omitted: 0,
-        });
-        if now.duration_since(b.since) >= BUDGET_WINDOW {
-            b.since = now;
-            b.used = 0;
-        }
-        if b.used >= self.per_window.saturating_mul(2) {
-            b.omitted += 1;
-            return Admit::Omit;
-        }
-        let omitted = std::mem::take(&mut b.omitted);
-        if b.used >= self.per_window {
-            Admit::Summary { omitted }
-        } else {
-            Admit::Whole { omitted }
-        }
-    }
-
-    fn charge(&self, tenant: Option<&str>, bytes: usize) {
-        if let Some(b) = self.tenants.lock().get_mut(tenant.unwrap_or("")) {
-            b.used = b.used.saturating_add(bytes as u64);
-        }
-    }
-}
-
 static SINK: OnceLock<Sink> = OnceLock::new();
 
 /// Whether events are recorded (callers skip building them otherwise).
@@ -160,10 +94,7 @@ pub fn init(s: &AuditSettings, written: Counter, dropped: Counter) -> Result<(),
         queued,
         max_queued: s.queue_bytes,
         dropped,
-        budgets: Budgets {
-            per_window: s.tenant_bytes_per_minute,
-            tenants: parking_lot::Mutex::new(std::collections::HashMap::new()),
-        },
+        budgets: Budgets::new(s.tenant_bytes_per_minute),
     });
     Ok(())
 }
@@ -235,7 +166,8 @@ pub struct Who<'a> {
 /// drops it (counted).
 pub fn emit(event: &str, who: &Who<'_>, mut fields: Value) {
     let Some(sink) = SINK.get() else { return };
-    let omitted = match sink.budgets.admit(who.tenant) {
+    let bucket = Bucket::of(event, who.tenant, &fields);
+    let omitted = match sink.budgets.admit(&bucket) {
         Admit::Omit => {
             sink.dropped.inc();
             return;
@@ -256,7 +188,7 @@ pub fn emit(event: &str, who: &Who<'_>, mut fields: Value) {
     }
     let line = render(event, who, fields);
     let len = line.len();
-    sink.budgets.charge(who.tenant, len);
+    sink.budgets.charge(&bucket, len);
     if sink.queued.fetch_add(len, Ordering::Relaxed) + len > sink.max_queued {
         sink.queued.fetch_sub(len, Ordering::Relaxed);
         sink.dropped.inc();
