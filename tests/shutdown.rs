@@ -219,3 +219,70 @@ async fn a_drain_keeps_what_a_client_that_is_not_reading_is_owed() {
     assert_eq!(code, Some(1012));
     assert!(gw.wait_exit().success());
 }
+
+/// Attack on #11 (M1): the grace bounds the whole drain. A client that
+/// follows notifications but reads slowly and steadily (never stalling a
+/// write long enough for `slow_client_timeout`) while its process never
+/// ends does not hold the gateway past `shutdown_grace`: it exits at the
+/// end of the grace while the client is still reading, and the client's
+/// connection ends (what the gateway had not sent by then is cut). The
+/// attack saw frames arrive long after the grace: they were in the
+/// kernel's socket buffers, the gateway was gone.
+#[tokio::test]
+async fn the_grace_ends_a_drain_whatever_a_slow_reading_client_still_has_queued() {
+    use tokio_tungstenite::tungstenite::Message;
+    let mut gw = Gateway::start("[server]\nshutdown_grace = \"2s\"\n");
+    let (mut c, _) = gw.session().await;
+    // `yes`: far more output than the client takes at its pace, so the
+    // connection's queue and the socket's buffers are full and the writer
+    // writes at the client's pace when the grace ends.
+    c.start("p", &["yes"]).await;
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    while gw
+        .metric("exec_gateway_outbound_waiting", "tenant=\"t1\"")
+        .await
+        .unwrap_or(0.0)
+        < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "output never waited for the client"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    gw.signal(15);
+    // One frame every 100 ms until the gateway is gone (or the test's own
+    // bound, far above the 2 s grace).
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    let mut open = true;
+    let exited = loop {
+        if let Some(s) = gw.child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway is still up past its grace, serving a slow reader"
+        );
+        if open {
+            match tokio::time::timeout(common::event_timeout(), c.ws.next())
+                .await
+                .expect("a frame or the connection's end")
+            {
+                Some(Ok(Message::Close(_)) | Err(_)) | None => open = false,
+                Some(Ok(_)) => {}
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(exited.success(), "{exited:?}");
+    // The connection ends: what the gateway had not sent by then is cut.
+    while open {
+        match tokio::time::timeout(common::event_timeout(), c.ws.next())
+            .await
+            .expect("the connection ends with the gateway")
+        {
+            Some(Ok(Message::Close(_)) | Err(_)) | None => open = false,
+            Some(Ok(_)) => {}
+        }
+    }
+}
