@@ -151,6 +151,7 @@ impl Gateway {
     /// restart and is named in the returned line; nothing is applied if
     /// the new tenants or keys are refused.
     pub fn reload(self: &Arc<Self>, new: &Settings) -> Result<String, ConfigError> {
+        self.settings.check_reload_fit(new)?;
         let mut auth = authenticator(new, &self.metrics, &self.tenants.set_cell())?;
         if let (Some(r), Some(e)) = (&self.executors, &new.executors) {
             refuse_pool_moves(r, e)?;
@@ -538,17 +539,16 @@ fn restart_needed(old: &Settings, new: &Settings) -> Vec<&'static str> {
     if format!("{:?}", old.isolation) != format!("{:?}", new.isolation) {
         out.push("[isolation]");
     }
+    // As the files said: the fit may lower caps left at their defaults
+    // differently for another set of tenants, which is no change of the
+    // file's.
     if (
-        old.max_connections,
+        old.caps_as_written(),
         old.max_sessions,
-        old.max_processes,
-        old.max_active_tenants,
         old.tenant_idle_timeout,
     ) != (
-        new.max_connections,
+        new.caps_as_written(),
         new.max_sessions,
-        new.max_processes,
-        new.max_active_tenants,
         new.tenant_idle_timeout,
     ) {
         out.push("[server] caps");

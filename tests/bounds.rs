@@ -658,6 +658,139 @@ async fn a_thousand_configured_tenants_start_with_their_active_cap_lowered_to_fi
     assert!(err.contains("1000 active tenants"), "{err}");
 }
 
+/// A wrapper that runs the gateway at RLIMIT_NOFILE 20,000, its log
+/// (stderr) appended to `DIR/gw.log`.
+fn nofile_20000_logged(dir: &Path) -> std::path::PathBuf {
+    let wrapper = dir.join("nofile-20000-logged.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -n 20000\nexec {} \"$@\" 2>>{}/gw.log\n",
+            env!("CARGO_BIN_EXE_exec-gateway"),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
+/// A reload is held to the descriptor fit of the caps in force (they
+/// change only at a restart): a tenant's `max_open_files` raised past
+/// what the running caps leave is refused, the running configuration
+/// stays and serves. A reload that changes no `[server]` key does not
+/// say one needs a restart, though the start lowered the defaulted caps
+/// (and a reload with another tenant would lower them differently).
+#[tokio::test]
+async fn a_reload_that_does_not_fit_the_descriptors_is_refused_and_the_gateway_keeps_serving() {
+    let dir = scratch();
+    let wrapper = nofile_20000_logged(dir.path());
+    let log = dir.path().join("gw.log");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let text = |d: &Path, t1: &str| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [tenants.t1]\nroot = \"/\"\n{t1}[tenants.t2]\nroot = \"/\"\n",
+            d.display()
+        )
+    };
+    let gw = Gateway::start_binary(&wrapper, |d| text(d, ""));
+    assert!(read_log().contains("lowered to fit"), "{}", read_log());
+    let config = gw.dir.path().join("gateway.toml");
+    // Whole at once: the gateway also polls the file.
+    let put = |text: String| {
+        let tmp = config.with_extension("new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &config).unwrap();
+        gw.signal(libc::SIGHUP);
+    };
+    let reloads = |outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.metric(
+                "exec_gateway_config_reloads_total",
+                &format!("outcome=\"{outcome}\""),
+            )
+            .await
+            .unwrap_or(0.0)
+        }
+    };
+    let wait = |what: &'static str, outcome: &'static str, n: f64| async move {
+        let deadline = std::time::Instant::now() + common::event_timeout();
+        while reloads(outcome).await < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: {what}: {}",
+                read_log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+
+    // A third tenant, no [server] key changed: no restart is asked for.
+    std::fs::write(
+        &config,
+        format!("{}[tenants.t3]\nroot = \"/\"\n", text(gw.dir.path(), "")),
+    )
+    .unwrap();
+    gw.signal(libc::SIGHUP);
+    wait("the reload", "ok", 1.0).await;
+    let l = read_log();
+    assert!(l.contains("configuration reloaded"), "{l}");
+    assert!(!l.contains("need a restart"), "{l}");
+
+    // t1 may hold 5,000 files: its file alone fits (its defaulted caps
+    // lowered), but not beside the caps in force.
+    put(text(gw.dir.path(), "max_open_files = 5000\n"));
+    wait("the refusal", "refused", 1.0).await;
+    let l = read_log();
+    assert!(
+        l.contains("configuration reload refused") && l.contains("RLIMIT_NOFILE allows 20000"),
+        "{l}"
+    );
+    // The running configuration serves, t3 (which the refused file
+    // left out) included.
+    for t in ["t1", "t3"] {
+        let (mut c, _) = gw.session_of(t).await;
+        c.call("process/list", json!({})).await;
+    }
+}
+
+/// A tenant's `max_open_files` that cannot fit the open-file limit
+/// refuses the start (exit 64), rather than every defaulted cap being
+/// lowered to 1 around it.
+#[test]
+fn a_tenant_cap_that_cannot_fit_the_descriptors_refuses_the_start() {
+    let dir = scratch();
+    let wrapper = dir.path().join("nofile-20000.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -n 20000\nexec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.path().join("k"), [7u8; 32]).unwrap();
+    let cfg = write_file(
+        dir.path(),
+        "gw.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.t0]\nroot = \"/\"\nmax_open_files = 1000000\n\
+             [tenants.t1]\nroot = \"/\"\n",
+            dir.path().display()
+        ),
+    );
+    let out = common::serve_expecting_refusal_as(&wrapper, &cfg);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("RLIMIT_NOFILE allows 20000"), "{err}");
+}
+
 // === 4. Admin routes are not on the client port ===
 
 #[tokio::test]

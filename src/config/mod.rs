@@ -37,7 +37,7 @@ pub use executors::{
     AccessKey, ExecutorsConfig, ExecutorsSettings, MAX_EXECUTOR_ID_BYTES, PoolConfig, PoolSettings,
     Revocations, is_executor_id,
 };
-pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER};
+pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER, FdFit, ServerCaps};
 pub use fleet::{
     DEFAULT_FLEET_LISTEN, FleetConfig, FleetKey, FleetSettings, FleetTlsFiles, FleetTlsSection,
     MIN_FLEET_KEY_BYTES, PeerDirectory, is_replica_id,
@@ -142,6 +142,9 @@ pub struct Settings {
     /// Which descriptor-taking caps the file set: those are never lowered
     /// to fit the open-file limit (a start that cannot fit them is refused).
     pub caps_explicit: CapsExplicit,
+    /// The descriptor fit made at start (or at a reload's re-read):
+    /// `None` where none was made.
+    pub fd_fit: Option<FdFit>,
     pub max_processes: usize,
     /// `None`: the session revision's.
     pub exited_retention: Option<Duration>,
@@ -469,6 +472,7 @@ impl Config {
                 4096,
             )?,
             caps_explicit,
+            fd_fit: None,
             max_processes: positive("exec.max_processes", self.exec.max_processes, 4096)?,
             exited_retention: optional_duration(
                 "exec.exited_retention",
