@@ -705,17 +705,7 @@ async fn a_reload_that_does_not_fit_the_descriptors_is_refused_and_the_gateway_k
         std::fs::rename(&tmp, &config).unwrap();
         gw.signal(libc::SIGHUP);
     };
-    let reloads = |outcome: &'static str| {
-        let gw = &gw;
-        async move {
-            gw.metric(
-                "exec_gateway_config_reloads_total",
-                &format!("outcome=\"{outcome}\""),
-            )
-            .await
-            .unwrap_or(0.0)
-        }
-    };
+    let reloads = |outcome: &'static str| gw.reloads(outcome);
     let wait = |what: &'static str, outcome: &'static str, n: f64| async move {
         let deadline = std::time::Instant::now() + common::event_timeout();
         while reloads(outcome).await < n {

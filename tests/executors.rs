@@ -707,17 +707,7 @@ async fn another_tenant_never_resumes_an_executor_session() {
     )
     .unwrap();
     gw.signal(libc::SIGHUP);
-    let reloads = |outcome: &'static str| {
-        let gw = &gw;
-        async move {
-            gw.metric(
-                "exec_gateway_config_reloads_total",
-                &format!("outcome=\"{outcome}\""),
-            )
-            .await
-            .unwrap_or(0.0)
-        }
-    };
+    let reloads = |outcome: &'static str| gw.reloads(outcome);
     while reloads("ok").await + reloads("refused").await < 1.0 {
         assert!(tokio::time::Instant::now() < deadline, "no reload");
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -812,12 +812,7 @@ async fn a_reload_that_tightens_egress_reaches_live_sessions() {
     .unwrap();
     gw.signal(libc::SIGHUP);
     let deadline = std::time::Instant::now() + common::event_timeout();
-    while gw
-        .metric("exec_gateway_config_reloads_total", "outcome=\"ok\"")
-        .await
-        .unwrap_or(0.0)
-        < 1.0
-    {
+    while gw.reloads("ok").await < 1.0 {
         assert!(std::time::Instant::now() < deadline, "no reload applied");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
@@ -860,17 +855,7 @@ async fn a_reload_never_puts_a_tenant_on_the_hosts_network_when_the_layer_was_no
     };
     let gw = Gateway::start_with(|dir| text("network = \"none\"\n", false, dir));
     let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
-    let reloads = |outcome: &'static str| {
-        let gw = &gw;
-        async move {
-            gw.metric(
-                "exec_gateway_config_reloads_total",
-                &format!("outcome=\"{outcome}\""),
-            )
-            .await
-            .unwrap_or(0.0)
-        }
-    };
+    let reloads = |outcome: &'static str| gw.reloads(outcome);
     for (what, a_network, b) in [
         (
             "a tenant naming no network added",

@@ -271,17 +271,7 @@ async fn sighup_reloads_tenants_keys_and_limits_without_dropping_a_session() {
         std::fs::write(&config, text).unwrap();
         gw.signal(libc::SIGHUP);
     };
-    let reloads = |outcome: &'static str| {
-        let gw = &gw;
-        async move {
-            gw.metric(
-                "exec_gateway_config_reloads_total",
-                &format!("outcome=\"{outcome}\""),
-            )
-            .await
-            .unwrap_or(0.0)
-        }
-    };
+    let reloads = |outcome: &'static str| gw.reloads(outcome);
     let mut a1 = Client::connect(&gw.url, &gw.token("a")).await;
     a1.initialize().await;
     start(&mut a1, &ra, "long", &["sh", "-c", "read x; echo got $x"]).await;
@@ -493,13 +483,7 @@ async fn a_reload_removes_a_tenant_and_a_key_even_from_live_connections() {
     )
     .unwrap();
     gw.signal(libc::SIGHUP);
-    eventually_async("the reload", || async {
-        gw.metric("exec_gateway_config_reloads_total", "outcome=\"ok\"")
-            .await
-            .unwrap_or(0.0)
-            >= 1.0
-    })
-    .await;
+    eventually_async("the reload", || async { gw.reloads("ok").await >= 1.0 }).await;
 
     let (status, body) = gw.handshake("/", Some(&bearer("a"))).await;
     assert_eq!(status, 401, "removed tenant `a` served: {body}");

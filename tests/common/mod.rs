@@ -324,6 +324,16 @@ impl Gateway {
 
     /// GET `path` on the admin listener.
     /// The value of metric `name` with exactly `labels`, if exported.
+    /// Configuration reloads so far with this outcome (`ok`, `refused`).
+    pub async fn reloads(&self, outcome: &str) -> f64 {
+        self.metric(
+            "exec_gateway_config_reloads_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+        .await
+        .unwrap_or(0.0)
+    }
+
     pub async fn metric(&self, name: &str, labels: &str) -> Option<f64> {
         let (_, body) = self.admin_get("/metrics").await;
         metric(&body, name, labels)
