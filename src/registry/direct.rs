@@ -43,7 +43,7 @@ pub const MAX_SEEN_SIGNATURES_PER_KEY: usize = 8_192;
 /// The only transport a direct registration may ask for.
 pub const DIRECT_TRANSPORT: &str = "direct_jsonrpc_v1";
 
-/// A signature, as remembered (its 32 bytes).
+/// A signature, as remembered ([`sig_bytes`]).
 type Sig = [u8; 32];
 
 /// One access key's signatures already used, each until it could no
@@ -117,31 +117,11 @@ impl Replays {
     }
 }
 
-/// A signature's bytes (verified: 64 lower-case hex digits); anything
-/// else is hashed, still one value per spelling.
+/// A signature as remembered: the SHA-256 of its text (32 bytes, one value
+/// per spelling, whatever the signature's own length).
 fn sig_bytes(signature: &str) -> Sig {
-    let mut out = [0u8; 32];
-    let b = signature.as_bytes();
-    let hexval = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    if b.len() == 64 {
-        let mut ok = true;
-        for (i, o) in out.iter_mut().enumerate() {
-            match (hexval(b[2 * i]), hexval(b[2 * i + 1])) {
-                (Some(h), Some(l)) => *o = h << 4 | l,
-                _ => ok = false,
-            }
-        }
-        if ok {
-            return out;
-        }
-    }
     use sha2::Digest as _;
-    out.copy_from_slice(&sha2::Sha256::digest(b));
-    out
+    sha2::Sha256::digest(signature.as_bytes()).into()
 }
 
 /// A direct registration's body.
