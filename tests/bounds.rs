@@ -719,12 +719,10 @@ async fn a_reload_that_does_not_fit_the_descriptors_is_refused_and_the_gateway_k
     };
 
     // A third tenant, no [server] key changed: no restart is asked for.
-    std::fs::write(
-        &config,
-        format!("{}[tenants.t3]\nroot = \"/\"\n", text(gw.dir.path(), "")),
-    )
-    .unwrap();
-    gw.signal(libc::SIGHUP);
+    put(format!(
+        "{}[tenants.t3]\nroot = \"/\"\n",
+        text(gw.dir.path(), "")
+    ));
     wait("the reload", "ok", 1.0).await;
     let l = read_log();
     assert!(l.contains("configuration reloaded"), "{l}");

@@ -504,3 +504,26 @@ async fn a_reload_removes_a_tenant_and_a_key_even_from_live_connections() {
     assert_eq!(code, Some(1008));
     kept.call("process/list", json!({})).await;
 }
+
+/// A SIGHUP sent the moment the gateway says it is up reloads the
+/// configuration; it does not end the process (the signal's default):
+/// the handler is in place (SigCgt) before the first stdout line, not
+/// when a spawned task first runs.
+#[tokio::test]
+async fn a_sighup_right_after_the_start_reloads_rather_than_ending_the_gateway() {
+    for _ in 0..3 {
+        let mut gw = Gateway::start("");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", gw.child.id())).unwrap();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap();
+        assert_ne!(caught & (1 << (libc::SIGHUP - 1)), 0, "{status}");
+        gw.signal(libc::SIGHUP);
+        eventually_async("the reload", || async { gw.reloads("ok").await >= 1.0 }).await;
+        assert!(gw.child.try_wait().unwrap().is_none(), "the gateway ended");
+        let (mut c, _) = gw.session_of("t1").await;
+        c.call("process/list", json!({})).await;
+    }
+}

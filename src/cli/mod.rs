@@ -462,10 +462,9 @@ async fn serve(
     // What parsing and checking a large configuration left freed (10,000
     // tenants: ~20 MB) goes back to the kernel now, not at the next trim.
     release_freed_memory();
-    crate::task::start(
-        "config-reload",
-        reload::reload_on_change(gw.clone(), reread, config),
-    );
+    if let Some(reload) = reload::reload_on_change(gw.clone(), reread, config) {
+        crate::task::start("config-reload", reload);
+    }
     let grpc = match bind_optional(settings_grpc, "gRPC").await {
         Ok(l) => l,
         Err(code) => return code,

@@ -54,16 +54,30 @@ fn bounded_read(p: &std::path::Path) -> Option<(Vec<u8>, u64, Option<std::time::
 /// apply, or, if the new file is refused, one line says why and the
 /// running configuration stays (the same files are not tried again until
 /// they change).
-pub(super) async fn reload_on_change(
+///
+/// The SIGHUP handler is installed here, before the returned task first
+/// runs: the caller installs it before anything says the gateway is up,
+/// so a SIGHUP sent right after the start reloads rather than (the
+/// signal's default) ending the process.
+pub(super) fn reload_on_change(
     gw: std::sync::Arc<Gateway>,
     reread: Reread,
     config: Option<PathBuf>,
-) {
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+    let Ok(hup) = signal(SignalKind::hangup()) else {
         tracing::error!("cannot install the SIGHUP handler; configuration reload is off");
-        return;
+        return None;
     };
+    Some(reload_loop(gw, reread, config, hup))
+}
+
+async fn reload_loop(
+    gw: std::sync::Arc<Gateway>,
+    reread: Reread,
+    config: Option<PathBuf>,
+    mut hup: tokio::signal::unix::Signal,
+) {
     let reread = std::sync::Arc::new(reread);
     let watched = |s: &crate::config::Settings| -> Vec<PathBuf> {
         let mut v = s.secret_files.clone();
