@@ -1681,6 +1681,7 @@ async fn grpc_exec(
 async fn grpc_session(channel: tonic::transport::Channel, token: &str) -> BenchResult<String> {
     use exec_gateway::transport::grpc::pb;
     let mut req = tonic::Request::new(pb::CreateSessionRequest {
+        image: String::new(),
         client_name: "bench".into(),
     });
     req.metadata_mut().insert(
@@ -1812,7 +1813,10 @@ async fn stack_cost(
         "bench-drain",
         async move { while rx.recv().await.is_some() {} },
     );
-    let (session, token) = gw.sessions.initialize(&tenant, None, out).map_err(err)?;
+    let (session, token) = gw
+        .sessions
+        .initialize(&tenant, None, out, None)
+        .map_err(err)?;
     let req = exec_gateway::dispatch::RpcRequest {
         op: exec_gateway::rpc::Op::Call(exec_gateway::rpc::Call::ProcessList(
             exec_gateway::rpc::NoParams,
@@ -1824,6 +1828,7 @@ async fn stack_cost(
                 scopes: exec_gateway::auth::Scopes::ALL,
                 expires_at: None,
                 key: exec_gateway::auth::KeyLife::default(),
+                image: None,
             }),
             tenant: tenant.clone(),
             session: Some(session),

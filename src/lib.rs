@@ -27,6 +27,8 @@
 //! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
 //! - [`registry`]: the registry remote executors join: pools, links,
 //!   rendezvous tickets.
+//! - [`image`]: OCI images: pulls, the shared content-addressed store,
+//!   each tenant's view of its image as `/`.
 //! - [`spawn`]: the one spawn model (spec, child, how it ended).
 //! - [`isolation`]: cgroups, sandbox (uid, Landlock, seccomp), signals, reaper.
 //! - [`rpc`]: the method table: typed calls, replies, stream operations.
@@ -52,6 +54,7 @@ pub mod error;
 pub mod fleet;
 pub mod fs;
 pub mod gateway;
+pub mod image;
 pub mod isolation;
 pub mod metrics;
 pub mod middleware;

@@ -452,6 +452,7 @@ mod tests {
             &self,
             _: Arc<Attachment>,
             _: Arc<RevisionCell>,
+            _: Option<Arc<crate::image::View>>,
         ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
             unreachable!()
         }
@@ -495,6 +496,7 @@ mod tests {
                     scopes: Scopes::of(scopes),
                     expires_at: None,
                     key: crate::auth::KeyLife::default(),
+                    image: None,
                 }),
                 tenant: tenant.clone(),
                 session: None,

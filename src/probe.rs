@@ -117,6 +117,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 pid: true,
                 idmap: None,
                 cover: None,
+                image: None,
             }),
             ..SandboxSpec::default()
         });

@@ -142,8 +142,9 @@ impl SessionRegistry {
         subject: Option<&str>,
         resume: Option<&str>,
         outbound: Outbound,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
-        let opened = self.open_inner(tenant, resume, outbound).await;
+        let opened = self.open_inner(tenant, resume, outbound, image).await;
         if let Ok((session, _)) = &opened {
             let event = if resume.is_some() {
                 "session.resumed"
@@ -160,10 +161,14 @@ impl SessionRegistry {
         tenant: &Arc<Tenant>,
         resume: Option<&str>,
         outbound: Outbound,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let Some(remote) = tenant.remote.as_ref() else {
-            return self.initialize(tenant, resume, outbound);
+            return self.initialize(tenant, resume, outbound, image);
         };
+        if image.is_some() && resume.is_none() && tenant.settings.placement != Placement::Local {
+            return Err(images_run_locally());
+        }
         match resume {
             Some(id) => {
                 let known = self.sessions.lock().contains_key(id);
@@ -179,11 +184,11 @@ impl SessionRegistry {
                         self.open_remote(tenant, remote, outbound, Some((r.executor, r.session)))
                             .await
                     }
-                    _ => self.initialize(tenant, Some(id), outbound),
+                    _ => self.initialize(tenant, Some(id), outbound, None),
                 }
             }
             None => match tenant.settings.placement {
-                Placement::Local => self.initialize(tenant, None, outbound),
+                Placement::Local => self.initialize(tenant, None, outbound, image),
                 Placement::Remote => self.open_remote(tenant, remote, outbound, None).await,
                 Placement::PreferRemote => {
                     if remote.has_free_link() {
@@ -195,7 +200,7 @@ impl SessionRegistry {
                             other => return other,
                         }
                     }
-                    self.initialize(tenant, None, outbound)
+                    self.initialize(tenant, None, outbound, None)
                 }
             },
         }
@@ -212,7 +217,7 @@ impl SessionRegistry {
         id: &str,
     ) -> Result<Arc<Session>, GatewayError> {
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
-        let (session, token) = self.open(tenant, subject, Some(id), out).await?;
+        let (session, token) = self.open(tenant, subject, Some(id), out, None).await?;
         self.detach(&session, &token);
         Ok(session)
     }
@@ -281,6 +286,7 @@ impl SessionRegistry {
         tenant: &Arc<Tenant>,
         resume: Option<&str>,
         outbound: Outbound,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = resume {
@@ -309,7 +315,7 @@ impl SessionRegistry {
         let revision = Arc::new(RevisionCell::default());
         let backend = match tenant
             .backend
-            .open_session(attachment.clone(), revision.clone())
+            .open_session(attachment.clone(), revision.clone(), image)
         {
             Ok(b) => b,
             Err(e) => {
@@ -342,8 +348,15 @@ impl SessionRegistry {
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
         subject: Option<&str>,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<Arc<Session>, GatewayError> {
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
+        if image.is_some()
+            && tenant.places_on_executors()
+            && tenant.settings.placement != Placement::Local
+        {
+            return Err(images_run_locally());
+        }
         let (session, token) = match (tenant.remote.as_ref(), tenant.settings.placement) {
             (Some(remote), Placement::Remote) => {
                 self.open_remote(tenant, remote, out, None).await?
@@ -351,12 +364,12 @@ impl SessionRegistry {
             (Some(remote), Placement::PreferRemote) if remote.has_free_link() => {
                 match self.open_remote(tenant, remote, out.clone(), None).await {
                     Err(GatewayError::ExecutorUnavailable { .. }) => {
-                        self.initialize(tenant, None, out)?
+                        self.initialize(tenant, None, out, None)?
                     }
                     other => other?,
                 }
             }
-            _ => self.initialize(tenant, None, out)?,
+            _ => self.initialize(tenant, None, out, image)?,
         };
         audit_session("session.opened", &session, subject, "");
         self.detach(&session, &token);
@@ -517,4 +530,12 @@ fn audit_session(event: &str, session: &Session, subject: Option<&str>, reason: 
         },
         fields,
     );
+}
+
+/// A session asked for an image on a tenant whose sessions run on
+/// executors: images are this gateway's own.
+fn images_run_locally() -> GatewayError {
+    GatewayError::InvalidParams(
+        "images run on the gateway's own workers; this tenant's sessions run on executors (placement)".to_owned(),
+    )
 }

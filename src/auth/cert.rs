@@ -59,6 +59,7 @@ impl Authenticator {
             scopes,
             expires_at,
             key: super::KeyLife::default(),
+            image: None,
         })
     }
 }

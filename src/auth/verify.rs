@@ -26,6 +26,8 @@ pub struct Principal {
     /// Whether the configured key that verified the token is still
     /// configured.
     pub key: super::KeyLife,
+    /// The `image` claim: every session the token opens runs this image.
+    pub image: Option<String>,
 }
 
 /// Why a token was refused. `reason()` is a fixed label (metrics, logs).
@@ -316,6 +318,15 @@ impl Authenticator {
             scopes,
             expires_at,
             key: super::KeyLife::default(),
+            image: match claims.get(IMAGE_CLAIM) {
+                None => None,
+                Some(Value::String(i)) => Some(i.clone()),
+                Some(_) => return Err(AuthError::MissingClaim(IMAGE_CLAIM.to_owned())),
+            },
         })
     }
 }
+
+/// The claim that narrows a token's sessions to one image (a reference
+/// among those its tenant may use; docs/environments.md).
+pub const IMAGE_CLAIM: &str = "image";

@@ -37,11 +37,13 @@ pub type OpFuture = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> +
 /// A tenant's backend: opens sessions and serves session-less operations.
 pub trait Backend: Send + Sync {
     /// The runtime of a new session, whose notifications go to
-    /// `attachment` and whose client speaks `revision` (once known).
+    /// `attachment` and whose client speaks `revision` (once known); its
+    /// processes see `image` as `/` (none: the tenant's default).
     fn open_session(
         &self,
         attachment: Arc<Attachment>,
         revision: Arc<RevisionCell>,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError>;
 
     /// Run an operation that belongs to no session.

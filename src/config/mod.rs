@@ -17,6 +17,7 @@ mod exec;
 mod executors;
 mod fds;
 mod fleet;
+mod images;
 mod isolation;
 mod keys;
 mod server;
@@ -41,6 +42,9 @@ pub use fds::{CapsExplicit, FD_RESERVE, FDS_PER_PROCESS, FDS_PER_WORKER, FdFit, 
 pub use fleet::{
     DEFAULT_FLEET_LISTEN, FleetConfig, FleetKey, FleetSettings, FleetTlsFiles, FleetTlsSection,
     MIN_FLEET_KEY_BYTES, PeerDirectory, is_replica_id,
+};
+pub use images::{
+    Credential, ImagePattern, ImageSource, ImagesConfig, ImagesSettings, MAX_DOCUMENT_BYTES,
 };
 pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
@@ -103,6 +107,8 @@ pub struct Config {
     pub audit: AuditConfig,
     #[serde(default)]
     pub tracing: tracing::TracingConfig,
+    #[serde(default)]
+    pub images: ImagesConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -173,6 +179,8 @@ pub struct Settings {
     pub tracing: Option<TracingSettings>,
     /// `executors.revocations_file` as read now (re-read on reload).
     pub revocations: std::sync::Arc<Revocations>,
+    /// `[images]`: registries, credentials, the store and its bounds.
+    pub images: ImagesSettings,
 }
 
 impl Settings {
@@ -336,6 +344,29 @@ impl Config {
             AuditSink::Stdout => None,
         }));
         secret_files.extend(audit_files.iter().cloned());
+        let images = self.images.validate()?;
+        secret_files.extend(secret_paths(
+            images
+                .credentials
+                .values()
+                .map(|c| c.password_file.as_path()),
+        ));
+        for (name, t) in &tenants {
+            images::check_tenant(
+                &format!("tenants.{name}"),
+                t.image.as_ref(),
+                &t.images,
+                &images,
+            )?;
+        }
+        if let Some(t) = &template {
+            images::check_tenant(
+                "tenant_template",
+                t.example.image.as_ref(),
+                &t.example.images,
+                &images,
+            )?;
+        }
         secret_files.sort();
         secret_files.dedup();
         for (name, t) in &tenants {
@@ -499,6 +530,7 @@ impl Config {
             audit_files,
             tracing: tracing_settings,
             revocations: std::sync::Arc::new(revocations),
+            images,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;

@@ -106,6 +106,15 @@ pub struct TenantConfig {
     /// `local`, `remote` or `prefer-remote`. Default:
     /// `remote` with a pool, else `local`.
     pub placement: Option<Placement>,
+    /// The image the tenant's sessions see as `/` (a registry reference,
+    /// `oci:DIR[:TAG]` or `oci-archive:FILE[:TAG]`; docs/environments.md).
+    /// Default: none (the host's userland).
+    pub image: Option<String>,
+    /// Further images a session may choose (a token's `image` claim, the
+    /// `initialize` parameter, gRPC `CreateSession`): references, or
+    /// prefixes ending in `*`. Default: none (only `image`).
+    #[serde(default)]
+    pub images: Vec<String>,
 }
 
 /// Default `tenants.NAME.max_egress_connections`: a tenant's open
@@ -305,6 +314,10 @@ pub struct TenantSettings {
     pub pool: Option<String>,
     pub pool_labels: BTreeMap<String, String>,
     pub placement: Placement,
+    /// The default image (`None`: the host's userland).
+    pub image: Option<super::images::ImageSource>,
+    /// What sessions may choose besides it.
+    pub images: Vec<super::images::ImagePattern>,
 }
 
 /// Default size of a tenant's private `/tmp`.
@@ -546,6 +559,18 @@ pub(super) fn validate_tenant_at(
             t.pool_labels
         },
         pool: t.pool,
+        image: t
+            .image
+            .as_deref()
+            .map(super::images::ImageSource::parse)
+            .transpose()
+            .map_err(|e| ConfigError(format!("tenants.{name}.image: {e}")))?,
+        images: t
+            .images
+            .iter()
+            .map(|i| super::images::ImagePattern::parse(i))
+            .collect::<Result<_, _>>()
+            .map_err(|e| ConfigError(format!("tenants.{name}.images: {e}")))?,
     })
 }
 

@@ -55,7 +55,14 @@ enum RootKind {
     /// The whole host: paths are used as given (the reference's behaviour).
     Host,
     /// Paths must lie inside `path`; all access goes through `dir`.
-    Confined { path: PathBuf, dir: Dir },
+    /// Under an image (`image`: its `/`, as the tenant's processes see
+    /// it), a path outside the root resolves beneath the image instead,
+    /// where the mount is read-only.
+    Confined {
+        path: PathBuf,
+        dir: Dir,
+        image: Option<Dir>,
+    },
 }
 
 impl std::fmt::Debug for FsRoot {
@@ -83,6 +90,7 @@ impl FsRoot {
             kind: RootKind::Confined {
                 path: path.to_path_buf(),
                 dir,
+                image: None,
             },
             creds: None,
         })
@@ -95,9 +103,20 @@ impl FsRoot {
             kind: RootKind::Confined {
                 path: path.to_path_buf(),
                 dir: Dir::from_std_file(std::fs::File::from(tree)),
+                image: None,
             },
             creds: None,
         }
+    }
+
+    /// Paths outside the root resolve beneath `/` as this process sees it
+    /// (a worker whose `/` is the tenant's image): the file API then sees
+    /// what the tenant's processes see.
+    pub fn with_image_root(mut self) -> io::Result<FsRoot> {
+        if let RootKind::Confined { image, .. } = &mut self.kind {
+            *image = Some(Dir::open_ambient_dir("/", cap_std::ambient_authority())?);
+        }
+        Ok(self)
     }
 
     /// Run file operations as `creds` (uid, gid).
@@ -150,10 +169,20 @@ impl FsRoot {
         let norm = normalize(path);
         match &self.kind {
             RootKind::Host => Ok(Target::Host(norm)),
-            RootKind::Confined { path: root, dir } => {
-                let rel = norm
-                    .strip_prefix(root)
-                    .map_err(|_| FsError::OutsideRoot(raw.to_owned()))?;
+            RootKind::Confined {
+                path: root,
+                dir,
+                image,
+            } => {
+                let (root, dir, rel) = match (norm.strip_prefix(root), image) {
+                    (Ok(rel), _) => (root.as_path(), dir, rel),
+                    (Err(_), Some(image)) => (
+                        Path::new("/"),
+                        image,
+                        norm.strip_prefix("/").unwrap_or(&norm),
+                    ),
+                    (Err(_), None) => return Err(FsError::OutsideRoot(raw.to_owned())),
+                };
                 let rel = if rel.as_os_str().is_empty() {
                     PathBuf::from(".")
                 } else {

@@ -74,7 +74,7 @@ pub fn used_bytes(dir: &Path) -> io::Result<u64> {
     Ok((s.blocks() - s.blocks_free()) * block)
 }
 
-fn is_mount_point(dir: &Path) -> bool {
+pub fn is_mount_point(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
     match (std::fs::metadata(dir), dir.parent().map(std::fs::metadata)) {
         (Ok(d), Some(Ok(p))) => d.dev() != p.dev(),

@@ -54,6 +54,12 @@ pub struct NamespaceSpec {
     /// search, such as `/root`: an empty tmpfs is mounted on it, holding
     /// only the path down to the root, which is bound back there.
     pub cover: Option<PathBuf>,
+    /// An image's view (module `image::view`): a read-only overlay on the
+    /// host that becomes the namespace's `/` (pivot_root), with the host's
+    /// `/dev`, `/sys` (and `/proc` without a PID namespace), the private
+    /// `/tmp`, `resolv.conf` and the root bound into it. Nothing else of
+    /// the host is reachable, so nothing needs hiding.
+    pub image: Option<PathBuf>,
 }
 
 /// A tenant's network.
@@ -138,6 +144,8 @@ enum Base {
     Cover(CString),
     /// On its own path (only its idmapping changes).
     InPlace(CString),
+    /// Below `/` of an image's view, after the pivot.
+    Image,
 }
 
 /// The root's tree, re-attached in the namespace.
@@ -183,6 +191,8 @@ pub struct Namespace {
     hide_files: Vec<CString>,
     private_devpts: bool,
     pid: bool,
+    /// The image view's path, when `/` is an image.
+    image: Option<CString>,
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -243,6 +253,12 @@ impl Namespace {
             },
         };
         let placed = match placed {
+            // Under an image the root is always bound in anew, below `/`
+            // (or below the private /tmp, as above).
+            Some((Base::Tmp, c)) => Some((Base::Tmp, c)),
+            _ if spec.image.is_some() => {
+                Some((Base::Image, below(Path::new("/"))?.unwrap_or_default()))
+            }
             None if spec.idmap.is_some() => Some((Base::InPlace(cstring(&spec.root)?), Vec::new())),
             p => p,
         };
@@ -293,6 +309,7 @@ impl Namespace {
             hide_files: cstrings(&spec.hide_files)?,
             private_devpts: spec.private_devpts,
             pid: spec.pid,
+            image: spec.image.as_deref().map(cstring).transpose()?,
         })
     }
 
@@ -310,6 +327,7 @@ impl Namespace {
     pub unsafe fn enter_pid1(&self, rights: Option<NsRights>) -> io::Result<()> {
         // SAFETY: mount and a Landlock rule on NUL-terminated paths.
         unsafe {
+            self.pivot()?;
             if libc::mount(
                 c"proc".as_ptr(),
                 c"/proc".as_ptr(),
@@ -418,7 +436,58 @@ impl Namespace {
                 )
                 .into(),
             )?;
-            for m in &self.detach {
+            if let Some(view) = &self.image {
+                // The view becomes `/`: what the tenant sees of the host
+                // is what is bound into it here (the skeleton layer holds
+                // each mount point as a directory, whatever the image has).
+                check(libc::chdir(view.as_ptr()).into())?;
+                let bind = |from: &std::ffi::CStr, to: &std::ffi::CStr| {
+                    check(
+                        libc::mount(
+                            from.as_ptr(),
+                            to.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_BIND | libc::MS_REC,
+                            std::ptr::null(),
+                        )
+                        .into(),
+                    )
+                };
+                bind(c"/dev", c"dev")?;
+                bind(c"/sys", c"sys")?;
+                // Also with a PID namespace: until its init mounts its own
+                // over it, the exec of the gateway's binary goes through
+                // `/proc/self/fd`.
+                bind(c"/proc", c"proc")?;
+                let attach = |tree: libc::c_int, to: &std::ffi::CStr| {
+                    let r = check(libc::syscall(
+                        libc::SYS_move_mount,
+                        tree,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        to.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ));
+                    libc::close(tree);
+                    r
+                };
+                if let Some(tree) = resolv_tree {
+                    attach(tree, c"etc/resolv.conf")?;
+                }
+                if let Some(tree) = tmp_tree {
+                    attach(tree, c"tmp")?;
+                }
+                // The rest is mounted relative to the view (the working
+                // directory); the pivot comes last (`pivot`), in the PID
+                // namespace's init when there is one: its parent, left
+                // outside, still execs this binary from the host's root.
+            }
+            let (resolv_tree, tmp_tree) = if self.image.is_some() {
+                (None, None)
+            } else {
+                (resolv_tree, tmp_tree)
+            };
+            for m in self.detach.iter().filter(|_| self.image.is_none()) {
                 libc::umount2(m.as_ptr(), libc::MNT_DETACH);
             }
             // Hide what the tenant must not reach, in the host's view of
@@ -431,7 +500,7 @@ impl Namespace {
                     Ok(())
                 }
             };
-            for dir in &self.hide_dirs {
+            for dir in self.hide_dirs.iter().filter(|_| self.image.is_none()) {
                 hidden(libc::mount(
                     c"exec-gateway-hidden".as_ptr(),
                     dir.as_ptr(),
@@ -440,7 +509,7 @@ impl Namespace {
                     c"size=4k,nr_inodes=1,mode=000".as_ptr().cast(),
                 ))?;
             }
-            for file in &self.hide_files {
+            for file in self.hide_files.iter().filter(|_| self.image.is_none()) {
                 hidden(libc::mount(
                     c"/dev/null".as_ptr(),
                     file.as_ptr(),
@@ -493,6 +562,12 @@ impl Namespace {
                         path.as_c_str()
                     }
                     Base::InPlace(path) => path.as_c_str(),
+                    Base::Image => c".",
+                };
+                // Under an image, below the view (the working directory).
+                let base = match (&r.base, &self.image) {
+                    (Base::Tmp, Some(_)) => c"tmp",
+                    _ => base,
                 };
                 // Walk (and create) the mount point without following links.
                 let mut dir = check(
@@ -523,11 +598,17 @@ impl Namespace {
                 libc::close(dir);
                 libc::close(tree);
             }
+            // Under an image, the view's (relative: the working directory).
+            let (dev_pts, dev_ptmx, pts_ptmx) = if self.image.is_some() {
+                (c"dev/pts", c"dev/ptmx", c"dev/pts/ptmx")
+            } else {
+                (c"/dev/pts", c"/dev/ptmx", c"/dev/pts/ptmx")
+            };
             if self.private_devpts {
                 check(
                     libc::mount(
                         c"devpts".as_ptr(),
-                        c"/dev/pts".as_ptr(),
+                        dev_pts.as_ptr(),
                         c"devpts".as_ptr(),
                         libc::MS_NOSUID | libc::MS_NOEXEC,
                         c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
@@ -536,8 +617,8 @@ impl Namespace {
                 )?;
                 check(
                     libc::mount(
-                        c"/dev/pts/ptmx".as_ptr(),
-                        c"/dev/ptmx".as_ptr(),
+                        pts_ptmx.as_ptr(),
+                        dev_ptmx.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),
@@ -545,13 +626,51 @@ impl Namespace {
                     .into(),
                 )?;
                 if let Some(r) = rights {
-                    add_rule(r.ruleset, c"/dev/pts", libc::O_DIRECTORY, r.pty_dir)?;
-                    add_rule(r.ruleset, c"/dev/ptmx", 0, r.pty_file)?;
+                    add_rule(r.ruleset, dev_pts, libc::O_DIRECTORY, r.pty_dir)?;
+                    add_rule(r.ruleset, dev_ptmx, 0, r.pty_file)?;
                 }
             }
             if self.net == NetSpec::Loopback {
                 loopback_up()?;
             }
+            if !self.pid {
+                self.pivot()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Under an image: make the view (the working directory, everything
+    /// mounted in it) `/`, and let go of the host's root.
+    ///
+    /// # Safety
+    /// Call only in a single-threaded child between fork and exec.
+    unsafe fn pivot(&self) -> io::Result<()> {
+        if self.image.is_none() {
+            return Ok(());
+        }
+        let check = |r: libc::c_long| {
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r)
+            }
+        };
+        // SAFETY: raw syscalls on NUL-terminated constants.
+        unsafe {
+            // A mount namespace of its own first: pivot_root moves every
+            // process of the namespace whose root is the old one, and the
+            // PID namespace's parent (which shares it) must keep the
+            // host's root to exec this binary.
+            check(libc::unshare(libc::CLONE_NEWNS).into())?;
+            check(libc::syscall(
+                libc::SYS_pivot_root,
+                c".".as_ptr(),
+                c".".as_ptr(),
+            ))?;
+            // The host's root, stacked under the view: gone.
+            check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH).into())?;
+            check(libc::chdir(c"/".as_ptr()).into())?;
         }
         Ok(())
     }

@@ -29,6 +29,22 @@ pub struct EnvironmentInfo {
     pub temp_dir: String,
     /// Feature flags: only what the gateway really does is `true`.
     pub capabilities: BTreeMap<String, bool>,
+    /// The image the session's processes see as `/` (an extension; absent
+    /// without one, so a session without an image answers as Codex does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageInfo>,
+}
+
+/// `environmentInfo.image`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageInfo {
+    /// As configured or chosen.
+    pub reference: String,
+    /// The manifest's digest: what the session really runs.
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
 }
 
 /// Result of `environment/status`.

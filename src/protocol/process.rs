@@ -16,6 +16,11 @@ pub struct InitializeParams {
     pub client_name: String,
     #[serde(default)]
     pub resume_session_id: Option<String>,
+    /// An extension: the image a new session runs (one its tenant may
+    /// use; docs/environments.md). Codex clients send none and get the
+    /// tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Result of `initialize`. Both revisions get `environmentInfo`: the older

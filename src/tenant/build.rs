@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::confine::{Hide, root_idmap, sandbox_spec, unshared_tmp};
+use super::confine::{Hide, images_possible, root_idmap, sandbox_spec, unshared_tmp, with_image};
 use super::{Tenant, effective_network};
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
 use crate::backend::remote::RemoteBackend;
@@ -36,6 +36,10 @@ pub(super) struct BuildContext {
     pub secret_files: Vec<PathBuf>,
     pub exited_retention: Option<Duration>,
     pub slow_client_timeout: Duration,
+    /// `[images]` as at start (a change needs a restart).
+    pub images: crate::config::ImagesSettings,
+    /// The image store, opened when a tenant first needs it.
+    pub store: parking_lot::Mutex<Option<Arc<crate::image::ImageStore>>>,
 }
 
 /// Where a tenant's settings came from.
@@ -53,6 +57,7 @@ pub(super) fn build(
     mut settings: TenantSettings,
     origin: Origin<'_>,
     hide_dirs: Vec<PathBuf>,
+    image: Option<Arc<crate::image::View>>,
 ) -> Result<Tenant, ConfigError> {
     // Names its cgroup, private /tmp and network files; never a tenant
     // name (no tenant name holds `@`).
@@ -136,6 +141,7 @@ pub(super) fn build(
             net.as_ref().map(|(n, _)| n.clone()),
             hide,
             phases,
+            image,
         );
         let configured = match configuring {
             None => Ok(()),
@@ -186,10 +192,15 @@ fn build_rest(
     net: Option<Arc<TenantNet>>,
     hide: Hide,
     mut phases: Phases,
+    image: Option<Arc<crate::image::View>>,
 ) -> Result<Tenant, ConfigError> {
     let layers = ctx.layers;
     let tm = ctx.metrics.tenant(name);
-    let mut exec = ExecSettings::new(t.max_processes, t.base_env.clone());
+    let base_env = match &image {
+        Some(v) => v.env_over(&t.base_env),
+        None => t.base_env.clone(),
+    };
+    let mut exec = ExecSettings::new(t.max_processes, base_env.clone());
     exec.reaper = ctx.reaper.clone();
     exec.exited_retention = ctx.exited_retention;
     exec.global_slots = Some(ctx.global_slots.clone());
@@ -197,6 +208,11 @@ fn build_rest(
     exec.metrics = tm.clone();
     exec.subscriber_timeout = ctx.slow_client_timeout;
     phases.mark("network");
+    if image.is_some() && !images_possible(t, layers) {
+        return Err(ConfigError(format!(
+            "tenants.{name}.image needs the namespaces and workers layers (on and available on this host) and a root other than /"
+        )));
+    }
     let spec = sandbox_spec(instance, t, layers, &ctx.secret_files, &hide, idmap, net)?;
     phases.mark("tmp");
     let tmp = spec
@@ -231,7 +247,31 @@ fn build_rest(
         None
     };
     phases.mark("cgroup");
+    // Sessions that choose another image than the tenant's get workers
+    // of their own for it, confined the same way.
+    let image_pools: Option<crate::backend::local::PoolFactory> =
+        (images_possible(t, layers) && (t.image.is_some() || !t.images.is_empty())).then(|| {
+            let (name, mut t, spec, cgroup, tm) = (
+                name.to_owned(),
+                t.clone(),
+                spec.clone(),
+                cgroup.clone(),
+                tm.clone(),
+            );
+            t.workers_min = 1;
+            let start: crate::backend::local::PoolFactory = Box::new(move |view| {
+                let spec = with_image(&spec, view)?;
+                let sandbox = worker_sandbox(&name, spec, cgroup.as_deref()).map_err(|e| e.0)?;
+                start_workers(&name, &t, sandbox, cgroup.as_deref(), tm.clone()).map_err(|e| e.0)
+            });
+            start
+        });
     let runner = if layers.workers {
+        let spec = match &image {
+            Some(v) => with_image(&spec, v)
+                .map_err(|e| ConfigError(format!("tenants.{name}.image: {e}")))?,
+            None => spec,
+        };
         let sandbox = worker_sandbox(name, spec, cgroup.as_deref())?;
         phases.mark("sandbox");
         Runner::Workers(start_workers(
@@ -253,7 +293,7 @@ fn build_rest(
     exec.cgroup = cgroup.clone();
     let root = fs.path().to_path_buf();
     let env_var = |k: &str, default: &str| {
-        t.base_env
+        base_env
             .get(k)
             .cloned()
             .unwrap_or_else(|| default.to_owned())
@@ -264,8 +304,9 @@ fn build_rest(
         tmp: env_var("TMPDIR", "/tmp"),
         shell: env_var("SHELL", "/bin/sh"),
         root,
+        image: image.as_ref().map(|v| v.image.clone()),
     };
-    let backend = LocalBackend::new(
+    let mut backend = LocalBackend::new(
         Arc::new(fs),
         Arc::new(exec),
         runner,
@@ -273,6 +314,9 @@ fn build_rest(
         t.max_read_file_bytes,
         t.max_open_files,
     );
+    if let Some(start) = image_pools {
+        backend = backend.with_images(image.clone(), start, t.base_env.clone());
+    }
     let remote = match (&t.pool, &ctx.executors) {
         (Some(pool), Some(registry)) => {
             let pool = registry
@@ -300,6 +344,7 @@ fn build_rest(
     tenant.tmp = tmp;
     tenant.root_quota = root_quota;
     tenant.cgroup = cgroup;
+    tenant.image = image;
     Ok(tenant)
 }
 

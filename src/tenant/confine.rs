@@ -104,6 +104,7 @@ pub(super) fn sandbox_spec(
             pid: t.root.is_some() && layers.workers,
             idmap,
             cover,
+            image: None,
         }
     });
     let landlock_rw = layers.landlock.then(|| {
@@ -396,4 +397,24 @@ pub(super) fn private_tmp(
         clear_mount_point(&dir, root);
     }
     Ok(dir)
+}
+
+/// Whether a tenant's processes can be given an image as `/`: the view
+/// is entered by its workers' mount namespace, below a root of its own.
+pub(super) fn images_possible(t: &TenantSettings, layers: Layers) -> bool {
+    layers.namespaces && layers.workers && t.root.is_some()
+}
+
+/// `spec` with `view` as the namespace's `/`: Landlock lets the
+/// processes read and run the image's own entries (the view's inodes,
+/// which the namespace's `/` shares); everything else stays.
+pub fn with_image(spec: &SandboxSpec, view: &crate::image::View) -> Result<SandboxSpec, String> {
+    let mut spec = spec.clone();
+    let ns = spec
+        .namespace
+        .as_mut()
+        .ok_or_else(|| "an image needs the tenant's own mount namespace".to_owned())?;
+    ns.image = Some(view.path.clone());
+    spec.landlock_ro.extend(view.readable_entries());
+    Ok(spec)
 }

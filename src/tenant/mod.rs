@@ -79,6 +79,9 @@ pub struct Tenant {
     pub cgroup: Option<Arc<TenantCgroup>>,
     /// Its own network namespace, where it has one.
     pub net: Option<Arc<crate::isolation::egress::TenantNet>>,
+    /// The image its processes see as `/` (the view stays mounted while
+    /// the activation lives).
+    pub image: Option<Arc<crate::image::View>>,
     /// A reload removed it: new sessions are refused, live ones go on.
     removed: AtomicBool,
     /// A reload changed what only a new activation applies: it is retired
@@ -130,6 +133,7 @@ impl Tenant {
             root_quota: None,
             cgroup: None,
             net: None,
+            image: None,
             removed: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             settings,

@@ -186,6 +186,8 @@ impl Tenants {
                 secret_files: settings.secret_files.clone(),
                 exited_retention: settings.exited_retention,
                 slow_client_timeout: settings.slow_client_timeout,
+                images: settings.images.clone(),
+                store: parking_lot::Mutex::new(None),
             }),
             set,
             live: Mutex::new(HashMap::new()),
@@ -306,13 +308,28 @@ impl Tenants {
         let ctx = self.ctx.clone();
         let owned = name.to_owned();
         let started = Instant::now();
+        let image = match &settings.image {
+            Some(source) => Some(
+                self.image_for(name, source, settings.root.as_deref())
+                    .await?,
+            ),
+            None => None,
+        };
         let built = tokio::task::spawn_blocking(move || {
             let origin = if templated {
                 Origin::Template(set.ledger.as_ref())
             } else {
                 Origin::Configured
             };
-            build::build(&ctx, &owned, generation, settings, origin, set.hide_dirs())
+            build::build(
+                &ctx,
+                &owned,
+                generation,
+                settings,
+                origin,
+                set.hide_dirs(),
+                image,
+            )
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("tenant activation: {e}")))?;
@@ -335,6 +352,71 @@ impl Tenants {
                 )))
             }
         }
+    }
+
+    /// The image store (opened at first need).
+    pub fn image_store(&self) -> Result<Arc<crate::image::ImageStore>, crate::image::ImageError> {
+        let mut store = self.ctx.store.lock();
+        if let Some(s) = store.as_ref() {
+            return Ok(s.clone());
+        }
+        let s = crate::image::ImageStore::open(&self.ctx.images)?;
+        *store = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The view of `source` for tenant `name` rooted at `root`: pulled
+    /// if the store lacks it. What went wrong is logged in full; the
+    /// caller is told the reference and the kind of failure (a layout's
+    /// host path only for registry images, which name none).
+    pub async fn image_for(
+        &self,
+        name: &str,
+        source: &crate::config::ImageSource,
+        root: Option<&std::path::Path>,
+    ) -> Result<Arc<crate::image::View>, GatewayError> {
+        let fail = |e: crate::image::ImageError| {
+            tracing::error!(tenant = name, image = %source, error = %e, "image unavailable");
+            match source {
+                crate::config::ImageSource::Registry { .. } => GatewayError::from(e),
+                _ => GatewayError::Internal(format!(
+                    "image `{source}` could not be had (the gateway's log says why)"
+                )),
+            }
+        };
+        let store = self.image_store().map_err(fail)?;
+        let image = store.resolve(source).await.map_err(fail)?;
+        let root = root.map(std::path::Path::to_path_buf);
+        tokio::task::spawn_blocking(move || store.view(&image, root.as_deref()))
+            .await
+            .map_err(|e| GatewayError::Internal(format!("image view: {e}")))?
+            .map_err(fail)
+    }
+
+    /// The view a new session of `tenant` asked for (`initialize`'s
+    /// `image`, a token's `image` claim, gRPC `CreateSession`): only an
+    /// image the tenant may use (its own, or one its `images` allow).
+    pub async fn session_image(
+        &self,
+        tenant: &Tenant,
+        wanted: &str,
+    ) -> Result<Arc<crate::image::View>, GatewayError> {
+        let source = crate::config::ImageSource::parse(wanted)
+            .map_err(|e| GatewayError::InvalidParams(format!("image: {e}")))?;
+        let t = &tenant.settings;
+        if t.image.as_ref() == Some(&source)
+            && let Some(v) = &tenant.image
+        {
+            return Ok(v.clone());
+        }
+        if !t.images.iter().any(|p| p.allows(&source)) && t.image.as_ref() != Some(&source) {
+            return Err(GatewayError::Forbidden(format!(
+                "image `{source}` is not among the images tenant `{}` may use",
+                tenant.name
+            )));
+        }
+        self.image_for(&tenant.name, &source, t.root.as_deref())
+            .await
     }
 
     /// Tenants nothing has held for the idle timeout (or at all, once a

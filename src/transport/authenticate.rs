@@ -68,6 +68,7 @@ pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
             scopes: crate::auth::Scopes::ALL,
             expires_at: None,
             key: crate::auth::KeyLife::default(),
+            image: None,
         }),
         tenant,
     })

@@ -27,6 +27,14 @@ pub struct WorkerArgs {
     /// The tenant root file operations are confined to (none: the host).
     #[arg(long)]
     root: Option<PathBuf>,
+    /// Its `/` is the tenant's image: file paths outside the root resolve
+    /// there (read-only).
+    #[arg(long)]
+    image: bool,
+    /// Descriptors inherited only to start it (the host's loader's
+    /// libraries, the binary): closed first thing.
+    #[arg(long = "close-fd")]
+    close_fd: Vec<i32>,
 }
 
 /// The link, shared by the request loop, the reap thread and file threads.
@@ -57,6 +65,14 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
         }
         OwnedFd::from_raw_fd(WORKER_FD)
     };
+    for fd in args.close_fd.iter().filter(|fd| **fd > WORKER_FD) {
+        // SAFETY: descriptors passed only to start this worker (the host's
+        // loader read them); nothing here owns them.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::close(*fd);
+        }
+    }
     // The tenant's processes share the worker's uid and Landlock domain:
     // not dumpable, they cannot read its memory or /proc files. (Its
     // children are dumpable again after exec.)
@@ -98,7 +114,13 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let root = match &args.root {
-        Some(r) => match FsRoot::confined(r) {
+        Some(r) => match FsRoot::confined(r).and_then(|root| {
+            if args.image {
+                root.with_image_root()
+            } else {
+                Ok(root)
+            }
+        }) {
             Ok(root) => root,
             Err(e) => {
                 eprintln!(

@@ -811,6 +811,7 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
 
 /// gRPC helpers shared by the gRPC and fleet tests.
 pub mod direct;
+pub mod oci;
 pub mod pki;
 
 /// `exec-gateway serve` on `config` (ws on an ephemeral port, no admin

@@ -68,6 +68,14 @@ pub(super) fn describe(shared: &Shared, policy: &Policy) -> EnvironmentInfo {
         temporary_directories: Vec::new(),
         temp_dir: uri(&env.tmp),
         capabilities,
+        image: env
+            .image
+            .as_ref()
+            .map(|i| crate::protocol::environment::ImageInfo {
+                reference: i.source.clone(),
+                digest: i.digest.clone(),
+                working_dir: i.working_dir.clone(),
+            }),
     }
 }
 

@@ -55,15 +55,38 @@ pub struct EnvironmentSpec {
     pub home: String,
     pub tmp: String,
     pub shell: String,
+    /// The image its processes see as `/`.
+    pub image: Option<std::sync::Arc<crate::image::Image>>,
 }
 
 /// A tenant on this gateway's own machinery.
 pub struct LocalBackend {
     shared: Arc<Shared>,
+    /// Sessions that chose another image than the tenant's run on a pool
+    /// of their own per image, made by `images` when first needed.
+    images: Option<ImagePools>,
+}
+
+/// Starts a pool of the tenant's workers whose `/` is a view.
+pub type PoolFactory =
+    Box<dyn Fn(&Arc<crate::image::View>) -> Result<Arc<WorkerPool>, String> + Send + Sync>;
+
+/// Most images a tenant's sessions run at once besides its default (each
+/// a pool of workers of its own).
+pub const MAX_SESSION_IMAGES: usize = 4;
+
+struct ImagePools {
+    start: PoolFactory,
+    /// The tenant's own base environment (images lay theirs over it).
+    base_env: std::collections::HashMap<String, String>,
+    /// By view path: the runner of sessions on that view.
+    running: Mutex<Vec<(PathBuf, Arc<Shared>)>>,
 }
 
 /// What the tenant's sessions share.
 struct Shared {
+    /// The image its processes see (kept mounted while it runs).
+    view: Option<Arc<crate::image::View>>,
     root: Arc<FsRoot>,
     exec: Arc<ExecSettings>,
     runner: Runner,
@@ -84,7 +107,9 @@ impl LocalBackend {
         max_open_files: usize,
     ) -> LocalBackend {
         LocalBackend {
+            images: None,
             shared: Arc::new(Shared {
+                view: None,
                 root,
                 exec,
                 runner,
@@ -96,13 +121,96 @@ impl LocalBackend {
     }
 }
 
+impl LocalBackend {
+    /// Sessions run `view` (the tenant's image); `start` makes the pools
+    /// of sessions that choose another.
+    pub fn with_images(
+        mut self,
+        view: Option<Arc<crate::image::View>>,
+        start: PoolFactory,
+        base_env: std::collections::HashMap<String, String>,
+    ) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.view = view;
+        }
+        self.images = Some(ImagePools {
+            start,
+            base_env,
+            running: Mutex::new(Vec::new()),
+        });
+        self
+    }
+
+    /// What sessions on `view` run on: the tenant's default, or that
+    /// image's pool (started now if it is not running).
+    fn shared_for(
+        &self,
+        view: Option<Arc<crate::image::View>>,
+    ) -> Result<Arc<Shared>, GatewayError> {
+        let Some(view) = view else {
+            return Ok(self.shared.clone());
+        };
+        if self
+            .shared
+            .view
+            .as_ref()
+            .is_some_and(|v| v.path == view.path)
+        {
+            return Ok(self.shared.clone());
+        }
+        let Some(pools) = &self.images else {
+            return Err(GatewayError::InvalidParams(
+                "this tenant's sessions cannot choose an image".to_owned(),
+            ));
+        };
+        let mut running = pools.running.lock();
+        if let Some((_, s)) = running.iter().find(|(p, _)| *p == view.path) {
+            return Ok(s.clone());
+        }
+        if running.len() >= MAX_SESSION_IMAGES {
+            return Err(GatewayError::QuotaExceeded {
+                quota: "images in use by the tenant's sessions at once",
+                limit: MAX_SESSION_IMAGES as u64,
+                retry_after_ms: None,
+            });
+        }
+        let pool = (pools.start)(&view).map_err(|e| {
+            tracing::error!(tenant = %self.shared.env.tenant, image = %view.image.digest, error = %e, "image workers");
+            GatewayError::Internal("the image's workers could not start (the gateway's log says why)".to_owned())
+        })?;
+        let base = &self.shared;
+        let mut exec = (*base.exec).clone();
+        exec.base_env = view.env_over(&pools.base_env);
+        let mut env = base.env.clone();
+        env.shell = exec
+            .base_env
+            .get("SHELL")
+            .cloned()
+            .unwrap_or_else(|| "/bin/sh".to_owned());
+        env.image = Some(view.image.clone());
+        let shared = Arc::new(Shared {
+            view: Some(view.clone()),
+            root: base.root.clone(),
+            exec: Arc::new(exec),
+            runner: Runner::Workers(pool),
+            env,
+            max_read_file_bytes: base.max_read_file_bytes,
+            open_files: base.open_files.clone(),
+        });
+        running.push((view.path.clone(), shared.clone()));
+        Ok(shared)
+    }
+}
+
 impl Backend for LocalBackend {
     fn open_session(
         &self,
         attachment: Arc<Attachment>,
         revision: Arc<RevisionCell>,
+        image: Option<Arc<crate::image::View>>,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
-        let spawner: Box<dyn Spawner> = match &self.shared.runner {
+        let shared = self.shared_for(image)?;
+        let spawner: Box<dyn Spawner> = match &shared.runner {
             Runner::Workers(pool) => Box::new(pool.session()),
             Runner::Here(sandbox) => Box::new(LocalSpawner {
                 sandbox: sandbox.clone(),
@@ -111,11 +219,11 @@ impl Backend for LocalBackend {
         Ok(Arc::new(LocalSession {
             table: ProcessTable::new(
                 attachment.clone(),
-                self.shared.exec.clone(),
+                shared.exec.clone(),
                 spawner,
                 revision.clone(),
             ),
-            shared: self.shared.clone(),
+            shared,
             revision,
             attachment,
             handles: Mutex::new(HashMap::new()),
@@ -145,6 +253,13 @@ impl Backend for LocalBackend {
     fn retire(&self) {
         if let Runner::Workers(pool) = &self.shared.runner {
             pool.kill_all();
+        }
+        if let Some(pools) = &self.images {
+            for (_, s) in pools.running.lock().drain(..) {
+                if let Runner::Workers(pool) = &s.runner {
+                    pool.kill_all();
+                }
+            }
         }
     }
 }

@@ -228,6 +228,7 @@ fn placeholder_environment(executor: &str) -> EnvironmentInfo {
         temporary_directories: Vec::new(),
         temp_dir: "/tmp".to_owned(),
         capabilities: BTreeMap::new(),
+        image: None,
     }
 }
 

@@ -136,6 +136,7 @@ impl GrpcClient {
                     .retrying(|| {
                         let mut c = client.sessions();
                         let req = pb::CreateSessionRequest {
+                            image: String::new(),
                             client_name: client.opts.client_name.clone(),
                         };
                         async move { c.create_session(req).await }

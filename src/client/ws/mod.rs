@@ -269,6 +269,7 @@ async fn handshake(
     let params = InitializeParams {
         client_name: opts.client_name.clone(),
         resume_session_id: resume.map(str::to_owned),
+        image: None,
     };
     let id = next_id.fetch_add(1, Ordering::Relaxed);
     let r = link.call(id, methods::INITIALIZE, &params).await?;

@@ -450,6 +450,10 @@ async fn initialize(
     let caller = caller
         .as_ref()
         .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
+    let image = match params.resume_session_id {
+        None => session_image(gw, caller, params.image.as_deref()).await?,
+        Some(_) => None,
+    };
     // A failed initialize leaves the connection uninitialised: retry allowed.
     let (session, token) = gw
         .sessions
@@ -458,6 +462,7 @@ async fn initialize(
             caller.principal().subject.as_deref(),
             params.resume_session_id.as_deref(),
             out.clone(),
+            image,
         )
         .await?;
     let reply = Reply::Initialize(InitializeResponse {
@@ -472,6 +477,28 @@ async fn initialize(
             token,
         },
     ))
+}
+
+/// The image a new session asked for (`asked`) within what the caller's
+/// token allows (its `image` claim names the only one it may run).
+pub async fn session_image(
+    gw: &Gateway,
+    caller: &Caller,
+    asked: Option<&str>,
+) -> Result<Option<Arc<crate::image::View>>, GatewayError> {
+    let claimed = caller.principal().image.as_deref();
+    let wanted = match (asked, claimed) {
+        (Some(a), Some(c)) if a != c => {
+            return Err(GatewayError::Forbidden(
+                "the token's image claim names another image".to_owned(),
+            ));
+        }
+        (a, c) => a.or(c),
+    };
+    match wanted {
+        None => Ok(None),
+        Some(w) => gw.tenants.session_image(caller.tenant(), w).await.map(Some),
+    }
 }
 
 /// The close code when the gateway stops: "service restart" (RFC 6455

@@ -83,7 +83,7 @@ impl GrpcApi {
         if !caller.tenant().places_on_executors() {
             return Ok((None, None));
         }
-        let session = self.new_session(caller).await?;
+        let session = self.new_session(caller, None).await?;
         Ok((Some(session.clone()), Some(self.ephemeral(session))))
     }
 
@@ -98,14 +98,26 @@ impl GrpcApi {
         self.gw.settings.inbound_message_timeout
     }
 
-    /// A new session with no connection; refused while draining.
-    async fn new_session(&self, caller: &Caller) -> Result<Arc<Session>, Status> {
+    /// A new session with no connection (running `image`, if asked and
+    /// allowed); refused while draining.
+    async fn new_session(
+        &self,
+        caller: &Caller,
+        image: Option<&str>,
+    ) -> Result<Arc<Session>, Status> {
         if self.gw.is_draining() {
             return Err(status(crate::error::GatewayError::Draining));
         }
+        let image = crate::transport::connection::session_image(&self.gw, caller, image)
+            .await
+            .map_err(status)?;
         self.gw
             .sessions
-            .create_detached(caller.tenant(), caller.principal().subject.as_deref())
+            .create_detached(
+                caller.tenant(),
+                caller.principal().subject.as_deref(),
+                image,
+            )
             .await
             .map_err(status)
     }
@@ -408,7 +420,8 @@ impl pb::session_service_server::SessionService for GrpcApi {
         req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
         let caller = caller(&req)?;
-        let session = self.new_session(&caller).await?;
+        let image = Some(req.get_ref().image.as_str()).filter(|i| !i.is_empty());
+        let session = self.new_session(&caller, image).await?;
         Ok(Response::new(pb::CreateSessionResponse {
             session_id: session.id.clone(),
         }))
@@ -638,7 +651,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         // No session given: one just for this call, removed when it ends
         // (or as soon as the call fails or its client goes away).
         let (session, ephemeral) = if r.session_id.is_empty() {
-            let session = self.new_session(&caller).await?;
+            let session = self.new_session(&caller, None).await?;
             (session.clone(), Some(self.ephemeral(session)))
         } else {
             (self.session(&caller, &r.session_id)?, None)

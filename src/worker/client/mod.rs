@@ -602,17 +602,45 @@ impl WorkerPool {
     fn launch_one(&self) -> io::Result<Arc<WorkerConn>> {
         use std::os::unix::process::CommandExt as _;
         let (ours, theirs) = link::pair()?;
-        let mut cmd = match own_executable() {
-            Some(fd) => {
-                let mut c = std::process::Command::new(format!("/proc/self/fd/{fd}"));
-                c.arg0(&self.launch.exe);
-                c
-            }
-            None => std::process::Command::new(&self.launch.exe),
-        };
+        let image = self
+            .launch
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| s.spec.namespace.as_ref().is_some_and(|n| n.image.is_some()));
+        // Descriptors the worker inherits (and closes once it runs).
+        let mut inherit: Vec<RawFd> = Vec::new();
+        let mut cmd = crate::isolation::loader::worker_command(
+            own_executable(),
+            &self.launch.exe,
+            image,
+            &mut inherit,
+        )?;
         cmd.arg("worker").arg("--tenant").arg(&self.launch.tenant);
         if let Some(root) = &self.launch.root {
             cmd.arg("--root").arg(root);
+        }
+        if image {
+            cmd.arg("--image");
+            for fd in &inherit {
+                cmd.arg("--close-fd").arg(fd.to_string());
+            }
+        }
+        if inherit.contains(&WORKER_FD) {
+            return Err(io::Error::other(
+                "a descriptor the worker inherits is its link's",
+            ));
+        }
+        // SAFETY: fcntl on descriptors that exist in the child.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &inherit {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
         }
         cmd.env_clear()
             .current_dir("/")

@@ -1,0 +1,388 @@
+//! Where an image's documents and blobs come from: a registry (the
+//! distribution protocol through `oci-client`: its authentication flow,
+//! bearer tokens and blob streams) or an OCI image layout on the host (a
+//! directory, or an `oci-archive` unpacked into one). Every document is
+//! read to at most [`MAX_DOCUMENT_BYTES`] and every blob to the size its
+//! descriptor declares; every byte is checked against its digest.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use sha2::Digest as _;
+use tokio::io::AsyncWriteExt as _;
+
+use super::ImageError;
+use crate::config::{ImagesSettings, MAX_DOCUMENT_BYTES};
+
+/// Media types a manifest request accepts.
+pub const MANIFEST_TYPES: &[&str] = &[
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+
+/// Time to connect to a registry, and between two reads of an answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A source of one image's content.
+pub enum Fetcher {
+    Registry(Box<Registry>),
+    Layout(PathBuf),
+}
+
+/// One registry reference and the clients that speak to its registry.
+pub struct Registry {
+    reference: oci_client::Reference,
+    oci: oci_client::Client,
+    auth: oci_client::secrets::RegistryAuth,
+    /// Manifests are fetched here (bounded reads); blobs through `oci`.
+    http: reqwest::Client,
+    scheme: &'static str,
+}
+
+/// `sha256:<64 hex>`, the only digests accepted.
+pub fn check_digest(d: &str) -> Result<&str, ImageError> {
+    match d.strip_prefix("sha256:") {
+        Some(h)
+            if h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) =>
+        {
+            Ok(h)
+        }
+        _ => Err(ImageError::Refused(format!(
+            "digest `{}` is not sha256:<64 lowercase hex>",
+            crate::audit::clip(d)
+        ))),
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+pub fn hex(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
+}
+
+impl Registry {
+    pub fn new(reference: &str, settings: &ImagesSettings) -> Result<Registry, ImageError> {
+        // oci-client's TLS uses the process's provider: the gateway's own
+        // (ring), installed once (a second install is refused, harmlessly).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let reference = oci_client::Reference::try_from(reference)
+            .map_err(|e| ImageError::Refused(format!("{reference}: {e}")))?;
+        let registry = reference.registry().to_owned();
+        let insecure = settings.insecure_registries.contains(&registry);
+        let ca = match &settings.ca_file {
+            Some(p) => Some(std::fs::read(p).map_err(|e| {
+                ImageError::Unavailable(format!("images.ca_file {}: {e}", p.display()))
+            })?),
+            None => None,
+        };
+        let oci = oci_client::Client::new(oci_client::client::ClientConfig {
+            protocol: oci_client::client::ClientProtocol::HttpsExcept(
+                settings.insecure_registries.clone(),
+            ),
+            extra_root_certificates: ca
+                .iter()
+                .map(|pem| oci_client::client::Certificate {
+                    encoding: oci_client::client::CertificateEncoding::Pem,
+                    data: pem.clone(),
+                })
+                .collect(),
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
+            max_concurrent_download: 1,
+            ..Default::default()
+        });
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .user_agent("exec-gateway");
+        if let Some(pem) = &ca {
+            for cert in reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| ImageError::Unavailable(format!("images.ca_file: {e}")))?
+            {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http
+            .build()
+            .map_err(|e| ImageError::Unavailable(format!("registry client: {e}")))?;
+        let auth = match settings.credentials.get(&registry) {
+            Some(c) => {
+                let password = std::fs::read_to_string(&c.password_file).map_err(|e| {
+                    ImageError::Unavailable(format!(
+                        "images.credentials.\"{registry}\".password_file: {e}"
+                    ))
+                })?;
+                oci_client::secrets::RegistryAuth::Basic(
+                    c.username.clone(),
+                    password.trim_end_matches(['\r', '\n']).to_owned(),
+                )
+            }
+            None => oci_client::secrets::RegistryAuth::Anonymous,
+        };
+        Ok(Registry {
+            reference,
+            oci,
+            auth,
+            http,
+            scheme: if insecure { "http" } else { "https" },
+        })
+    }
+}
+
+fn registry_error(what: &str, e: impl std::fmt::Display) -> ImageError {
+    ImageError::Unavailable(format!("{what}: {}", crate::audit::clip(&e.to_string())))
+}
+
+/// Read a response body to at most `limit` bytes.
+async fn bounded_body(
+    mut res: reqwest::Response,
+    limit: u64,
+    what: &str,
+) -> Result<Vec<u8>, ImageError> {
+    if res.content_length().is_some_and(|n| n > limit) {
+        return Err(ImageError::Refused(format!(
+            "{what}: larger than {limit} bytes"
+        )));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = res.chunk().await.map_err(|e| registry_error(what, e))? {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(ImageError::Refused(format!(
+                "{what}: larger than {limit} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Read a file of a layout to at most `limit` bytes.
+fn bounded_file(path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path)
+        .map_err(|e| ImageError::Unavailable(format!("{}: {e}", path.display())))?;
+    let mut buf = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| ImageError::Unavailable(format!("{}: {e}", path.display())))?;
+    if buf.len() as u64 > limit {
+        return Err(ImageError::Refused(format!(
+            "{}: larger than {limit} bytes",
+            path.display()
+        )));
+    }
+    Ok(buf)
+}
+
+impl Fetcher {
+    /// The manifest (or index) the source names, or the one `digest`
+    /// names: its bytes, checked against the digest when one is known.
+    pub async fn manifest(
+        &self,
+        digest: Option<&str>,
+        tag: Option<&str>,
+    ) -> Result<Vec<u8>, ImageError> {
+        match self {
+            Fetcher::Registry(r) => {
+                let pinned = digest
+                    .map(str::to_owned)
+                    .or_else(|| r.reference.digest().map(str::to_owned));
+                let target = match &pinned {
+                    Some(d) => d.clone(),
+                    None => r.reference.tag().unwrap_or("latest").to_owned(),
+                };
+                let token = r
+                    .oci
+                    .auth(&r.reference, &r.auth, oci_client::RegistryOperation::Pull)
+                    .await
+                    .map_err(|e| registry_error("registry authentication", e))?;
+                let url = format!(
+                    "{}://{}/v2/{}/manifests/{}",
+                    r.scheme,
+                    r.reference.resolve_registry(),
+                    r.reference.repository(),
+                    target
+                );
+                let mut req = r
+                    .http
+                    .get(&url)
+                    .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "));
+                req = match (&token, &r.auth) {
+                    (Some(t), _) => req.bearer_auth(t),
+                    (None, oci_client::secrets::RegistryAuth::Basic(u, p)) => {
+                        req.basic_auth(u, Some(p))
+                    }
+                    _ => req,
+                };
+                let res = req
+                    .send()
+                    .await
+                    .map_err(|e| registry_error("manifest", e))?;
+                if !res.status().is_success() {
+                    return Err(ImageError::Unavailable(format!(
+                        "manifest {target}: the registry answered {}",
+                        res.status()
+                    )));
+                }
+                let body = bounded_body(res, MAX_DOCUMENT_BYTES, "manifest").await?;
+                if let Some(d) = &pinned {
+                    verify(&body, d, "manifest")?;
+                }
+                Ok(body)
+            }
+            Fetcher::Layout(dir) => {
+                let digest = match digest {
+                    Some(d) => d.to_owned(),
+                    None => layout_entry(dir, tag)?,
+                };
+                let body = self.document(&digest).await?;
+                Ok(body)
+            }
+        }
+    }
+
+    /// A small blob (a config, a manifest of a layout), whole.
+    pub async fn document(&self, digest: &str) -> Result<Vec<u8>, ImageError> {
+        let hexd = check_digest(digest)?;
+        let body = match self {
+            Fetcher::Layout(dir) => {
+                let p = dir.join("blobs/sha256").join(hexd);
+                tokio::task::spawn_blocking(move || bounded_file(&p, MAX_DOCUMENT_BYTES))
+                    .await
+                    .map_err(|e| ImageError::Unavailable(e.to_string()))??
+            }
+            Fetcher::Registry(_) => {
+                // Checked against its digest as it streams.
+                let mut body = Vec::new();
+                self.blob_to(digest, MAX_DOCUMENT_BYTES, &mut body).await?;
+                return Ok(body);
+            }
+        };
+        verify(&body, digest, "document")?;
+        Ok(body)
+    }
+
+    /// Write blob `digest` (at most `size` bytes, exactly `size` when the
+    /// descriptor said so) to `out`, checking its digest.
+    pub async fn blob_to(
+        &self,
+        digest: &str,
+        size: u64,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<u64, ImageError> {
+        let hexd = check_digest(digest)?.to_owned();
+        let mut hash = sha2::Sha256::new();
+        let mut n = 0u64;
+        let too_large = || ImageError::Refused(format!("blob {digest}: larger than {size} bytes"));
+        let io = |e: std::io::Error| ImageError::Unavailable(format!("blob {digest}: {e}"));
+        match self {
+            Fetcher::Registry(r) => {
+                let descriptor = oci_client::manifest::OciDescriptor {
+                    digest: digest.to_owned(),
+                    size: i64::try_from(size).unwrap_or(i64::MAX),
+                    ..Default::default()
+                };
+                let mut s = r
+                    .oci
+                    .pull_blob_stream(&r.reference, &descriptor)
+                    .await
+                    .map_err(|e| registry_error(&format!("blob {digest}"), e))?;
+                if s.content_length.is_some_and(|l| l > size) {
+                    return Err(too_large());
+                }
+                while let Some(chunk) = s.stream.next().await {
+                    let chunk = chunk.map_err(io)?;
+                    n += chunk.len() as u64;
+                    if n > size {
+                        return Err(too_large());
+                    }
+                    hash.update(&chunk);
+                    out.write_all(&chunk).await.map_err(io)?;
+                }
+            }
+            Fetcher::Layout(dir) => {
+                use tokio::io::AsyncReadExt as _;
+                let mut f = tokio::fs::File::open(dir.join("blobs/sha256").join(&hexd))
+                    .await
+                    .map_err(io)?;
+                let mut buf = vec![0u8; 256 << 10];
+                loop {
+                    let k = f.read(&mut buf).await.map_err(io)?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                    if n > size {
+                        return Err(too_large());
+                    }
+                    hash.update(&buf[..k]);
+                    out.write_all(&buf[..k]).await.map_err(io)?;
+                }
+            }
+        }
+        out.flush().await.map_err(io)?;
+        if hex(&hash.finalize()) != hexd {
+            return Err(ImageError::Refused(format!(
+                "blob {digest}: its content does not match its digest"
+            )));
+        }
+        Ok(n)
+    }
+}
+
+fn verify(body: &[u8], digest: &str, what: &str) -> Result<(), ImageError> {
+    let want = check_digest(digest)?;
+    if sha256_hex(body) != want {
+        return Err(ImageError::Refused(format!(
+            "{what} {digest}: its content does not match its digest"
+        )));
+    }
+    Ok(())
+}
+
+/// The manifest digest a layout's `index.json` names for `tag` (its only
+/// manifest when no tag is given).
+fn layout_entry(dir: &Path, tag: Option<&str>) -> Result<String, ImageError> {
+    let index = bounded_file(&dir.join("index.json"), MAX_DOCUMENT_BYTES)?;
+    let index: oci_spec::image::ImageIndex = serde_json::from_slice(&index)
+        .map_err(|e| ImageError::Refused(format!("{}/index.json: {e}", dir.display())))?;
+    let name = |d: &oci_spec::image::Descriptor| {
+        d.annotations()
+            .as_ref()
+            .and_then(|a| a.get("org.opencontainers.image.ref.name").cloned())
+    };
+    let chosen: Vec<&oci_spec::image::Descriptor> = match tag {
+        Some(t) => index
+            .manifests()
+            .iter()
+            .filter(|d| name(d).as_deref() == Some(t))
+            .collect(),
+        None => index.manifests().iter().collect(),
+    };
+    match chosen.as_slice() {
+        [one] => Ok(one.digest().to_string()),
+        [] => Err(ImageError::Refused(format!(
+            "{}: no manifest tagged {}",
+            dir.display(),
+            tag.unwrap_or("(any)")
+        ))),
+        _ => Err(ImageError::Refused(format!(
+            "{}: several manifests; name a tag",
+            dir.display()
+        ))),
+    }
+}

@@ -1,0 +1,783 @@
+//! The image store on the host (`[images] store`):
+//!
+//! ```text
+//! layers/<key>/        one layer unpacked (key: 32 hex of its diff_id)
+//! layers/<key>.json    its diff_id, bytes and entries: written after the
+//!                      directory is renamed in; a directory without it
+//!                      is an interrupted commit, removed at start
+//! images/<hex>.json    an image (manifest digest): its layers, Env,
+//!                      WorkingDir, size
+//! refs/<hex>.json      what a reference (a tag, a layout) resolved to
+//! tmp/                 work in progress; emptied at start
+//! skel/, views/        the views (module `view`)
+//! ```
+//!
+//! Nothing half-made is ever served: a layer is unpacked under `tmp/`,
+//! checked (its diff_id against the image's config) and renamed into
+//! `layers/` whole; an image record is written (temporary file, rename)
+//! only once all its layers are in. The store's bytes are bounded
+//! (`max_store_bytes`): each file an unpack writes is charged as it is
+//! written, and a pull that needs room first evicts images no live view
+//! uses, least recently used first, then the layers no image references.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::ImageError;
+use super::fetch::{Fetcher, Registry, check_digest, hex, sha256_hex};
+use super::unpack::{Budget, Compression, unpack};
+use crate::config::{ImageSource, ImagesSettings};
+
+/// An image in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    /// The manifest's digest (`sha256:...`): the image's identity.
+    pub digest: String,
+    /// The reference it was first pulled as.
+    pub source: String,
+    /// Layer keys, bottom first.
+    pub layers: Vec<String>,
+    /// The config's `Env` (`NAME=value`).
+    pub env: Vec<String>,
+    /// The config's `WorkingDir`.
+    pub working_dir: Option<String>,
+    /// Bytes of its layers, unpacked.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LayerMeta {
+    diff_id: String,
+    bytes: u64,
+    entries: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RefRecord {
+    source: String,
+    digest: String,
+}
+
+#[derive(Default)]
+struct Inner {
+    images: HashMap<String, Arc<Image>>,
+    refs: HashMap<String, String>,
+    layers: HashMap<String, LayerMeta>,
+    /// Live views per image digest (module `view`): never evicted.
+    in_use: HashMap<String, usize>,
+    /// Layers a pull in progress relies on: never removed.
+    pinned: HashMap<String, usize>,
+    last_used: HashMap<String, Instant>,
+}
+
+/// The store, shared by every tenant of the gateway.
+pub struct ImageStore {
+    pub(super) settings: ImagesSettings,
+    pub(super) dir: PathBuf,
+    inner: Mutex<Inner>,
+    /// Bytes the store may still take (`max_store_bytes` less what its
+    /// layers hold); an unpack charges each file as it writes it.
+    room: Arc<AtomicI64>,
+    pulls: tokio::sync::Semaphore,
+    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// `lock`, held (flock) while the store is open: one gateway per
+    /// store, since opening one unmounts the views it finds.
+    _lock: std::fs::File,
+}
+
+impl std::fmt::Debug for ImageStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ImageStore({})", self.dir.display())
+    }
+}
+
+fn io(what: &str, p: &Path, e: impl std::fmt::Display) -> ImageError {
+    ImageError::Unavailable(format!("image store {what} {}: {e}", p.display()))
+}
+
+/// Write `bytes` to `path` whole (a temporary file beside it, renamed).
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes).map_err(|e| io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("rename", path, e))
+}
+
+/// The platform images are chosen for.
+const OS: &str = "linux";
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+impl ImageStore {
+    /// Open (creating) the store and make it consistent: work left in
+    /// `tmp/` and interrupted layer commits are removed, views left
+    /// mounted by a previous run are unmounted, images whose layers are
+    /// missing are forgotten, and layers no image references are removed.
+    pub fn open(settings: &ImagesSettings) -> Result<Arc<ImageStore>, ImageError> {
+        let dir = settings.store.clone();
+        for sub in ["layers", "images", "refs", "tmp", "skel", "views"] {
+            let p = dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(|e| io("create", &p, e))?;
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        // Only the gateway reads the store's bookkeeping; layers are
+        // reached through views.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("chmod", &dir, e))?;
+        let lock_path = dir.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io("open", &lock_path, e))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |_| {
+                ImageError::Unavailable(format!(
+                    "image store {} is in use by another gateway (one store per gateway process)",
+                    dir.display()
+                ))
+            },
+        )?;
+        super::view::unmount_stale(&dir.join("views"));
+        let _ = std::fs::remove_dir_all(dir.join("tmp"));
+        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| io("create", &dir, e))?;
+        let mut inner = Inner::default();
+        let read_dir = |sub: &str| -> Vec<PathBuf> {
+            std::fs::read_dir(dir.join(sub))
+                .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default()
+        };
+        for p in read_dir("layers") {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if let Some(key) = name.strip_suffix(".json") {
+                match std::fs::read(&p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<LayerMeta>(&b).ok())
+                {
+                    Some(m) if dir.join("layers").join(key).is_dir() => {
+                        inner.layers.insert(key.to_owned(), m);
+                    }
+                    _ => {
+                        let _ = std::fs::remove_file(&p);
+                    }
+                }
+            }
+        }
+        for p in read_dir("layers") {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if p.is_dir() && !inner.layers.contains_key(&name) {
+                let _ = std::fs::remove_dir_all(&p);
+            } else if name.ends_with(".new") {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+        for p in read_dir("images") {
+            let image = std::fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Image>(&b).ok())
+                .filter(|i| i.layers.iter().all(|l| inner.layers.contains_key(l)));
+            match image {
+                Some(i) => {
+                    inner.last_used.insert(i.digest.clone(), Instant::now());
+                    inner.images.insert(i.digest.clone(), Arc::new(i));
+                }
+                None => {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+        for p in read_dir("refs") {
+            match std::fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RefRecord>(&b).ok())
+            {
+                Some(r) if inner.images.contains_key(&r.digest) => {
+                    inner.refs.insert(r.source, r.digest);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+        let store = ImageStore {
+            settings: settings.clone(),
+            dir,
+            room: Arc::new(AtomicI64::new(0)),
+            inner: Mutex::new(inner),
+            pulls: tokio::sync::Semaphore::new(settings.max_concurrent_pulls),
+            flights: Mutex::new(HashMap::new()),
+            _lock: lock,
+        };
+        store.remove_unreferenced_layers(&mut store.inner.lock());
+        let used: u64 = store.inner.lock().layers.values().map(|m| m.bytes).sum();
+        store.room.store(
+            i64::try_from(settings.max_store_bytes).unwrap_or(i64::MAX)
+                - i64::try_from(used).unwrap_or(i64::MAX),
+            Ordering::SeqCst,
+        );
+        Ok(Arc::new(store))
+    }
+
+    /// Bytes the store's layers hold.
+    pub fn used_bytes(&self) -> u64 {
+        self.inner.lock().layers.values().map(|m| m.bytes).sum()
+    }
+
+    /// The images in the store, with how many live views use each.
+    pub fn list(&self) -> Vec<(Arc<Image>, usize)> {
+        let inner = self.inner.lock();
+        let mut v: Vec<_> = inner
+            .images
+            .values()
+            .map(|i| (i.clone(), inner.in_use.get(&i.digest).copied().unwrap_or(0)))
+            .collect();
+        v.sort_by(|a, b| a.0.digest.cmp(&b.0.digest));
+        v
+    }
+
+    /// Where layer `key` lies unpacked.
+    pub(super) fn layer_dir(&self, key: &str) -> PathBuf {
+        self.dir.join("layers").join(key)
+    }
+
+    pub(super) fn hold(&self, digest: &str) {
+        let mut inner = self.inner.lock();
+        *inner.in_use.entry(digest.to_owned()).or_default() += 1;
+        inner.last_used.insert(digest.to_owned(), Instant::now());
+    }
+
+    pub(super) fn release(&self, digest: &str) {
+        let mut inner = self.inner.lock();
+        if let Some(n) = inner.in_use.get_mut(digest) {
+            *n -= 1;
+            if *n == 0 {
+                inner.in_use.remove(digest);
+            }
+        }
+        inner.last_used.insert(digest.to_owned(), Instant::now());
+    }
+
+    /// The image `source` names: from the store when it was pulled
+    /// before (a tag is not looked up again), else pulled now (once,
+    /// however many ask at once), within `pull_timeout`.
+    pub async fn resolve(self: &Arc<Self>, source: &ImageSource) -> Result<Arc<Image>, ImageError> {
+        let key = source.to_string();
+        if let Some(i) = self.cached(&key) {
+            return Ok(i);
+        }
+        let flight = self.flight(&key);
+        let _one = flight.lock().await;
+        if let Some(i) = self.cached(&key) {
+            return Ok(i);
+        }
+        let timeout = self.settings.pull_timeout;
+        let pull = async {
+            let _slot = self
+                .pulls
+                .acquire()
+                .await
+                .map_err(|_| ImageError::Unavailable("the store is closed".to_owned()))?;
+            self.pull(source).await
+        };
+        let started = Instant::now();
+        let r = match tokio::time::timeout(timeout, pull).await {
+            Ok(r) => r,
+            Err(_) => Err(ImageError::Unavailable(format!(
+                "{key}: not pulled within images.pull_timeout ({})",
+                humantime::format_duration(timeout)
+            ))),
+        };
+        self.forget_flight(&key);
+        match &r {
+            Ok(i) => {
+                tracing::info!(image = %key, digest = %i.digest, bytes = i.bytes, ms = started.elapsed().as_millis() as u64, "image pulled")
+            }
+            Err(e) => tracing::warn!(image = %key, error = %e, "image pull failed"),
+        }
+        r
+    }
+
+    fn cached(&self, source: &str) -> Option<Arc<Image>> {
+        let inner = self.inner.lock();
+        let d = inner.refs.get(source)?;
+        inner.images.get(d).cloned()
+    }
+
+    fn flight(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.flights
+            .lock()
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn forget_flight(&self, key: &str) {
+        let mut f = self.flights.lock();
+        // Only the map and the caller hold it: nobody waits on it.
+        if f.get(key).is_some_and(|m| Arc::strong_count(m) <= 2) {
+            f.remove(key);
+        }
+    }
+
+    async fn pull(self: &Arc<Self>, source: &ImageSource) -> Result<Arc<Image>, ImageError> {
+        let tmp = tempdir_in(&self.dir.join("tmp"))?;
+        let (fetcher, tag) = match source {
+            ImageSource::Registry {
+                reference,
+                registry,
+            } => {
+                if !self.settings.allows(registry) {
+                    return Err(ImageError::NotAllowed(format!(
+                        "registry `{registry}` is not in [images] registries"
+                    )));
+                }
+                (
+                    Fetcher::Registry(Box::new(Registry::new(reference, &self.settings)?)),
+                    None,
+                )
+            }
+            ImageSource::Layout { dir, tag } => (Fetcher::Layout(dir.clone()), tag.clone()),
+            ImageSource::Archive { file, tag } => {
+                let layout = tmp.path.join("layout");
+                let file = file.clone();
+                let room = self.room.clone();
+                let budget = self.budget_for_archive();
+                tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
+                    std::fs::create_dir(&layout).map_err(|e| io("create", &layout, e))?;
+                    let f = std::fs::File::open(&file).map_err(|e| io("open", &file, e))?;
+                    unpack(f, Compression::None, &layout, budget, &room)
+                        .map_err(|e| ImageError::Refused(format!("{}: {e}", file.display())))?;
+                    Ok(())
+                })
+                .await
+                .map_err(|e| ImageError::Unavailable(e.to_string()))??;
+                (Fetcher::Layout(tmp.path.join("layout")), tag.clone())
+            }
+        };
+        let mut body = fetcher.manifest(None, tag.as_deref()).await?;
+        let mut digest = format!("sha256:{}", sha256_hex(&body));
+        if let Some(d) = platform_manifest(&body)? {
+            body = fetcher.manifest(Some(&d), None).await?;
+            digest = d;
+        }
+        let existing = self.inner.lock().images.get(&digest).cloned();
+        let image = match existing {
+            Some(i) => i,
+            None => {
+                self.pull_image(&fetcher, &body, &digest, &source.to_string(), &tmp.path)
+                    .await?
+            }
+        };
+        let key = source.to_string();
+        let record = serde_json::to_vec(&RefRecord {
+            source: key.clone(),
+            digest: image.digest.clone(),
+        })
+        .map_err(|e| ImageError::Unavailable(e.to_string()))?;
+        write_whole(
+            &self
+                .dir
+                .join("refs")
+                .join(format!("{}.json", &sha256_hex(key.as_bytes())[..32])),
+            &record,
+        )?;
+        self.inner.lock().refs.insert(key, image.digest.clone());
+        Ok(image)
+    }
+
+    fn budget_for_archive(&self) -> Budget {
+        Budget {
+            bytes: self
+                .settings
+                .max_image_bytes
+                .saturating_add(self.settings.max_layer_bytes),
+            entries: 4 * self.settings.max_layers as u64 + 16,
+        }
+    }
+
+    async fn pull_image(
+        self: &Arc<Self>,
+        fetcher: &Fetcher,
+        body: &[u8],
+        digest: &str,
+        source: &str,
+        tmp: &Path,
+    ) -> Result<Arc<Image>, ImageError> {
+        let s = &self.settings;
+        let manifest: oci_spec::image::ImageManifest = serde_json::from_slice(body)
+            .map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
+        let layers = manifest.layers();
+        if layers.len() > s.max_layers {
+            return Err(ImageError::Refused(format!(
+                "{} layers, more than images.max_layers ({})",
+                layers.len(),
+                s.max_layers
+            )));
+        }
+        let config = fetcher
+            .document(manifest.config().digest().as_ref())
+            .await?;
+        let config: oci_spec::image::ImageConfiguration = serde_json::from_slice(&config)
+            .map_err(|e| ImageError::Refused(format!("image config: {e}")))?;
+        if config.os().to_string() != OS || config.architecture().to_string() != arch() {
+            return Err(ImageError::Refused(format!(
+                "an image for {}/{}, not {OS}/{}",
+                config.os(),
+                config.architecture(),
+                arch()
+            )));
+        }
+        let diff_ids = config.rootfs().diff_ids();
+        if diff_ids.len() != layers.len() {
+            return Err(ImageError::Refused(format!(
+                "the config names {} layers, the manifest {}",
+                diff_ids.len(),
+                layers.len()
+            )));
+        }
+        let mut keys = Vec::new();
+        let mut image_bytes = 0u64;
+        let mut image_entries = 0u64;
+        let pins = Pins::new(self.clone());
+        for (layer, diff_id) in layers.iter().zip(diff_ids) {
+            let want = check_digest(diff_id)?.to_owned();
+            let key = want[..32].to_owned();
+            let compression =
+                Compression::of_media_type(layer.media_type().as_ref()).ok_or_else(|| {
+                    ImageError::Refused(format!(
+                        "layer media type `{}` is not unpacked here (tar or tar+gzip)",
+                        crate::audit::clip(layer.media_type().as_ref())
+                    ))
+                })?;
+            if layer.size() > s.max_layer_bytes {
+                return Err(ImageError::Refused(format!(
+                    "a layer of {} bytes, more than images.max_layer_bytes ({})",
+                    layer.size(),
+                    s.max_layer_bytes
+                )));
+            }
+            pins.pin(&key);
+            let flight = self.flight(&format!("layer:{key}"));
+            let meta = {
+                let _one = flight.lock().await;
+                let known = self.inner.lock().layers.get(&key).cloned();
+                match known {
+                    Some(m) => m,
+                    None => {
+                        let remaining = Budget {
+                            bytes: s.max_image_bytes.saturating_sub(image_bytes),
+                            entries: s.max_entries.saturating_sub(image_entries),
+                        };
+                        self.fetch_layer(
+                            fetcher,
+                            layer.digest().as_ref(),
+                            layer.size(),
+                            compression,
+                            &want,
+                            &key,
+                            remaining,
+                            tmp,
+                        )
+                        .await?
+                    }
+                }
+            };
+            self.forget_flight(&format!("layer:{key}"));
+            image_bytes += meta.bytes;
+            image_entries += meta.entries;
+            if image_bytes > s.max_image_bytes || image_entries > s.max_entries {
+                return Err(ImageError::Refused(format!(
+                    "unpacked, more than images.max_image_bytes ({}) or images.max_entries ({})",
+                    s.max_image_bytes, s.max_entries
+                )));
+            }
+            keys.push(key);
+        }
+        let env = config
+            .config()
+            .as_ref()
+            .and_then(|c| c.env().clone())
+            .unwrap_or_default();
+        let image = Image {
+            digest: digest.to_owned(),
+            source: source.to_owned(),
+            layers: keys,
+            env: env
+                .into_iter()
+                .filter(|e| e.contains('=') && !e.contains('\0'))
+                .take(1024)
+                .collect(),
+            working_dir: config
+                .config()
+                .as_ref()
+                .and_then(|c| c.working_dir().clone()),
+            bytes: image_bytes,
+        };
+        let record =
+            serde_json::to_vec(&image).map_err(|e| ImageError::Unavailable(e.to_string()))?;
+        let hexd = check_digest(digest)?;
+        write_whole(
+            &self.dir.join("images").join(format!("{hexd}.json")),
+            &record,
+        )?;
+        let image = Arc::new(image);
+        let mut inner = self.inner.lock();
+        inner.last_used.insert(image.digest.clone(), Instant::now());
+        inner.images.insert(image.digest.clone(), image.clone());
+        drop(inner);
+        drop(pins);
+        Ok(image)
+    }
+
+    /// Download, check, unpack and commit one layer.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_layer(
+        self: &Arc<Self>,
+        fetcher: &Fetcher,
+        blob_digest: &str,
+        size: u64,
+        compression: Compression,
+        diff_id: &str,
+        key: &str,
+        budget: Budget,
+        tmp: &Path,
+    ) -> Result<LayerMeta, ImageError> {
+        let blob = tmp.join(format!("{key}.blob"));
+        {
+            let mut f = tokio::fs::File::create(&blob)
+                .await
+                .map_err(|e| io("create", &blob, e))?;
+            fetcher.blob_to(blob_digest, size, &mut f).await?;
+        }
+        // Room for the unpacked layer: evict what no view uses when the
+        // store is short of what the layer may need.
+        self.make_room(size.saturating_mul(2).min(budget.bytes));
+        let dest = tmp.join(key);
+        let room = self.room.clone();
+        let (blob2, dest2) = (blob.clone(), dest.clone());
+        let unpacked = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir(&dest2).map_err(|e| io("create", &dest2, e))?;
+            let f = std::fs::File::open(&blob2).map_err(|e| io("open", &blob2, e))?;
+            let r = unpack(
+                std::io::BufReader::with_capacity(256 << 10, f),
+                compression,
+                &dest2,
+                budget,
+                &room,
+            );
+            let _ = std::fs::remove_file(&blob2);
+            r.map_err(|e| match e {
+                super::unpack::UnpackError::Io(e) => io("unpack into", &dest2, e),
+                other => ImageError::Refused(other.to_string()),
+            })
+        })
+        .await
+        .map_err(|e| ImageError::Unavailable(e.to_string()))?;
+        let unpacked = match unpacked {
+            Ok(u) => u,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dest);
+                return Err(e);
+            }
+        };
+        if hex(&unpacked.diff_id) != diff_id {
+            let _ = std::fs::remove_dir_all(&dest);
+            self.room
+                .fetch_add(i64::try_from(unpacked.bytes).unwrap_or(0), Ordering::SeqCst);
+            return Err(ImageError::Refused(format!(
+                "layer {blob_digest}: its content is not the diff_id sha256:{diff_id} its config names"
+            )));
+        }
+        let meta = LayerMeta {
+            diff_id: format!("sha256:{diff_id}"),
+            bytes: unpacked.bytes,
+            entries: unpacked.entries,
+        };
+        let final_dir = self.layer_dir(key);
+        std::fs::rename(&dest, &final_dir).map_err(|e| io("commit", &final_dir, e))?;
+        write_whole(
+            &self.dir.join("layers").join(format!("{key}.json")),
+            &serde_json::to_vec(&meta).map_err(|e| ImageError::Unavailable(e.to_string()))?,
+        )?;
+        self.inner
+            .lock()
+            .layers
+            .insert(key.to_owned(), meta.clone());
+        Ok(meta)
+    }
+
+    /// Evict images no live view uses (least recently used first), and
+    /// then the layers no image references, until `need` bytes are free
+    /// or nothing more can go.
+    pub fn make_room(&self, need: u64) {
+        let need = i64::try_from(need).unwrap_or(i64::MAX);
+        let mut inner = self.inner.lock();
+        while self.room.load(Ordering::SeqCst) < need {
+            let victim = inner
+                .images
+                .keys()
+                .filter(|d| !inner.in_use.contains_key(*d))
+                .min_by_key(|d| inner.last_used.get(*d).copied())
+                .cloned();
+            let Some(d) = victim else { break };
+            self.forget_image(&mut inner, &d);
+            self.remove_unreferenced_layers(&mut inner);
+        }
+    }
+
+    fn forget_image(&self, inner: &mut Inner, digest: &str) {
+        inner.images.remove(digest);
+        inner.last_used.remove(digest);
+        inner.refs.retain(|_, d| d != digest);
+        if let Ok(h) = check_digest(digest) {
+            let _ = std::fs::remove_file(self.dir.join("images").join(format!("{h}.json")));
+        }
+        for p in std::fs::read_dir(self.dir.join("refs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let gone = std::fs::read(p.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RefRecord>(&b).ok())
+                .is_some_and(|r| r.digest == digest);
+            if gone {
+                let _ = std::fs::remove_file(p.path());
+            }
+        }
+        tracing::info!(digest, "image evicted from the store");
+    }
+
+    fn remove_unreferenced_layers(&self, inner: &mut Inner) {
+        let referenced: std::collections::HashSet<&String> = inner
+            .images
+            .values()
+            .flat_map(|i| i.layers.iter())
+            .collect();
+        let gone: Vec<String> = inner
+            .layers
+            .keys()
+            .filter(|k| !referenced.contains(k) && !inner.pinned.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(m) = inner.layers.remove(&k) {
+                let _ = std::fs::remove_file(self.dir.join("layers").join(format!("{k}.json")));
+                let _ = std::fs::remove_dir_all(self.layer_dir(&k));
+                self.room
+                    .fetch_add(i64::try_from(m.bytes).unwrap_or(0), Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Layers a pull relies on, unpinned when it ends (done or not).
+struct Pins {
+    store: Arc<ImageStore>,
+    keys: Mutex<Vec<String>>,
+}
+
+impl Pins {
+    fn new(store: Arc<ImageStore>) -> Pins {
+        Pins {
+            store,
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn pin(&self, key: &str) {
+        *self
+            .store
+            .inner
+            .lock()
+            .pinned
+            .entry(key.to_owned())
+            .or_default() += 1;
+        self.keys.lock().push(key.to_owned());
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut inner = self.store.inner.lock();
+        for k in self.keys.lock().drain(..) {
+            if let Some(n) = inner.pinned.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.pinned.remove(&k);
+                }
+            }
+        }
+        // A failed pull's layers that no image references go now.
+        self.store.remove_unreferenced_layers(&mut inner);
+    }
+}
+
+/// A directory under the store's `tmp/`, removed when dropped.
+struct TempDir {
+    path: PathBuf,
+}
+
+fn tempdir_in(base: &Path) -> Result<TempDir, ImageError> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| ImageError::Unavailable(e.to_string()))?;
+    let path = base.join(hex(&b));
+    std::fs::create_dir(&path).map_err(|e| io("create", &path, e))?;
+    Ok(TempDir { path })
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// For an index (or a Docker manifest list): the digest of its manifest
+/// for this platform; `None` for a manifest.
+fn platform_manifest(body: &[u8]) -> Result<Option<String>, ImageError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        media_type: Option<String>,
+        manifests: Option<serde_json::Value>,
+    }
+    let probe: Probe =
+        serde_json::from_slice(body).map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
+    let is_index = probe.manifests.is_some()
+        || probe
+            .media_type
+            .as_deref()
+            .is_some_and(|m| m.contains("index") || m.contains("list"));
+    if !is_index {
+        return Ok(None);
+    }
+    let index: oci_spec::image::ImageIndex = serde_json::from_slice(body)
+        .map_err(|e| ImageError::Refused(format!("image index: {e}")))?;
+    index
+        .manifests()
+        .iter()
+        .find(|m| {
+            m.platform()
+                .as_ref()
+                .is_some_and(|p| p.os().to_string() == OS && p.architecture().to_string() == arch())
+        })
+        .map(|m| Some(m.digest().to_string()))
+        .ok_or_else(|| ImageError::Refused(format!("the index has no image for {OS}/{}", arch())))
+}

@@ -1,0 +1,567 @@
+//! One layer's tar stream into a fresh directory, treating every byte as
+//! hostile (docs/environments.md, "Security model").
+//!
+//! - Paths are relative and normal: an absolute path or a `..` component
+//!   refuses the layer. Every directory on the way is opened with
+//!   `O_NOFOLLOW`: a path through a symbolic link (the layer's own or one
+//!   planted earlier in it) refuses the layer, so nothing is ever written
+//!   outside the directory.
+//! - Only regular files, directories, symbolic links (their targets are
+//!   never followed here; at run time they resolve inside the image) and
+//!   hard links to a regular file earlier in the same layer. Device nodes,
+//!   FIFOs and anything else refuse the layer.
+//! - Every file belongs to root; permission bits are kept without setuid
+//!   and setgid (the view is mounted `nosuid,nodev` besides); extended
+//!   attributes, file capabilities among them, are not applied.
+//! - OCI whiteouts become overlayfs ones: `.wh.NAME` a 0/0 character
+//!   device, `.wh..wh..opq` the `trusted.overlay.opaque` attribute.
+//! - The uncompressed stream is counted against a byte budget and entries
+//!   against an entry budget (a decompression or inode bomb stops at its
+//!   bound) and hashed: its digest is the layer's `diff_id`, which the
+//!   caller checks against the image's config before committing.
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
+use sha2::Digest as _;
+
+/// How a layer's bytes are compressed (its media type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+}
+
+impl Compression {
+    /// The compression a layer media type names; `None` for a type this
+    /// gateway does not unpack (zstd, foreign layers, anything unknown).
+    pub fn of_media_type(media_type: &str) -> Option<Compression> {
+        match media_type {
+            "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+            | "application/vnd.docker.image.rootfs.diff.tar" => Some(Compression::None),
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip" => Some(Compression::Gzip),
+            _ => None,
+        }
+    }
+}
+
+/// What a layer unpacked to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unpacked {
+    /// SHA-256 of the uncompressed tar stream (hex).
+    pub diff_id: [u8; 32],
+    /// Bytes of file contents written.
+    pub bytes: u64,
+    /// Entries created.
+    pub entries: u64,
+}
+
+/// Why a layer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("hostile layer: {0}")]
+    Hostile(String),
+    #[error("layer too large: {0}")]
+    TooLarge(String),
+    #[error("layer unreadable: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The bounds of one unpack.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Uncompressed bytes (the tar stream as a whole).
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// Counts, bounds and hashes what passes through.
+struct Counted<R> {
+    inner: R,
+    hash: sha2::Sha256,
+    read: u64,
+    limit: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.limit {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!("more than {} bytes uncompressed", self.limit),
+            ));
+        }
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+const WHITEOUT_PREFIX: &str = ".wh.";
+const OPAQUE: &str = ".wh..wh..opq";
+
+/// Unpack `blob` (compressed as `compression`) into `dest`, an empty
+/// directory the caller made, charging each file's bytes to `room` (the
+/// store's free bytes) as it is written; on failure the charge is given
+/// back (the caller removes `dest`).
+pub fn unpack(
+    blob: impl Read,
+    compression: Compression,
+    dest: &Path,
+    budget: Budget,
+    room: &AtomicI64,
+) -> Result<Unpacked, UnpackError> {
+    let mut charged = 0u64;
+    let r = unpack_charged(blob, compression, dest, budget, room, &mut charged);
+    if r.is_err() {
+        room.fetch_add(i64::try_from(charged).unwrap_or(0), Ordering::SeqCst);
+    }
+    r
+}
+
+fn unpack_charged(
+    blob: impl Read,
+    compression: Compression,
+    dest: &Path,
+    budget: Budget,
+    room: &AtomicI64,
+    charged: &mut u64,
+) -> Result<Unpacked, UnpackError> {
+    let decoded: Box<dyn Read> = match compression {
+        Compression::None => Box::new(blob),
+        Compression::Gzip => Box::new(flate2::read::GzDecoder::new(blob)),
+    };
+    let mut counted = Counted {
+        inner: decoded,
+        hash: sha2::Sha256::new(),
+        read: 0,
+        limit: budget.bytes,
+    };
+    let root = rustix::fs::open(
+        dest,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut bytes = 0u64;
+    let mut entries = 0u64;
+    {
+        let mut archive = tar::Archive::new(&mut counted);
+        for entry in archive.entries().map_err(too_large_or_io)? {
+            let mut entry = entry.map_err(too_large_or_io)?;
+            entries += 1;
+            if entries > budget.entries {
+                return Err(UnpackError::TooLarge(format!(
+                    "more than {} entries",
+                    budget.entries
+                )));
+            }
+            let path = entry.path().map_err(too_large_or_io)?.into_owned();
+            let Some((parent, name)) = split(&path)? else {
+                continue; // `.` itself
+            };
+            let dir = walk(&root, &parent)?;
+            if name == OPAQUE {
+                set_opaque(&dir)?;
+                continue;
+            }
+            if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
+                check_name(hidden, &path)?;
+                clear(&dir, hidden)?;
+                rustix::fs::mknodat(&dir, hidden, FileType::CharacterDevice, Mode::empty(), 0)?;
+                continue;
+            }
+            let header = entry.header();
+            let mode = Mode::from_raw_mode(header.mode().map_err(too_large_or_io)? & 0o1777);
+            let mtime = header.mtime().unwrap_or(0);
+            let kind = header.entry_type();
+            match kind {
+                tar::EntryType::Directory => {
+                    match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
+                        Ok(_) => {
+                            clear(&dir, &name)?;
+                            rustix::fs::mkdirat(&dir, name.as_str(), mode)?;
+                        }
+                        Err(_) => rustix::fs::mkdirat(&dir, name.as_str(), mode)?,
+                    }
+                    // Umask-free, and permissions as the layer says.
+                    rustix::fs::chmodat(&dir, name.as_str(), mode, AtFlags::empty())?;
+                }
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    clear(&dir, &name)?;
+                    let f = rustix::fs::openat(
+                        &dir,
+                        name.as_str(),
+                        OFlags::WRONLY
+                            | OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o600),
+                    )?;
+                    let mut file = std::fs::File::from(f);
+                    let n = io::copy(&mut entry, &mut file).map_err(too_large_or_io)?;
+                    bytes += n;
+                    *charged += n;
+                    let n = i64::try_from(n).unwrap_or(i64::MAX);
+                    if room.fetch_sub(n, Ordering::SeqCst) < n {
+                        return Err(UnpackError::TooLarge(
+                            "the image store is full (images.max_store_bytes)".to_owned(),
+                        ));
+                    }
+                    rustix::fs::fchmod(&file, mode)?;
+                }
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name()
+                        .map_err(too_large_or_io)?
+                        .ok_or_else(|| hostile(&path, "a symbolic link without a target"))?;
+                    clear(&dir, &name)?;
+                    rustix::fs::symlinkat(target.as_ref(), &dir, name.as_str())?;
+                }
+                tar::EntryType::Link => {
+                    let target = entry
+                        .link_name()
+                        .map_err(too_large_or_io)?
+                        .ok_or_else(|| hostile(&path, "a hard link without a target"))?
+                        .into_owned();
+                    let Some((tparent, tname)) = split(&target)? else {
+                        return Err(hostile(&path, "a hard link to the layer's root"));
+                    };
+                    let tdir = walk(&root, &tparent)?;
+                    let st = rustix::fs::statat(&tdir, tname.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        .map_err(|_| {
+                        hostile(&path, "a hard link to nothing earlier in its layer")
+                    })?;
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        return Err(hostile(
+                            &path,
+                            "a hard link to something not a regular file",
+                        ));
+                    }
+                    clear(&dir, &name)?;
+                    rustix::fs::linkat(
+                        &tdir,
+                        tname.as_str(),
+                        &dir,
+                        name.as_str(),
+                        AtFlags::empty(),
+                    )?;
+                    continue; // times and mode are the target's
+                }
+                other => {
+                    return Err(hostile(
+                        &path,
+                        &format!("an entry of type {other:?} (only files, directories and links)"),
+                    ));
+                }
+            }
+            let t = rustix::fs::Timespec {
+                tv_sec: i64::try_from(mtime).unwrap_or(0),
+                tv_nsec: 0,
+            };
+            let times = Timestamps {
+                last_access: t,
+                last_modification: t,
+            };
+            // A time the filesystem refuses is not worth refusing a layer.
+            let _ = rustix::fs::utimensat(&dir, name.as_str(), &times, AtFlags::SYMLINK_NOFOLLOW);
+        }
+    }
+    // The rest of the stream (the end-of-archive blocks and any padding)
+    // is part of the diff_id.
+    io::copy(&mut counted, &mut io::sink()).map_err(too_large_or_io)?;
+    Ok(Unpacked {
+        diff_id: counted.hash.finalize().into(),
+        bytes,
+        entries,
+    })
+}
+
+impl From<rustix::io::Errno> for UnpackError {
+    fn from(e: rustix::io::Errno) -> UnpackError {
+        UnpackError::Io(e.into())
+    }
+}
+
+fn hostile(path: &Path, what: &str) -> UnpackError {
+    UnpackError::Hostile(format!("{}: {what}", path.display()))
+}
+
+fn too_large_or_io(e: io::Error) -> UnpackError {
+    if e.kind() == io::ErrorKind::FileTooLarge {
+        UnpackError::TooLarge(e.to_string())
+    } else {
+        UnpackError::Io(e)
+    }
+}
+
+/// A name a whiteout may hide: one normal component.
+fn check_name(name: &str, path: &Path) -> Result<(), UnpackError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(hostile(path, "a whiteout of no single name"));
+    }
+    Ok(())
+}
+
+/// A path's parent components and last name; `None` for the root itself.
+/// Absolute paths and `..` refuse the layer.
+fn split(path: &Path) -> Result<Option<(Vec<String>, String)>, UnpackError> {
+    let mut parts = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => {
+                let n = n
+                    .to_str()
+                    .ok_or_else(|| hostile(path, "a name that is not UTF-8"))?;
+                parts.push(n.to_owned());
+            }
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(hostile(path, "an absolute path"));
+            }
+            Component::ParentDir => return Err(hostile(path, "a `..` component")),
+        }
+    }
+    Ok(parts.pop().map(|last| (parts, last)))
+}
+
+/// Open (creating as needed, mode 0755) the directory `parts` below
+/// `root`, never through a symbolic link.
+fn walk(root: &OwnedFd, parts: &[String]) -> Result<OwnedFd, UnpackError> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::openat(root, ".", flags, Mode::empty())?;
+    for p in parts {
+        match rustix::fs::mkdirat(&dir, p.as_str(), Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        dir = rustix::fs::openat(&dir, p.as_str(), flags, Mode::empty()).map_err(|e| {
+            if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+                UnpackError::Hostile(format!(
+                    "{}: a path through a symbolic link or a file",
+                    parts.join("/")
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+    }
+    Ok(dir)
+}
+
+/// Remove whatever `name` is in `dir` (a directory with its contents).
+fn clear(dir: &OwnedFd, name: &str) -> Result<(), UnpackError> {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(_) => Ok(()),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            let sub = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            empty_dir(&sub, 0)?;
+            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+            Ok(())
+        }
+        Ok(_) => Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?),
+    }
+}
+
+/// Deepest directory nesting [`clear`] descends (a layer's own paths are
+/// bounded by PATH_MAX; this only stops a runaway).
+const MAX_DEPTH: usize = 512;
+
+fn empty_dir(dir: &OwnedFd, depth: usize) -> Result<(), UnpackError> {
+    if depth > MAX_DEPTH {
+        return Err(UnpackError::Hostile(
+            "directories nested too deep".to_owned(),
+        ));
+    }
+    let mut names = Vec::new();
+    let it = rustix::fs::Dir::read_from(dir)?;
+    for e in it {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(String::from_utf8_lossy(n).into_owned());
+        }
+    }
+    for n in names {
+        clear_at(dir, &n, depth + 1)?;
+    }
+    Ok(())
+}
+
+fn clear_at(dir: &OwnedFd, name: &str, depth: usize) -> Result<(), UnpackError> {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            let sub = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            empty_dir(&sub, depth)?;
+            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+        }
+        Ok(_) => rustix::fs::unlinkat(dir, name, AtFlags::empty())?,
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+/// Mark `dir` opaque for overlayfs (it hides the layers below).
+fn set_opaque(dir: &impl AsFd) -> Result<(), UnpackError> {
+    rustix::fs::fsetxattr(
+        dir,
+        "trusted.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        build(&mut b);
+        b.into_inner().unwrap()
+    }
+
+    fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_entry_type(tar::EntryType::Regular);
+        // set_path refuses `..` and absolute paths: write the raw name.
+        let name = &mut h.as_old_mut().name;
+        name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+
+    fn link(b: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, path: &str, target: &str) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_mode(0o777);
+        h.set_entry_type(kind);
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.as_old_mut().linkname[..target.len()].copy_from_slice(target.as_bytes());
+        h.set_cksum();
+        b.append(&h, &[][..]).unwrap();
+    }
+
+    const BUDGET: Budget = Budget {
+        bytes: 1 << 20,
+        entries: 100,
+    };
+
+    fn run(bytes: &[u8]) -> (tempfile::TempDir, Result<Unpacked, UnpackError>) {
+        let d = tempfile::tempdir().unwrap();
+        let r = unpack(
+            bytes,
+            Compression::None,
+            d.path(),
+            BUDGET,
+            &AtomicI64::new(1 << 30),
+        );
+        (d, r)
+    }
+
+    #[test]
+    fn files_links_and_whiteouts_unpack() {
+        let t = layer(|b| {
+            file(b, "usr/bin/tool", 0o4755, b"#!/bin/sh\n");
+            link(b, tar::EntryType::Symlink, "bin", "usr/bin");
+            link(b, tar::EntryType::Link, "usr/bin/again", "usr/bin/tool");
+            file(b, "etc/.wh.gone", 0o644, b"");
+            file(b, "opt/.wh..wh..opq", 0o644, b"");
+        });
+        let (d, r) = run(&t);
+        let u = r.unwrap();
+        let p = d.path();
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let m = std::fs::metadata(p.join("usr/bin/tool")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o755, "setuid dropped");
+        assert_eq!(m.nlink(), 2);
+        assert_eq!(
+            std::fs::read_link(p.join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
+        let w = std::fs::symlink_metadata(p.join("etc/gone")).unwrap();
+        assert!(w.file_type().is_char_device() && w.rdev() == 0);
+        assert_eq!(u.bytes, 10);
+        let mut h = sha2::Sha256::new();
+        h.update(&t);
+        assert_eq!(u.diff_id, <[u8; 32]>::from(h.finalize()));
+    }
+
+    #[test]
+    fn hostile_entries_refuse_the_layer_and_write_nothing_outside() {
+        let outside = tempfile::tempdir().unwrap();
+        let o = outside.path().display().to_string();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("dotdot", layer(|b| file(b, "../escape", 0o644, b"x"))),
+            (
+                "absolute",
+                layer(|b| file(b, &format!("{o}/abs"), 0o644, b"x")),
+            ),
+            (
+                "through a symlink",
+                layer(|b| {
+                    link(b, tar::EntryType::Symlink, "out", &o);
+                    file(b, "out/planted", 0o644, b"x");
+                }),
+            ),
+            (
+                "hard link out",
+                layer(|b| link(b, tar::EntryType::Link, "h", &format!("{o}/x"))),
+            ),
+            (
+                "device",
+                layer(|b| {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_path("dev/sda").unwrap();
+                    h.set_size(0);
+                    h.set_entry_type(tar::EntryType::Block);
+                    h.set_cksum();
+                    b.append(&h, &[][..]).unwrap();
+                }),
+            ),
+            (
+                "bomb",
+                layer(|b| file(b, "big", 0o644, &vec![0u8; 2 << 20])),
+            ),
+            (
+                "entries",
+                layer(|b| {
+                    for i in 0..200 {
+                        file(b, &format!("f{i}"), 0o644, b"");
+                    }
+                }),
+            ),
+        ];
+        std::fs::write(outside.path().join("x"), b"target").unwrap();
+        for (what, t) in cases {
+            let (_d, r) = run(&t);
+            assert!(r.is_err(), "{what} was unpacked");
+        }
+        let left: Vec<_> = std::fs::read_dir(outside.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("x")]);
+    }
+}

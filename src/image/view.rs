@@ -1,0 +1,224 @@
+//! An image as one tenant sees it: a read-only overlay on the host at
+//! `views/<id>`, its lower directories the view's skeleton on top of the
+//! image's layers. The skeleton (`skel/<id>`) holds what the tenant's
+//! mount namespace mounts onto, whatever the image has there: `dev`,
+//! `proc`, `sys`, `tmp`, `etc/resolv.conf`, and the directories down to
+//! the tenant's root. Being the upper-most layer, its directories hide
+//! whatever the image put at those paths (a symbolic link to elsewhere
+//! included), so nothing the image holds can redirect a mount.
+//!
+//! The overlay is mounted `ro,nosuid,nodev`; a view is shared by the
+//! tenant's workers and unmounted when the last holder drops it (and at
+//! the next start, if the gateway died holding it).
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::store::{Image, ImageStore};
+use super::{ImageError, fetch::sha256_hex};
+
+/// Mount points every view has (besides the root's path).
+const SKELETON_DIRS: &[&str] = &["dev", "proc", "sys", "tmp", "etc"];
+const SKELETON_FILES: &[&str] = &["etc/resolv.conf"];
+/// Top-level names the namespace mounts the host's or the tenant's own
+/// over: never granted as part of the image.
+pub const NOT_IMAGE: &[&str] = &["dev", "proc", "sys", "tmp"];
+
+/// A mounted view; unmounted when the last `Arc` goes.
+pub struct View {
+    /// The overlay's mount point on the host.
+    pub path: PathBuf,
+    pub image: Arc<Image>,
+    store: Arc<ImageStore>,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "View({} at {})", self.image.digest, self.path.display())
+    }
+}
+
+impl PartialEq for View {
+    fn eq(&self, other: &View) -> bool {
+        self.path == other.path
+    }
+}
+
+impl Eq for View {}
+
+impl View {
+    /// The image's own top-level entries (directories and files, not
+    /// symbolic links): what Landlock lets the tenant read and run.
+    pub fn readable_entries(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.path)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name();
+            if NOT_IMAGE.iter().any(|n| name == *n) {
+                continue;
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir() || t.is_file()) {
+                out.push(e.path());
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl View {
+    /// The base environment under this image: `base`, with the image's
+    /// `Env` laid over it; `SHELL` is one the image has.
+    pub fn env_over(&self, base: &HashMap<String, String>) -> HashMap<String, String> {
+        let mut env = base.clone();
+        for kv in &self.image.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                env.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        if !self.image.env.iter().any(|kv| kv.starts_with("SHELL=")) {
+            let has = |p: &str| self.path.join(p).is_file();
+            let shell = if has("bin/bash") || has("usr/bin/bash") {
+                "/bin/bash"
+            } else {
+                "/bin/sh"
+            };
+            env.insert("SHELL".to_owned(), shell.to_owned());
+        }
+        env
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        crate::isolation::disk::unmount(&self.path);
+        let _ = std::fs::remove_dir(&self.path);
+        self.store.release(&self.image.digest);
+    }
+}
+
+/// Views alive, by id: one mount per (image, root) however many workers.
+static VIEWS: Mutex<Vec<(String, Weak<View>)>> = Mutex::new(Vec::new());
+
+impl ImageStore {
+    /// The view of `image` for a tenant rooted at `root` (`None`: no
+    /// root path to keep a mount point for).
+    pub fn view(
+        self: &Arc<Self>,
+        image: &Arc<Image>,
+        root: Option<&Path>,
+    ) -> Result<Arc<View>, ImageError> {
+        let root_key = root
+            .map(|r| r.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let id =
+            sha256_hex(format!("{}\0{}\0{root_key}", self.dir.display(), image.digest).as_bytes())
+                [..32]
+                .to_owned();
+        let mut views = VIEWS.lock();
+        views.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(v) = views
+            .iter()
+            .find(|(i, _)| *i == id)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(v);
+        }
+        let skel = self.dir.join("skel").join(&id);
+        make_skeleton(&skel, root)?;
+        let path = self.dir.join("views").join(&id);
+        std::fs::create_dir_all(&path).map_err(|e| fail("create", &path, e))?;
+        if crate::isolation::disk::is_mount_point(&path) {
+            crate::isolation::disk::unmount(&path);
+        }
+        let mut lower = skel.display().to_string();
+        for key in image.layers.iter().rev() {
+            lower.push(':');
+            lower.push_str(&self.layer_dir(key).display().to_string());
+        }
+        let data = format!("lowerdir={lower}");
+        // The options must fit in one page with the kernel's own.
+        if data.len() > 4000 || lower.contains(',') {
+            return Err(ImageError::Refused(format!(
+                "{} layers do not fit one overlay's options under {}",
+                image.layers.len(),
+                self.dir.display()
+            )));
+        }
+        use rustix::mount::MountFlags;
+        rustix::mount::mount(
+            "exec-gateway-image",
+            &path,
+            "overlay",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+            Some(
+                std::ffi::CString::new(data)
+                    .map_err(|e| ImageError::Refused(e.to_string()))?
+                    .as_c_str(),
+            ),
+        )
+        .map_err(|e| fail("mount the overlay on", &path, e))?;
+        self.hold(&image.digest);
+        let v = Arc::new(View {
+            path,
+            image: image.clone(),
+            store: self.clone(),
+        });
+        views.push((id, Arc::downgrade(&v)));
+        Ok(v)
+    }
+}
+
+fn fail(what: &str, p: &Path, e: impl std::fmt::Display) -> ImageError {
+    ImageError::Unavailable(format!("image view: {what} {}: {e}", p.display()))
+}
+
+/// The skeleton for a root at `root`: made anew each time (cheap).
+fn make_skeleton(skel: &Path, root: Option<&Path>) -> Result<(), ImageError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::remove_dir_all(skel);
+    let mkdir = |p: &Path| -> Result<(), ImageError> {
+        std::fs::create_dir_all(p).map_err(|e| fail("create", p, e))?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| fail("chmod", p, e))
+    };
+    mkdir(skel)?;
+    for d in SKELETON_DIRS {
+        mkdir(&skel.join(d))?;
+    }
+    std::fs::set_permissions(skel.join("tmp"), std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| fail("chmod", skel, e))?;
+    for f in SKELETON_FILES {
+        let p = skel.join(f);
+        std::fs::write(&p, b"").map_err(|e| fail("create", &p, e))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| fail("chmod", &p, e))?;
+    }
+    if let Some(root) = root {
+        let mut at = skel.to_path_buf();
+        for c in root.components() {
+            if let Component::Normal(n) = c {
+                at.push(n);
+                mkdir(&at)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Unmount every view a previous run left mounted under `views`.
+pub(super) fn unmount_stale(views: &Path) {
+    for e in std::fs::read_dir(views).into_iter().flatten().flatten() {
+        let p = e.path();
+        if crate::isolation::disk::is_mount_point(&p) {
+            crate::isolation::disk::unmount(&p);
+        }
+        let _ = std::fs::remove_dir(&p);
+    }
+}
