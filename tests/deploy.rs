@@ -362,6 +362,7 @@ fn check(objects: &Objects, config: &Config) {
     check_disruption_budget(objects, &pod);
     check_files(objects, &pod, config, &want);
     check_tenant_roots(&pod, config, &want);
+    check_image_store(&pod, config);
 }
 
 struct Pod<'a> {
@@ -898,4 +899,95 @@ fn check_tenant_roots(pod: &Pod<'_>, config: &Config, want: &Wanted) {
             root.display()
         );
     }
+}
+
+/// A Kubernetes quantity of bytes (`24Gi`, `500M`, `1073741824`).
+fn quantity_bytes(q: &str) -> u64 {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, unit) = units
+        .iter()
+        .find_map(|(suffix, n)| q.strip_suffix(suffix).map(|d| (d, *n)))
+        .unwrap_or((q, 1));
+    digits
+        .parse::<u64>()
+        .unwrap_or_else(|_| panic!("`{q}` is not a whole quantity of bytes"))
+        * unit
+}
+
+/// Guards `[images] store`: it must lie on a volume of its own that holds
+/// the store's worst case (its bound plus, per pull in progress, a layer
+/// downloading and the file that found the store full: docs/environments.md,
+/// "Costs"). On the container's read-only root filesystem the first pull
+/// fails; on a volume too small the kubelet evicts the pod and every session
+/// on it; in memory every layer counts against the pod's memory.
+fn check_image_store(pod: &Pod<'_>, config: &Config) {
+    let what = pod.what;
+    let images = config
+        .images
+        .validate()
+        .unwrap_or_else(|e| panic!("[images]: {e:?}"));
+    let need = images.max_store_bytes
+        + images.max_concurrent_pulls as u64 * (images.max_layer_bytes + images.max_image_bytes);
+    let mount = seq(&pod.gateway["volumeMounts"])
+        .iter()
+        .filter(|m| {
+            images
+                .store
+                .starts_with(str_of(&m["mountPath"], "mountPath"))
+        })
+        .max_by_key(|m| str_of(&m["mountPath"], "mountPath").len())
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: [images] store {} is on no volume",
+                images.store.display()
+            )
+        });
+    assert_ne!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "{what}: the image store is mounted read-only"
+    );
+    let name = str_of(&mount["name"], "mount name");
+    let claimed = seq(&pod.sts["spec"]["volumeClaimTemplates"])
+        .iter()
+        .find(|c| c["metadata"]["name"].as_str() == Some(name));
+    let size = match claimed {
+        Some(claim) => {
+            let modes = seq(&claim["spec"]["accessModes"]);
+            assert!(
+                modes.iter().all(|m| m.as_str() == Some("ReadWriteOnce")),
+                "{what}: the image store's claim must be ReadWriteOnce (one gateway per store): {modes:?}"
+            );
+            str_of(
+                &claim["spec"]["resources"]["requests"]["storage"],
+                "the image store's claim size",
+            )
+        }
+        None => {
+            let dir = &pod.volume(name)["emptyDir"];
+            assert!(
+                dir.is_mapping(),
+                "{what}: the image store's volume {name} is neither an emptyDir nor a claim"
+            );
+            assert_ne!(
+                dir["medium"].as_str(),
+                Some("Memory"),
+                "{what}: the image store would be in the pod's memory"
+            );
+            str_of(&dir["sizeLimit"], "the image store's emptyDir sizeLimit")
+        }
+    };
+    assert!(
+        quantity_bytes(size) >= need,
+        "{what}: the image store's volume ({size}) is smaller than [images]' worst case, {need} bytes"
+    );
 }
