@@ -70,6 +70,10 @@ pub struct ExecArgs {
     /// `KEY=VALUE` set in the process's environment (repeatable).
     #[arg(short = 'e', long = "env")]
     pub env: Vec<String>,
+    /// Run the command on this image (a reference the tenant may use)
+    /// instead of the tenant's own.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// The command and its arguments.
     #[arg(required = true, num_args = 1.., value_name = "CMD")]
     pub command: Vec<String>,
@@ -84,6 +88,10 @@ pub struct CpArgs {
     pub source: String,
     /// `:REMOTE` or `LOCAL`; exactly one of the two is remote.
     pub destination: String,
+    /// Copy in a session on this image (a reference the tenant may use):
+    /// what it reads outside the tenant's root is the image's.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -253,9 +261,15 @@ fn embedded_token() -> Result<String, String> {
     )
 }
 
-async fn connect(args: &ClientArgs, session: Option<String>) -> Result<Client, String> {
+/// Connect, resuming `session` or opening one on `image`.
+async fn connect(
+    args: &ClientArgs,
+    session: Option<String>,
+    image: Option<String>,
+) -> Result<Client, String> {
     let mut opts = options(args)?;
     opts.resume_session = session;
+    opts.image = image;
     Client::connect_with(opts).await.map_err(|e| e.to_string())
 }
 
@@ -274,7 +288,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         let term = env_nonempty("TERM").unwrap_or_else(|| "xterm-256color".to_owned());
         env.insert("TERM".to_owned(), term);
     }
-    let client = match connect(&args.client, None).await {
+    let client = match connect(&args.client, None, args.image.clone()).await {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -516,7 +530,7 @@ pub async fn cp(args: CpArgs) -> ExitCode {
             );
         }
     };
-    let client = match connect(&args.client, None).await {
+    let client = match connect(&args.client, None, args.image.clone()).await {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -550,7 +564,7 @@ pub async fn ps(args: PsArgs) -> ExitCode {
     else {
         return fail("ps: name a session with --session or EXEC_GATEWAY_SESSION");
     };
-    let client = match connect(&args.client, Some(session)).await {
+    let client = match connect(&args.client, Some(session), None).await {
         Ok(c) => c,
         Err(e) => return fail(e),
     };

@@ -54,6 +54,10 @@ pub struct ConnectOptions {
     pub client_name: String,
     /// Resume this session instead of creating one.
     pub resume_session: Option<String>,
+    /// The image a new session's processes see as `/`: a reference its
+    /// tenant may use. None: the tenant's own image (or the token's
+    /// `image` claim), if any. Not sent when resuming.
+    pub image: Option<String>,
     /// How long a dropped connection is retried.
     pub resume_within: Duration,
 }
@@ -65,6 +69,7 @@ impl ConnectOptions {
             token: token.to_owned(),
             client_name: format!("exec-gateway-client/{}", env!("CARGO_PKG_VERSION")),
             resume_session: None,
+            image: None,
             resume_within: DEFAULT_RESUME_WITHIN,
             ca: None,
             identity: None,

@@ -136,7 +136,7 @@ impl GrpcClient {
                     .retrying(|| {
                         let mut c = client.sessions();
                         let req = pb::CreateSessionRequest {
-                            image: String::new(),
+                            image: client.opts.image.clone().unwrap_or_default(),
                             client_name: client.opts.client_name.clone(),
                         };
                         async move { c.create_session(req).await }

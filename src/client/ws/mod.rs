@@ -269,7 +269,8 @@ async fn handshake(
     let params = InitializeParams {
         client_name: opts.client_name.clone(),
         resume_session_id: resume.map(str::to_owned),
-        image: None,
+        // A resumed session keeps the image it was opened on.
+        image: opts.image.clone().filter(|_| resume.is_none()),
     };
     let id = next_id.fetch_add(1, Ordering::Relaxed);
     let r = link.call(id, methods::INITIALIZE, &params).await?;

@@ -82,10 +82,16 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def session(self, resume: Optional[str] = None) -> "Session":
+    async def session(self, resume: Optional[str] = None, *,
+                      image: Optional[str] = None) -> "Session":
         """A new session, or the tenant's session `resume` (started by this
-        client or another, before a restart say)."""
+        client or another, before a restart say). A new session's processes
+        see `image` as `/`: a reference the tenant may use (its own image,
+        or one its `images` allow); default: the tenant's own image (or the
+        token's `image` claim), if any. A resumed session keeps its image."""
         link = self.link
+        if resume is not None and image is not None:
+            raise ValueError("a resumed session keeps its image: pass resume or image, not both")
         if resume is not None:
             await link.call(lambda: link.sessions.ResumeSession(
                 spb.ResumeSessionRequest(session_id=resume), metadata=link.metadata()))
@@ -94,7 +100,7 @@ class Client:
             # A retried create may leave the first attempt's session behind;
             # unused, the gateway removes it after its detach TTL.
             resp = await link.call(lambda: link.sessions.CreateSession(
-                spb.CreateSessionRequest(client_name=self.client_name),
+                spb.CreateSessionRequest(client_name=self.client_name, image=image or ""),
                 metadata=link.metadata()))
             session_id = resp.session_id
         session = Session(self, session_id)

@@ -132,8 +132,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def session(self, resume: Optional[str] = None) -> "Session":
-        return Session(self._loop, self._loop.run(self._inner.session(resume)))
+    def session(self, resume: Optional[str] = None, *,
+                image: Optional[str] = None) -> "Session":
+        return Session(self._loop, self._loop.run(self._inner.session(resume, image=image)))
 
     def environment_info(self) -> EnvironmentInfo:
         return self._loop.run(self._inner.environment_info())

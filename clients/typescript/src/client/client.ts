@@ -10,6 +10,13 @@ import { toEnvironmentInfo, type EnvironmentInfo } from "./types.js";
 export interface SessionOptions extends CallOptions {
   /** Resume this session (one of this tenant's) instead of creating one. */
   resume?: string;
+  /**
+   * The image a new session's processes see as `/`: a reference the tenant
+   * may use (its own image, or one its `images` allow; `Forbidden`
+   * otherwise). Default: the tenant's own image (or the token's `image`
+   * claim), if any. A resumed session keeps its image: not with `resume`.
+   */
+  image?: string;
 }
 
 export class Client {
@@ -36,6 +43,9 @@ export class Client {
   async session(opts: SessionOptions = {}): Promise<Session> {
     const { sessions, clientName } = this.#caller.conn;
     const resume = opts.resume;
+    if (resume !== undefined && opts.image !== undefined) {
+      throw new TypeError("a resumed session keeps its image: pass resume or image, not both");
+    }
     if (resume !== undefined) {
       const r = await this.#caller.unary(opts, true, bind(sessions.resumeSession, sessions, { sessionId: resume }));
       return this.track(new Session(this.#caller, r.sessionId || resume, this.forget));
@@ -43,7 +53,7 @@ export class Client {
     // Retried like the rest: a creation whose answer was lost leaves a
     // session nobody uses, which the gateway removes after its detach TTL.
     const r = await this.#caller.retrying(opts, true, (a) =>
-      unaryOnce(bind(sessions.createSession, sessions, { clientName }), a, opts.signal),
+      unaryOnce(bind(sessions.createSession, sessions, { clientName, image: opts.image ?? "" }), a, opts.signal),
     );
     return this.track(new Session(this.#caller, r.sessionId, this.forget));
   }
