@@ -23,6 +23,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 mod edges;
 mod executors;
 mod fleet;
+mod images;
 mod reliability;
 mod soak;
 mod tenants;
@@ -87,6 +88,10 @@ pub struct BenchArgs {
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
+    /// Only the image figures (cold tenants with a cached image, the
+    /// 100 MiB pull against skopeo, the store's size).
+    #[arg(long)]
+    pub images_only: bool,
     /// Only the tenant-scale figures (start-up with many tenants, idle
     /// and cold tenants, many tenants with a live session).
     #[arg(long)]
@@ -1128,6 +1133,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     }
     if args.executors_only {
         let rows = executor_rows().await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    if args.images_only {
+        let rows = images::figures(&exe, &dir, &secret).await?;
         report(&rows, false, args.json);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());

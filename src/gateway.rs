@@ -539,6 +539,10 @@ fn restart_needed(old: &Settings, new: &Settings) -> Vec<&'static str> {
     if format!("{:?}", old.isolation) != format!("{:?}", new.isolation) {
         out.push("[isolation]");
     }
+    // The store is opened with the settings of the start.
+    if old.images != new.images {
+        out.push("[images]");
+    }
     // As the files said: the fit may lower caps left at their defaults
     // differently for another set of tenants, which is no change of the
     // file's.

@@ -54,8 +54,8 @@ pub fn check_digest(d: &str) -> Result<&str, ImageError> {
             Ok(h)
         }
         _ => Err(ImageError::Refused(format!(
-            "digest `{}` is not sha256:<64 lowercase hex>",
-            crate::audit::clip(d)
+            "digest {} is not sha256:<64 lowercase hex>",
+            clipped(d)
         ))),
     }
 }
@@ -143,8 +143,24 @@ impl Registry {
     }
 }
 
-fn registry_error(what: &str, e: impl std::fmt::Display) -> ImageError {
-    ImageError::Unavailable(format!("{what}: {}", crate::audit::clip(&e.to_string())))
+fn registry_error(what: &str, e: impl std::error::Error) -> ImageError {
+    // With its causes: "error sending request" alone does not say that
+    // the certificate's issuer was unknown.
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    ImageError::Unavailable(format!("{what}: {}", clipped(&text)))
+}
+
+/// Text from a registry or an image, cut to a bounded length and quoted
+/// (its control characters escaped) for an error message.
+pub fn clipped(s: &str) -> String {
+    // `clip` gives a JSON string: its text, quoted and escaped.
+    crate::audit::clip(s).to_string()
 }
 
 /// Read a response body to at most `limit` bytes.
@@ -385,4 +401,47 @@ fn layout_entry(dir: &Path, tag: Option<&str>) -> Result<String, ImageError> {
             dir.display()
         ))),
     }
+}
+
+/// The platform images are chosen for.
+pub const OS: &str = "linux";
+pub fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// For an index (or a Docker manifest list): the digest of its manifest
+/// for this platform; `None` for a manifest.
+pub fn platform_manifest(body: &[u8]) -> Result<Option<String>, ImageError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        media_type: Option<String>,
+        manifests: Option<serde_json::Value>,
+    }
+    let probe: Probe =
+        serde_json::from_slice(body).map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
+    let is_index = probe.manifests.is_some()
+        || probe
+            .media_type
+            .as_deref()
+            .is_some_and(|m| m.contains("index") || m.contains("list"));
+    if !is_index {
+        return Ok(None);
+    }
+    let index: oci_spec::image::ImageIndex = serde_json::from_slice(body)
+        .map_err(|e| ImageError::Refused(format!("image index: {e}")))?;
+    index
+        .manifests()
+        .iter()
+        .find(|m| {
+            m.platform()
+                .as_ref()
+                .is_some_and(|p| p.os().to_string() == OS && p.architecture().to_string() == arch())
+        })
+        .map(|m| Some(m.digest().to_string()))
+        .ok_or_else(|| ImageError::Refused(format!("the index has no image for {OS}/{}", arch())))
 }

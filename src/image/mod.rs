@@ -20,6 +20,7 @@
 //! environment.
 
 pub mod fetch;
+pub mod layout;
 pub mod store;
 pub mod unpack;
 pub mod view;

@@ -16,9 +16,11 @@
 //! checked (its diff_id against the image's config) and renamed into
 //! `layers/` whole; an image record is written (temporary file, rename)
 //! only once all its layers are in. The store's bytes are bounded
-//! (`max_store_bytes`): each file an unpack writes is charged as it is
-//! written, and a pull that needs room first evicts images no live view
-//! uses, least recently used first, then the layers no image references.
+//! (`max_store_bytes`): each file an unpack writes is charged before it is
+//! written; when the store is short, images no live view uses are evicted
+//! (least recently used first) with the layers no image references, and
+//! when nothing can go the pull fails ("the image store is full"). Work in
+//! `tmp/` (a blob, an `oci-archive`'s layout) is not charged.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,8 +32,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::ImageError;
-use super::fetch::{Fetcher, Registry, check_digest, hex, sha256_hex};
-use super::unpack::{Budget, Compression, unpack};
+use super::fetch::{Fetcher, OS, Registry, arch, check_digest, hex, platform_manifest, sha256_hex};
+use super::unpack::{Budget, Compression, Room, UnpackError, unpack};
 use crate::config::{ImageSource, ImagesSettings};
 
 /// An image in the store.
@@ -108,16 +110,6 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     std::fs::rename(&tmp, path).map_err(|e| io("rename", path, e))
 }
 
-/// The platform images are chosen for.
-const OS: &str = "linux";
-fn arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
 impl ImageStore {
     /// Open (creating) the store and make it consistent: work left in
     /// `tmp/` and interrupted layer commits are removed, views left
@@ -149,15 +141,21 @@ impl ImageStore {
                 ))
             },
         )?;
-        super::view::unmount_stale(&dir.join("views"));
-        let _ = std::fs::remove_dir_all(dir.join("tmp"));
-        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| io("create", &dir, e))?;
-        let mut inner = Inner::default();
         let read_dir = |sub: &str| -> Vec<PathBuf> {
             std::fs::read_dir(dir.join(sub))
                 .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
                 .unwrap_or_default()
         };
+        // Views a previous run left mounted (none is live: the lock).
+        for p in read_dir("views") {
+            if crate::isolation::disk::is_mount_point(&p) {
+                crate::isolation::disk::unmount(&p);
+            }
+            let _ = std::fs::remove_dir(&p);
+        }
+        let _ = std::fs::remove_dir_all(dir.join("tmp"));
+        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| io("create", &dir, e))?;
+        let mut inner = Inner::default();
         for p in read_dir("layers") {
             let name = p
                 .file_name()
@@ -278,10 +276,26 @@ impl ImageStore {
     /// before (a tag is not looked up again), else pulled now (once,
     /// however many ask at once), within `pull_timeout`.
     pub async fn resolve(self: &Arc<Self>, source: &ImageSource) -> Result<Arc<Image>, ImageError> {
-        let key = source.to_string();
-        if let Some(i) = self.cached(&key) {
+        if let Some(i) = self.cached(&source.to_string()) {
             return Ok(i);
         }
+        // The pull runs in a task of its own: a caller that goes away (a
+        // handshake past its deadline) does not cancel it, and the next
+        // caller finds the image in the store (or joins the pull).
+        let (store, source) = (self.clone(), source.clone());
+        crate::task::start(
+            "image-pull",
+            async move { store.resolve_here(&source).await },
+        )
+        .await
+        .map_err(|e| ImageError::Unavailable(format!("image pull: {e}")))?
+    }
+
+    async fn resolve_here(
+        self: &Arc<Self>,
+        source: &ImageSource,
+    ) -> Result<Arc<Image>, ImageError> {
+        let key = source.to_string();
         let flight = self.flight(&key);
         let _one = flight.lock().await;
         if let Some(i) = self.cached(&key) {
@@ -357,8 +371,11 @@ impl ImageStore {
             ImageSource::Archive { file, tag } => {
                 let layout = tmp.path.join("layout");
                 let file = file.clone();
-                let room = self.room.clone();
                 let budget = self.budget_for_archive();
+                // Work in `tmp/`, gone when the pull is: bounded by its
+                // budget, not charged to the store (whose bytes are its
+                // layers').
+                let room = AtomicI64::new(i64::try_from(budget.bytes).unwrap_or(i64::MAX));
                 tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
                     std::fs::create_dir(&layout).map_err(|e| io("create", &layout, e))?;
                     let f = std::fs::File::open(&file).map_err(|e| io("open", &file, e))?;
@@ -462,8 +479,8 @@ impl ImageStore {
             let compression =
                 Compression::of_media_type(layer.media_type().as_ref()).ok_or_else(|| {
                     ImageError::Refused(format!(
-                        "layer media type `{}` is not unpacked here (tar or tar+gzip)",
-                        crate::audit::clip(layer.media_type().as_ref())
+                        "layer media type {} is not unpacked here (tar or tar+gzip)",
+                        super::fetch::clipped(layer.media_type().as_ref())
                     ))
                 })?;
             if layer.size() > s.max_layer_bytes {
@@ -566,12 +583,14 @@ impl ImageStore {
                 .map_err(|e| io("create", &blob, e))?;
             fetcher.blob_to(blob_digest, size, &mut f).await?;
         }
-        // Room for the unpacked layer: evict what no view uses when the
-        // store is short of what the layer may need.
-        self.make_room(size.saturating_mul(2).min(budget.bytes));
         let dest = tmp.join(key);
-        let room = self.room.clone();
+        let store = self.clone();
         let (blob2, dest2) = (blob.clone(), dest.clone());
+        let bounds = format!(
+            "images.max_image_bytes ({}) and images.max_entries ({}) bound the image's layers together",
+            self.settings.max_image_bytes, self.settings.max_entries
+        );
+        let max_store = self.settings.max_store_bytes;
         let unpacked = tokio::task::spawn_blocking(move || {
             std::fs::create_dir(&dest2).map_err(|e| io("create", &dest2, e))?;
             let f = std::fs::File::open(&blob2).map_err(|e| io("open", &blob2, e))?;
@@ -580,12 +599,16 @@ impl ImageStore {
                 compression,
                 &dest2,
                 budget,
-                &room,
+                &*store,
             );
             let _ = std::fs::remove_file(&blob2);
             r.map_err(|e| match e {
-                super::unpack::UnpackError::Io(e) => io("unpack into", &dest2, e),
-                other => ImageError::Refused(other.to_string()),
+                UnpackError::Io(e) => io("unpack into", &dest2, e),
+                UnpackError::StoreFull => ImageError::Unavailable(format!(
+                    "the image store is full: images.max_store_bytes ({max_store}) is taken by images in use"
+                )),
+                e @ UnpackError::TooLarge(_) => ImageError::Refused(format!("{e} ({bounds})")),
+                e @ UnpackError::Hostile(_) => ImageError::Refused(e.to_string()),
             })
         })
         .await
@@ -597,13 +620,20 @@ impl ImageStore {
                 return Err(e);
             }
         };
-        if hex(&unpacked.diff_id) != diff_id {
-            let _ = std::fs::remove_dir_all(&dest);
+        // From here on, a failure removes the layer and gives its bytes back.
+        let undo = |e: ImageError, dir: &Path| {
+            let _ = std::fs::remove_dir_all(dir);
             self.room
                 .fetch_add(i64::try_from(unpacked.bytes).unwrap_or(0), Ordering::SeqCst);
-            return Err(ImageError::Refused(format!(
-                "layer {blob_digest}: its content is not the diff_id sha256:{diff_id} its config names"
-            )));
+            e
+        };
+        if hex(&unpacked.diff_id) != diff_id {
+            return Err(undo(
+                ImageError::Refused(format!(
+                    "layer {blob_digest}: its content is not the diff_id sha256:{diff_id} its config names"
+                )),
+                &dest,
+            ));
         }
         let meta = LayerMeta {
             diff_id: format!("sha256:{diff_id}"),
@@ -611,11 +641,14 @@ impl ImageStore {
             entries: unpacked.entries,
         };
         let final_dir = self.layer_dir(key);
-        std::fs::rename(&dest, &final_dir).map_err(|e| io("commit", &final_dir, e))?;
+        std::fs::rename(&dest, &final_dir).map_err(|e| undo(io("commit", &final_dir, e), &dest))?;
+        let record =
+            serde_json::to_vec(&meta).map_err(|e| ImageError::Unavailable(e.to_string()))?;
         write_whole(
             &self.dir.join("layers").join(format!("{key}.json")),
-            &serde_json::to_vec(&meta).map_err(|e| ImageError::Unavailable(e.to_string()))?,
-        )?;
+            &record,
+        )
+        .map_err(|e| undo(e, &final_dir))?;
         self.inner
             .lock()
             .layers
@@ -688,6 +721,21 @@ impl ImageStore {
     }
 }
 
+/// The store's free bytes as an unpack takes them: when they run short,
+/// images no live view uses are evicted to give them.
+impl Room for ImageStore {
+    fn take(&self, n: u64) -> bool {
+        self.room.take(n) || {
+            self.make_room(0);
+            self.room.load(Ordering::SeqCst) >= 0
+        }
+    }
+
+    fn give(&self, n: u64) {
+        self.room.give(n);
+    }
+}
+
 /// Layers a pull relies on, unpinned when it ends (done or not).
 struct Pins {
     store: Arc<ImageStore>,
@@ -747,37 +795,4 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
-}
-
-/// For an index (or a Docker manifest list): the digest of its manifest
-/// for this platform; `None` for a manifest.
-fn platform_manifest(body: &[u8]) -> Result<Option<String>, ImageError> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Probe {
-        media_type: Option<String>,
-        manifests: Option<serde_json::Value>,
-    }
-    let probe: Probe =
-        serde_json::from_slice(body).map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
-    let is_index = probe.manifests.is_some()
-        || probe
-            .media_type
-            .as_deref()
-            .is_some_and(|m| m.contains("index") || m.contains("list"));
-    if !is_index {
-        return Ok(None);
-    }
-    let index: oci_spec::image::ImageIndex = serde_json::from_slice(body)
-        .map_err(|e| ImageError::Refused(format!("image index: {e}")))?;
-    index
-        .manifests()
-        .iter()
-        .find(|m| {
-            m.platform()
-                .as_ref()
-                .is_some_and(|p| p.os().to_string() == OS && p.architecture().to_string() == arch())
-        })
-        .map(|m| Some(m.digest().to_string()))
-        .ok_or_else(|| ImageError::Refused(format!("the index has no image for {OS}/{}", arch())))
 }

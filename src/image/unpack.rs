@@ -19,6 +19,9 @@
 //!   against an entry budget (a decompression or inode bomb stops at its
 //!   bound) and hashed: its digest is the layer's `diff_id`, which the
 //!   caller checks against the image's config before committing.
+//! - Each file's bytes are taken from the store's [`Room`] before they
+//!   are written (the store evicts what no one uses to give them), so the
+//!   store never holds more than its bound.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
@@ -69,8 +72,33 @@ pub enum UnpackError {
     Hostile(String),
     #[error("layer too large: {0}")]
     TooLarge(String),
+    /// The store could not give the bytes a file needs, even after
+    /// evicting what it could.
+    #[error("the image store is full")]
+    StoreFull,
     #[error("layer unreadable: {0}")]
     Io(#[from] io::Error),
+}
+
+/// Where the bytes an unpack writes are charged: the store's free bytes.
+pub trait Room: Sync {
+    /// Take `n` bytes; `false` if they cannot be had (they are taken
+    /// anyway: the caller gives back all it took when the unpack fails).
+    fn take(&self, n: u64) -> bool;
+    /// Give back `n` bytes taken before.
+    fn give(&self, n: u64);
+}
+
+/// Free bytes, never more than they are.
+impl Room for AtomicI64 {
+    fn take(&self, n: u64) -> bool {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.fetch_sub(n, Ordering::SeqCst) >= n
+    }
+
+    fn give(&self, n: u64) {
+        self.fetch_add(i64::try_from(n).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
 }
 
 /// The bounds of one unpack.
@@ -108,20 +136,20 @@ const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
 
 /// Unpack `blob` (compressed as `compression`) into `dest`, an empty
-/// directory the caller made, charging each file's bytes to `room` (the
-/// store's free bytes) as it is written; on failure the charge is given
-/// back (the caller removes `dest`).
+/// directory the caller made, taking each file's bytes from `room` (the
+/// store's free bytes) before it is written; on failure what was taken
+/// is given back (the caller removes `dest`).
 pub fn unpack(
     blob: impl Read,
     compression: Compression,
     dest: &Path,
     budget: Budget,
-    room: &AtomicI64,
+    room: &dyn Room,
 ) -> Result<Unpacked, UnpackError> {
     let mut charged = 0u64;
     let r = unpack_charged(blob, compression, dest, budget, room, &mut charged);
     if r.is_err() {
-        room.fetch_add(i64::try_from(charged).unwrap_or(0), Ordering::SeqCst);
+        room.give(charged);
     }
     r
 }
@@ -131,7 +159,7 @@ fn unpack_charged(
     compression: Compression,
     dest: &Path,
     budget: Budget,
-    room: &AtomicI64,
+    room: &dyn Room,
     charged: &mut u64,
 ) -> Result<Unpacked, UnpackError> {
     let decoded: Box<dyn Read> = match compression {
@@ -195,6 +223,21 @@ fn unpack_charged(
                     rustix::fs::chmodat(&dir, name.as_str(), mode, AtFlags::empty())?;
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    // Its size as the header says (what the copy below
+                    // reads at most), taken before a byte is written; a
+                    // size the stream cannot hold is not taken (taking it
+                    // would evict images for nothing).
+                    let size = entry.size();
+                    if bytes.saturating_add(size) > budget.bytes {
+                        return Err(UnpackError::TooLarge(format!(
+                            "more than {} bytes uncompressed",
+                            budget.bytes
+                        )));
+                    }
+                    *charged += size;
+                    if !room.take(size) {
+                        return Err(UnpackError::StoreFull);
+                    }
                     clear(&dir, &name)?;
                     let f = rustix::fs::openat(
                         &dir,
@@ -208,14 +251,10 @@ fn unpack_charged(
                     )?;
                     let mut file = std::fs::File::from(f);
                     let n = io::copy(&mut entry, &mut file).map_err(too_large_or_io)?;
-                    bytes += n;
-                    *charged += n;
-                    let n = i64::try_from(n).unwrap_or(i64::MAX);
-                    if room.fetch_sub(n, Ordering::SeqCst) < n {
-                        return Err(UnpackError::TooLarge(
-                            "the image store is full (images.max_store_bytes)".to_owned(),
-                        ));
+                    if n != size {
+                        return Err(hostile(&path, "a file shorter than its header says"));
                     }
+                    bytes += n;
                     rustix::fs::fchmod(&file, mode)?;
                 }
                 tar::EntryType::Symlink => {
@@ -506,6 +545,20 @@ mod tests {
         let mut h = sha2::Sha256::new();
         h.update(&t);
         assert_eq!(u.diff_id, <[u8; 32]>::from(h.finalize()));
+    }
+
+    #[test]
+    fn room_is_taken_before_a_file_is_written_and_given_back_on_failure() {
+        let t = layer(|b| {
+            file(b, "a", 0o644, &[1; 60]);
+            file(b, "b", 0o644, &[2; 60]);
+        });
+        let d = tempfile::tempdir().unwrap();
+        let room = AtomicI64::new(100);
+        let r = unpack(&t[..], Compression::None, d.path(), BUDGET, &room);
+        assert!(matches!(r, Err(UnpackError::StoreFull)), "{r:?}");
+        assert_eq!(room.load(Ordering::SeqCst), 100);
+        assert!(!d.path().join("b").exists(), "written past the room");
     }
 
     #[test]

@@ -78,7 +78,11 @@ impl View {
     pub fn env_over(&self, base: &HashMap<String, String>) -> HashMap<String, String> {
         let mut env = base.clone();
         for kv in &self.image.env {
-            if let Some((k, v)) = kv.split_once('=') {
+            // HOME and TMPDIR stay the tenant's: its workspace and its
+            // private /tmp, not the image author's `/root`.
+            if let Some((k, v)) = kv.split_once('=')
+                && !(base.contains_key(k) && matches!(k, "HOME" | "TMPDIR"))
+            {
                 env.insert(k.to_owned(), v.to_owned());
             }
         }
@@ -210,15 +214,4 @@ fn make_skeleton(skel: &Path, root: Option<&Path>) -> Result<(), ImageError> {
         }
     }
     Ok(())
-}
-
-/// Unmount every view a previous run left mounted under `views`.
-pub(super) fn unmount_stale(views: &Path) {
-    for e in std::fs::read_dir(views).into_iter().flatten().flatten() {
-        let p = e.path();
-        if crate::isolation::disk::is_mount_point(&p) {
-            crate::isolation::disk::unmount(&p);
-        }
-        let _ = std::fs::remove_dir(&p);
-    }
 }

@@ -82,6 +82,10 @@ pub struct Tenant {
     /// The image its processes see as `/` (the view stays mounted while
     /// the activation lives).
     pub image: Option<Arc<crate::image::View>>,
+    /// Its sessions' image pulls, one at a time: a tenant asking for one
+    /// new image after another holds one of the store's pull slots, never
+    /// all of them.
+    pub image_pulls: Arc<Semaphore>,
     /// A reload removed it: new sessions are refused, live ones go on.
     removed: AtomicBool,
     /// A reload changed what only a new activation applies: it is retired
@@ -134,6 +138,7 @@ impl Tenant {
             cgroup: None,
             net: None,
             image: None,
+            image_pulls: Arc::new(Semaphore::new(1)),
             removed: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             settings,

@@ -393,6 +393,26 @@ impl Tenants {
             .map_err(fail)
     }
 
+    /// `/readyz` detail: the image store's images, by digest, and how
+    /// many live views (tenants, session images) use each.
+    pub fn images_report(&self) -> String {
+        let Some(store) = self.ctx.store.lock().clone() else {
+            return String::new();
+        };
+        let mut out = format!(
+            "images: {} bytes of {} in the store\n",
+            store.used_bytes(),
+            self.ctx.images.max_store_bytes
+        );
+        for (image, views) in store.list() {
+            out.push_str(&format!(
+                "image: {} {} ({} bytes, {views} in use)\n",
+                image.digest, image.source, image.bytes
+            ));
+        }
+        out
+    }
+
     /// The view a new session of `tenant` asked for (`initialize`'s
     /// `image`, a token's `image` claim, gRPC `CreateSession`): only an
     /// image the tenant may use (its own, or one its `images` allow).
@@ -404,6 +424,18 @@ impl Tenants {
         let source = crate::config::ImageSource::parse(wanted)
             .map_err(|e| GatewayError::InvalidParams(format!("image: {e}")))?;
         let t = &tenant.settings;
+        // Refused before anything is pulled.
+        if tenant.places_on_executors() && t.placement != crate::config::Placement::Local {
+            return Err(GatewayError::InvalidParams(
+                "images run on the gateway's own workers; this tenant's sessions run on executors (placement)".to_owned(),
+            ));
+        }
+        if !super::confine::images_possible(t, self.ctx.layers) {
+            return Err(GatewayError::InvalidParams(format!(
+                "tenant `{}` cannot run images: they need a root of its own and the namespaces and workers layers",
+                tenant.name
+            )));
+        }
         if t.image.as_ref() == Some(&source)
             && let Some(v) = &tenant.image
         {
@@ -415,6 +447,11 @@ impl Tenants {
                 tenant.name
             )));
         }
+        let _one = tenant
+            .image_pulls
+            .acquire()
+            .await
+            .map_err(|_| GatewayError::Draining)?;
         self.image_for(&tenant.name, &source, t.root.as_deref())
             .await
     }

@@ -115,9 +115,10 @@ fn route_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Full<Bytes>> {
                     .map(|r| r.report())
                     .unwrap_or_default();
                 format!(
-                    "{head}{}{}{executors}",
+                    "{head}{}{}{executors}{}",
                     gw.isolation_report(),
-                    gw.limits_report()
+                    gw.limits_report(),
+                    gw.tenants.images_report()
                 )
             } else {
                 head.to_owned()

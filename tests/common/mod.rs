@@ -377,6 +377,10 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Killed, it leaves its image views mounted (the next gateway on
+        // the store would unmount them): gone with its directory instead.
+        let mut under = oci::Unmounts::default();
+        under.watch(self.dir.path());
     }
 }
 

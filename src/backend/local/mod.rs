@@ -168,6 +168,19 @@ impl LocalBackend {
             return Ok(s.clone());
         }
         if running.len() >= MAX_SESSION_IMAGES {
+            // The pools no session holds any more make room (their
+            // workers killed, their views released): only this takes a
+            // pool's `Shared` from the list, under its lock, so a count
+            // of one here stays one.
+            running.retain(|(_, s)| {
+                let idle = Arc::strong_count(s) == 1;
+                if idle && let Runner::Workers(pool) = &s.runner {
+                    pool.kill_all();
+                }
+                !idle
+            });
+        }
+        if running.len() >= MAX_SESSION_IMAGES {
             return Err(GatewayError::QuotaExceeded {
                 quota: "images in use by the tenant's sessions at once",
                 limit: MAX_SESSION_IMAGES as u64,
