@@ -6,9 +6,7 @@
 //! descriptor declares; every byte is checked against its digest.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use futures_util::StreamExt as _;
 use sha2::Digest as _;
 use tokio::io::AsyncWriteExt as _;
 
@@ -23,24 +21,17 @@ pub const MANIFEST_TYPES: &[&str] = &[
     "application/vnd.docker.distribution.manifest.list.v2+json",
 ];
 
-/// Time to connect to a registry, and between two reads of an answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A source of one image's content.
 pub enum Fetcher {
     Registry(Box<Registry>),
     Layout(PathBuf),
 }
 
-/// One registry reference and the clients that speak to its registry.
+/// One registry reference, and the client that speaks to its registry
+/// (module `distribution`).
 pub struct Registry {
     reference: oci_client::Reference,
-    oci: oci_client::Client,
-    auth: oci_client::secrets::RegistryAuth,
-    /// Manifests are fetched here (bounded reads); blobs through `oci`.
-    http: reqwest::Client,
-    scheme: &'static str,
+    client: super::distribution::Registry,
 }
 
 /// `sha256:<64 hex>`, the only digests accepted.
@@ -75,85 +66,11 @@ pub fn hex(b: &[u8]) -> String {
 
 impl Registry {
     pub fn new(reference: &str, settings: &ImagesSettings) -> Result<Registry, ImageError> {
-        // oci-client's TLS uses the process's provider: the gateway's own
-        // (ring), installed once (a second install is refused, harmlessly).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let reference = oci_client::Reference::try_from(reference)
             .map_err(|e| ImageError::Refused(format!("{reference}: {e}")))?;
-        let registry = reference.registry().to_owned();
-        let insecure = settings.insecure_registries.contains(&registry);
-        let ca = match &settings.ca_file {
-            Some(p) => Some(std::fs::read(p).map_err(|e| {
-                ImageError::Unavailable(format!("images.ca_file {}: {e}", p.display()))
-            })?),
-            None => None,
-        };
-        let oci = oci_client::Client::new(oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::HttpsExcept(
-                settings.insecure_registries.clone(),
-            ),
-            extra_root_certificates: ca
-                .iter()
-                .map(|pem| oci_client::client::Certificate {
-                    encoding: oci_client::client::CertificateEncoding::Pem,
-                    data: pem.clone(),
-                })
-                .collect(),
-            connect_timeout: Some(CONNECT_TIMEOUT),
-            read_timeout: Some(READ_TIMEOUT),
-            max_concurrent_download: 1,
-            ..Default::default()
-        });
-        let mut http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::limited(3))
-            .user_agent("exec-gateway");
-        if let Some(pem) = &ca {
-            for cert in reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| ImageError::Unavailable(format!("images.ca_file: {e}")))?
-            {
-                http = http.add_root_certificate(cert);
-            }
-        }
-        let http = http
-            .build()
-            .map_err(|e| ImageError::Unavailable(format!("registry client: {e}")))?;
-        let auth = match settings.credentials.get(&registry) {
-            Some(c) => {
-                let password = std::fs::read_to_string(&c.password_file).map_err(|e| {
-                    ImageError::Unavailable(format!(
-                        "images.credentials.\"{registry}\".password_file: {e}"
-                    ))
-                })?;
-                oci_client::secrets::RegistryAuth::Basic(
-                    c.username.clone(),
-                    password.trim_end_matches(['\r', '\n']).to_owned(),
-                )
-            }
-            None => oci_client::secrets::RegistryAuth::Anonymous,
-        };
-        Ok(Registry {
-            reference,
-            oci,
-            auth,
-            http,
-            scheme: if insecure { "http" } else { "https" },
-        })
+        let client = super::distribution::Registry::new(&reference, settings)?;
+        Ok(Registry { reference, client })
     }
-}
-
-fn registry_error(what: &str, e: impl std::error::Error) -> ImageError {
-    // With its causes: "error sending request" alone does not say that
-    // the certificate's issuer was unknown.
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    ImageError::Unavailable(format!("{what}: {}", clipped(&text)))
 }
 
 /// Text from a registry or an image, cut to a bounded length and quoted
@@ -161,29 +78,6 @@ fn registry_error(what: &str, e: impl std::error::Error) -> ImageError {
 pub fn clipped(s: &str) -> String {
     // `clip` gives a JSON string: its text, quoted and escaped.
     crate::audit::clip(s).to_string()
-}
-
-/// Read a response body to at most `limit` bytes.
-async fn bounded_body(
-    mut res: reqwest::Response,
-    limit: u64,
-    what: &str,
-) -> Result<Vec<u8>, ImageError> {
-    if res.content_length().is_some_and(|n| n > limit) {
-        return Err(ImageError::Refused(format!(
-            "{what}: larger than {limit} bytes"
-        )));
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = res.chunk().await.map_err(|e| registry_error(what, e))? {
-        if (body.len() + chunk.len()) as u64 > limit {
-            return Err(ImageError::Refused(format!(
-                "{what}: larger than {limit} bytes"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// Read a file of a layout to at most `limit` bytes.
@@ -221,40 +115,16 @@ impl Fetcher {
                     Some(d) => d.clone(),
                     None => r.reference.tag().unwrap_or("latest").to_owned(),
                 };
-                let token = r
-                    .oci
-                    .auth(&r.reference, &r.auth, oci_client::RegistryOperation::Pull)
-                    .await
-                    .map_err(|e| registry_error("registry authentication", e))?;
-                let url = format!(
-                    "{}://{}/v2/{}/manifests/{}",
-                    r.scheme,
-                    r.reference.resolve_registry(),
-                    r.reference.repository(),
-                    target
-                );
-                let mut req = r
-                    .http
-                    .get(&url)
-                    .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "));
-                req = match (&token, &r.auth) {
-                    (Some(t), _) => req.bearer_auth(t),
-                    (None, oci_client::secrets::RegistryAuth::Basic(u, p)) => {
-                        req.basic_auth(u, Some(p))
-                    }
-                    _ => req,
-                };
-                let res = req
-                    .send()
-                    .await
-                    .map_err(|e| registry_error("manifest", e))?;
-                if !res.status().is_success() {
-                    return Err(ImageError::Unavailable(format!(
-                        "manifest {target}: the registry answered {}",
-                        res.status()
-                    )));
-                }
-                let body = bounded_body(res, MAX_DOCUMENT_BYTES, "manifest").await?;
+                let res = r
+                    .client
+                    .get(
+                        &format!("manifests/{target}"),
+                        Some(&MANIFEST_TYPES.join(", ")),
+                        false,
+                    )
+                    .await?;
+                let body =
+                    super::distribution::bounded(res, MAX_DOCUMENT_BYTES, "manifest").await?;
                 if let Some(d) = &pinned {
                     verify(&body, d, "manifest")?;
                 }
@@ -307,25 +177,21 @@ impl Fetcher {
         let io = |e: std::io::Error| ImageError::Unavailable(format!("blob {digest}: {e}"));
         match self {
             Fetcher::Registry(r) => {
-                let descriptor = oci_client::manifest::OciDescriptor {
-                    digest: digest.to_owned(),
-                    size: i64::try_from(size).unwrap_or(i64::MAX),
-                    ..Default::default()
-                };
-                let mut s = r
-                    .oci
-                    .pull_blob_stream(&r.reference, &descriptor)
-                    .await
-                    .map_err(|e| registry_error(&format!("blob {digest}"), e))?;
-                if s.content_length.is_some_and(|l| l > size) {
+                let mut res = r.client.get(&format!("blobs/{digest}"), None, true).await?;
+                if res.content_length().is_some_and(|l| l > size) {
                     return Err(too_large());
                 }
-                while let Some(chunk) = s.stream.next().await {
-                    let chunk = chunk.map_err(io)?;
+                let pace = super::distribution::Pace::start();
+                while let Some(chunk) = res
+                    .chunk()
+                    .await
+                    .map_err(|e| ImageError::Unavailable(format!("blob {digest}: {e}")))?
+                {
                     n += chunk.len() as u64;
                     if n > size {
                         return Err(too_large());
                     }
+                    pace.check(n, &format!("blob {digest}"))?;
                     hash.update(&chunk);
                     out.write_all(&chunk).await.map_err(io)?;
                 }

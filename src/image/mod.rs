@@ -19,9 +19,13 @@
 //! entries into the Landlock read grants, its `Env` into the process
 //! environment.
 
+pub mod distribution;
 pub mod fetch;
+mod gc;
 pub mod layout;
+mod proof;
 pub mod store;
+mod tmp;
 pub mod unpack;
 pub mod view;
 
@@ -43,6 +47,9 @@ pub enum ImageError {
     /// The tenant may not use this image.
     #[error("image not allowed: {0}")]
     NotAllowed(String),
+    /// Evicted from the store between its lookup and its view.
+    #[error("image evicted from the store: {0}; retry")]
+    Evicted(String),
 }
 
 impl From<ImageError> for GatewayError {
@@ -50,7 +57,9 @@ impl From<ImageError> for GatewayError {
         match e {
             ImageError::Refused(_) => GatewayError::InvalidParams(e.to_string()),
             ImageError::NotAllowed(_) => GatewayError::Forbidden(e.to_string()),
-            ImageError::Unavailable(_) => GatewayError::Internal(e.to_string()),
+            ImageError::Unavailable(_) | ImageError::Evicted(_) => {
+                GatewayError::Internal(e.to_string())
+            }
         }
     }
 }

@@ -33,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::ImageError;
 use super::fetch::{Fetcher, OS, Registry, arch, check_digest, hex, platform_manifest, sha256_hex};
-use super::unpack::{Budget, Compression, Room, UnpackError, unpack};
+use super::tmp::tempdir_in;
+use super::unpack::{Budget, Compression, UnpackError, unpack};
 use crate::config::{ImageSource, ImagesSettings};
 
 /// An image in the store.
@@ -54,38 +55,41 @@ pub struct Image {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct LayerMeta {
-    diff_id: String,
-    bytes: u64,
+pub(super) struct LayerMeta {
+    pub(super) diff_id: String,
+    pub(super) bytes: u64,
     entries: u64,
+    /// Blobs proven to unpack to it (module `proof`).
+    #[serde(default)]
+    blobs: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct RefRecord {
-    source: String,
-    digest: String,
+pub(super) struct RefRecord {
+    pub(super) source: String,
+    pub(super) digest: String,
 }
 
 #[derive(Default)]
-struct Inner {
-    images: HashMap<String, Arc<Image>>,
-    refs: HashMap<String, String>,
-    layers: HashMap<String, LayerMeta>,
+pub(super) struct Inner {
+    pub(super) images: HashMap<String, Arc<Image>>,
+    pub(super) refs: HashMap<String, String>,
+    pub(super) layers: HashMap<String, LayerMeta>,
     /// Live views per image digest (module `view`): never evicted.
-    in_use: HashMap<String, usize>,
+    pub(super) in_use: HashMap<String, usize>,
     /// Layers a pull in progress relies on: never removed.
-    pinned: HashMap<String, usize>,
-    last_used: HashMap<String, Instant>,
+    pub(super) pinned: HashMap<String, usize>,
+    pub(super) last_used: HashMap<String, Instant>,
 }
 
 /// The store, shared by every tenant of the gateway.
 pub struct ImageStore {
     pub(super) settings: ImagesSettings,
     pub(super) dir: PathBuf,
-    inner: Mutex<Inner>,
+    pub(super) inner: Mutex<Inner>,
     /// Bytes the store may still take (`max_store_bytes` less what its
     /// layers hold); an unpack charges each file as it writes it.
-    room: Arc<AtomicI64>,
+    pub(super) room: Arc<AtomicI64>,
     pulls: tokio::sync::Semaphore,
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// `lock`, held (flock) while the store is open: one gateway per
@@ -152,6 +156,10 @@ impl ImageStore {
                 crate::isolation::disk::unmount(&p);
             }
             let _ = std::fs::remove_dir(&p);
+        }
+        // Their skeletons too.
+        for p in read_dir("skel") {
+            let _ = std::fs::remove_dir_all(&p);
         }
         let _ = std::fs::remove_dir_all(dir.join("tmp"));
         std::fs::create_dir_all(dir.join("tmp")).map_err(|e| io("create", &dir, e))?;
@@ -255,10 +263,15 @@ impl ImageStore {
         self.dir.join("layers").join(key)
     }
 
-    pub(super) fn hold(&self, digest: &str) {
+    /// Count one more live view of `digest`, if the store still has it.
+    pub(super) fn hold_if_present(&self, digest: &str) -> bool {
         let mut inner = self.inner.lock();
+        if !inner.images.contains_key(digest) {
+            return false;
+        }
         *inner.in_use.entry(digest.to_owned()).or_default() += 1;
         inner.last_used.insert(digest.to_owned(), Instant::now());
+        true
     }
 
     pub(super) fn release(&self, digest: &str) {
@@ -299,6 +312,10 @@ impl ImageStore {
         let flight = self.flight(&key);
         let _one = flight.lock().await;
         if let Some(i) = self.cached(&key) {
+            // Pulled by the caller ahead: its entry goes with the last.
+            drop(_one);
+            drop(flight);
+            self.forget_flight(&key);
             return Ok(i);
         }
         let timeout = self.settings.pull_timeout;
@@ -496,7 +513,30 @@ impl ImageStore {
                 let _one = flight.lock().await;
                 let known = self.inner.lock().layers.get(&key).cloned();
                 match known {
-                    Some(m) => m,
+                    Some(m) if m.diff_id != *diff_id => {
+                        return Err(ImageError::Refused(format!(
+                            "layer {diff_id}: its first 128 bits name another layer in the store"
+                        )));
+                    }
+                    Some(m) if m.blobs.iter().any(|b| b == layer.digest().as_ref()) => m,
+                    Some(mut m) => {
+                        let bound = s.max_image_bytes.saturating_sub(image_bytes);
+                        let digest = layer.digest().as_ref();
+                        super::proof::prove(
+                            fetcher,
+                            digest,
+                            layer.size(),
+                            compression,
+                            &want,
+                            bound,
+                            tmp,
+                        )
+                        .await?;
+                        m.blobs.truncate(super::proof::MAX_PROVEN_BLOBS - 1);
+                        m.blobs.insert(0, digest.to_owned());
+                        self.record_layer(&key, &m)?;
+                        m
+                    }
                     None => {
                         let remaining = Budget {
                             bytes: s.max_image_bytes.saturating_sub(image_bytes),
@@ -639,100 +679,28 @@ impl ImageStore {
             diff_id: format!("sha256:{diff_id}"),
             bytes: unpacked.bytes,
             entries: unpacked.entries,
+            blobs: vec![blob_digest.to_owned()],
         };
         let final_dir = self.layer_dir(key);
         std::fs::rename(&dest, &final_dir).map_err(|e| undo(io("commit", &final_dir, e), &dest))?;
+        self.record_layer(key, &meta)
+            .map_err(|e| undo(e, &final_dir))?;
+        Ok(meta)
+    }
+
+    /// Write layer `key`'s record (whole) and keep it.
+    fn record_layer(&self, key: &str, meta: &LayerMeta) -> Result<(), ImageError> {
         let record =
-            serde_json::to_vec(&meta).map_err(|e| ImageError::Unavailable(e.to_string()))?;
+            serde_json::to_vec(meta).map_err(|e| ImageError::Unavailable(e.to_string()))?;
         write_whole(
             &self.dir.join("layers").join(format!("{key}.json")),
             &record,
-        )
-        .map_err(|e| undo(e, &final_dir))?;
+        )?;
         self.inner
             .lock()
             .layers
             .insert(key.to_owned(), meta.clone());
-        Ok(meta)
-    }
-
-    /// Evict images no live view uses (least recently used first), and
-    /// then the layers no image references, until `need` bytes are free
-    /// or nothing more can go.
-    pub fn make_room(&self, need: u64) {
-        let need = i64::try_from(need).unwrap_or(i64::MAX);
-        let mut inner = self.inner.lock();
-        while self.room.load(Ordering::SeqCst) < need {
-            let victim = inner
-                .images
-                .keys()
-                .filter(|d| !inner.in_use.contains_key(*d))
-                .min_by_key(|d| inner.last_used.get(*d).copied())
-                .cloned();
-            let Some(d) = victim else { break };
-            self.forget_image(&mut inner, &d);
-            self.remove_unreferenced_layers(&mut inner);
-        }
-    }
-
-    fn forget_image(&self, inner: &mut Inner, digest: &str) {
-        inner.images.remove(digest);
-        inner.last_used.remove(digest);
-        inner.refs.retain(|_, d| d != digest);
-        if let Ok(h) = check_digest(digest) {
-            let _ = std::fs::remove_file(self.dir.join("images").join(format!("{h}.json")));
-        }
-        for p in std::fs::read_dir(self.dir.join("refs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let gone = std::fs::read(p.path())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<RefRecord>(&b).ok())
-                .is_some_and(|r| r.digest == digest);
-            if gone {
-                let _ = std::fs::remove_file(p.path());
-            }
-        }
-        tracing::info!(digest, "image evicted from the store");
-    }
-
-    fn remove_unreferenced_layers(&self, inner: &mut Inner) {
-        let referenced: std::collections::HashSet<&String> = inner
-            .images
-            .values()
-            .flat_map(|i| i.layers.iter())
-            .collect();
-        let gone: Vec<String> = inner
-            .layers
-            .keys()
-            .filter(|k| !referenced.contains(k) && !inner.pinned.contains_key(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            if let Some(m) = inner.layers.remove(&k) {
-                let _ = std::fs::remove_file(self.dir.join("layers").join(format!("{k}.json")));
-                let _ = std::fs::remove_dir_all(self.layer_dir(&k));
-                self.room
-                    .fetch_add(i64::try_from(m.bytes).unwrap_or(0), Ordering::SeqCst);
-            }
-        }
-    }
-}
-
-/// The store's free bytes as an unpack takes them: when they run short,
-/// images no live view uses are evicted to give them.
-impl Room for ImageStore {
-    fn take(&self, n: u64) -> bool {
-        self.room.take(n) || {
-            self.make_room(0);
-            self.room.load(Ordering::SeqCst) >= 0
-        }
-    }
-
-    fn give(&self, n: u64) {
-        self.room.give(n);
+        Ok(())
     }
 }
 
@@ -775,24 +743,5 @@ impl Drop for Pins {
         }
         // A failed pull's layers that no image references go now.
         self.store.remove_unreferenced_layers(&mut inner);
-    }
-}
-
-/// A directory under the store's `tmp/`, removed when dropped.
-struct TempDir {
-    path: PathBuf,
-}
-
-fn tempdir_in(base: &Path) -> Result<TempDir, ImageError> {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).map_err(|e| ImageError::Unavailable(e.to_string()))?;
-    let path = base.join(hex(&b));
-    std::fs::create_dir(&path).map_err(|e| io("create", &path, e))?;
-    Ok(TempDir { path })
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
     }
 }

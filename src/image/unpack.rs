@@ -59,11 +59,16 @@ impl Compression {
 pub struct Unpacked {
     /// SHA-256 of the uncompressed tar stream (hex).
     pub diff_id: [u8; 32],
-    /// Bytes of file contents written.
+    /// What it takes of the store: a block per entry, and each file's
+    /// contents in whole blocks ([`BLOCK`]).
     pub bytes: u64,
     /// Entries created.
     pub entries: u64,
 }
+
+/// The store's unit of charge: an entry's inode and block, and the
+/// block size a file's contents are rounded up to.
+pub const BLOCK: u64 = 4096;
 
 /// Why a layer was refused.
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +195,17 @@ fn unpack_charged(
                     budget.entries
                 )));
             }
+            // A pax global header (`git archive` writes one) names no
+            // file: its settings are not applied.
+            if entry.header().entry_type() == tar::EntryType::XGlobalHeader {
+                continue;
+            }
+            // Every entry costs the store its inode and a block, whatever
+            // it is (a million empty directories are not free).
+            *charged += BLOCK;
+            if !room.take(BLOCK) {
+                return Err(UnpackError::StoreFull);
+            }
             let path = entry.path().map_err(too_large_or_io)?.into_owned();
             let Some((parent, name)) = split(&path)? else {
                 continue; // `.` itself
@@ -234,8 +250,10 @@ fn unpack_charged(
                             budget.bytes
                         )));
                     }
-                    *charged += size;
-                    if !room.take(size) {
+                    // In whole blocks, as the disk holds it.
+                    let blocks = size.div_ceil(BLOCK) * BLOCK;
+                    *charged += blocks;
+                    if !room.take(blocks) {
                         return Err(UnpackError::StoreFull);
                     }
                     clear(&dir, &name)?;
@@ -319,7 +337,7 @@ fn unpack_charged(
     io::copy(&mut counted, &mut io::sink()).map_err(too_large_or_io)?;
     Ok(Unpacked {
         diff_id: counted.hash.finalize().into(),
-        bytes,
+        bytes: *charged,
         entries,
     })
 }
@@ -541,7 +559,8 @@ mod tests {
         );
         let w = std::fs::symlink_metadata(p.join("etc/gone")).unwrap();
         assert!(w.file_type().is_char_device() && w.rdev() == 0);
-        assert_eq!(u.bytes, 10);
+        // Five entries, and the file's 10 bytes in a block of their own.
+        assert_eq!(u.bytes, 5 * BLOCK + BLOCK);
         let mut h = sha2::Sha256::new();
         h.update(&t);
         assert_eq!(u.diff_id, <[u8; 32]>::from(h.finalize()));

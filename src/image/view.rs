@@ -31,6 +31,8 @@ pub const NOT_IMAGE: &[&str] = &["dev", "proc", "sys", "tmp"];
 pub struct View {
     /// The overlay's mount point on the host.
     pub path: PathBuf,
+    /// Its skeleton (the overlay's top layer).
+    skel: PathBuf,
     pub image: Arc<Image>,
     store: Arc<ImageStore>,
 }
@@ -103,9 +105,15 @@ impl Drop for View {
     fn drop(&mut self) {
         crate::isolation::disk::unmount(&self.path);
         let _ = std::fs::remove_dir(&self.path);
+        let _ = std::fs::remove_dir_all(&self.skel);
         self.store.release(&self.image.digest);
     }
 }
+
+/// Each mount has paths of its own (`<id>.<n>`): a view being dropped
+/// unmounts only its own, never the one a new caller just made for the
+/// same image and root.
+static INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Views alive, by id: one mount per (image, root) however many workers.
 static VIEWS: Mutex<Vec<(String, Weak<View>)>> = Mutex::new(Vec::new());
@@ -134,13 +142,41 @@ impl ImageStore {
         {
             return Ok(v);
         }
-        let skel = self.dir.join("skel").join(&id);
-        make_skeleton(&skel, root)?;
-        let path = self.dir.join("views").join(&id);
-        std::fs::create_dir_all(&path).map_err(|e| fail("create", &path, e))?;
-        if crate::isolation::disk::is_mount_point(&path) {
-            crate::isolation::disk::unmount(&path);
+        let n = INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let skel = self.dir.join("skel").join(format!("{id}.{n}"));
+        let path = self.dir.join("views").join(format!("{id}.{n}"));
+        // Held before it is mounted: an eviction between the lookup and
+        // here finds it in use, or has already removed it (then no mount).
+        if !self.hold_if_present(&image.digest) {
+            return Err(ImageError::Evicted(image.digest.clone()));
         }
+        let mounted = self.mount(image, root, &skel, &path);
+        if let Err(e) = mounted {
+            self.release(&image.digest);
+            let _ = std::fs::remove_dir_all(&skel);
+            let _ = std::fs::remove_dir(&path);
+            return Err(e);
+        }
+        let v = Arc::new(View {
+            path,
+            skel,
+            image: image.clone(),
+            store: self.clone(),
+        });
+        views.push((id, Arc::downgrade(&v)));
+        Ok(v)
+    }
+
+    /// The overlay of `image` under its skeleton at `path`.
+    fn mount(
+        &self,
+        image: &Image,
+        root: Option<&Path>,
+        skel: &Path,
+        path: &Path,
+    ) -> Result<(), ImageError> {
+        make_skeleton(skel, root)?;
+        std::fs::create_dir_all(path).map_err(|e| fail("create", path, e))?;
         let mut lower = skel.display().to_string();
         for key in image.layers.iter().rev() {
             lower.push(':');
@@ -158,7 +194,7 @@ impl ImageStore {
         use rustix::mount::MountFlags;
         rustix::mount::mount(
             "exec-gateway-image",
-            &path,
+            path,
             "overlay",
             MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
             Some(
@@ -167,15 +203,7 @@ impl ImageStore {
                     .as_c_str(),
             ),
         )
-        .map_err(|e| fail("mount the overlay on", &path, e))?;
-        self.hold(&image.digest);
-        let v = Arc::new(View {
-            path,
-            image: image.clone(),
-            store: self.clone(),
-        });
-        views.push((id, Arc::downgrade(&v)));
-        Ok(v)
+        .map_err(|e| fail("mount the overlay on", path, e))
     }
 }
 

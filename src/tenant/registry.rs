@@ -385,12 +385,22 @@ impl Tenants {
             }
         };
         let store = self.image_store().map_err(fail)?;
-        let image = store.resolve(source).await.map_err(fail)?;
         let root = root.map(std::path::Path::to_path_buf);
-        tokio::task::spawn_blocking(move || store.view(&image, root.as_deref()))
-            .await
-            .map_err(|e| GatewayError::Internal(format!("image view: {e}")))?
-            .map_err(fail)
+        // Evicted between the two steps (another pull needed the room):
+        // pulled again, once.
+        let mut tries = 2;
+        loop {
+            tries -= 1;
+            let image = store.resolve(source).await.map_err(fail)?;
+            let (store, root) = (store.clone(), root.clone());
+            let viewed = tokio::task::spawn_blocking(move || store.view(&image, root.as_deref()))
+                .await
+                .map_err(|e| GatewayError::Internal(format!("image view: {e}")))?;
+            match viewed {
+                Err(crate::image::ImageError::Evicted(_)) if tries > 0 => continue,
+                other => return other.map_err(fail),
+            }
+        }
     }
 
     /// `/readyz` detail: the image store's images, by digest, and how
