@@ -135,12 +135,12 @@ fn config(dir: &Path, name: &str, registry: &str, image: Option<&str>) -> BenchR
         .map(|i| format!("image = \"{i}\"\n"))
         .unwrap_or_default();
     let text = format!(
-        "[server]\nmax_connections = 4096\nmax_sessions = 4096\nmax_active_tenants = 512\n\
-         tenant_idle_timeout = \"60s\"\nmax_unauthenticated = 2048\nmax_unauthenticated_per_source = 2048\n\
-         [exec]\nmax_processes = 1024\n\
+        "[server]\nmax_connections = 1024\nmax_sessions = 1024\nmax_active_tenants = 200\n\
+         tenant_idle_timeout = \"60s\"\nmax_unauthenticated = 512\nmax_unauthenticated_per_source = 512\n\
+         [exec]\nmax_processes = 512\n\
          [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{k}\"\n\
          [images]\nstore = \"{s}\"\nregistries = [\"{registry}\"]\ninsecure_registries = [\"{registry}\"]\n\
-         [tenant_template]\nroot = \"{r}/{{tenant}}\"\nworkers_max = 1\n{image}\
+         [tenant_template]\nroot = \"{r}/{{tenant}}\"\nworkers_max = 1\nmax_open_files = 4\nmax_streams = 2\n{image}\
          requests_per_second = 1000000\nburst = 1000000\n",
         k = dir.join("hs256.key").display(),
         s = dir.join(format!("{name}-store")).display(),
