@@ -858,3 +858,238 @@ async fn images_sharing_a_base_layer_unpack_it_once() {
     assert!(s.layer_dirs().contains(&key), "{s:?}");
     assert_eq!(s.images.len(), 2, "{s:?}");
 }
+
+// === What the attack review found: a lying registry, borrowed layers, free entries ===
+
+/// A registry that lies, on a loopback port of its own: `route` answers
+/// each request's path with a whole HTTP response (status line, headers,
+/// body), or `None` to stream `A`s until the client goes away. Counts the
+/// requests it gets.
+struct Liar {
+    addr: String,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Liar {
+    fn start(route: impl Fn(&str, &str) -> Option<String> + Send + Sync + 'static) -> Liar {
+        use std::io::{Read as _, Write as _};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (h, me) = (hits.clone(), addr.clone());
+        let route = std::sync::Arc::new(route);
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (route, me) = (route.clone(), me.clone());
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                        if s.read(&mut b).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    match route(&me, &path) {
+                        Some(r) => {
+                            let _ = s.write_all(r.as_bytes());
+                        }
+                        None => {
+                            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"token\":\"");
+                            let chunk = vec![b'A'; 64 << 10];
+                            // Far past any bound; stops when the client does.
+                            for _ in 0..1024 {
+                                if s.write_all(&chunk).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Liar { addr, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn http(status: &str, headers: &str) -> Option<String> {
+    Some(format!(
+        "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n{headers}\r\n"
+    ))
+}
+
+/// Guards (the attack review's highs and SSRF): a token reply is read to
+/// its bound, not to the end of the registry's patience (or the host's
+/// memory); a token service on a host `[images] registries` does not list
+/// is never asked; a manifest's redirect is not followed. Each refusal
+/// reaches the client, and the other host gets no request at all.
+#[tokio::test]
+async fn a_lying_registry_gets_bounded_reads_and_no_hop_elsewhere() {
+    // Another host: whatever reaches it is a hop the gateway should not
+    // have made.
+    let elsewhere = Liar::start(|_, _| http("200 OK", ""));
+    let other = elsewhere.addr.clone();
+    let endless = Liar::start(|me, path| match path {
+        p if p.starts_with("/token") => None,
+        _ => http(
+            "401 Unauthorized",
+            &format!("www-authenticate: Bearer realm=\"http://{me}/token\",service=\"x\"\r\n"),
+        ),
+    });
+    let o = other.clone();
+    let foreign = Liar::start(move |_, _| {
+        http(
+            "401 Unauthorized",
+            &format!("www-authenticate: Bearer realm=\"http://{o}/token\",service=\"x\"\r\n"),
+        )
+    });
+    let o = other.clone();
+    let redirect = Liar::start(move |_, path| match path {
+        "/v2/" => http("200 OK", ""),
+        _ => http("302 Found", &format!("location: http://{o}/leak\r\n")),
+    });
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let regs: Vec<&str> = vec![&endless.addr, &foreign.addr, &redirect.addr];
+    let list = regs
+        .iter()
+        .map(|r| format!("\"{r}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let images = format!(
+        "store = \"{}\"\nregistries = [{list}]\ninsecure_registries = [{list}]\n",
+        store.display()
+    );
+    let tenants = vec![
+        ("endless", Some(format!("{}/r:1", endless.addr))),
+        ("foreign", Some(format!("{}/r:1", foreign.addr))),
+        ("redirect", Some(format!("{}/r:1", redirect.addr))),
+        ("host", None),
+    ];
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    refused(
+        &gw,
+        &store,
+        "endless",
+        "token reply: larger than 65536 bytes",
+        "token reply",
+    )
+    .await;
+    refused(
+        &gw,
+        &store,
+        "foreign",
+        "the token service is not the registry",
+        "token service",
+    )
+    .await;
+    refused(&gw, &store, "redirect", "the registry answered 302", "302").await;
+    assert_eq!(
+        elsewhere.hits(),
+        0,
+        "the gateway went to a host it was not given"
+    );
+    host_tenant_serves(&gw, "host").await;
+}
+
+/// Guards (the attack review's layer borrowing): an image whose config
+/// names another image's layer (by its diff_id, or by one sharing its
+/// first 128 bits) but whose own blob is something else does not get that
+/// layer: it is refused, and the owner's private file never shows in it.
+#[tokio::test]
+async fn a_layer_is_shared_only_with_an_image_that_has_it() {
+    if let Some(why) = oci::busybox_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let private = layer(&[
+        Entry::Dir("srv", 0o755),
+        Entry::File("srv/private", 0o644, b"SECRET".to_vec()),
+    ]);
+    let owner = work.path().join("layout-owner");
+    oci::write_layout(
+        &owner,
+        "v1",
+        &[
+            Layer::gzip(&oci::busybox_layer("owner")),
+            Layer::gzip(&private),
+        ],
+        &["PATH=/bin"],
+    );
+    let private_id = format!("sha256:{}", oci::sha256_hex(&private));
+    let junk = layer(&[Entry::File("junk", 0o644, b"junk".to_vec())]);
+    let borrow = |name: &str, diff_id: String| {
+        let mut l = Layer::gzip(&junk);
+        l.diff_id = diff_id;
+        let dir = work.path().join(format!("layout-{name}"));
+        oci::write_layout(
+            &dir,
+            "v1",
+            &[Layer::gzip(&oci::busybox_layer(name)), l],
+            &["PATH=/bin"],
+        );
+        dir
+    };
+    let exact = borrow("exact", private_id.clone());
+    // The same first 128 bits (the store's key), another diff_id.
+    let mut near = private_id.clone();
+    let last = near.pop().unwrap();
+    near.push(if last == '0' { '1' } else { '0' });
+    let near = borrow("near", near);
+    let oci_ref = |p: &Path| format!("oci:{}:v1", p.display());
+    let tenants = vec![
+        ("owner", Some(oci_ref(&owner))),
+        ("exact", Some(oci_ref(&exact))),
+        ("near", Some(oci_ref(&near))),
+    ];
+    let images = format!("store = \"{}\"\n", store.display());
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    let mut c = serves(&gw, "owner", "owner", true).await;
+    let root = gw.dir.path().join("owner").display().to_string();
+    assert_eq!(
+        run(&mut c, "p", &root, &["/bin/cat", "/srv/private"])
+            .await
+            .0,
+        "SECRET"
+    );
+    let told = "could not be had";
+    refused(&gw, &store, "exact", told, "is not the diff_id").await;
+    refused(&gw, &store, "near", told, "name another layer").await;
+}
+
+/// Guards (the attack review's free entries): the store charges every
+/// entry, not only file bytes: an image of empty directories is refused
+/// once they would take more than `max_store_bytes`.
+#[tokio::test]
+async fn empty_directories_are_charged_to_the_store() {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let names: Vec<String> = (0..2000).map(|i| format!("d{i}")).collect();
+    let entries: Vec<Entry<'_>> = names.iter().map(|n| Entry::Dir(n, 0o755)).collect();
+    let dirs = work.path().join("layout-dirs");
+    oci::write_layout(&dirs, "v1", &[Layer::gzip(&layer(&entries))], &[]);
+    let tenants = vec![
+        ("dirs", Some(format!("oci:{}:v1", dirs.display()))),
+        ("host", None),
+    ];
+    // 2,000 directories at a block each: 8 MB, past 4 MiB.
+    let images = format!(
+        "store = \"{}\"\nmax_store_bytes = 4194304\nmax_image_bytes = 4194304\n",
+        store.display()
+    );
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    refused(&gw, &store, "dirs", "could not be had", "store is full").await;
+    host_tenant_serves(&gw, "host").await;
+}

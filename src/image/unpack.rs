@@ -416,21 +416,7 @@ fn walk(root: &OwnedFd, parts: &[String]) -> Result<OwnedFd, UnpackError> {
 
 /// Remove whatever `name` is in `dir` (a directory with its contents).
 fn clear(dir: &OwnedFd, name: &str) -> Result<(), UnpackError> {
-    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Err(_) => Ok(()),
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
-            let sub = rustix::fs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            empty_dir(&sub, 0)?;
-            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
-            Ok(())
-        }
-        Ok(_) => Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?),
-    }
+    clear_at(dir, name, 0)
 }
 
 /// Deepest directory nesting [`clear`] descends (a layer's own paths are

@@ -21,6 +21,15 @@ use std::sync::Arc;
 use super::egress::{TenantNet, loopback_up};
 use super::idmap::IdMap;
 
+/// A raw syscall's result: its value, or the OS error it set.
+fn check(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
 /// What a tenant's namespaces look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceSpec {
@@ -378,13 +387,6 @@ impl Namespace {
     /// # Safety
     /// Call only in a single-threaded child between fork and exec.
     pub unsafe fn enter(&self, rights: Option<NsRights>) -> io::Result<()> {
-        let check = |r: libc::c_long| {
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(r)
-            }
-        };
         // SAFETY (whole body): raw syscalls with valid, NUL-terminated
         // arguments; descriptors opened here are closed here.
         unsafe {
@@ -649,13 +651,6 @@ impl Namespace {
         if self.image.is_none() {
             return Ok(());
         }
-        let check = |r: libc::c_long| {
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(r)
-            }
-        };
         // SAFETY: raw syscalls on NUL-terminated constants.
         unsafe {
             // A mount namespace of its own first: pivot_root moves every
