@@ -6,8 +6,14 @@
 //! - [`store`]: the store on disk (layers, image records, references), its
 //!   bound, garbage collection and recovery at start; pulls, each made
 //!   once however many ask at once.
-//! - [`fetch`]: where content comes from (a registry through `oci-client`,
-//!   a layout on the host), every byte checked against its digest.
+//! - `gc`: eviction, least recently used images no live view holds.
+//! - `proof`: a layer already stored is shared with a new image only once
+//!   that image's own blob is shown to unpack to it.
+//! - [`fetch`]: where content comes from (a registry, a layout on the
+//!   host), every byte checked against its digest.
+//! - [`distribution`]: the registry protocol, every read bounded, no hop
+//!   to a host the configuration does not name.
+//! - [`layout`]: writing an OCI layout (tests, benchmarks, imports).
 //! - [`unpack`]: one layer's tar into a directory, as hostile input.
 //! - [`view`]: an image as a tenant sees it: its skeleton (the mount points
 //!   the namespace needs) over its layers, an overlay on the host that the
