@@ -124,9 +124,18 @@ async fn tenants_on_two_images_see_their_own_root_and_write_only_their_workspace
 /// `[images]` with `images`, and each tenant rooted at `DIR/NAME` with its
 /// image (`None`: the host's userland).
 fn config(d: &Path, server: &str, images: &str, tenants: &[(&str, Option<String>)]) -> String {
+    // A tenant's first pull and unpack happen inside its first handshake:
+    // in the emulated VM lane they take longer than the default 10 s.
+    let server = if server.is_empty() {
+        "[server]\n".to_owned()
+    } else {
+        server.to_owned()
+    };
     let mut s = format!(
-        "{server}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+        "{server}handshake_timeout = \"{}s\"\n\
+         [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
          [images]\n{images}\n",
+        common::event_timeout().as_secs().max(10),
         d.display()
     );
     for (t, image) in tenants {
