@@ -462,8 +462,8 @@ pub fn archive(layout: &Path, file: &Path) {
 fn logging_wrapper() -> PathBuf {
     let bin = env!("CARGO_BIN_EXE_exec-gateway");
     let script = format!(
-        "#!/bin/sh\n# exec-gateway, its stderr kept (tests/common/oci.rs)\n\
-         exec '{bin}' \"$@\" 2>>\"${{XDG_STATE_HOME%/state}}/gateway.log\"\n"
+        "#!/bin/sh\n# exec-gateway, its stderr kept at info level whatever RUST_LOG says (the tests read it; tests/common/oci.rs)\n\
+         RUST_LOG=info exec '{bin}' \"$@\" 2>>\"${{XDG_STATE_HOME%/state}}/gateway.log\"\n"
     );
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("exec-gateway-logged.sh");
     if std::fs::read_to_string(&path).ok().as_deref() != Some(script.as_str()) {
