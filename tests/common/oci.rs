@@ -191,35 +191,7 @@ pub struct TestRegistry {
 
 impl TestRegistry {
     pub fn start() -> TestRegistry {
-        let dir = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let addr = format!("127.0.0.1:{port}");
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}/data\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
-            dir.path().display()
-        );
-        let cfg = dir.path().join("config.yml");
-        std::fs::write(&cfg, config).unwrap();
-        let mut child = Command::new("/usr/bin/docker-registry")
-            .arg("serve")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("registry.log")).unwrap())
-            .spawn()
-            .unwrap();
-        // Up when /v2/ answers.
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(&addr).is_ok() {
-                return TestRegistry { child, addr, dir };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("docker-registry did not listen on {addr}");
+        Self::start_configured(&RegistryConfig::default())
     }
 
     /// Push the layout at `layout` (tag `tag`) as `repo:tag`.
