@@ -1843,6 +1843,7 @@ async fn stack_cost(
             }),
             tenant: tenant.clone(),
             session: Some(session),
+            place: None,
             evicted: token.evicted,
             reply: None,
         },

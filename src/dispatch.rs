@@ -26,6 +26,10 @@ pub struct RequestContext {
     /// The session the call runs in; process calls need one, file calls do
     /// not (gRPC file calls carry none). It belongs to `tenant`.
     pub session: Option<Arc<Session>>,
+    /// Where a call without a session runs: in this session's place (its
+    /// image) rather than the tenant's (gRPC file calls naming a session
+    /// this gateway runs).
+    pub place: Option<Arc<Session>>,
     /// Cancelled when another connection takes the session over.
     pub evicted: CancellationToken,
     /// Where the reply goes (JSON-RPC doors): see [`Responder`].
@@ -72,7 +76,10 @@ impl tower::Service<RpcRequest> for Dispatch {
                     },
                 )
             }
-            None => ctx.tenant.backend.run_sessionless(op),
+            None => match ctx.place {
+                Some(place) => place.backend.run_sessionless(op),
+                None => ctx.tenant.backend.run_sessionless(op),
+            },
         }
     }
 }

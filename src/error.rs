@@ -62,6 +62,8 @@ pub enum ErrorKind {
     ExecutorUnavailable,
     /// The remote executor answered with an error of its own.
     Executor,
+    /// The tenant's own image is still being pulled: retry shortly.
+    ImagePulling,
 }
 
 /// Every error a call can end in.
@@ -142,6 +144,11 @@ pub enum GatewayError {
         message: String,
         data: Option<serde_json::Value>,
     },
+    /// A handshake that activates a tenant answered before its deadline
+    /// while the tenant's image is still being pulled (the pull goes on):
+    /// -32001, HTTP 503 with `Retry-After`, UNAVAILABLE.
+    #[error("the image of tenant `{tenant}` is still being pulled; retry shortly")]
+    ImagePulling { tenant: String, retry_after_ms: u64 },
 }
 
 impl GatewayError {
@@ -168,6 +175,7 @@ impl GatewayError {
             GatewayError::OwnerLost { .. } => ErrorKind::OwnerLost,
             GatewayError::ExecutorUnavailable { .. } => ErrorKind::ExecutorUnavailable,
             GatewayError::Executor { .. } => ErrorKind::Executor,
+            GatewayError::ImagePulling { .. } => ErrorKind::ImagePulling,
         }
     }
 
@@ -193,6 +201,7 @@ impl GatewayError {
             ErrorKind::OwnerLost => "owner_lost",
             ErrorKind::ExecutorUnavailable => "executor_unavailable",
             ErrorKind::Executor => "executor_error",
+            ErrorKind::ImagePulling => "image_pulling",
         }
     }
 
@@ -210,7 +219,7 @@ impl GatewayError {
                 _ => code::INVALID_REQUEST,
             },
             ErrorKind::Internal => code::INTERNAL,
-            ErrorKind::Overloaded => code::OVERLOADED,
+            ErrorKind::Overloaded | ErrorKind::ImagePulling => code::OVERLOADED,
             ErrorKind::Unauthenticated => code::UNAUTHENTICATED,
             ErrorKind::Forbidden => code::FORBIDDEN,
             ErrorKind::DeadlineExceeded => code::DEADLINE_EXCEEDED,
@@ -238,6 +247,9 @@ impl GatewayError {
             GatewayError::Draining => Some(json!({"reason": "serverShuttingDown"})),
             GatewayError::RateLimited { retry_after_ms } => {
                 Some(json!({"reason": "rateLimited", "retryAfterMs": retry_after_ms}))
+            }
+            GatewayError::ImagePulling { retry_after_ms, .. } => {
+                Some(json!({"reason": "imagePulling", "retryAfterMs": retry_after_ms}))
             }
             GatewayError::MissingScope(scope) => Some(json!({"requiredScope": scope})),
             GatewayError::OwnerUnavailable { replica, .. } => {
@@ -270,9 +282,10 @@ impl GatewayError {
             ErrorKind::MethodNotFound => Code::Unimplemented,
             ErrorKind::Internal => Code::Internal,
             // Transient: retry (elsewhere); the data says when for rate limits.
-            ErrorKind::Overloaded | ErrorKind::Draining | ErrorKind::OwnerUnavailable => {
-                Code::Unavailable
-            }
+            ErrorKind::Overloaded
+            | ErrorKind::Draining
+            | ErrorKind::OwnerUnavailable
+            | ErrorKind::ImagePulling => Code::Unavailable,
             ErrorKind::OwnerLost => Code::NotFound,
             ErrorKind::ExecutorUnavailable => Code::Unavailable,
             ErrorKind::Executor => match self {
@@ -305,7 +318,7 @@ impl GatewayError {
         match self.kind() {
             ErrorKind::Unauthenticated => 401,
             ErrorKind::Forbidden => 403,
-            ErrorKind::Overloaded | ErrorKind::Draining => 503,
+            ErrorKind::Overloaded | ErrorKind::Draining | ErrorKind::ImagePulling => 503,
             ErrorKind::DeadlineExceeded => 504,
             ErrorKind::QuotaExceeded => 429,
             ErrorKind::NotFound | ErrorKind::UnknownId | ErrorKind::OutsideRoot => 404,
@@ -318,6 +331,22 @@ impl GatewayError {
             | ErrorKind::AlreadyExists
             | ErrorKind::MethodNotFound
             | ErrorKind::InvalidParams => 400,
+        }
+    }
+}
+
+impl GatewayError {
+    /// When to retry, where the error says (a refused handshake's
+    /// `Retry-After`, in whole seconds rounded up).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            GatewayError::RateLimited { retry_after_ms }
+            | GatewayError::ImagePulling { retry_after_ms, .. }
+            | GatewayError::QuotaExceeded {
+                retry_after_ms: Some(retry_after_ms),
+                ..
+            } => Some(std::time::Duration::from_millis(*retry_after_ms)),
+            _ => None,
         }
     }
 }
@@ -362,5 +391,29 @@ mod tests {
             GatewayError::Overloaded.to_jsonrpc().message,
             "Server overloaded; retry later."
         );
+    }
+
+    #[test]
+    fn an_image_still_pulling_is_retryable_on_every_door() {
+        let e = GatewayError::ImagePulling {
+            tenant: "a".into(),
+            retry_after_ms: 1000,
+        };
+        assert_eq!(e.http_status(), 503);
+        assert_eq!(e.retry_after(), Some(std::time::Duration::from_secs(1)));
+        let o = e.to_jsonrpc();
+        assert_eq!(o.code, code::OVERLOADED);
+        assert_eq!(
+            o.data,
+            Some(json!({"reason": "imagePulling", "retryAfterMs": 1000}))
+        );
+        let s = e.to_grpc();
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(
+            s.message().contains("still being pulled"),
+            "{}",
+            s.message()
+        );
+        assert!(s.metadata().get("x-exec-gateway-error-data").is_some());
     }
 }

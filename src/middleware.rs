@@ -500,6 +500,7 @@ mod tests {
                 }),
                 tenant: tenant.clone(),
                 session: None,
+                place: None,
                 evicted: CancellationToken::new(),
                 reply: None,
             },

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::backend::SessionBackend;
 use crate::backend::remote::RemoteBackend;
-use crate::config::Placement;
+use crate::config::{ImageSource, Placement};
 use crate::error::GatewayError;
 use crate::outbound::{AttachToken, Attachment, Outbound};
 use crate::protocol::path::PathErrorKind;
@@ -37,9 +37,36 @@ pub struct Session {
     last_active: Mutex<tokio::time::Instant>,
     /// Open gRPC streams on this session (Attach, Exec): they keep it alive.
     streams: AtomicUsize,
+    /// The image its processes run, as it was chosen (or the tenant's
+    /// own); none without one. A token's `image` claim must name it.
+    pub image: Option<ImageSource>,
+}
+
+/// An image a new session chose: its view, and the reference it was
+/// chosen by.
+#[derive(Clone)]
+pub struct ChosenImage {
+    pub view: Arc<crate::image::View>,
+    pub source: ImageSource,
 }
 
 impl Session {
+    /// Whether a token whose `image` claim is `claimed` may use this
+    /// session: the claim names the only image the token may run, so it
+    /// must name the one the session runs (as it was chosen).
+    pub fn check_image_claim(&self, claimed: Option<&str>) -> Result<(), GatewayError> {
+        let Some(claimed) = claimed else {
+            return Ok(());
+        };
+        let named = ImageSource::parse(claimed).ok();
+        if named.is_some() && named == self.image {
+            return Ok(());
+        }
+        Err(GatewayError::Forbidden(
+            "the token's image claim names another image than the session runs".to_owned(),
+        ))
+    }
+
     /// Check a call against the session's revision, learning the revision
     /// from it if it tells: every path must be in the revision's form, and
     /// 0.169.0 requires a non-empty `writeId`. Errors are worded as that
@@ -142,7 +169,7 @@ impl SessionRegistry {
         subject: Option<&str>,
         resume: Option<&str>,
         outbound: Outbound,
-        image: Option<Arc<crate::image::View>>,
+        image: Option<ChosenImage>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let opened = self.open_inner(tenant, resume, outbound, image).await;
         if let Ok((session, _)) = &opened {
@@ -161,7 +188,7 @@ impl SessionRegistry {
         tenant: &Arc<Tenant>,
         resume: Option<&str>,
         outbound: Outbound,
-        image: Option<Arc<crate::image::View>>,
+        image: Option<ChosenImage>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let Some(remote) = tenant.remote.as_ref() else {
             return self.initialize(tenant, resume, outbound, image);
@@ -272,6 +299,7 @@ impl SessionRegistry {
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
             streams: AtomicUsize::new(0),
+            image: None,
         });
         let token = session.attachment.attach(generation, outbound);
         sessions.insert(id, session.clone());
@@ -286,7 +314,7 @@ impl SessionRegistry {
         tenant: &Arc<Tenant>,
         resume: Option<&str>,
         outbound: Outbound,
-        image: Option<Arc<crate::image::View>>,
+        image: Option<ChosenImage>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = resume {
@@ -313,10 +341,15 @@ impl SessionRegistry {
         tenant.claim_session()?;
         let attachment = Arc::new(Attachment::default());
         let revision = Arc::new(RevisionCell::default());
-        let backend = match tenant
-            .backend
-            .open_session(attachment.clone(), revision.clone(), image)
-        {
+        let named = match &image {
+            Some(c) => Some(c.source.clone()),
+            None => tenant.image.as_ref().and(tenant.settings.image.clone()),
+        };
+        let backend = match tenant.backend.open_session(
+            attachment.clone(),
+            revision.clone(),
+            image.map(|c| c.view),
+        ) {
             Ok(b) => b,
             Err(e) => {
                 tenant.remove_session();
@@ -333,6 +366,7 @@ impl SessionRegistry {
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
             streams: AtomicUsize::new(0),
+            image: named,
         });
         let token = session.attachment.attach(generation, outbound);
         sessions.insert(session.id.clone(), session.clone());
@@ -348,7 +382,7 @@ impl SessionRegistry {
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
         subject: Option<&str>,
-        image: Option<Arc<crate::image::View>>,
+        image: Option<ChosenImage>,
     ) -> Result<Arc<Session>, GatewayError> {
         let (out, _rx) = Outbound::channel(tenant.outbound.clone());
         if image.is_some()

@@ -1109,3 +1109,313 @@ async fn empty_directories_are_charged_to_the_store() {
     refused(&gw, &store, "dirs", "could not be had", "store is full").await;
     host_tenant_serves(&gw, "host").await;
 }
+
+// === The pull rate floor (issue #43): a registry that drips ===
+
+/// A registry that drips, on a loopback port of its own: it serves the
+/// image whose manifest is `manifest` in the layout at `layout` under any
+/// repository and tag, every blob whole but `slow`, which it sends a byte
+/// every 250 ms (4 bytes/s) for as long as the client reads.
+struct Drip {
+    addr: String,
+}
+
+impl Drip {
+    fn start(layout: &Path, manifest: &str, slow: &str) -> Drip {
+        use std::io::{Read as _, Write as _};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (blobs, manifest, slow) = (
+            layout.join("blobs/sha256"),
+            manifest.to_owned(),
+            slow.to_owned(),
+        );
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let (blobs, manifest, slow) = (blobs.clone(), manifest.clone(), slow.clone());
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                        if s.read(&mut b).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    let (digest, kind) = if path.contains("/manifests/") {
+                        (manifest, "application/vnd.oci.image.manifest.v1+json")
+                    } else if let Some((_, d)) = path.split_once("/blobs/") {
+                        (d.to_owned(), "application/octet-stream")
+                    } else {
+                        let _ = s.write_all(
+                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        );
+                        return;
+                    };
+                    let Ok(body) = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))
+                    else {
+                        let _ = s.write_all(
+                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        );
+                        return;
+                    };
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    if s.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    if digest != slow {
+                        let _ = s.write_all(&body);
+                        return;
+                    }
+                    let _ = s.set_nodelay(true);
+                    for byte in body {
+                        std::thread::sleep(std::time::Duration::from_millis(250));
+                        if s.write_all(&[byte]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Drip { addr }
+    }
+}
+
+/// [`Gateway::handshake`] as tenant `t`, waiting up to `wait` for the answer.
+async fn handshake_within(gw: &Gateway, t: &str, wait: std::time::Duration) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(&gw.addr).await.unwrap();
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        gw.token(t)
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(wait, s.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("tenant {t}: no answer to the handshake within {wait:?}"))
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("tenant {t}: not an HTTP answer: {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+/// Guards the pull rate floor (`distribution::Pace`, untested before): a
+/// registry that sends a layer at 4 bytes/s is cut off once the floor's
+/// 20 s grace has passed, not left to hold the pull until `pull_timeout`
+/// (10 minutes): the tenant is told the blob arrived too slowly and the
+/// log says so, the store is as it was, and the pull slot is given back:
+/// with `max_concurrent_pulls = 1`, another image's pull then succeeds
+/// (were the slot still held, that pull would wait past its handshake).
+/// Takes some 20 s: the grace is a constant, not configurable.
+#[tokio::test]
+async fn a_registry_that_drips_a_blob_is_cut_off_and_frees_its_pull_slot() {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let marked = |m: &'static str| {
+        layer(&[
+            Entry::Dir("usr", 0o755),
+            Entry::Dir("usr/share", 0o755),
+            Entry::File("usr/share/marker", 0o644, m.as_bytes().to_vec()),
+        ])
+    };
+    // Uncompressed: 10 KiB, some 40 minutes at 4 bytes/s.
+    let slow_layer = Layer::plain(&marked("slow"));
+    let slow_digest = format!("sha256:{}", oci::sha256_hex(&slow_layer.blob));
+    let slow = work.path().join("layout-slow");
+    let manifest = oci::write_layout(&slow, "v1", &[slow_layer], &[]);
+    let drip = Drip::start(&slow, &manifest, &slow_digest);
+    let after = work.path().join("layout-after");
+    oci::write_layout(&after, "v1", &[Layer::gzip(&marked("after"))], &[]);
+    let tenants = [
+        ("slow", Some(format!("{}/team/slow:v1", drip.addr))),
+        ("after", Some(format!("oci:{}:v1", after.display()))),
+    ];
+    let images = images_from(&store, &drip.addr, "max_concurrent_pulls = 1\n");
+    // The slow pull happens inside the tenant's first handshake: both the
+    // client and the gateway wait past the floor's 20 s grace.
+    let wait = common::event_timeout() + std::time::Duration::from_secs(30);
+    let gw = oci::start_logged(|d| {
+        let server = format!(
+            "[server]\nhandshake_timeout = \"{}s\"\n",
+            wait.as_secs() + 10
+        );
+        let mut s = format!(
+            "{server}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+             [images]\n{images}\n",
+            d.display()
+        );
+        for (t, image) in &tenants {
+            let root = d.join(t);
+            std::fs::create_dir_all(&root).unwrap();
+            s.push_str(&format!("[tenants.{t}]\nroot = \"{}\"\n", root.display()));
+            if let Some(i) = image {
+                s.push_str(&format!("image = \"{i}\"\n"));
+            }
+        }
+        s
+    });
+    let before = StoreState::of(&store);
+    let (status, body) = handshake_within(&gw, "slow", wait).await;
+    assert!(
+        (400..600).contains(&status),
+        "the dripping image was not refused: status {status}: {body}"
+    );
+    let told = format!("blob {slow_digest}: arriving slower than 64 KiB/s");
+    assert!(
+        body.contains(&told),
+        "the client was told {body:?}, not {told:?}"
+    );
+    let logged = oci::image_error(&gw, "slow").expect("no `image unavailable` in the log");
+    assert!(logged.contains(&told), "the log says {logged:?}");
+    let now = StoreState::of(&store);
+    assert_eq!(now, before, "the cut-off pull changed the store");
+    assert!(now.tmp.is_empty(), "left in tmp/: {:?}", now.tmp);
+    // The only pull slot is free again.
+    drop(serves(&gw, "after", "after", false).await);
+}
+
+// === A tenant's share of the store ===
+
+/// `initialize` asking for `image`: the whole response; a session opened
+/// is `initialized`.
+async fn initialize_on(c: &mut Client, image: &str) -> serde_json::Value {
+    let r = c
+        .call_raw("initialize", json!({"clientName": "x", "image": image}))
+        .await;
+    if r.get("result").is_some() {
+        c.send(&json!({"method": "initialized"})).await;
+    }
+    r
+}
+
+/// What `/usr/share/marker` holds in `c`'s session (its image's name).
+async fn marker_of(c: &mut Client, id: &str, root: &Path) -> String {
+    let root = root.display().to_string();
+    let (out, code) = run(c, id, &root, &["/bin/cat", "/usr/share/marker"]).await;
+    assert_eq!(code, 0, "{out}");
+    out
+}
+
+/// Guards `[images] max_tenant_bytes` (issue #43): a tenant whose default
+/// image and session images fill its share is refused the next session
+/// image (-32006, the quota named with its limit) before its pool starts;
+/// that image stays in the store unused, and another tenant's pull evicts
+/// it and runs; once one of the first tenant's sessions has ended, its
+/// idle pool gives its share back and the refused image runs.
+#[tokio::test]
+async fn a_tenants_images_in_use_stay_within_its_share_of_the_store() {
+    let Some(reg) = registry() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    for m in ["d", "i0", "i1", "i2"] {
+        reg.push(
+            &oci::busybox_layout(work.path(), m),
+            "v1",
+            &format!("team/{m}"),
+        );
+    }
+    reg.push(
+        &oci::busybox_layout(work.path(), "beta"),
+        "v1",
+        "other/beta",
+    );
+    let r = |repo: &str| reg.reference(repo, "v1");
+    let (d, i0, i1, i2, beta) = (
+        r("team/d"),
+        r("team/i0"),
+        r("team/i1"),
+        r("team/i2"),
+        r("other/beta"),
+    );
+    // An image's bytes: busybox in whole blocks, and a block per entry
+    // (about 24) and per small file, rounded up.
+    let bb = std::fs::metadata("/bin/busybox").unwrap().len();
+    let img = bb.div_ceil(4096) * 4096 + 32 * 4096;
+    // Three images in a's share, not four; four in the store, not five.
+    let (share, store_bytes) = (3 * img + img / 2, 4 * img + img / 2);
+    let images = images_from(
+        &store,
+        &reg.addr,
+        &format!(
+            "max_store_bytes = {store_bytes}\nmax_image_bytes = {img}\nmax_tenant_bytes = {share}\n"
+        ),
+    );
+    let tenants = [("b", Some(beta.clone())), ("a", Some(d.clone()))];
+    let prefix = format!("{}/team/*", reg.addr);
+    let gw = oci::start_logged(|dir| {
+        config(
+            dir,
+            "[server]\ntenant_idle_timeout = \"1s\"\n",
+            &images,
+            &tenants,
+        ) + &format!("images = [\"{prefix}\"]\n")
+    });
+    let root = gw.dir.path().join("a");
+
+    // a's default and two session images: three images in use.
+    let (mut own, _) = gw.session_of("a").await;
+    assert_eq!(marker_of(&mut own, "m", &root).await, "d");
+    let mut c0 = gw.connect_as(&gw.token("a")).await;
+    let resp = initialize_on(&mut c0, &i0).await;
+    assert!(resp.get("result").is_some(), "{resp}");
+    let mut c1 = gw.connect_as(&gw.token("a")).await;
+    let resp = initialize_on(&mut c1, &i1).await;
+    assert!(resp.get("result").is_some(), "{resp}");
+    // A fourth is past the share.
+    let mut c2 = gw.connect_as(&gw.token("a")).await;
+    let resp = initialize_on(&mut c2, &i2).await;
+    let e = &resp["error"];
+    assert_eq!(e["code"], -32006, "{resp}");
+    assert_eq!(
+        e["data"]["quota"], "image bytes in use by the tenant",
+        "{resp}"
+    );
+    assert_eq!(e["data"]["limit"], share, "{resp}");
+    // Pulled, and held by no view.
+    unused(&gw, &i2).await;
+    // Another tenant pulls and runs: the store evicts the refused image
+    // (the only one no view uses) to make room.
+    let b = serves(&gw, "b", "beta", true).await;
+    let (_, ready) = gw.admin_get("/readyz").await;
+    assert!(!ready.contains(&i2), "{ready}");
+    drop(b);
+    unused(&gw, &beta).await;
+
+    // i0's only session ends: its idle pool gives the share back.
+    c0.call("session/close", json!({})).await;
+    drop(c0);
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    loop {
+        let resp = initialize_on(&mut c2, &i2).await;
+        if resp.get("result").is_some() {
+            break;
+        }
+        assert_eq!(resp["error"]["code"], -32006, "{resp}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the share never came back: {resp}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(marker_of(&mut c2, "m", &root).await, "i2");
+    assert_eq!(marker_of(&mut c1, "m", &root).await, "i1");
+    assert_eq!(marker_of(&mut own, "m2", &root).await, "d");
+}

@@ -630,3 +630,401 @@ async fn tenants_activated_at_once_pull_an_image_once() {
         .collect();
     assert_eq!(unpacked.len(), 1, "{unpacked:?}");
 }
+
+/// The `session_id` of a new gRPC session on `image` ("" for none).
+async fn grpc_session(ch: &tonic::transport::Channel, token: &str, image: &str) -> String {
+    SessionServiceClient::new(ch.clone())
+        .create_session(authed(
+            pb::CreateSessionRequest {
+                image: image.to_owned(),
+                client_name: "t".into(),
+            },
+            token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+/// A gRPC `ReadFile` of `path` named by `session`: the bytes, or the status.
+async fn grpc_read(
+    ch: &tonic::transport::Channel,
+    token: &str,
+    session: &str,
+    path: &str,
+) -> Result<String, tonic::Status> {
+    let mut files = pb::file_service_client::FileServiceClient::new(ch.clone());
+    let req = pb::ReadFileRequest {
+        path: path.to_owned(),
+        session_id: session.to_owned(),
+        ..Default::default()
+    };
+    let mut s = files.read_file(authed(req, token)).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(chunk) = s.next().await {
+        out.extend(chunk?.data);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Guards: gRPC file and environment calls naming a session run in that
+/// session's image, as its processes do (they used to run on the tenant's
+/// default: the host here); without a session they run on the tenant's
+/// default; writes still land in the workspace.
+#[tokio::test]
+async fn grpc_file_calls_naming_a_session_see_its_image() {
+    let Some(im) = images() else { return };
+    let gw = choosing_gateway(&im.reg);
+    let token = gw.token("a");
+    let ch = common::grpc::channel(&gw.grpc).await;
+    let sid = grpc_session(&ch, &token, &im.py).await;
+
+    assert_eq!(
+        grpc_read(&ch, &token, &sid, "/usr/share/marker")
+            .await
+            .map_err(|e| e.to_string()),
+        Ok("py".to_owned())
+    );
+    // Without a session: the tenant's default, which has no image.
+    let e = grpc_read(&ch, &token, "", "/usr/share/marker")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    let mut env = pb::environment_service_client::EnvironmentServiceClient::new(ch.clone());
+    let info = |session: &str| {
+        authed(
+            pb::GetInfoRequest {
+                session_id: session.to_owned(),
+            },
+            &token,
+        )
+    };
+    let on_image = env.get_info(info(&sid)).await.unwrap().into_inner();
+    let image = on_image.image.expect("GetInfo names the session's image");
+    assert!(image.digest.starts_with("sha256:"), "{image:?}");
+    let default = env.get_info(info("")).await.unwrap().into_inner();
+    assert_eq!(default.image, None);
+
+    // A write naming the session lands in the workspace on the host.
+    let root = gw.dir.path().join("a");
+    let mut files = pb::file_service_client::FileServiceClient::new(ch.clone());
+    let path = root.join("written").display().to_string();
+    let first = pb::WriteFileRequest {
+        path,
+        data: b"hello".to_vec().into(),
+        session_id: sid.clone(),
+    };
+    files
+        .write_file(authed(tokio_stream::iter(vec![first]), &token))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(root.join("written")).unwrap(), b"hello");
+}
+
+/// Guards: a token's `image` claim holds for sessions it did not open: it
+/// cannot resume, or use by id over gRPC, a session that runs another
+/// image (nor one on the host); a token claiming the session's own image
+/// can.
+#[tokio::test]
+async fn a_tokens_image_claim_holds_on_resume_and_on_calls_by_id() {
+    let Some(im) = images() else { return };
+    let gw = choosing_gateway(&im.reg);
+    let root = gw.dir.path().join("a");
+    let plain = gw.token("a");
+    let claims_js = token_with_image(&gw, "a", &im.js);
+    let claims_py = token_with_image(&gw, "a", &im.py);
+
+    // A websocket session on `py`, opened without a claim, then left.
+    let sid = {
+        let mut c = gw.connect_as(&plain).await;
+        let r = initialize(&mut c, Some(&im.py)).await;
+        r["result"]["sessionId"].as_str().unwrap().to_owned()
+    };
+    let params = json!({"clientName": "x", "resumeSessionId": sid});
+    let mut c = gw.connect_as(&claims_js).await;
+    let (code, message) = refusal(&c.call_raw("initialize", params.clone()).await);
+    assert_eq!(code, -32003, "{message}");
+    assert!(message.contains("image claim"), "{message}");
+    let mut c = gw.connect_as(&claims_py).await;
+    let r = c.call_raw("initialize", params).await;
+    assert!(r.get("result").is_some(), "{r}");
+    c.send(&json!({"method": "initialized"})).await;
+    assert_eq!(marker(&mut c, "m", &root).await.as_deref(), Ok("py"));
+
+    // gRPC by id: a session on `py`, and one on the host.
+    let ch = common::grpc::channel(&gw.grpc).await;
+    let on_py = grpc_session(&ch, &plain, &im.py).await;
+    let on_host = grpc_session(&ch, &plain, "").await;
+    for (session, token) in [(&on_py, &claims_js), (&on_host, &claims_py)] {
+        let e = grpc_read(&ch, token, session, "/usr/share/marker")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        let mut procs = ProcessServiceClient::new(ch.clone());
+        let mut spec = spec("m", &["/bin/cat", "/usr/share/marker"]);
+        spec.cwd = root.display().to_string();
+        let req = pb::ExecRequest {
+            session_id: session.clone(),
+            spec: Some(spec),
+        };
+        let e = procs.exec(authed(req, token)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    }
+    assert_eq!(
+        grpc_read(&ch, &claims_py, &on_py, "/usr/share/marker")
+            .await
+            .map_err(|e| e.to_string()),
+        Ok("py".to_owned())
+    );
+}
+
+// === A first handshake that outlasts its tenant's pull (issue #43) ===
+
+/// A registry slower than any handshake, for as long as a test wants: a
+/// proxy on a loopback port of its own in front of `upstream` that holds
+/// every blob request until [`Gate::release`] (a flag, not a delay), and
+/// notes the path of each blob `GET`.
+struct Gate {
+    addr: String,
+    open: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    blob_gets: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Gate {
+    fn start(upstream: &str) -> Gate {
+        use std::io::{Read as _, Write as _};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let open = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let blob_gets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, gets, upstream) = (open.clone(), blob_gets.clone(), upstream.to_owned());
+        std::thread::spawn(move || {
+            for client in l.incoming() {
+                let Ok(mut client) = client else { return };
+                let (open, gets, upstream) = (o.clone(), gets.clone(), upstream.clone());
+                std::thread::spawn(move || {
+                    let Ok(mut up) = TcpStream::connect(&upstream) else {
+                        return;
+                    };
+                    let (Ok(mut from_up), Ok(mut to_client)) = (up.try_clone(), client.try_clone())
+                    else {
+                        return;
+                    };
+                    // Answers go back as they come.
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from_up, &mut to_client);
+                        let _ = to_client.shutdown(Shutdown::Write);
+                    });
+                    // Requests go on head by head (`GET` and `HEAD`: no
+                    // body), a blob's once the gate is open.
+                    loop {
+                        let mut head = Vec::new();
+                        let mut b = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if head.len() > 16384 || client.read(&mut b).unwrap_or(0) == 0 {
+                                let _ = up.shutdown(Shutdown::Write);
+                                return;
+                            }
+                            head.push(b[0]);
+                        }
+                        let text = String::from_utf8_lossy(&head).into_owned();
+                        let mut words = text.split_whitespace();
+                        let (method, path) =
+                            (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                        if path.contains("/blobs/") {
+                            if method == "GET" {
+                                gets.lock().unwrap().push(path.to_owned());
+                            }
+                            let (lock, opened) = &*open;
+                            let mut is_open = lock.lock().unwrap();
+                            while !*is_open {
+                                is_open = opened.wait(is_open).unwrap();
+                            }
+                        }
+                        if up.write_all(&head).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Gate {
+            addr,
+            open,
+            blob_gets,
+        }
+    }
+
+    fn release(&self) {
+        let (lock, opened) = &*self.open;
+        *lock.lock().unwrap() = true;
+        opened.notify_all();
+    }
+
+    fn blob_gets(&self) -> Vec<String> {
+        self.blob_gets.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A websocket handshake as `token`: the client, or the refusal's
+/// status, `Retry-After` and body.
+async fn upgrade(gw: &Gateway, token: &str) -> Result<Client, (u16, Option<String>, String)> {
+    use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest as _};
+    let mut req = gw.url.as_str().into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let answer = tokio::time::timeout(
+        common::event_timeout(),
+        tokio_tungstenite::connect_async(req),
+    )
+    .await
+    .expect("the handshake was not answered");
+    match answer {
+        Ok((ws, _)) => Ok(Client::from_ws(ws)),
+        Err(tungstenite::Error::Http(r)) => Err((
+            r.status().as_u16(),
+            r.headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned()),
+            String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        // A connection closed without an answer is what this guards.
+        Err(e) => panic!("the handshake failed without an HTTP answer: {e}"),
+    }
+}
+
+/// Guards issue #43: a tenant's first handshake, which pulls its `image`,
+/// is answered before `server.handshake_timeout` closes the connection
+/// when the pull outlasts it: the websocket upgrade with 503, a
+/// `Retry-After` and a body that says why, a gRPC call with UNAVAILABLE
+/// and `retryAfterMs`. The pull goes on (each blob is fetched once), and
+/// a retry once it is done runs a command in the image. Also: a
+/// connection whose `initialize` waits for a pull still answers pings
+/// (its driver went deaf while `initialize` ran).
+#[tokio::test]
+async fn a_handshake_that_outlasts_the_pull_is_told_to_retry() {
+    use tokio_tungstenite::tungstenite::Message;
+    let Some(reg) = registry() else { return };
+    let work = tempfile::tempdir().unwrap();
+    reg.push(&oci::busybox_layout(work.path(), "slow"), "v1", "team/slow");
+    let gate = Gate::start(&reg.addr);
+    let g = gate.addr.clone();
+    let reference = format!("{g}/team/slow:v1");
+    // Short, but scaled as the helpers' waits are (the VM lane is slower):
+    // only the part of an activation that is not the pull must fit in it.
+    let scale = common::event_timeout().as_secs() / common::EVENT_TIMEOUT.as_secs();
+    let gw = Gateway::start_with(|d| {
+        for t in ["a", "b"] {
+            std::fs::create_dir_all(d.join(t)).unwrap();
+        }
+        format!(
+            "[server]\nhandshake_timeout = \"{}s\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [images]\nstore = \"{d}/store\"\nregistries = [\"{g}\"]\ninsecure_registries = [\"{g}\"]\n\
+             [tenants.a]\nroot = \"{d}/a\"\nimage = \"{reference}\"\n\
+             [tenants.b]\nroot = \"{d}/b\"\nimages = [\"{g}/team/*\"]\n",
+            2 * scale.max(1),
+            d = d.display()
+        )
+    });
+    let token = gw.token("a");
+
+    // Tenant `a`'s activation waits for its image, which the gate holds.
+    let (status, retry_after, body) = match upgrade(&gw, &token).await {
+        Ok(_) => panic!("upgraded while the registry held the image"),
+        Err(refused) => refused,
+    };
+    assert_eq!(status, 503, "{body}");
+    let seconds: u64 = retry_after
+        .as_deref()
+        .unwrap_or_else(|| panic!("no Retry-After: {body}"))
+        .parse()
+        .unwrap();
+    assert!(seconds >= 1, "{seconds}");
+    assert!(body.contains("still being pulled"), "{body}");
+    // The gRPC door says the same.
+    let ch = common::grpc::channel(&gw.grpc).await;
+    let mut env = pb::environment_service_client::EnvironmentServiceClient::new(ch);
+    let e = env
+        .get_info(authed(
+            pb::GetInfoRequest {
+                session_id: String::new(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("still being pulled"), "{e:?}");
+    let data = e.metadata().get("x-exec-gateway-error-data");
+    assert!(
+        data.is_some_and(|d| d.to_str().unwrap().contains("retryAfterMs")),
+        "{e:?}"
+    );
+
+    // A session of `b` asks for the same image: its `initialize` waits
+    // for that pull, and its connection still answers a ping meanwhile.
+    let mut b = gw.connect_as(&gw.token("b")).await;
+    let init = b
+        .request_id("initialize", json!({"clientName": "x", "image": reference}))
+        .await;
+    futures_util::SinkExt::send(&mut b.ws, Message::Ping(b"still there?".to_vec().into()))
+        .await
+        .unwrap();
+    let pong = tokio::time::timeout(common::event_timeout(), async {
+        loop {
+            match futures_util::StreamExt::next(&mut b.ws).await {
+                Some(Ok(Message::Pong(p))) => return p,
+                Some(Ok(Message::Text(t))) => panic!("answered while the image is held: {t}"),
+                Some(Ok(_)) => {}
+                other => panic!("connection ended: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("no pong while initialize waited for the pull");
+    assert_eq!(pong.as_ref(), b"still there?");
+
+    gate.release();
+    let r = b.response(init).await;
+    assert!(r.get("result").is_some(), "{r}");
+    b.send(&json!({"method": "initialized"})).await;
+    let b_root = gw.dir.path().join("b");
+    assert_eq!(marker(&mut b, "m", &b_root).await.as_deref(), Ok("slow"));
+
+    // `a` retries as told until its activation is through.
+    let mut a = tokio::time::timeout(common::event_timeout(), async {
+        loop {
+            match upgrade(&gw, &token).await {
+                Ok(c) => return c,
+                Err((503, Some(after), _)) => {
+                    tokio::time::sleep(std::time::Duration::from_secs(after.parse().unwrap()))
+                        .await;
+                }
+                Err(refused) => panic!("refused: {refused:?}"),
+            }
+        }
+    })
+    .await
+    .expect("tenant `a` was not activated after its pull");
+    a.initialize().await;
+    let a_root = gw.dir.path().join("a");
+    assert_eq!(marker(&mut a, "m", &a_root).await.as_deref(), Ok("slow"));
+
+    // The pull the first handshake started went on: nothing fetched twice.
+    let gets = gate.blob_gets();
+    assert!(!gets.is_empty());
+    let mut distinct = gets.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(gets.len(), distinct.len(), "{gets:?}");
+}

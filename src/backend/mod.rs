@@ -96,6 +96,18 @@ pub trait SessionBackend: Send + Sync {
     /// paths as `file://` URIs.
     fn environment(&self) -> EnvironmentInfo;
 
+    /// Run a call that belongs to no session in this session's place, as
+    /// the tenant's [`Backend::run_sessionless`] runs it on the tenant's:
+    /// gRPC file calls naming a session that runs its own image. Only
+    /// local sessions have such a place.
+    fn run_sessionless(&self, _op: Op) -> OpFuture {
+        Box::pin(async {
+            Err(GatewayError::Internal(
+                "this session has no place of its own for calls without a session".to_owned(),
+            ))
+        })
+    }
+
     /// Whether it runs on a remote executor (whose files are its own).
     fn is_remote(&self) -> bool {
         false

@@ -14,6 +14,10 @@ use super::common::{ConfigError, duration, state_dir};
 pub const DEFAULT_MAX_STORE_BYTES: u64 = 20 << 30;
 /// Default `[images] max_image_bytes`: one image, unpacked.
 pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 8 << 30;
+/// Default `[images] max_tenant_bytes` with the default store: half of
+/// it. Unset, the share follows the store: half of `max_store_bytes`, and
+/// at least `max_image_bytes` (one image always fits a tenant's share).
+pub const DEFAULT_MAX_TENANT_BYTES: u64 = DEFAULT_MAX_STORE_BYTES / 2;
 /// Default `[images] max_layer_bytes`: one layer as sent (compressed).
 pub const DEFAULT_MAX_LAYER_BYTES: u64 = 2 << 30;
 /// Default `[images] max_layers`: layers of one image (each is a
@@ -55,6 +59,9 @@ pub struct ImagesConfig {
     pub credentials: BTreeMap<String, CredentialConfig>,
     pub max_store_bytes: Option<u64>,
     pub max_image_bytes: Option<u64>,
+    /// One tenant's share of the store: the bytes of the distinct images
+    /// its live views use (its default and its sessions' images).
+    pub max_tenant_bytes: Option<u64>,
     pub max_layer_bytes: Option<u64>,
     pub max_layers: Option<usize>,
     pub max_entries: Option<u64>,
@@ -81,6 +88,9 @@ pub struct ImagesSettings {
     pub credentials: BTreeMap<String, Credential>,
     pub max_store_bytes: u64,
     pub max_image_bytes: u64,
+    /// What the images one tenant's live views use may hold together
+    /// (each image's `bytes`, an image two tenants use counted for each).
+    pub max_tenant_bytes: u64,
     pub max_layer_bytes: u64,
     pub max_layers: usize,
     pub max_entries: u64,
@@ -201,24 +211,48 @@ impl ImagesConfig {
                 "images.max_concurrent_pulls must be 1 to 64".to_owned(),
             ));
         }
+        let max_store_bytes = at_least(
+            "max_store_bytes",
+            self.max_store_bytes,
+            DEFAULT_MAX_STORE_BYTES,
+            1 << 20,
+        )?;
+        let max_image_bytes = at_least(
+            "max_image_bytes",
+            self.max_image_bytes,
+            DEFAULT_MAX_IMAGE_BYTES,
+            1 << 20,
+        )?;
+        if max_image_bytes > max_store_bytes {
+            return Err(ConfigError(
+                "images.max_image_bytes is larger than images.max_store_bytes".to_owned(),
+            ));
+        }
+        // Below one image, a tenant could pull an image it may never run.
+        let max_tenant_bytes = match self.max_tenant_bytes {
+            None if self.max_store_bytes.is_none() => DEFAULT_MAX_TENANT_BYTES.max(max_image_bytes),
+            None => (max_store_bytes / 2).max(max_image_bytes),
+            Some(n) if n < max_image_bytes => {
+                return Err(ConfigError(
+                    "images.max_tenant_bytes is smaller than images.max_image_bytes (a tenant could pull an image it may never run)".to_owned(),
+                ));
+            }
+            Some(n) if n > max_store_bytes => {
+                return Err(ConfigError(
+                    "images.max_tenant_bytes is larger than images.max_store_bytes".to_owned(),
+                ));
+            }
+            Some(n) => n,
+        };
         let s = ImagesSettings {
             store,
             registries: self.registries.clone(),
             insecure_registries: self.insecure_registries.clone(),
             ca_file,
             credentials,
-            max_store_bytes: at_least(
-                "max_store_bytes",
-                self.max_store_bytes,
-                DEFAULT_MAX_STORE_BYTES,
-                1 << 20,
-            )?,
-            max_image_bytes: at_least(
-                "max_image_bytes",
-                self.max_image_bytes,
-                DEFAULT_MAX_IMAGE_BYTES,
-                1 << 20,
-            )?,
+            max_store_bytes,
+            max_image_bytes,
+            max_tenant_bytes,
             max_layer_bytes: at_least(
                 "max_layer_bytes",
                 self.max_layer_bytes,
@@ -234,11 +268,6 @@ impl ImagesConfig {
                 DEFAULT_PULL_TIMEOUT,
             )?,
         };
-        if s.max_image_bytes > s.max_store_bytes {
-            return Err(ConfigError(
-                "images.max_image_bytes is larger than images.max_store_bytes".to_owned(),
-            ));
-        }
         Ok(s)
     }
 }
@@ -436,6 +465,32 @@ mod tests {
         assert!(s.registries.is_empty());
         assert!(!s.allows("docker.io"));
         assert_eq!(s.max_store_bytes, DEFAULT_MAX_STORE_BYTES);
+        assert_eq!(s.max_tenant_bytes, DEFAULT_MAX_TENANT_BYTES);
+    }
+
+    /// Guards the tenant's share: unset, half the store and at least one
+    /// image; set, between one image and the whole store.
+    #[test]
+    fn a_tenants_share_holds_one_image_and_no_more_than_the_store() {
+        let s = parse("max_store_bytes = 10485760\nmax_image_bytes = 1048576").unwrap();
+        assert_eq!(s.max_tenant_bytes, 5 << 20);
+        let s = parse("max_store_bytes = 10485760\nmax_image_bytes = 8388608").unwrap();
+        assert_eq!(s.max_tenant_bytes, 8 << 20);
+        let s = parse("max_image_bytes = 1048576\nmax_tenant_bytes = 3145728").unwrap();
+        assert_eq!(s.max_tenant_bytes, 3 << 20);
+        for (text, needle) in [
+            (
+                "max_image_bytes = 2097152\nmax_tenant_bytes = 1048576",
+                "max_tenant_bytes is smaller than images.max_image_bytes",
+            ),
+            (
+                "max_store_bytes = 2097152\nmax_image_bytes = 1048576\nmax_tenant_bytes = 4194304",
+                "max_tenant_bytes is larger than images.max_store_bytes",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().0;
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

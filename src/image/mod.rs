@@ -6,7 +6,10 @@
 //! - [`store`]: the store on disk (layers, image records, references), its
 //!   bound, garbage collection and recovery at start; pulls, each made
 //!   once however many ask at once.
-//! - `gc`: eviction, least recently used images no live view holds.
+//! - `gc`: eviction, least recently used images no live view holds; the
+//!   references kept within `refs::MAX_REFS`.
+//! - `refs`: what a reference resolved to, at most `MAX_REFS` of them,
+//!   the least recently used of unused images dropped first.
 //! - `proof`: a layer already stored is shared with a new image only once
 //!   that image's own blob is shown to unpack to it.
 //! - [`fetch`]: where content comes from (a registry, a layout on the
@@ -30,6 +33,7 @@ pub mod fetch;
 mod gc;
 pub mod layout;
 mod proof;
+pub mod refs;
 pub mod store;
 mod tmp;
 pub mod unpack;

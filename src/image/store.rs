@@ -7,7 +7,8 @@
 //!                      is an interrupted commit, removed at start
 //! images/<hex>.json    an image (manifest digest): its layers, Env,
 //!                      WorkingDir, size
-//! refs/<hex>.json      what a reference (a tag, a layout) resolved to
+//! refs/<hex>.json      what a reference (a tag, a layout) resolved to;
+//!                      at most `refs::MAX_REFS` (module `refs`)
 //! tmp/                 work in progress; emptied at start
 //! skel/, views/        the views (module `view`)
 //! ```
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ImageError;
 use super::fetch::{Fetcher, OS, Registry, arch, check_digest, hex, platform_manifest, sha256_hex};
+use super::refs::RefRecord;
 use super::tmp::tempdir_in;
 use super::unpack::{Budget, Compression, UnpackError, unpack};
 use crate::config::{ImageSource, ImagesSettings};
@@ -64,16 +66,10 @@ pub(super) struct LayerMeta {
     blobs: Vec<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct RefRecord {
-    pub(super) source: String,
-    pub(super) digest: String,
-}
-
 #[derive(Default)]
 pub(super) struct Inner {
     pub(super) images: HashMap<String, Arc<Image>>,
-    pub(super) refs: HashMap<String, String>,
+    pub(super) refs: super::refs::Refs,
     pub(super) layers: HashMap<String, LayerMeta>,
     /// Live views per image digest (module `view`): never evicted.
     pub(super) in_use: HashMap<String, usize>,
@@ -108,7 +104,7 @@ fn io(what: &str, p: &Path, e: impl std::fmt::Display) -> ImageError {
 }
 
 /// Write `bytes` to `path` whole (a temporary file beside it, renamed).
-fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+pub(super) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     let tmp = path.with_extension("new");
     std::fs::write(&tmp, bytes).map_err(|e| io("write", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("rename", path, e))
@@ -209,13 +205,28 @@ impl ImageStore {
                 }
             }
         }
-        for p in read_dir("refs") {
+        // Oldest first: the least recently recorded is the least recently
+        // used when the bound drops some.
+        let mut refs: Vec<(std::time::SystemTime, PathBuf)> = read_dir("refs")
+            .into_iter()
+            .map(|p| {
+                let at = std::fs::metadata(&p)
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                (at, p)
+            })
+            .collect();
+        refs.sort();
+        for (_, p) in refs {
             match std::fs::read(&p)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<RefRecord>(&b).ok())
             {
-                Some(r) if inner.images.contains_key(&r.digest) => {
-                    inner.refs.insert(r.source, r.digest);
+                Some(r)
+                    if inner.images.contains_key(&r.digest)
+                        && p == super::refs::ref_file(&dir, &r.source) =>
+                {
+                    inner.refs.insert(&r.source, &r.digest);
                 }
                 _ => {
                     let _ = std::fs::remove_file(&p);
@@ -231,7 +242,9 @@ impl ImageStore {
             flights: Mutex::new(HashMap::new()),
             _lock: lock,
         };
+        store.trim_images(&mut store.inner.lock(), "");
         store.remove_unreferenced_layers(&mut store.inner.lock());
+        store.trim_refs(&mut store.inner.lock(), super::refs::MAX_REFS, "");
         let used: u64 = store.inner.lock().layers.values().map(|m| m.bytes).sum();
         store.room.store(
             i64::try_from(settings.max_store_bytes).unwrap_or(i64::MAX)
@@ -345,10 +358,18 @@ impl ImageStore {
         r
     }
 
-    fn cached(&self, source: &str) -> Option<Arc<Image>> {
-        let inner = self.inner.lock();
+    /// Whether a pull of `source` is under way (or waits for a pull
+    /// slot): what a handshake that waits for it tells its client.
+    pub fn pulling(&self, source: &ImageSource) -> bool {
+        self.flights.lock().contains_key(&source.to_string())
+    }
+
+    /// The image `source` resolved to, if the store has both (a use of
+    /// the reference).
+    pub(super) fn cached(&self, source: &str) -> Option<Arc<Image>> {
+        let mut inner = self.inner.lock();
         let d = inner.refs.get(source)?;
-        inner.images.get(d).cloned()
+        inner.images.get(&d).cloned()
     }
 
     fn flight(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -419,20 +440,7 @@ impl ImageStore {
                     .await?
             }
         };
-        let key = source.to_string();
-        let record = serde_json::to_vec(&RefRecord {
-            source: key.clone(),
-            digest: image.digest.clone(),
-        })
-        .map_err(|e| ImageError::Unavailable(e.to_string()))?;
-        write_whole(
-            &self
-                .dir
-                .join("refs")
-                .join(format!("{}.json", &sha256_hex(key.as_bytes())[..32])),
-            &record,
-        )?;
-        self.inner.lock().refs.insert(key, image.digest.clone());
+        self.remember_ref(&source.to_string(), &image.digest, super::refs::MAX_REFS)?;
         Ok(image)
     }
 
@@ -598,6 +606,7 @@ impl ImageStore {
         let mut inner = self.inner.lock();
         inner.last_used.insert(image.digest.clone(), Instant::now());
         inner.images.insert(image.digest.clone(), image.clone());
+        self.trim_images(&mut inner, &image.digest);
         drop(inner);
         drop(pins);
         Ok(image)

@@ -52,6 +52,12 @@ impl PartialEq for View {
 impl Eq for View {}
 
 impl View {
+    /// `[images] max_tenant_bytes` of the store this view is of: what the
+    /// distinct images one tenant's live views use may hold together.
+    pub fn max_tenant_bytes(&self) -> u64 {
+        self.store.settings.max_tenant_bytes
+    }
+
     /// The image's own top-level entries (directories and files, not
     /// symbolic links): what Landlock lets the tenant read and run.
     pub fn readable_entries(&self) -> Vec<PathBuf> {

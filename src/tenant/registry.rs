@@ -403,6 +403,19 @@ impl Tenants {
         }
     }
 
+    /// Whether tenant `name`'s own `image` is being pulled now: its
+    /// activation waits for that pull (module `transport::authenticate`).
+    pub fn image_pulling(&self, name: &str) -> bool {
+        let Some(store) = self.ctx.store.lock().clone() else {
+            return false;
+        };
+        self.set
+            .load()
+            .settings_for(name)
+            .and_then(|(s, _)| s.image)
+            .is_some_and(|source| store.pulling(&source))
+    }
+
     /// `/readyz` detail: the image store's images, by digest, and how
     /// many live views (tenants, session images) use each.
     pub fn images_report(&self) -> String {
@@ -429,10 +442,8 @@ impl Tenants {
     pub async fn session_image(
         &self,
         tenant: &Tenant,
-        wanted: &str,
+        source: &crate::config::ImageSource,
     ) -> Result<Arc<crate::image::View>, GatewayError> {
-        let source = crate::config::ImageSource::parse(wanted)
-            .map_err(|e| GatewayError::InvalidParams(format!("image: {e}")))?;
         let t = &tenant.settings;
         // Refused before anything is pulled.
         if tenant.places_on_executors() && t.placement != crate::config::Placement::Local {
@@ -446,12 +457,12 @@ impl Tenants {
                 tenant.name
             )));
         }
-        if t.image.as_ref() == Some(&source)
+        if t.image.as_ref() == Some(source)
             && let Some(v) = &tenant.image
         {
             return Ok(v.clone());
         }
-        if !t.images.iter().any(|p| p.allows(&source)) && t.image.as_ref() != Some(&source) {
+        if !t.images.iter().any(|p| p.allows(source)) && t.image.as_ref() != Some(source) {
             return Err(GatewayError::Forbidden(format!(
                 "image `{source}` is not among the images tenant `{}` may use",
                 tenant.name
@@ -462,7 +473,7 @@ impl Tenants {
             .acquire()
             .await
             .map_err(|_| GatewayError::Draining)?;
-        self.image_for(&tenant.name, &source, t.root.as_deref())
+        self.image_for(&tenant.name, source, t.root.as_deref())
             .await
     }
 

@@ -49,6 +49,7 @@ impl Caller {
             principal: self.principal.clone(),
             tenant: self.tenant.clone(),
             session,
+            place: None,
             evicted,
             reply: None,
         }
@@ -139,16 +140,27 @@ pub fn audit_tls_refused(door: &str, remote: std::net::SocketAddr, error: &dyn s
 /// gateway still admits: its live sessions are served until the stop, and
 /// only new sessions are refused.
 pub async fn authenticate(gw: &Gateway, token: Option<&str>) -> Result<Caller, GatewayError> {
-    authenticate_with(gw, token, None).await
+    authenticate_with(gw, token, None, None).await
 }
+
+/// When a client refused because its tenant's image is still being
+/// pulled is told to retry (its next handshake waits for the pull again).
+pub const IMAGE_PULL_RETRY_AFTER_MS: u64 = 1000;
 
 /// [`authenticate`] with the client certificate the connection's TLS
 /// handshake verified, if any: a bearer token, when sent, is the
 /// credential; without one, the certificate is (module `auth::cert`).
+///
+/// `answer_by` is when a handshake must be answered, ahead of the
+/// connection's deadline (`Conn::answer_by`): an activation still waiting
+/// for the tenant's image pull then is refused with
+/// [`GatewayError::ImagePulling`] (the pull goes on, and a retry after it
+/// ends succeeds). An activation waiting for anything else is waited for.
 pub async fn authenticate_with(
     gw: &Gateway,
     token: Option<&str>,
     client_cert: Option<&[u8]>,
+    answer_by: Option<tokio::time::Instant>,
 ) -> Result<Caller, GatewayError> {
     let verified = match (token, client_cert) {
         (Some(t), _) => gw.auth().verify(t).await,
@@ -162,13 +174,47 @@ pub async fn authenticate_with(
     // The authenticator only accepts known tenants; a miss here means a
     // reload removed it meanwhile. Activation may fail (its root cannot
     // be made) or wait for an idle tenant's place.
-    let tenant = gw.tenants.get(&principal.tenant).await.inspect_err(|e| {
-        if matches!(e, GatewayError::Unauthenticated(_)) {
-            gw.metrics.auth_failure(AuthError::UnknownTenant.reason());
-        }
-    })?;
+    let tenant = activate(gw, &principal.tenant, answer_by)
+        .await
+        .inspect_err(|e| {
+            if matches!(e, GatewayError::Unauthenticated(_)) {
+                gw.metrics.auth_failure(AuthError::UnknownTenant.reason());
+            }
+        })?;
     Ok(Caller {
         principal: Arc::new(principal),
         tenant,
     })
+}
+
+/// Tenant `name`, active; by `answer_by`, unless its image is still being
+/// pulled then (see [`authenticate_with`]).
+async fn activate(
+    gw: &Gateway,
+    name: &str,
+    answer_by: Option<tokio::time::Instant>,
+) -> Result<Arc<Tenant>, GatewayError> {
+    let get = gw.tenants.get(name);
+    let Some(by) = answer_by else {
+        return get.await;
+    };
+    let mut get = std::pin::pin!(get);
+    match tokio::time::timeout_at(by, &mut get).await {
+        Ok(r) => r,
+        // Dropping the activation leaves the pull running (in a task of
+        // its own, `ImageStore::resolve`); the next handshake joins it or
+        // finds the image stored.
+        Err(_) if gw.tenants.image_pulling(name) => {
+            tracing::info!(
+                tenant = name,
+                "handshake answered before its deadline: the tenant's image is still being pulled"
+            );
+            Err(GatewayError::ImagePulling {
+                tenant: name.to_owned(),
+                retry_after_ms: IMAGE_PULL_RETRY_AFTER_MS,
+            })
+        }
+        // Not a pull: the connection's deadline still applies.
+        Err(_) => get.await,
+    }
 }

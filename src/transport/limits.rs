@@ -140,6 +140,7 @@ impl ConnectionLimits {
             })),
             authenticated: AtomicBool::new(false),
             waker: futures_util::task::AtomicWaker::new(),
+            accepted: tokio::time::Instant::now(),
         });
         let mut pending = self.pending.lock();
         // Bounded: drop what has moved on once it outnumbers the cap.
@@ -186,7 +187,15 @@ pub struct Conn {
     authenticated: AtomicBool,
     /// The socket's task, woken when the connection is closed from outside.
     waker: futures_util::task::AtomicWaker,
+    /// When it was accepted: its handshake deadline runs from here.
+    accepted: tokio::time::Instant,
 }
+
+/// The share of the handshake timeout (in quarters) a handshake may wait
+/// for its tenant's image pull before it answers "retry" instead: the last
+/// quarter is left to send the answer before the deadline closes the
+/// connection.
+const PULL_WAIT_QUARTERS: u32 = 3;
 
 enum State {
     Pending(Pending),
@@ -235,6 +244,17 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     pub fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Until when a handshake on this connection may wait for its
+    /// tenant's image to be pulled before it answers 503 / UNAVAILABLE
+    /// (module `transport::authenticate`); `None` once authenticated (no
+    /// deadline applies then).
+    pub fn answer_by(&self) -> Option<tokio::time::Instant> {
+        if self.is_authenticated() {
+            return None;
+        }
+        Some(self.accepted + self.limits.handshake_timeout / 4 * PULL_WAIT_QUARTERS)
     }
 
     fn is_pending(&self) -> bool {

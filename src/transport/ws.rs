@@ -229,7 +229,9 @@ async fn handle(
         req.uri().query(),
     );
     let cert = client_cert.as_deref().map(|c| c.as_ref());
-    let authenticated = authenticate_with(&gw, token.as_deref(), cert).await;
+    // Answered before the connection's deadline even while the tenant's
+    // image is still being pulled (503 with `Retry-After`).
+    let authenticated = authenticate_with(&gw, token.as_deref(), cert, conn.answer_by()).await;
     super::authenticate::audit_handshake(
         "websocket",
         Some(peer),
@@ -247,6 +249,13 @@ async fn handle(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer error=\"invalid_token\""),
                 );
+            }
+            if let Some(after) = e.retry_after() {
+                // Whole seconds (RFC 9110), rounded up: at least 1.
+                let secs = after.as_millis().div_ceil(1000).max(1);
+                let secs = u64::try_from(secs).unwrap_or(u64::MAX);
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
             }
             return Ok(r);
         }

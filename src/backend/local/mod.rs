@@ -141,6 +141,22 @@ impl LocalBackend {
         self
     }
 
+    /// The bytes of the images the tenant's views would use with `view`
+    /// added (its default's, the `running` pools', `view`'s; each image
+    /// once): what `[images] max_tenant_bytes` bounds.
+    fn image_bytes(&self, running: &[(PathBuf, Arc<Shared>)], view: &crate::image::View) -> u64 {
+        let mut images: HashMap<&str, u64> = HashMap::new();
+        let views = running
+            .iter()
+            .filter_map(|(_, s)| s.view.as_deref())
+            .chain(self.shared.view.as_deref())
+            .chain([view]);
+        for v in views {
+            images.insert(&v.image.digest, v.image.bytes);
+        }
+        images.values().sum()
+    }
+
     /// What sessions on `view` run on: the tenant's default, or that
     /// image's pool (started now if it is not running).
     fn shared_for(
@@ -167,7 +183,8 @@ impl LocalBackend {
         if let Some((_, s)) = running.iter().find(|(p, _)| *p == view.path) {
             return Ok(s.clone());
         }
-        if running.len() >= MAX_SESSION_IMAGES {
+        let share = view.max_tenant_bytes();
+        if running.len() >= MAX_SESSION_IMAGES || self.image_bytes(&running, &view) > share {
             // The pools no session holds any more make room (their
             // workers killed, their views released): only this takes a
             // pool's `Shared` from the list, under its lock, so a count
@@ -184,6 +201,17 @@ impl LocalBackend {
             return Err(GatewayError::QuotaExceeded {
                 quota: "images in use by the tenant's sessions at once",
                 limit: MAX_SESSION_IMAGES as u64,
+                retry_after_ms: None,
+            });
+        }
+        // Refused before its pool starts; the caller drops the view, and
+        // the image stays in the store, evictable.
+        let held = self.image_bytes(&running, &view);
+        if held > share {
+            tracing::info!(tenant = %self.shared.env.tenant, image = %view.image.digest, bytes = held, limit = share, "session image refused: the tenant's share of the image store");
+            return Err(GatewayError::QuotaExceeded {
+                quota: "image bytes in use by the tenant",
+                limit: share,
                 retry_after_ms: None,
             });
         }
@@ -213,6 +241,24 @@ impl LocalBackend {
         running.push((view.path.clone(), shared.clone()));
         Ok(shared)
     }
+}
+
+/// The calls that need no session (gRPC file calls) on `shared`: the
+/// gRPC API's policy, plain paths and every field.
+fn sessionless(shared: Arc<Shared>, op: Op) -> OpFuture {
+    Box::pin(async move {
+        let policy = &GRPC;
+        match op {
+            Op::Call(Call::EnvironmentInfo(_)) => {
+                Ok(Outcome::Reply(environment::info(&shared, policy)))
+            }
+            Op::Call(call) => files::route(&shared, call, policy, None).await,
+            Op::Open(open @ (Open::ReadFile(_) | Open::WriteFile(_))) => {
+                files::open_stream(&shared, open, policy).await
+            }
+            Op::Open(_) => Err(needs_session()),
+        }
+    })
 }
 
 impl Backend for LocalBackend {
@@ -247,20 +293,7 @@ impl Backend for LocalBackend {
     /// The calls that need no session (gRPC file calls): the gRPC API's
     /// policy, plain paths and every field.
     fn run_sessionless(&self, op: Op) -> OpFuture {
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let policy = &GRPC;
-            match op {
-                Op::Call(Call::EnvironmentInfo(_)) => {
-                    Ok(Outcome::Reply(environment::info(&shared, policy)))
-                }
-                Op::Call(call) => files::route(&shared, call, policy, None).await,
-                Op::Open(open @ (Open::ReadFile(_) | Open::WriteFile(_))) => {
-                    files::open_stream(&shared, open, policy).await
-                }
-                Op::Open(_) => Err(needs_session()),
-            }
-        })
+        sessionless(self.shared.clone(), op)
     }
 
     fn retire(&self) {
@@ -416,5 +449,9 @@ impl SessionBackend for LocalSession {
 
     fn environment(&self) -> EnvironmentInfo {
         environment::describe(&self.shared, &NOV_2026)
+    }
+
+    fn run_sessionless(&self, op: Op) -> OpFuture {
+        sessionless(self.shared.clone(), op)
     }
 }

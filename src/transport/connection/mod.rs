@@ -293,9 +293,11 @@ where
                 return Some(Stop::Relayed);
             }
             let span = tracing::info_span!("rpc", method = "initialize");
-            let result = Box::pin(initialize(gw, &meta.caller, *params, out))
-                .instrument(span)
-                .await;
+            let init = Box::pin(initialize(gw, &meta.caller, *params, out)).instrument(span);
+            // Read on meanwhile (an image pull can take minutes): a
+            // websocket's pings are answered below the frames as they
+            // are read.
+            let (result, early) = Box::pin(read_meanwhile(inbound, init)).await;
             count(gw, &meta.caller, "initialize", result.as_ref().err());
             let text = match result {
                 Ok((reply, attached)) => {
@@ -305,6 +307,12 @@ where
                 Err(e) => jsonrpc::encode_error(&id, &e.to_jsonrpc()),
             };
             out.send(text).await;
+            match early {
+                None => {}
+                Some(None) => return Some(Stop::Eof),
+                // Boxed: this future would otherwise contain itself.
+                Some(Some(f)) => return Box::pin(on_frame(f, inbound, calls, meta, conn)).await,
+            }
         }
         Action::CloseSession { id } => {
             // Calls sent before the close are answered first.
@@ -333,6 +341,27 @@ where
         }
     }
     None
+}
+
+/// Await `work` while reading `inbound`, so that what the door does as
+/// frames are read goes on meanwhile (a websocket answers pings). The
+/// first frame read (`Some(None)`: the end of the stream) is kept for
+/// after `work`, and reading then waits: a client sends nothing else
+/// before `initialize` is answered, and nothing more is held.
+async fn read_meanwhile<S, F>(inbound: &mut S, work: F) -> (F::Output, Option<Option<InFrame>>)
+where
+    S: Stream<Item = InFrame> + Unpin + Send,
+    F: Future,
+{
+    let mut work = std::pin::pin!(work);
+    let mut early = None;
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return (out, early),
+            f = inbound.next(), if early.is_none() => early = Some(f),
+        }
+    }
 }
 
 /// How long a connection that ends in order (`session/close`, stdio's
@@ -450,6 +479,16 @@ async fn initialize(
     let caller = caller
         .as_ref()
         .map_err(|e| GatewayError::Unauthenticated(format!("unauthenticated: {e}")))?;
+    if let Some(id) = params.resume_session_id.as_deref() {
+        let claimed = caller.principal().image.as_deref();
+        match gw.sessions.lookup(caller.tenant(), id) {
+            Ok(session) => session.check_image_claim(claimed)?,
+            // Not held here: an executor's session (resumed on it after a
+            // restart), which runs no image, so none a claim allows.
+            Err(e) if claimed.is_some() => return Err(e),
+            Err(_) => {}
+        }
+    }
     let image = match params.resume_session_id {
         None => session_image(gw, caller, params.image.as_deref()).await?,
         Some(_) => None,
@@ -485,7 +524,7 @@ pub async fn session_image(
     gw: &Gateway,
     caller: &Caller,
     asked: Option<&str>,
-) -> Result<Option<Arc<crate::image::View>>, GatewayError> {
+) -> Result<Option<crate::session::ChosenImage>, GatewayError> {
     let claimed = caller.principal().image.as_deref();
     let wanted = match (asked, claimed) {
         (Some(a), Some(c)) if a != c => {
@@ -495,10 +534,13 @@ pub async fn session_image(
         }
         (a, c) => a.or(c),
     };
-    match wanted {
-        None => Ok(None),
-        Some(w) => gw.tenants.session_image(caller.tenant(), w).await.map(Some),
-    }
+    let Some(wanted) = wanted else {
+        return Ok(None);
+    };
+    let source = crate::config::ImageSource::parse(wanted)
+        .map_err(|e| GatewayError::InvalidParams(format!("image: {e}")))?;
+    let view = gw.tenants.session_image(caller.tenant(), &source).await?;
+    Ok(Some(crate::session::ChosenImage { view, source }))
 }
 
 /// The close code when the gateway stops: "service restart" (RFC 6455

@@ -197,6 +197,11 @@ pub fn environment(e: EnvironmentInfo) -> pb::GetInfoResponse {
         temporary_directories: e.temporary_directories,
         temp_dir: e.temp_dir,
         capabilities: e.capabilities.into_iter().collect(),
+        image: e.image.map(|i| pb::ImageInfo {
+            reference: i.reference,
+            digest: i.digest,
+            working_dir: i.working_dir.unwrap_or_default(),
+        }),
     }
 }
 

@@ -51,7 +51,7 @@ impl GrpcApi {
             ));
         };
         let (session, _ephemeral) = self.file_session(caller, &first.session_id).await?;
-        let _guard = session.as_ref().map(|s| s.stream_guard());
+        let _guard = session.session().map(|s| s.stream_guard());
         let open = Open::WriteFile(PathParams::plain(first.path));
         let opened = self.open(caller, session, open).await?;
         let mut written = 0u64;
@@ -264,7 +264,7 @@ impl pb::file_service_server::FileService for GrpcApi {
         let slot = self.stream_slot(&caller)?;
         let r = req.into_inner();
         let (session, ephemeral) = self.file_session(&caller, &r.session_id).await?;
-        let guard = session.as_ref().map(|s| s.stream_guard());
+        let guard = session.session().map(|s| s.stream_guard());
         let open = Open::ReadFile(PathParams::plain(r.path.clone()));
         let opened = self.open(&caller, session, open).await?;
         let (tx, rx) = mpsc::channel::<Chunk>(4);

@@ -123,7 +123,10 @@ where
             // The first authenticated call of a connection is its
             // handshake, for the audit trail; every refusal is one.
             let first = conn.as_ref().is_some_and(|c| !c.is_authenticated());
-            let authenticated = authenticate_with(&gw, token.as_deref(), cert)
+            // A connection's first call is answered before its deadline,
+            // even while its tenant's image is still being pulled.
+            let answer_by = conn.as_ref().and_then(|c| c.answer_by());
+            let authenticated = authenticate_with(&gw, token.as_deref(), cert, answer_by)
                 .await
                 .and_then(|caller| {
                     // The first authenticated call moves the connection into

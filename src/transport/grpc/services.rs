@@ -55,6 +55,32 @@ pub(super) fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
         .ok_or_else(|| Status::internal("the call was not authenticated"))
 }
 
+/// Where a gRPC call runs: in a session; without one, in a session's
+/// place (its image: file calls naming a local session); or in the
+/// tenant's.
+pub(super) enum FilePlace {
+    Session(Arc<Session>),
+    PlaceOf(Arc<Session>),
+    Tenant,
+}
+
+impl From<Option<Arc<Session>>> for FilePlace {
+    fn from(s: Option<Arc<Session>>) -> FilePlace {
+        s.map_or(FilePlace::Tenant, FilePlace::Session)
+    }
+}
+
+impl FilePlace {
+    /// The session a stream keeps alive (its detach TTL does not run out
+    /// under the stream): the one it runs in or whose place it uses.
+    pub(super) fn session(&self) -> Option<&Arc<Session>> {
+        match self {
+            FilePlace::Session(s) | FilePlace::PlaceOf(s) => Some(s),
+            FilePlace::Tenant => None,
+        }
+    }
+}
+
 impl GrpcApi {
     pub fn new(gw: Arc<Gateway>) -> Self {
         Self { gw }
@@ -62,29 +88,44 @@ impl GrpcApi {
 
     fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
         self.gw.check_local_owner(id).map_err(status)?;
-        self.gw.sessions.lookup(caller.tenant(), id).map_err(status)
+        let session = self
+            .gw
+            .sessions
+            .lookup(caller.tenant(), id)
+            .map_err(status)?;
+        session
+            .check_image_claim(caller.principal().image.as_deref())
+            .map_err(status)?;
+        Ok(session)
     }
 
     /// Where a file or environment call runs: on the executor of the
     /// session named (`id`), if it runs on one; without a session, a
     /// tenant placed on executors gets a session for this call, removed
-    /// when the returned guard is dropped; otherwise on the tenant's own
-    /// root, sessionless (the gRPC API's answers, whatever revision a
-    /// named session speaks).
+    /// when the returned guard is dropped; otherwise sessionless (the gRPC
+    /// API's answers, whatever revision a named session speaks), in the
+    /// named session's place (its image) or the tenant's own.
     pub(super) async fn file_session(
         &self,
         caller: &Caller,
         id: &str,
-    ) -> Result<(Option<Arc<Session>>, Option<Ephemeral>), Status> {
+    ) -> Result<(FilePlace, Option<Ephemeral>), Status> {
         if !id.is_empty() {
             let session = self.session(caller, id)?;
-            return Ok((session.backend.is_remote().then_some(session), None));
+            return Ok(if session.backend.is_remote() {
+                (FilePlace::Session(session), None)
+            } else {
+                (FilePlace::PlaceOf(session), None)
+            });
         }
         if !caller.tenant().places_on_executors() {
-            return Ok((None, None));
+            return Ok((FilePlace::Tenant, None));
         }
         let session = self.new_session(caller, None).await?;
-        Ok((Some(session.clone()), Some(self.ephemeral(session))))
+        Ok((
+            FilePlace::Session(session.clone()),
+            Some(self.ephemeral(session)),
+        ))
     }
 
     fn ephemeral(&self, session: Arc<Session>) -> Ephemeral {
@@ -126,20 +167,23 @@ impl GrpcApi {
     async fn run(
         &self,
         caller: &Caller,
-        session: Option<Arc<Session>>,
+        session: impl Into<FilePlace>,
         op: Op,
     ) -> Result<Outcome, Status> {
-        let req = RpcRequest {
-            op,
-            ctx: caller.context(session, CancellationToken::new()),
-        };
+        let mut ctx = caller.context(None, CancellationToken::new());
+        match session.into() {
+            FilePlace::Session(s) => ctx.session = Some(s),
+            FilePlace::PlaceOf(s) => ctx.place = Some(s),
+            FilePlace::Tenant => {}
+        }
+        let req = RpcRequest { op, ctx };
         self.gw.stack.clone().oneshot(req).await.map_err(status)
     }
 
     pub(super) async fn call(
         &self,
         caller: &Caller,
-        session: Option<Arc<Session>>,
+        session: impl Into<FilePlace>,
         call: Call,
     ) -> Result<Reply, Status> {
         match self.run(caller, session, Op::Call(call)).await? {
@@ -151,7 +195,7 @@ impl GrpcApi {
     pub(super) async fn open(
         &self,
         caller: &Caller,
-        session: Option<Arc<Session>>,
+        session: impl Into<FilePlace>,
         open: Open,
     ) -> Result<Opened, Status> {
         match self.run(caller, session, Op::Open(open)).await? {
@@ -437,12 +481,18 @@ impl pb::session_service_server::SessionService for GrpcApi {
             Ok(s) => s,
             // Not held here: an executor session is resumed on its
             // executor (after a restart of this gateway, say).
-            Err(e) if e.code() == tonic::Code::NotFound && caller.tenant().remote.is_some() => self
-                .gw
-                .sessions
-                .resume_detached(caller.tenant(), caller.principal().subject.as_deref(), id)
-                .await
-                .map_err(status)?,
+            // (It runs no image, so a token with an `image` claim may not.)
+            Err(e)
+                if e.code() == tonic::Code::NotFound
+                    && caller.tenant().remote.is_some()
+                    && caller.principal().image.is_none() =>
+            {
+                self.gw
+                    .sessions
+                    .resume_detached(caller.tenant(), caller.principal().subject.as_deref(), id)
+                    .await
+                    .map_err(status)?
+            }
             Err(e) => return Err(e),
         };
         Ok(Response::new(pb::ResumeSessionResponse {
