@@ -1419,3 +1419,464 @@ async fn a_tenants_images_in_use_stay_within_its_share_of_the_store() {
     assert_eq!(marker_of(&mut c1, "m", &root).await, "i1");
     assert_eq!(marker_of(&mut own, "m2", &root).await, "d");
 }
+
+// === Sharing a stored layer only with a source that serves it; image shapes ===
+
+/// A registry on a loopback port of its own that serves the layout at
+/// `layout`: its image tagged `v1` under any repository and tag, each
+/// blob the layout holds, 404 for any other. Keeps the paths asked.
+struct Served {
+    addr: String,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Served {
+    fn start(layout: &Path) -> Served {
+        use std::io::{Read as _, Write as _};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (blobs, log) = (layout.join("blobs/sha256"), asked.clone());
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        let manifest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let (blobs, log, manifest) = (blobs.clone(), log.clone(), manifest.clone());
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                        if s.read(&mut b).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    log.lock().unwrap().push(path.clone());
+                    let (digest, kind) = if path.contains("/manifests/") {
+                        (manifest, "application/vnd.oci.image.manifest.v1+json")
+                    } else if let Some((_, d)) = path.split_once("/blobs/") {
+                        (d.to_owned(), "application/octet-stream")
+                    } else {
+                        (String::new(), "")
+                    };
+                    let body = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))
+                        .ok()
+                        .filter(|_| !digest.is_empty());
+                    let _ = match body {
+                        Some(body) => s
+                            .write_all(
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                            )
+                            .and_then(|()| s.write_all(&body)),
+                        None => s.write_all(
+                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        ),
+                    };
+                });
+            }
+        });
+        Served { addr, asked }
+    }
+
+    /// How many times blob `digest` was asked for.
+    fn gets(&self, digest: &str) -> usize {
+        let suffix = format!("/blobs/{digest}");
+        let asked = self.asked.lock().unwrap();
+        asked.iter().filter(|p| p.ends_with(&suffix)).count()
+    }
+}
+
+/// Guards (the attack review's blob-digest borrowing, the Kubernetes
+/// AlwaysPullImages problem): a stored layer is shared without a download
+/// only with a source that has served its blob. Tenant `owner`'s layout
+/// image holds a private layer; a registry allowed to tenant `hostile`
+/// serves a manifest naming that layer's blob digest and diff_id but not
+/// the blob (404): the pull is refused, whether or not the store already
+/// has that very manifest from elsewhere, and `hostile` never runs. The
+/// same manifest from a registry that serves the blob works, and that
+/// registry is asked for the blob (once: the next pull from its
+/// repository, another tag, is not); the layer is not unpacked twice.
+#[tokio::test]
+async fn a_stored_layer_is_shared_only_with_a_source_that_serves_its_blob() {
+    if let Some(why) = oci::busybox_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let private = Layer::gzip(&layer(&[
+        Entry::Dir("srv", 0o755),
+        Entry::File("srv/private", 0o644, b"SECRET".to_vec()),
+    ]));
+    let private_blob = format!("sha256:{}", oci::sha256_hex(&private.blob));
+    let owner = work.path().join("layout-owner");
+    let mine = Layer::gzip(&oci::busybox_layer("owner"));
+    oci::write_layout(&owner, "v1", &[mine, private], &["PATH=/bin"]);
+    // One image naming the owner's private layer over a busybox of its
+    // own: the honest registry has all its blobs, the hostile one all but
+    // the private layer's.
+    let image = |dir: &Path| {
+        let private = Layer::gzip(&layer(&[
+            Entry::Dir("srv", 0o755),
+            Entry::File("srv/private", 0o644, b"SECRET".to_vec()),
+        ]));
+        let base = Layer::gzip(&oci::busybox_layer("other"));
+        oci::write_layout(dir, "v1", &[base, private], &["PATH=/bin"])
+    };
+    let (honest_dir, hostile_dir) = (work.path().join("honest"), work.path().join("hostile"));
+    assert_eq!(image(&honest_dir), image(&hostile_dir), "one manifest");
+    std::fs::remove_file(
+        hostile_dir
+            .join("blobs/sha256")
+            .join(private_blob.trim_start_matches("sha256:")),
+    )
+    .unwrap();
+    let (honest, hostile) = (Served::start(&honest_dir), Served::start(&hostile_dir));
+    let (h, o) = (&hostile.addr, &honest.addr);
+    let images = format!(
+        "store = \"{}\"\nregistries = [\"{h}\", \"{o}\"]\ninsecure_registries = [\"{h}\", \"{o}\"]\n",
+        store.display()
+    );
+    let tenants = vec![
+        ("owner", Some(format!("oci:{}:v1", owner.display()))),
+        ("hostile", Some(format!("{h}/team/b:v1"))),
+        ("honest", Some(format!("{o}/team/c:v1"))),
+        ("again", Some(format!("{o}/team/c:v2"))),
+        // After `honest`: the store has this manifest now.
+        ("hostile2", Some(format!("{h}/team/b:v2"))),
+    ];
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    let mut c = serves(&gw, "owner", "owner", true).await;
+    let root = gw.dir.path().join("owner").display().to_string();
+    assert_eq!(
+        run(&mut c, "p", &root, &["/bin/cat", "/srv/private"])
+            .await
+            .0,
+        "SECRET"
+    );
+    let layers_before = StoreState::of(&store).layer_dirs().len();
+    let told = format!("blobs/{private_blob}: the registry answered 404");
+    refused(&gw, &store, "hostile", &told, &told).await;
+    assert_eq!(hostile.gets(&private_blob), 1, "the blob was not asked for");
+    // The registry that has the blob: asked for it, once.
+    let mut c = serves(&gw, "honest", "other", true).await;
+    let root = gw.dir.path().join("honest").display().to_string();
+    assert_eq!(
+        run(&mut c, "p", &root, &["/bin/cat", "/srv/private"])
+            .await
+            .0,
+        "SECRET"
+    );
+    assert_eq!(honest.gets(&private_blob), 1);
+    drop(serves(&gw, "again", "other", true).await);
+    assert_eq!(honest.gets(&private_blob), 1, "a proven source asked again");
+    // The private layer is stored once; `other`'s busybox is new.
+    let s = StoreState::of(&store);
+    assert_eq!(s.layer_dirs().len(), layers_before + 1, "{s:?}");
+    // The stored image is not handed to a source that lacks its blob.
+    refused(&gw, &store, "hostile2", &told, &told).await;
+    assert_eq!(hostile.gets(&private_blob), 2);
+}
+
+/// Guards the two image shapes the attack review found failing at mount:
+/// an image with no layers is refused when it is pulled (-32602, `image
+/// refused`), the store untouched (it was stored, then failed to mount
+/// with EINVAL); an image listing one layer twice runs (overlayfs refused
+/// the same lowerdir twice: ELOOP), its view the same as the image's: the
+/// topmost copy's files over the layer between the two.
+#[tokio::test]
+async fn an_image_without_layers_is_refused_and_a_repeated_layer_runs() {
+    if let Some(why) = oci::busybox_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let empty_dir = work.path().join("layout-empty");
+    oci::write_layout(&empty_dir, "v1", &[], &["PATH=/bin"]);
+    let empty = Served::start(&empty_dir);
+    let repeated = work.path().join("layout-repeated");
+    let base = oci::busybox_layer("low");
+    let mid = layer(&[
+        Entry::Dir("usr", 0o755),
+        Entry::Dir("usr/share", 0o755),
+        Entry::File("usr/share/marker", 0o644, b"mid".to_vec()),
+    ]);
+    oci::write_layout(
+        &repeated,
+        "v1",
+        &[Layer::gzip(&base), Layer::gzip(&mid), Layer::gzip(&base)],
+        &["PATH=/bin"],
+    );
+    let images = images_from(&store, &empty.addr, "");
+    let tenants = vec![
+        ("repeated", Some(format!("oci:{}:v1", repeated.display()))),
+        ("s", None),
+    ];
+    let none = format!("{}/team/none:v1", empty.addr);
+    let gw = oci::start_logged(|d| {
+        config(d, "", &images, &tenants) + &format!("images = [\"{none}\"]\n")
+    });
+    // The upper copy of busybox's layer, marker and all, over `mid`'s.
+    drop(serves(&gw, "repeated", "low", true).await);
+    let before = StoreState::of(&store);
+    let mut c = gw.connect_as(&gw.token("s")).await;
+    let resp = initialize_on(&mut c, &none).await;
+    assert_eq!(resp["error"]["code"], -32602, "{resp}");
+    let message = resp["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("image refused: the manifest names no layers"),
+        "{resp}"
+    );
+    let after = StoreState::of(&store);
+    assert_eq!(after, before, "the refused image changed the store");
+}
+
+/// Guards (the attack review's port probe, issue #43): a blob's redirect
+/// from a listed registry to the gateway's own network (an IP literal in
+/// loopback on a port no one listed, `localhost`) or with credentials in
+/// its URL is refused before any connection: the listener it points at
+/// sees none. A registry that cannot be reached is told as "could not
+/// connect". In each case the tenant reads no io, TLS or DNS error text
+/// (were it there, "connection refused" against "tls handshake eof" would
+/// tell which ports of the gateway's network are open); the log has it.
+#[tokio::test]
+async fn a_blob_redirect_into_the_gateways_network_is_refused_and_io_errors_stay_in_the_log() {
+    // What a redirect aims at: any connection to it is a probe made.
+    let target = Liar::start(|_, _| http("200 OK", ""));
+    let port = target.addr.rsplit(':').next().unwrap().to_owned();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("layout");
+    let marked = layer(&[
+        Entry::Dir("usr", 0o755),
+        Entry::File("usr/marker", 0o644, b"x".to_vec()),
+    ]);
+    let digest = oci::write_layout(&layout, "v1", &[Layer::gzip(&marked)], &[]);
+    let manifest = std::fs::read_to_string(
+        layout
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:")),
+    )
+    .unwrap();
+    let p = port.clone();
+    let registry = Liar::start(move |_, path| {
+        if path.contains("/manifests/") {
+            return Some(format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/vnd.oci.image.manifest.v1+json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{manifest}",
+                manifest.len()
+            ));
+        }
+        let to = match path.split('/').nth(2).unwrap_or("") {
+            "loop" => format!("https://127.0.0.1:{p}/blob"),
+            "local" => format!("https://localhost:{p}/blob"),
+            _ => "https://user:pw@example.invalid/blob".to_owned(),
+        };
+        http("307 Temporary Redirect", &format!("location: {to}\r\n"))
+    });
+    // A listed registry where nothing listens.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let store = work.path().join("store");
+    let list = format!("\"{}\", \"{down}\"", registry.addr);
+    let images = format!(
+        "store = \"{}\"\nregistries = [{list}]\ninsecure_registries = [{list}]\n",
+        store.display()
+    );
+    let r = &registry.addr;
+    let tenants = vec![
+        ("loop", Some(format!("{r}/loop:v1"))),
+        ("local", Some(format!("{r}/local:v1"))),
+        ("creds", Some(format!("{r}/creds:v1"))),
+        ("down", Some(format!("{down}/r:v1"))),
+    ];
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    let own = "redirect was refused: to an address of the gateway's own network";
+    for (t, told) in [
+        ("loop", own),
+        ("local", own),
+        ("creds", "redirect was refused: credentials in its URL"),
+        ("down", "could not connect"),
+    ] {
+        refused(&gw, &store, t, told, told).await;
+        let (_, body) = gw
+            .handshake("/", Some(&format!("Bearer {}", gw.token(t))))
+            .await;
+        let lower = body.to_lowercase();
+        for io in [
+            "connection refused",
+            "os error",
+            "tls",
+            "eof",
+            "dns",
+            "lookup",
+            "error sending request",
+            "example.invalid",
+            "user:pw",
+            &format!(":{port}"),
+        ] {
+            assert!(!lower.contains(io), "tenant {t} was told {io:?}: {body:?}");
+        }
+    }
+    assert_eq!(
+        target.hits(),
+        0,
+        "a redirect reached a port of the gateway's network"
+    );
+    // The cause is the operator's to read.
+    let log = oci::gateway_log(&gw);
+    let why = log
+        .iter()
+        .filter(|l| l["fields"]["message"] == "registry transfer failed")
+        .filter_map(|l| l["fields"]["error"].as_str())
+        .collect::<Vec<_>>();
+    assert!(
+        why.iter()
+            .any(|e| e.to_lowercase().contains("connection refused")),
+        "the log lacks the io error: {why:?}"
+    );
+}
+
+// === What the attack review found: a deep layer, a pull past its timeout ===
+
+/// A tar of one empty file per name in `names`, each below `dirs` nested
+/// directories `d/d/.../d` (ustar headers: a path of up to 255 bytes
+/// without an extension header, 512 bytes an entry).
+fn nested(dirs: usize, names: &[String]) -> Vec<u8> {
+    let base = vec!["d"; dirs].join("/");
+    let mut b = tar::Builder::new(Vec::new());
+    for n in names {
+        let mut h = tar::Header::new_ustar();
+        h.set_path(format!("{base}/{n}")).unwrap();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(0);
+        h.set_cksum();
+        b.append(&h, &[][..]).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// Guards the depth bound (`unpack::MAX_PATH_DEPTH`, 128 components): a
+/// layer with a file 129 components deep (the attack nested 2,400, each
+/// entry walking them all) is refused as hostile, the layer below it
+/// that was committed goes, and the store is as it was; a layer at the
+/// bound itself is unpacked and served.
+#[tokio::test]
+async fn layers_nested_past_the_depth_bound_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let deep = |depth: usize| {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in [
+            ("usr/share/marker".to_owned(), &b"deep"[..]),
+            (vec!["d"; depth].join("/"), &b"x"[..]),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            // A GNU long name past 100 bytes.
+            b.append_data(&mut h, &path, data).unwrap();
+        }
+        Layer::gzip(&b.into_inner().unwrap())
+    };
+    let (at, past) = (
+        work.path().join("layout-at"),
+        work.path().join("layout-past"),
+    );
+    oci::write_layout(&at, "v1", &[deep(128)], &[]);
+    oci::write_layout(&past, "v1", &[own_layer("past"), deep(129)], &[]);
+    let tenants = vec![
+        ("at", Some(format!("oci:{}:v1", at.display()))),
+        ("past", Some(format!("oci:{}:v1", past.display()))),
+        ("host", None),
+    ];
+    let images = format!("store = \"{}\"\n", store.display());
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    refused(
+        &gw,
+        &store,
+        "past",
+        "could not be had",
+        "a path deeper than 128 components",
+    )
+    .await;
+    assert!(StoreState::of(&store).layer_dirs().is_empty());
+    drop(serves(&gw, "at", "deep", false).await);
+    host_tenant_serves(&gw, "host").await;
+}
+
+/// Guards a pull past `pull_timeout` (the attack: an unpack went on after
+/// its pull was answered, outside `max_concurrent_pulls`, evicting images,
+/// and the room it took was never given back): the pull is refused at its
+/// timeout with `tmp/` already empty and the store as it was, and then an
+/// image that needs the store's whole room but the few MiB the abandoned
+/// layer would keep pulls (in the only pull slot).
+///
+/// The image: a layer of 40,000 files 120 components deep (~156 MiB
+/// charged, seconds to unpack), then a layer the registry drips. The
+/// refusal comes whenever the timeout fires: mid-unpack (the case
+/// guarded) on any machine where that unpack takes more than `pull_timeout`,
+/// else during the drip.
+#[tokio::test]
+async fn a_pull_past_its_timeout_stops_its_unpack_and_gives_its_room_back() {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let names: Vec<String> = (0..40_000).map(|i| format!("f{i:05}")).collect();
+    let heavy = Layer::gzip(&nested(119, &names));
+    let drip_layer = Layer::plain(&layer(&[Entry::File("x", 0o644, vec![b'x'; 4096])]));
+    let drip_digest = format!("sha256:{}", oci::sha256_hex(&drip_layer.blob));
+    let deep = work.path().join("layout-deep");
+    let manifest = oci::write_layout(&deep, "v1", &[heavy, drip_layer], &[]);
+    let drip = Drip::start(&deep, &manifest, &drip_digest);
+    // 2,048 empty files: 8 MiB charged.
+    let names: Vec<String> = (0..2048).map(|i| format!("usr/f{i}")).collect();
+    let mut entries = vec![
+        Entry::Dir("usr", 0o755),
+        Entry::Dir("usr/share", 0o755),
+        Entry::File("usr/share/marker", 0o644, b"after".to_vec()),
+    ];
+    entries.extend(names.iter().map(|n| Entry::File(n, 0o644, Vec::new())));
+    let after = work.path().join("layout-after");
+    oci::write_layout(&after, "v1", &[Layer::plain(&layer(&entries))], &[]);
+    let tenants = [
+        ("deep", Some(format!("{}/team/deep:v1", drip.addr))),
+        ("after", Some(format!("oci:{}:v1", after.display()))),
+    ];
+    // 160 MiB: the deep layer (40,000 blocks: 156.25 MiB) fits with
+    // under 4 MiB to spare, the 8 MiB image alone fits.
+    let bound = 160 << 20;
+    let images = images_from(
+        &store,
+        &drip.addr,
+        &format!(
+            "max_concurrent_pulls = 1\npull_timeout = \"2s\"\n\
+             max_store_bytes = {bound}\nmax_image_bytes = {bound}\n"
+        ),
+    );
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    let told = "not pulled within images.pull_timeout (2s)";
+    refused(&gw, &store, "deep", told, told).await;
+    let stopped = oci::logged(&gw, "layer unpack stopped: its pull ended");
+    eprintln!("the timeout fired mid-unpack: {}", stopped > 0);
+    drop(serves(&gw, "after", "after", false).await);
+}

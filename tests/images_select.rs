@@ -726,7 +726,7 @@ async fn grpc_file_calls_naming_a_session_see_its_image() {
 /// Guards: a token's `image` claim holds for sessions it did not open: it
 /// cannot resume, or use by id over gRPC, a session that runs another
 /// image (nor one on the host); a token claiming the session's own image
-/// can.
+/// can; its session-less gRPC file calls run in the claimed image.
 #[tokio::test]
 async fn a_tokens_image_claim_holds_on_resume_and_on_calls_by_id() {
     let Some(im) = images() else { return };
@@ -777,6 +777,14 @@ async fn a_tokens_image_claim_holds_on_resume_and_on_calls_by_id() {
             .await
             .map_err(|e| e.to_string()),
         Ok("py".to_owned())
+    );
+    // Without a session, a claimed token's file calls run in its image
+    // (a session opened for the call), not on the tenant's default.
+    assert_eq!(
+        grpc_read(&ch, &claims_js, "", "/usr/share/marker")
+            .await
+            .map_err(|e| e.to_string()),
+        Ok("js".to_owned())
     );
 }
 

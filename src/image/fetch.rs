@@ -182,11 +182,9 @@ impl Fetcher {
                     return Err(too_large());
                 }
                 let pace = super::distribution::Pace::start();
-                while let Some(chunk) = res
-                    .chunk()
-                    .await
-                    .map_err(|e| ImageError::Unavailable(format!("blob {digest}: {e}")))?
-                {
+                while let Some(chunk) = res.chunk().await.map_err(|e| {
+                    super::distribution::transfer_failed(&format!("blob {digest}"), e)
+                })? {
                     n += chunk.len() as u64;
                     if n > size {
                         return Err(too_large());

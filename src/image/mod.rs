@@ -11,7 +11,8 @@
 //! - `refs`: what a reference resolved to, at most `MAX_REFS` of them,
 //!   the least recently used of unused images dropped first.
 //! - `proof`: a layer already stored is shared with a new image only once
-//!   that image's own blob is shown to unpack to it.
+//!   that image's own blob is shown to unpack to it, and without a download
+//!   only with a source (a registry's repository, a layout) that served it.
 //! - [`fetch`]: where content comes from (a registry, a layout on the
 //!   host), every byte checked against its digest.
 //! - [`distribution`]: the registry protocol, every read bounded, no hop

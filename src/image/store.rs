@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! layers/<key>/        one layer unpacked (key: 32 hex of its diff_id)
-//! layers/<key>.json    its diff_id, bytes and entries: written after the
+//! layers/<key>.json    its diff_id, bytes, entries, proof: written after the
 //!                      directory is renamed in; a directory without it
 //!                      is an interrupted commit, removed at start
 //! images/<hex>.json    an image (manifest digest): its layers, Env,
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::ImageError;
 use super::fetch::{Fetcher, OS, Registry, arch, check_digest, hex, platform_manifest, sha256_hex};
 use super::refs::RefRecord;
-use super::tmp::tempdir_in;
+use super::tmp::{Uncommitted, Work};
 use super::unpack::{Budget, Compression, UnpackError, unpack};
 use crate::config::{ImageSource, ImagesSettings};
 
@@ -61,9 +61,9 @@ pub(super) struct LayerMeta {
     pub(super) diff_id: String,
     pub(super) bytes: u64,
     entries: u64,
-    /// Blobs proven to unpack to it (module `proof`).
-    #[serde(default)]
-    blobs: Vec<String>,
+    /// Blobs proven to unpack to it, sources that served one (`proof`).
+    #[serde(flatten)]
+    proven: super::proof::Proven,
 }
 
 #[derive(Default)]
@@ -332,13 +332,12 @@ impl ImageStore {
             return Ok(i);
         }
         let timeout = self.settings.pull_timeout;
+        let work = Work::start(&self.dir.join("tmp"))?;
+        let mut slot = None;
         let pull = async {
-            let _slot = self
-                .pulls
-                .acquire()
-                .await
-                .map_err(|_| ImageError::Unavailable("the store is closed".to_owned()))?;
-            self.pull(source).await
+            let closed = |_| ImageError::Unavailable("the store is closed".to_owned());
+            slot = Some(self.pulls.acquire().await.map_err(closed)?);
+            self.pull(source, &work).await
         };
         let started = Instant::now();
         let r = match tokio::time::timeout(timeout, pull).await {
@@ -348,6 +347,11 @@ impl ImageStore {
                 humantime::format_duration(timeout)
             ))),
         };
+        // A pull past its timeout was dropped, but not its blocking work
+        // (an unpack): it is told to stop and waited for, its bytes given
+        // back and `tmp/` cleared, before the slot goes to another pull.
+        work.stop().await;
+        drop(slot);
         self.forget_flight(&key);
         match &r {
             Ok(i) => {
@@ -388,8 +392,12 @@ impl ImageStore {
         }
     }
 
-    async fn pull(self: &Arc<Self>, source: &ImageSource) -> Result<Arc<Image>, ImageError> {
-        let tmp = tempdir_in(&self.dir.join("tmp"))?;
+    async fn pull(
+        self: &Arc<Self>,
+        source: &ImageSource,
+        work: &Work,
+    ) -> Result<Arc<Image>, ImageError> {
+        let tmp = work.path();
         let (fetcher, tag) = match source {
             ImageSource::Registry {
                 reference,
@@ -407,23 +415,22 @@ impl ImageStore {
             }
             ImageSource::Layout { dir, tag } => (Fetcher::Layout(dir.clone()), tag.clone()),
             ImageSource::Archive { file, tag } => {
-                let layout = tmp.path.join("layout");
+                let layout = tmp.join("layout");
                 let file = file.clone();
                 let budget = self.budget_for_archive();
                 // Work in `tmp/`, gone when the pull is: bounded by its
                 // budget, not charged to the store (whose bytes are its
                 // layers').
                 let room = AtomicI64::new(i64::try_from(budget.bytes).unwrap_or(i64::MAX));
-                tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
+                work.blocking(move |stop| -> Result<(), ImageError> {
                     std::fs::create_dir(&layout).map_err(|e| io("create", &layout, e))?;
                     let f = std::fs::File::open(&file).map_err(|e| io("open", &file, e))?;
-                    unpack(f, Compression::None, &layout, budget, &room)
+                    unpack(f, Compression::None, &layout, budget, &room, stop)
                         .map_err(|e| ImageError::Refused(format!("{}: {e}", file.display())))?;
                     Ok(())
                 })
-                .await
-                .map_err(|e| ImageError::Unavailable(e.to_string()))??;
-                (Fetcher::Layout(tmp.path.join("layout")), tag.clone())
+                .await??;
+                (Fetcher::Layout(tmp.join("layout")), tag.clone())
             }
         };
         let mut body = fetcher.manifest(None, tag.as_deref()).await?;
@@ -432,11 +439,24 @@ impl ImageStore {
             body = fetcher.manifest(Some(&d), None).await?;
             digest = d;
         }
-        let existing = self.inner.lock().images.get(&digest).cloned();
+        let origin = super::proof::origin(source);
+        // Shared as it is only with a source that served its layers.
+        let existing = {
+            let inner = self.inner.lock();
+            let ok = |k: &String| {
+                inner
+                    .layers
+                    .get(k)
+                    .is_some_and(|m| m.proven.served_by(&origin))
+            };
+            let image = inner.images.get(&digest);
+            image.filter(|i| i.layers.iter().all(ok)).cloned()
+        };
         let image = match existing {
             Some(i) => i,
             None => {
-                self.pull_image(&fetcher, &body, &digest, &source.to_string(), &tmp.path)
+                let at = source.to_string();
+                self.pull_image(&fetcher, &body, &digest, (&at, &origin), work)
                     .await?
             }
         };
@@ -459,13 +479,20 @@ impl ImageStore {
         fetcher: &Fetcher,
         body: &[u8],
         digest: &str,
-        source: &str,
-        tmp: &Path,
+        (source, origin): (&str, &str),
+        work: &Work,
     ) -> Result<Arc<Image>, ImageError> {
+        let tmp = work.path();
         let s = &self.settings;
         let manifest: oci_spec::image::ImageManifest = serde_json::from_slice(body)
             .map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
         let layers = manifest.layers();
+        // Nothing to mount (an overlay needs a lower layer).
+        if layers.is_empty() {
+            return Err(ImageError::Refused(
+                "the manifest names no layers".to_owned(),
+            ));
+        }
         if layers.len() > s.max_layers {
             return Err(ImageError::Refused(format!(
                 "{} layers, more than images.max_layers ({})",
@@ -526,23 +553,23 @@ impl ImageStore {
                             "layer {diff_id}: its first 128 bits name another layer in the store"
                         )));
                     }
-                    Some(m) if m.blobs.iter().any(|b| b == layer.digest().as_ref()) => m,
                     Some(mut m) => {
                         let bound = s.max_image_bytes.saturating_sub(image_bytes);
-                        let digest = layer.digest().as_ref();
-                        super::proof::prove(
+                        let proven = &m.proven;
+                        let shared = super::proof::share(
                             fetcher,
-                            digest,
-                            layer.size(),
+                            proven,
+                            origin,
+                            layer,
                             compression,
                             &want,
                             bound,
                             tmp,
-                        )
-                        .await?;
-                        m.blobs.truncate(super::proof::MAX_PROVEN_BLOBS - 1);
-                        m.blobs.insert(0, digest.to_owned());
-                        self.record_layer(&key, &m)?;
+                        );
+                        if let Some(p) = shared.await? {
+                            m.proven = p;
+                            self.record_layer(&key, &m)?;
+                        }
                         m
                     }
                     None => {
@@ -552,13 +579,13 @@ impl ImageStore {
                         };
                         self.fetch_layer(
                             fetcher,
-                            layer.digest().as_ref(),
+                            (layer.digest().as_ref(), origin),
                             layer.size(),
                             compression,
                             &want,
                             &key,
                             remaining,
-                            tmp,
+                            work,
                         )
                         .await?
                     }
@@ -598,6 +625,10 @@ impl ImageStore {
         let record =
             serde_json::to_vec(&image).map_err(|e| ImageError::Unavailable(e.to_string()))?;
         let hexd = check_digest(digest)?;
+        // Stored already (its layers now proven for `origin`): it stays.
+        if let Some(i) = self.inner.lock().images.get(digest) {
+            return Ok(i.clone());
+        }
         write_whole(
             &self.dir.join("images").join(format!("{hexd}.json")),
             &record,
@@ -617,14 +648,15 @@ impl ImageStore {
     async fn fetch_layer(
         self: &Arc<Self>,
         fetcher: &Fetcher,
-        blob_digest: &str,
+        (blob_digest, origin): (&str, &str),
         size: u64,
         compression: Compression,
         diff_id: &str,
         key: &str,
         budget: Budget,
-        tmp: &Path,
+        work: &Work,
     ) -> Result<LayerMeta, ImageError> {
+        let tmp = work.path();
         let blob = tmp.join(format!("{key}.blob"));
         {
             let mut f = tokio::fs::File::create(&blob)
@@ -640,60 +672,56 @@ impl ImageStore {
             self.settings.max_image_bytes, self.settings.max_entries
         );
         let max_store = self.settings.max_store_bytes;
-        let unpacked = tokio::task::spawn_blocking(move || {
-            std::fs::create_dir(&dest2).map_err(|e| io("create", &dest2, e))?;
-            let f = std::fs::File::open(&blob2).map_err(|e| io("open", &blob2, e))?;
-            let r = unpack(
-                std::io::BufReader::with_capacity(256 << 10, f),
-                compression,
-                &dest2,
-                budget,
-                &*store,
-            );
+        let unpacked = work.blocking(move |stop| {
+            let r = std::fs::create_dir(&dest2)
+                .map_err(|e| io("create", &dest2, e))
+                .and_then(|()| std::fs::File::open(&blob2).map_err(|e| io("open", &blob2, e)));
+            let r = r.and_then(|f| {
+                let f = std::io::BufReader::with_capacity(256 << 10, f);
+                unpack(f, compression, &dest2, budget, &*store, stop).map_err(|e| match e {
+                    UnpackError::Io(e) => io("unpack into", &dest2, e),
+                    UnpackError::StoreFull => ImageError::Unavailable(format!(
+                        "the image store is full: images.max_store_bytes ({max_store}) is taken by images in use"
+                    )),
+                    e @ UnpackError::TooLarge(_) => ImageError::Refused(format!("{e} ({bounds})")),
+                    e @ UnpackError::Hostile(_) => ImageError::Refused(e.to_string()),
+                    e @ UnpackError::Stopped => ImageError::Unavailable(e.to_string()),
+                })
+            });
             let _ = std::fs::remove_file(&blob2);
-            r.map_err(|e| match e {
-                UnpackError::Io(e) => io("unpack into", &dest2, e),
-                UnpackError::StoreFull => ImageError::Unavailable(format!(
-                    "the image store is full: images.max_store_bytes ({max_store}) is taken by images in use"
-                )),
-                e @ UnpackError::TooLarge(_) => ImageError::Refused(format!("{e} ({bounds})")),
-                e @ UnpackError::Hostile(_) => ImageError::Refused(e.to_string()),
-            })
-        })
-        .await
-        .map_err(|e| ImageError::Unavailable(e.to_string()))?;
-        let unpacked = match unpacked {
-            Ok(u) => u,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dest);
-                return Err(e);
+            match r {
+                // From here on, dropped (a check or the commit failed, or
+                // the pull went away) it removes the layer and gives its
+                // bytes back.
+                Ok(u) => Ok((u, Uncommitted::new(store, dest2, u.bytes))),
+                Err(e) => {
+                    if stop.load(Ordering::SeqCst) {
+                        tracing::info!(dir = %dest2.display(), "layer unpack stopped: its pull ended");
+                    }
+                    let _ = std::fs::remove_dir_all(&dest2);
+                    Err(e)
+                }
             }
-        };
-        // From here on, a failure removes the layer and gives its bytes back.
-        let undo = |e: ImageError, dir: &Path| {
-            let _ = std::fs::remove_dir_all(dir);
-            self.room
-                .fetch_add(i64::try_from(unpacked.bytes).unwrap_or(0), Ordering::SeqCst);
-            e
-        };
+        });
+        let (unpacked, mut layer) = unpacked.await??;
         if hex(&unpacked.diff_id) != diff_id {
-            return Err(undo(
-                ImageError::Refused(format!(
-                    "layer {blob_digest}: its content is not the diff_id sha256:{diff_id} its config names"
-                )),
-                &dest,
-            ));
+            return Err(ImageError::Refused(format!(
+                "layer {blob_digest}: its content is not the diff_id sha256:{diff_id} its config names"
+            )));
         }
         let meta = LayerMeta {
             diff_id: format!("sha256:{diff_id}"),
             bytes: unpacked.bytes,
             entries: unpacked.entries,
-            blobs: vec![blob_digest.to_owned()],
+            proven: super::proof::Proven::new(blob_digest, origin),
         };
         let final_dir = self.layer_dir(key);
-        std::fs::rename(&dest, &final_dir).map_err(|e| undo(io("commit", &final_dir, e), &dest))?;
-        self.record_layer(key, &meta)
-            .map_err(|e| undo(e, &final_dir))?;
+        std::fs::rename(&dest, &final_dir).map_err(|e| io("commit", &final_dir, e))?;
+        layer.moved_to(final_dir);
+        self.record_layer(key, &meta)?;
+        // Its bytes are the layer's record's now (given back when the
+        // layer goes).
+        layer.keep();
         Ok(meta)
     }
 

@@ -1,8 +1,10 @@
 //! One layer's tar stream into a fresh directory, treating every byte as
 //! hostile (docs/environments.md, "Security model").
 //!
-//! - Paths are relative and normal: an absolute path or a `..` component
-//!   refuses the layer. Every directory on the way is opened with
+//! - Paths are relative and normal: an absolute path, a `..` component or
+//!   more than [`MAX_PATH_DEPTH`] components refuses the layer (each entry
+//!   walks its path, so depth costs every entry). Every directory on the
+//!   way is opened with
 //!   `O_NOFOLLOW`: a path through a symbolic link (the layer's own or one
 //!   planted earlier in it) refuses the layer, so nothing is ever written
 //!   outside the directory.
@@ -22,11 +24,14 @@
 //! - Each file's bytes are taken from the store's [`Room`] before they
 //!   are written (the store evicts what no one uses to give them), so the
 //!   store never holds more than its bound.
+//! - A `stop` flag is checked before each entry and each read: a pull
+//!   that ends (its timeout) stops its unpack, which gives back what it
+//!   took ([`UnpackError::Stopped`]).
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
 use sha2::Digest as _;
@@ -70,6 +75,11 @@ pub struct Unpacked {
 /// block size a file's contents are rounded up to.
 pub const BLOCK: u64 = 4096;
 
+/// Most components of an entry's path (or a hard link's target): each
+/// entry opens every directory on its way, so a layer nested thousands
+/// deep costs its depth squared. Real images nest a few dozen at most.
+pub const MAX_PATH_DEPTH: usize = 128;
+
 /// Why a layer was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
@@ -83,6 +93,9 @@ pub enum UnpackError {
     StoreFull,
     #[error("layer unreadable: {0}")]
     Io(#[from] io::Error),
+    /// Told to stop (the pull ended: its timeout).
+    #[error("unpack stopped: its pull ended")]
+    Stopped,
 }
 
 /// Where the bytes an unpack writes are charged: the store's free bytes.
@@ -114,16 +127,21 @@ pub struct Budget {
     pub entries: u64,
 }
 
-/// Counts, bounds and hashes what passes through.
-struct Counted<R> {
+/// Counts, bounds and hashes what passes through; stops when told.
+struct Counted<'a, R> {
     inner: R,
     hash: sha2::Sha256,
     read: u64,
     limit: u64,
+    stop: &'a AtomicBool,
 }
 
-impl<R: Read> Read for Counted<R> {
+impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.stop.load(Ordering::Relaxed) {
+            // Reported as `Stopped` by `unpack`, whatever wraps it.
+            return Err(io::Error::other("stopped"));
+        }
         let n = self.inner.read(buf)?;
         self.read += n as u64;
         if self.read > self.limit {
@@ -143,18 +161,24 @@ const OPAQUE: &str = ".wh..wh..opq";
 /// Unpack `blob` (compressed as `compression`) into `dest`, an empty
 /// directory the caller made, taking each file's bytes from `room` (the
 /// store's free bytes) before it is written; on failure what was taken
-/// is given back (the caller removes `dest`).
+/// is given back (the caller removes `dest`). Once `stop` is set, it
+/// fails with [`UnpackError::Stopped`] before the next entry or read.
+/// On success the caller owns the `bytes` taken.
 pub fn unpack(
     blob: impl Read,
     compression: Compression,
     dest: &Path,
     budget: Budget,
     room: &dyn Room,
+    stop: &AtomicBool,
 ) -> Result<Unpacked, UnpackError> {
     let mut charged = 0u64;
-    let r = unpack_charged(blob, compression, dest, budget, room, &mut charged);
+    let r = unpack_charged(blob, compression, dest, budget, room, stop, &mut charged);
     if r.is_err() {
         room.give(charged);
+        if stop.load(Ordering::SeqCst) {
+            return Err(UnpackError::Stopped);
+        }
     }
     r
 }
@@ -165,6 +189,7 @@ fn unpack_charged(
     dest: &Path,
     budget: Budget,
     room: &dyn Room,
+    stop: &AtomicBool,
     charged: &mut u64,
 ) -> Result<Unpacked, UnpackError> {
     let decoded: Box<dyn Read> = match compression {
@@ -176,6 +201,7 @@ fn unpack_charged(
         hash: sha2::Sha256::new(),
         read: 0,
         limit: budget.bytes,
+        stop,
     };
     let root = rustix::fs::open(
         dest,
@@ -187,6 +213,9 @@ fn unpack_charged(
     {
         let mut archive = tar::Archive::new(&mut counted);
         for entry in archive.entries().map_err(too_large_or_io)? {
+            if stop.load(Ordering::Relaxed) {
+                return Err(UnpackError::Stopped);
+            }
             let mut entry = entry.map_err(too_large_or_io)?;
             entries += 1;
             if entries > budget.entries {
@@ -369,7 +398,8 @@ fn check_name(name: &str, path: &Path) -> Result<(), UnpackError> {
 }
 
 /// A path's parent components and last name; `None` for the root itself.
-/// Absolute paths and `..` refuse the layer.
+/// Absolute paths, `..` and more than [`MAX_PATH_DEPTH`] components
+/// refuse the layer.
 fn split(path: &Path) -> Result<Option<(Vec<String>, String)>, UnpackError> {
     let mut parts = Vec::new();
     for c in path.components() {
@@ -378,6 +408,14 @@ fn split(path: &Path) -> Result<Option<(Vec<String>, String)>, UnpackError> {
                 let n = n
                     .to_str()
                     .ok_or_else(|| hostile(path, "a name that is not UTF-8"))?;
+                if parts.len() == MAX_PATH_DEPTH {
+                    // Its first components: the whole would be kilobytes.
+                    let shown: std::path::PathBuf = path.components().take(8).collect();
+                    return Err(UnpackError::Hostile(format!(
+                        "{}/...: a path deeper than {MAX_PATH_DEPTH} components",
+                        shown.display()
+                    )));
+                }
                 parts.push(n.to_owned());
             }
             Component::CurDir => {}
@@ -519,6 +557,7 @@ mod tests {
             d.path(),
             BUDGET,
             &AtomicI64::new(1 << 30),
+            &AtomicBool::new(false),
         );
         (d, r)
     }
@@ -560,7 +599,14 @@ mod tests {
         });
         let d = tempfile::tempdir().unwrap();
         let room = AtomicI64::new(100);
-        let r = unpack(&t[..], Compression::None, d.path(), BUDGET, &room);
+        let r = unpack(
+            &t[..],
+            Compression::None,
+            d.path(),
+            BUDGET,
+            &room,
+            &AtomicBool::new(false),
+        );
         assert!(matches!(r, Err(UnpackError::StoreFull)), "{r:?}");
         assert_eq!(room.load(Ordering::SeqCst), 100);
         assert!(!d.path().join("b").exists(), "written past the room");
@@ -621,5 +667,85 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("x")]);
+    }
+
+    /// A path of `depth` components (GNU long names past 100 bytes).
+    fn deep(depth: usize) -> Vec<u8> {
+        let path = vec!["d"; depth].join("/");
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, &path, &b"x"[..]).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    /// Guards the depth bound: a path of `MAX_PATH_DEPTH` components
+    /// unpacks, one more is refused as hostile before any of it is made.
+    #[test]
+    fn paths_deeper_than_the_bound_are_refused() {
+        let (d, r) = run(&deep(MAX_PATH_DEPTH));
+        r.unwrap();
+        let mut p = d.path().to_path_buf();
+        p.extend(vec!["d"; MAX_PATH_DEPTH]);
+        assert_eq!(std::fs::read(p).unwrap(), b"x");
+        let (d, r) = run(&deep(MAX_PATH_DEPTH + 1));
+        let Err(UnpackError::Hostile(why)) = r else {
+            panic!("{r:?}")
+        };
+        assert!(why.contains("a path deeper than 128 components"), "{why}");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    }
+
+    /// Sets `stop` once `after` bytes have been read from it.
+    struct StopAfter<'a> {
+        inner: &'a [u8],
+        after: usize,
+        stop: &'a AtomicBool,
+    }
+
+    impl Read for StopAfter<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.after == 0 {
+                self.stop.store(true, Ordering::SeqCst);
+            }
+            let most = buf.len().min(self.after.max(1));
+            let n = self.inner.read(&mut buf[..most])?;
+            self.after = self.after.saturating_sub(n);
+            Ok(n)
+        }
+    }
+
+    /// Guards the unpack's stop: told to stop part way (as a pull past
+    /// its timeout tells it), it fails with `Stopped` before the next
+    /// entry, having given back every byte it took; told before it starts,
+    /// it makes nothing.
+    #[test]
+    fn a_stopped_unpack_stops_and_gives_back_what_it_took() {
+        let t = layer(|b| {
+            for i in 0..50 {
+                file(b, &format!("f{i}"), 0o644, &[7; 100]);
+            }
+        });
+        let d = tempfile::tempdir().unwrap();
+        let room = AtomicI64::new(1 << 20);
+        let stop = AtomicBool::new(false);
+        let blob = StopAfter {
+            inner: &t,
+            after: 10 * 1024,
+            stop: &stop,
+        };
+        let r = unpack(blob, Compression::None, d.path(), BUDGET, &room, &stop);
+        assert!(matches!(r, Err(UnpackError::Stopped)), "{r:?}");
+        assert_eq!(room.load(Ordering::SeqCst), 1 << 20, "charges kept");
+        let made = std::fs::read_dir(d.path()).unwrap().count();
+        assert!((1..50).contains(&made), "{made} files made");
+        let d = tempfile::tempdir().unwrap();
+        let stop = AtomicBool::new(true);
+        let r = unpack(&t[..], Compression::None, d.path(), BUDGET, &room, &stop);
+        assert!(matches!(r, Err(UnpackError::Stopped)), "{r:?}");
+        assert_eq!(room.load(Ordering::SeqCst), 1 << 20);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 }

@@ -22,7 +22,12 @@ use super::{ImageError, fetch::sha256_hex};
 
 /// Mount points every view has (besides the root's path).
 const SKELETON_DIRS: &[&str] = &["dev", "proc", "sys", "tmp", "etc"];
-const SKELETON_FILES: &[&str] = &["etc/resolv.conf"];
+/// Files the skeleton holds: `resolv.conf` is mounted onto, and an empty
+/// `ld.so.preload` masks the image's, which the host's loader would read
+/// (it reads `/etc/ld.so.preload` of the root it runs in) when it starts
+/// the tenant's worker in the view, running the image's code in the
+/// worker before the worker has closed what it inherits.
+const SKELETON_FILES: &[&str] = &["etc/resolv.conf", "etc/ld.so.preload"];
 /// Top-level names the namespace mounts the host's or the tenant's own
 /// over: never granted as part of the image.
 pub const NOT_IMAGE: &[&str] = &["dev", "proc", "sys", "tmp"];
@@ -184,7 +189,12 @@ impl ImageStore {
         make_skeleton(skel, root)?;
         std::fs::create_dir_all(path).map_err(|e| fail("create", path, e))?;
         let mut lower = skel.display().to_string();
-        for key in image.layers.iter().rev() {
+        // A layer the image lists twice (docker's repeated empty layers)
+        // is stacked once, where it is topmost: overlayfs refuses one
+        // directory twice, and the copy below adds nothing the one above
+        // does not already show.
+        let mut seen = std::collections::HashSet::new();
+        for key in image.layers.iter().rev().filter(|k| seen.insert(*k)) {
             lower.push(':');
             lower.push_str(&self.layer_dir(key).display().to_string());
         }

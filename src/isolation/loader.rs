@@ -17,6 +17,8 @@ pub struct HostLoader {
     /// `None`: the binary is static and needs no loader.
     loader: Option<File>,
     libdirs: Vec<File>,
+    /// The host paths of `libdirs` (the loader's is among them).
+    dirs: Vec<PathBuf>,
 }
 
 impl HostLoader {
@@ -31,6 +33,12 @@ impl HostLoader {
     }
 
     /// `--library-path` for the loader.
+    /// The host directories the loader maps the worker's libraries from:
+    /// all a worker under an image needs of the host's system directories.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
     pub fn library_path(&self) -> String {
         self.libdirs
             .iter()
@@ -71,7 +79,11 @@ fn find() -> io::Result<HostLoader> {
                 .open(d)
         })
         .collect::<io::Result<Vec<_>>>()?;
-    Ok(HostLoader { loader, libdirs })
+    Ok(HostLoader {
+        loader,
+        libdirs,
+        dirs,
+    })
 }
 
 use std::os::unix::fs::OpenOptionsExt as _;

@@ -144,7 +144,15 @@ impl Sandbox {
     /// Build the Landlock ruleset and the BPF programs for `spec`.
     pub fn new(spec: SandboxSpec) -> Result<Sandbox, String> {
         let ruleset = match &spec.landlock_rw {
-            Some(rw) => Some(landlock_ruleset(rw, &spec.landlock_ro, &spec.hidden)?),
+            Some(rw) => {
+                let image = spec.namespace.as_ref().is_some_and(|n| n.image.is_some());
+                Some(landlock_ruleset(
+                    rw,
+                    &spec.landlock_ro,
+                    &spec.hidden,
+                    image,
+                )?)
+            }
             None => None,
         };
         let namespace = match &spec.namespace {
@@ -346,7 +354,18 @@ unsafe fn apply(
 /// abstract unix sockets scoped to the process's own domain. Paths that do
 /// not exist are skipped. Enforcement of the handled rights is required
 /// (`HardRequirement`): a kernel that cannot is reported by the probe.
-fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Result<OwnedFd, String> {
+/// The ruleset for a sandbox: `rw` and `ro` granted beside the system's
+/// directories. Under an `image` the host's system directories are not
+/// the tenant's `/`: only what the host's loader maps the worker from is
+/// granted of them (and `/proc`), so a descriptor that reaches the host's
+/// tree (the loader's library directories, open while the worker loads)
+/// leads to nothing else of it.
+fn landlock_ruleset(
+    rw: &[PathBuf],
+    ro: &[PathBuf],
+    hidden: &[PathBuf],
+    image: bool,
+) -> Result<OwnedFd, String> {
     let e = |e: landlock::RulesetError| format!("landlock: {e}");
     let all = AccessFs::from_all(landlock_abi());
     let read = AccessFs::from_read(landlock_abi());
@@ -386,8 +405,16 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
     // Read-only grants go around the gateway's own files: a directory that
     // holds one is granted entry by entry instead.
     let mut ro_grants: Vec<(PathBuf, BitFlags<AccessFs>)> = Vec::new();
-    for p in SYSTEM_RX {
-        around_hidden(Path::new(p), read, hidden, 0, &mut ro_grants);
+    let loader_dirs: Vec<PathBuf> = if image {
+        crate::isolation::loader::host_loader()
+            .map_err(|e| format!("the host's loader: {e}"))?
+            .dirs()
+            .to_vec()
+    } else {
+        SYSTEM_RX.iter().map(PathBuf::from).collect()
+    };
+    for p in &loader_dirs {
+        around_hidden(p, read, hidden, 0, &mut ro_grants);
     }
     // Under the read-only system dirs, what the host keeps from other
     // users (no read bit for others: /etc/shadow, TLS and SSH host keys)
@@ -397,6 +424,10 @@ fn landlock_ruleset(rw: &[PathBuf], ro: &[PathBuf], hidden: &[PathBuf]) -> Resul
     hidden.extend_from_slice(private_system_entries());
     let hidden = &hidden[..];
     for p in SYSTEM_RO {
+        // The image has its own `/etc`, granted with its entries (`ro`).
+        if image && *p == "/etc" {
+            continue;
+        }
         around_hidden(Path::new(p), read_no_exec, hidden, 0, &mut ro_grants);
     }
     for p in ro {

@@ -119,7 +119,23 @@ impl GrpcApi {
             });
         }
         if !caller.tenant().places_on_executors() {
-            return Ok((FilePlace::Tenant, None));
+            // A token whose `image` claim names another image than the
+            // tenant's own runs its calls there, in a session opened for
+            // the call (as an `Exec` without a session does).
+            let tenant = caller.tenant();
+            let elsewhere = caller.principal().image.as_deref().is_some_and(|c| {
+                tenant.image.is_none()
+                    || crate::config::ImageSource::parse(c).ok().as_ref()
+                        != tenant.settings.image.as_ref()
+            });
+            if !elsewhere {
+                return Ok((FilePlace::Tenant, None));
+            }
+            let session = self.new_session(caller, None).await?;
+            return Ok((
+                FilePlace::PlaceOf(session.clone()),
+                Some(self.ephemeral(session)),
+            ));
         }
         let session = self.new_session(caller, None).await?;
         Ok((
