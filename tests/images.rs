@@ -1865,16 +1865,20 @@ async fn a_pull_past_its_timeout_stops_its_unpack_and_gives_its_room_back() {
     // 160 MiB: the deep layer (40,000 blocks: 156.25 MiB) fits with
     // under 4 MiB to spare, the 8 MiB image alone fits.
     let bound = 160 << 20;
+    // Scaled like the tests' waits: the 8 MiB image must pull within it
+    // under the VM lane's emulation too.
+    let timeout = 2 * (common::event_timeout().as_secs() / common::EVENT_TIMEOUT.as_secs());
     let images = images_from(
         &store,
         &drip.addr,
         &format!(
-            "max_concurrent_pulls = 1\npull_timeout = \"2s\"\n\
+            "max_concurrent_pulls = 1\npull_timeout = \"{timeout}s\"\n\
              max_store_bytes = {bound}\nmax_image_bytes = {bound}\n"
         ),
     );
     let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
-    let told = "not pulled within images.pull_timeout (2s)";
+    let told = format!("not pulled within images.pull_timeout ({timeout}s)");
+    let told = told.as_str();
     refused(&gw, &store, "deep", told, told).await;
     let stopped = oci::logged(&gw, "layer unpack stopped: its pull ended");
     eprintln!("the timeout fired mid-unpack: {}", stopped > 0);
