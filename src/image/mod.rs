@@ -18,6 +18,9 @@
 //! - [`distribution`]: the registry protocol, every read bounded, no hop
 //!   to a host the configuration does not name.
 //! - [`layout`]: writing an OCI layout (tests, benchmarks, imports).
+//! - `tmp`: a pull's work directory under `tmp/`, and its stop: the
+//!   blocking unpacks of a pull that ends (its timeout) stop before its
+//!   slot is freed; an unpacked layer not committed gives its room back.
 //! - [`unpack`]: one layer's tar into a directory, as hostile input.
 //! - [`view`]: an image as a tenant sees it: its skeleton (the mount points
 //!   the namespace needs) over its layers, an overlay on the host that the
