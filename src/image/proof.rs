@@ -18,13 +18,14 @@
 //! were kept has none: the next pull proves its source.
 
 use std::io::Read as _;
-use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::ImageError;
 use super::fetch::{Fetcher, hex};
+use super::tmp::Work;
 use super::unpack::Compression;
 use crate::config::ImageSource;
 
@@ -105,7 +106,7 @@ pub async fn share(
     compression: Compression,
     diff_id: &str,
     bound: u64,
-    tmp: &Path,
+    work: &Work,
 ) -> Result<Option<Proven>, ImageError> {
     let digest = layer.digest().as_ref();
     let known = proven.blobs.iter().any(|b| b == digest);
@@ -126,15 +127,17 @@ pub async fn share(
             compression,
             diff_id,
             bound,
-            tmp,
+            work,
         )
         .await?;
     }
     Ok(Some(proven.with(digest, origin)))
 }
 
-/// Fetch blob `digest` (at most `size` bytes) into `tmp` and check that
-/// it decompresses (to at most `bound` bytes) to `diff_id` (hex).
+/// Fetch blob `digest` (at most `size` bytes) into the pull's `work`
+/// directory and check that it decompresses (to at most `bound` bytes) to
+/// `diff_id` (hex): hashed as part of the pull's work, so it stops with
+/// the pull (its timeout) and holds the pull's slot until it has.
 async fn prove(
     fetcher: &Fetcher,
     digest: &str,
@@ -142,9 +145,9 @@ async fn prove(
     compression: Compression,
     diff_id: &str,
     bound: u64,
-    tmp: &Path,
+    work: &Work,
 ) -> Result<(), ImageError> {
-    let blob = tmp.join("proof.blob");
+    let blob = work.path().join("proof.blob");
     {
         let mut f = tokio::fs::File::create(&blob)
             .await
@@ -152,33 +155,36 @@ async fn prove(
         fetcher.blob_to(digest, size, &mut f).await?;
     }
     let path = blob.clone();
-    let got = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-        let f = std::io::BufReader::new(std::fs::File::open(&path)?);
-        let mut r: Box<dyn std::io::Read> = match compression {
-            Compression::None => Box::new(f),
-            Compression::Gzip => Box::new(flate2::read::GzDecoder::new(f)),
-        };
-        let mut r = (&mut r).take(bound.saturating_add(1));
-        let mut hash = sha2::Sha256::new();
-        let mut buf = vec![0u8; 256 << 10];
-        let mut n = 0u64;
-        loop {
-            let k = r.read(&mut buf)?;
-            if k == 0 {
-                break;
+    let got = work
+        .blocking(move |stop| -> std::io::Result<String> {
+            let f = std::io::BufReader::new(std::fs::File::open(&path)?);
+            let mut r: Box<dyn std::io::Read> = match compression {
+                Compression::None => Box::new(f),
+                Compression::Gzip => Box::new(flate2::read::GzDecoder::new(f)),
+            };
+            let mut r = (&mut r).take(bound.saturating_add(1));
+            let mut hash = sha2::Sha256::new();
+            let mut buf = vec![0u8; 256 << 10];
+            let mut n = 0u64;
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(std::io::Error::other("stopped: its pull ended"));
+                }
+                let k = r.read(&mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                n += k as u64;
+                hash.update(&buf[..k]);
             }
-            n += k as u64;
-            hash.update(&buf[..k]);
-        }
-        if n > bound {
-            return Err(std::io::Error::other(
-                "larger than the image's bound uncompressed",
-            ));
-        }
-        Ok(hex(&hash.finalize()))
-    })
-    .await
-    .map_err(|e| ImageError::Unavailable(e.to_string()))?;
+            if n > bound {
+                return Err(std::io::Error::other(
+                    "larger than the image's bound uncompressed",
+                ));
+            }
+            Ok(hex(&hash.finalize()))
+        })
+        .await?;
     let _ = std::fs::remove_file(&blob);
     match got {
         Ok(h) if h == diff_id => Ok(()),

@@ -482,7 +482,6 @@ impl ImageStore {
         (source, origin): (&str, &str),
         work: &Work,
     ) -> Result<Arc<Image>, ImageError> {
-        let tmp = work.path();
         let s = &self.settings;
         let manifest: oci_spec::image::ImageManifest = serde_json::from_slice(body)
             .map_err(|e| ImageError::Refused(format!("manifest: {e}")))?;
@@ -564,7 +563,7 @@ impl ImageStore {
                             compression,
                             &want,
                             bound,
-                            tmp,
+                            work,
                         );
                         if let Some(p) = shared.await? {
                             m.proven = p;
