@@ -983,6 +983,17 @@ async fn balancer_suite(kind: &str) {
         resume(&mut c, &sid2).await.get("result").is_some(),
         "{kind}"
     );
+    // A read before the job ends tells the draining gateway that this
+    // client reads with `process/read` (docs/operations.md, "Shutdown"):
+    // a client it has not seen read is one that follows notifications,
+    // closed (1012) once they are all queued, and the job's end could
+    // come before this client's first read reached gw-2 (it did, once,
+    // on a loaded machine).
+    c.call(
+        "process/read",
+        json!({"processId": "job", "afterSeq": 0, "waitMs": 0}),
+    )
+    .await;
     std::fs::write(&marker, "").unwrap();
     let (text, _) = read_all(&mut c, "job").await;
     assert_eq!(text, "started\nfinished\n", "{kind}");
