@@ -888,46 +888,31 @@ struct Liar {
 
 impl Liar {
     fn start(route: impl Fn(&str, &str) -> Option<String> + Send + Sync + 'static) -> Liar {
-        use std::io::{Read as _, Write as _};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
+        use std::io::Write as _;
         let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (h, me) = (hits.clone(), addr.clone());
-        let route = std::sync::Arc::new(route);
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let (route, me) = (route.clone(), me.clone());
-                std::thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
-                        if s.read(&mut b).unwrap_or(0) == 0 {
+        let me = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+        let (h, m) = (hits.clone(), me.clone());
+        let addr = oci::serve_http(move |path, s| {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match route(m.get().map_or("", String::as_str), path) {
+                Some(r) => {
+                    let _ = s.write_all(r.as_bytes());
+                }
+                None => {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"token\":\"",
+                    );
+                    let chunk = vec![b'A'; 64 << 10];
+                    // Far past any bound; stops when the client does.
+                    for _ in 0..1024 {
+                        if s.write_all(&chunk).is_err() {
                             return;
                         }
-                        head.push(b[0]);
                     }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-                    match route(&me, &path) {
-                        Some(r) => {
-                            let _ = s.write_all(r.as_bytes());
-                        }
-                        None => {
-                            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"token\":\"");
-                            let chunk = vec![b'A'; 64 << 10];
-                            // Far past any bound; stops when the client does.
-                            for _ in 0..1024 {
-                                if s.write_all(&chunk).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
+                }
             }
         });
+        let _ = me.set(addr.clone());
         Liar { addr, hits }
     }
 
@@ -1118,72 +1103,44 @@ async fn empty_directories_are_charged_to_the_store() {
 /// every 250 ms (4 bytes/s) for as long as the client reads.
 struct Drip {
     addr: String,
+    /// Set once the slow blob has begun to drip.
+    dripping: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drip {
     fn start(layout: &Path, manifest: &str, slow: &str) -> Drip {
-        use std::io::{Read as _, Write as _};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
+        use std::io::Write as _;
         let (blobs, manifest, slow) = (
             layout.join("blobs/sha256"),
             manifest.to_owned(),
             slow.to_owned(),
         );
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let (blobs, manifest, slow) = (blobs.clone(), manifest.clone(), slow.clone());
-                std::thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
-                        if s.read(&mut b).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push(b[0]);
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-                    let (digest, kind) = if path.contains("/manifests/") {
-                        (manifest, "application/vnd.oci.image.manifest.v1+json")
-                    } else if let Some((_, d)) = path.split_once("/blobs/") {
-                        (d.to_owned(), "application/octet-stream")
-                    } else {
-                        let _ = s.write_all(
-                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        );
-                        return;
-                    };
-                    let Ok(body) = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))
-                    else {
-                        let _ = s.write_all(
-                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        );
-                        return;
-                    };
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).is_err() {
-                        return;
-                    }
-                    if digest != slow {
-                        let _ = s.write_all(&body);
-                        return;
-                    }
-                    let _ = s.set_nodelay(true);
-                    for byte in body {
-                        std::thread::sleep(std::time::Duration::from_millis(250));
-                        if s.write_all(&[byte]).is_err() {
-                            return;
-                        }
-                    }
-                });
+        let dripping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = dripping.clone();
+        let addr = oci::serve_http(move |path, s| {
+            let Some((digest, body, kind)) = oci::layout_object(&blobs, &manifest, path) else {
+                let _ = s.write_all(oci::NOT_FOUND);
+                return;
+            };
+            if s.write_all(oci::ok_head(kind, body.len()).as_bytes())
+                .is_err()
+            {
+                return;
+            }
+            if digest != slow {
+                let _ = s.write_all(&body);
+                return;
+            }
+            let _ = s.set_nodelay(true);
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
+            for byte in body {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                if s.write_all(&[byte]).is_err() {
+                    return;
+                }
             }
         });
-        Drip { addr }
+        Drip { addr, dripping }
     }
 }
 
@@ -1432,56 +1389,20 @@ struct Served {
 
 impl Served {
     fn start(layout: &Path) -> Served {
-        use std::io::{Read as _, Write as _};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
+        use std::io::Write as _;
         let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (blobs, log) = (layout.join("blobs/sha256"), asked.clone());
         let index: serde_json::Value =
             serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
         let manifest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let (blobs, log, manifest) = (blobs.clone(), log.clone(), manifest.clone());
-                std::thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
-                        if s.read(&mut b).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push(b[0]);
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-                    log.lock().unwrap().push(path.clone());
-                    let (digest, kind) = if path.contains("/manifests/") {
-                        (manifest, "application/vnd.oci.image.manifest.v1+json")
-                    } else if let Some((_, d)) = path.split_once("/blobs/") {
-                        (d.to_owned(), "application/octet-stream")
-                    } else {
-                        (String::new(), "")
-                    };
-                    let body = std::fs::read(blobs.join(digest.trim_start_matches("sha256:")))
-                        .ok()
-                        .filter(|_| !digest.is_empty());
-                    let _ = match body {
-                        Some(body) => s
-                            .write_all(
-                                format!(
-                                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                                    body.len()
-                                )
-                                .as_bytes(),
-                            )
-                            .and_then(|()| s.write_all(&body)),
-                        None => s.write_all(
-                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        ),
-                    };
-                });
-            }
+        let addr = oci::serve_http(move |path, s| {
+            log.lock().unwrap().push(path.to_owned());
+            let _ = match oci::layout_object(&blobs, &manifest, path) {
+                Some((_, body, kind)) => s
+                    .write_all(oci::ok_head(kind, body.len()).as_bytes())
+                    .and_then(|()| s.write_all(&body)),
+                None => s.write_all(oci::NOT_FOUND),
+            };
         });
         Served { addr, asked }
     }
@@ -1883,4 +1804,51 @@ async fn a_pull_past_its_timeout_stops_its_unpack_and_gives_its_room_back() {
     let stopped = oci::logged(&gw, "layer unpack stopped: its pull ended");
     eprintln!("the timeout fired mid-unpack: {}", stopped > 0);
     drop(serves(&gw, "after", "after", false).await);
+}
+
+/// Guards (attack review, round 3): a pull of a blob that names another
+/// layer's diff_id (a hostile registry's, dripping, then refused for its
+/// content) holds up no pull of that layer from its own blob. Pulls of a
+/// layer were made one at a time per diff_id, so the hostile one kept the
+/// honest one waiting (past its handshake) for as long as it dripped.
+#[tokio::test]
+async fn a_blob_naming_a_layers_diff_id_holds_up_no_other_pull_of_that_layer() {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    let honest = oci::busybox_layout(work.path(), "honest");
+    let mut diff_id = String::new();
+    oci::edit_config(&honest, "v1", |c| {
+        diff_id = c["rootfs"]["diff_ids"][0].as_str().unwrap().to_owned();
+    });
+    // Other content, whose config names the honest layer's diff_id.
+    let hostile_layer = Layer::plain(&layer(&[Entry::File("x", 0o644, vec![b'x'; 4096])]));
+    let slow = format!("sha256:{}", oci::sha256_hex(&hostile_layer.blob));
+    let hostile = work.path().join("layout-hostile");
+    oci::write_layout(&hostile, "v1", &[hostile_layer], &[]);
+    oci::edit_config(&hostile, "v1", |c| {
+        c["rootfs"]["diff_ids"] = json!([diff_id]);
+    });
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hostile.join("index.json")).unwrap()).unwrap();
+    let manifest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
+    let drip = Drip::start(&hostile, &manifest, &slow);
+    let tenants = [
+        ("hostile", Some(format!("{}/team/x:v1", drip.addr))),
+        ("honest", Some(format!("oci:{}:v1", honest.display()))),
+    ];
+    let images = images_from(&store, &drip.addr, "");
+    let gw = oci::start_logged(|d| config(d, "", &images, &tenants));
+    // The hostile pull, in its tenant's first handshake, until its blob drips.
+    let hostile_handshake = handshake_within(&gw, "hostile", common::event_timeout() * 3);
+    tokio::pin!(hostile_handshake);
+    while !drip.dripping.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::select! {
+            r = &mut hostile_handshake => panic!("the hostile pull ended before its blob dripped: {r:?}"),
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+    }
+    // Meanwhile the honest tenant's image, the same layer, is pulled and runs.
+    drop(serves(&gw, "honest", "honest", true).await);
 }

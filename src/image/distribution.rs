@@ -110,16 +110,12 @@ impl Registry {
             b.build().map_err(|e| transfer_failed("registry client", e))
         };
         // A blob may live elsewhere (a registry's storage, a CDN): over TLS
-        // only, three hops at most, to a public host or a listed one
-        // (`hops`); reqwest drops the credentials on another host.
-        let listed = hops::Listed::new(
-            settings
-                .registries
-                .iter()
-                .chain(&settings.insecure_registries)
-                .map(String::as_str)
-                .chain([reference.resolve_registry()]),
-        );
+        // only, three hops at most, to a public host or the registry
+        // pulled from (`hops`); reqwest drops the credentials on another
+        // host. Not to another listed registry on an internal address:
+        // a registry of one tenant's would hand another tenant's
+        // internal registry's blobs to its tenants by redirect.
+        let listed = hops::Listed::new([reference.resolve_registry()].into_iter());
         let blobs = built(
             client(hops::policy(listed.clone()))?.dns_resolver(Arc::new(hops::PublicOnly(listed))),
         )?;

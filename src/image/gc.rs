@@ -3,7 +3,10 @@
 //! the store as the [`Room`] an unpack charges, which evicts when it
 //! runs short; and the references kept within `refs::MAX_REFS`.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use parking_lot::Mutex;
 
 use super::ImageError;
 use super::fetch::check_digest;
@@ -143,6 +146,52 @@ impl ImageStore {
     }
 }
 
+/// Layers a pull relies on, unpinned when it ends (done or not).
+pub(super) struct Pins {
+    store: Arc<ImageStore>,
+    keys: Mutex<Vec<String>>,
+}
+
+impl ImageStore {
+    /// The pins of a pull: the layers it relies on, kept from removal
+    /// until it ends (done or not).
+    pub(super) fn pins(self: &Arc<Self>) -> Pins {
+        Pins {
+            store: self.clone(),
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Pins {
+    pub(super) fn pin(&self, key: &str) {
+        *self
+            .store
+            .inner
+            .lock()
+            .pinned
+            .entry(key.to_owned())
+            .or_default() += 1;
+        self.keys.lock().push(key.to_owned());
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut inner = self.store.inner.lock();
+        for k in self.keys.lock().drain(..) {
+            if let Some(n) = inner.pinned.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.pinned.remove(&k);
+                }
+            }
+        }
+        // A failed pull's layers that no image references go now.
+        self.store.remove_unreferenced_layers(&mut inner);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +210,23 @@ mod tests {
         })
     }
 
+    /// A store of the default settings in a directory of its own.
+    fn store() -> (
+        tempfile::TempDir,
+        crate::config::ImagesSettings,
+        std::sync::Arc<ImageStore>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = crate::config::ImagesConfig {
+            store: Some(dir.path().join("store")),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let store = ImageStore::open(&settings).unwrap();
+        (dir, settings, store)
+    }
+
     fn refs_on_disk(dir: &Path) -> usize {
         std::fs::read_dir(dir.join("refs")).unwrap().count()
     }
@@ -171,14 +237,7 @@ mod tests {
     /// recent, and a store reopened keeps what was kept.
     #[test]
     fn references_are_bounded_least_recently_used_unused_images_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = crate::config::ImagesConfig {
-            store: Some(dir.path().join("store")),
-            ..Default::default()
-        }
-        .validate()
-        .unwrap();
-        let store = ImageStore::open(&settings).unwrap();
+        let (_dir, settings, store) = store();
         let d = |n: u32| format!("sha256:{n:064x}");
         {
             let mut inner = store.inner.lock();
@@ -239,14 +298,7 @@ mod tests {
     /// goes; one in use and the one just recorded stay.
     #[test]
     fn image_records_are_bounded_whatever_their_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = crate::config::ImagesConfig {
-            store: Some(dir.path().join("store")),
-            ..Default::default()
-        }
-        .validate()
-        .unwrap();
-        let store = ImageStore::open(&settings).unwrap();
+        let (_dir, _, store) = store();
         let d = |n: usize| format!("sha256:{n:064x}");
         let mut inner = store.inner.lock();
         let start = std::time::Instant::now();

@@ -60,7 +60,7 @@ impl Proven {
 
     /// This, with blob `digest` proven and `origin` as having served it,
     /// each first, the oldest dropped past its bound.
-    fn with(&self, digest: &str, origin: &str) -> Proven {
+    pub fn with(&self, digest: &str, origin: &str) -> Proven {
         let mut p = self.clone();
         for (list, new, max) in [
             (&mut p.blobs, digest, MAX_PROVEN_BLOBS),
@@ -160,7 +160,7 @@ async fn prove(
             let f = std::io::BufReader::new(std::fs::File::open(&path)?);
             let mut r: Box<dyn std::io::Read> = match compression {
                 Compression::None => Box::new(f),
-                Compression::Gzip => Box::new(flate2::read::GzDecoder::new(f)),
+                Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(f)),
             };
             let mut r = (&mut r).take(bound.saturating_add(1));
             let mut hash = sha2::Sha256::new();

@@ -523,7 +523,7 @@ impl ImageStore {
         let mut keys = Vec::new();
         let mut image_bytes = 0u64;
         let mut image_entries = 0u64;
-        let pins = Pins::new(self.clone());
+        let pins = self.pins();
         for (layer, diff_id) in layers.iter().zip(diff_ids) {
             let want = check_digest(diff_id)?.to_owned();
             let key = want[..32].to_owned();
@@ -542,7 +542,12 @@ impl ImageStore {
                 )));
             }
             pins.pin(&key);
-            let flight = self.flight(&format!("layer:{key}"));
+            // One flight per layer and blob: pulls of one blob are made
+            // once, and a pull of another blob naming the same diff_id
+            // (a hostile one, say, slow to unpack and then refused) holds
+            // up no other.
+            let flight_key = format!("layer:{key}:{}", layer.digest().as_ref());
+            let flight = self.flight(&flight_key);
             let meta = {
                 let _one = flight.lock().await;
                 let known = self.inner.lock().layers.get(&key).cloned();
@@ -590,7 +595,7 @@ impl ImageStore {
                     }
                 }
             };
-            self.forget_flight(&format!("layer:{key}"));
+            self.forget_flight(&flight_key);
             image_bytes += meta.bytes;
             image_entries += meta.entries;
             if image_bytes > s.max_image_bytes || image_entries > s.max_entries {
@@ -715,7 +720,28 @@ impl ImageStore {
             proven: super::proof::Proven::new(blob_digest, origin),
         };
         let final_dir = self.layer_dir(key);
-        std::fs::rename(&dest, &final_dir).map_err(|e| io("commit", &final_dir, e))?;
+        // Another blob of the same content may have been unpacked and
+        // committed meanwhile (flights are per blob): then this one, now
+        // proven too, joins that layer's record and its copy goes.
+        let committed = self.inner.lock().layers.get(key).cloned();
+        let renamed = match committed {
+            Some(_) => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
+            None => std::fs::rename(&dest, &final_dir),
+        };
+        if let Err(e) = renamed {
+            let Some(mut m) = self.inner.lock().layers.get(key).cloned() else {
+                return Err(io("commit", &final_dir, e));
+            };
+            if m.diff_id != meta.diff_id {
+                return Err(ImageError::Refused(format!(
+                    "layer {}: its first 128 bits name another layer in the store",
+                    meta.diff_id
+                )));
+            }
+            m.proven = m.proven.with(blob_digest, origin);
+            self.record_layer(key, &m)?;
+            return Ok(m);
+        }
         layer.moved_to(final_dir);
         self.record_layer(key, &meta)?;
         // Its bytes are the layer's record's now (given back when the
@@ -737,47 +763,5 @@ impl ImageStore {
             .layers
             .insert(key.to_owned(), meta.clone());
         Ok(())
-    }
-}
-
-/// Layers a pull relies on, unpinned when it ends (done or not).
-struct Pins {
-    store: Arc<ImageStore>,
-    keys: Mutex<Vec<String>>,
-}
-
-impl Pins {
-    fn new(store: Arc<ImageStore>) -> Pins {
-        Pins {
-            store,
-            keys: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn pin(&self, key: &str) {
-        *self
-            .store
-            .inner
-            .lock()
-            .pinned
-            .entry(key.to_owned())
-            .or_default() += 1;
-        self.keys.lock().push(key.to_owned());
-    }
-}
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let mut inner = self.store.inner.lock();
-        for k in self.keys.lock().drain(..) {
-            if let Some(n) = inner.pinned.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.pinned.remove(&k);
-                }
-            }
-        }
-        // A failed pull's layers that no image references go now.
-        self.store.remove_unreferenced_layers(&mut inner);
     }
 }

@@ -194,7 +194,9 @@ fn unpack_charged(
 ) -> Result<Unpacked, UnpackError> {
     let decoded: Box<dyn Read> = match compression {
         Compression::None => Box::new(blob),
-        Compression::Gzip => Box::new(flate2::read::GzDecoder::new(blob)),
+        // Every member, as other runtimes read a layer (Go's gzip reader
+        // is multistream): the diff_id covers them all.
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(blob)),
     };
     let mut counted = Counted {
         inner: decoded,

@@ -580,3 +580,69 @@ pub fn config_blob(layout: &Path, tag: &str) -> PathBuf {
     let manifest = read(blob(&entry["digest"]));
     blob(&manifest["config"]["digest"])
 }
+
+/// A hand-written HTTP server on a loopback port of its own (registries
+/// that lie, drip or serve a layout): for each connection, in a thread of
+/// its own, `answer` gets the request's path (its head read, at most 16
+/// KiB) and the stream to answer on. Its address.
+pub fn serve_http(
+    answer: impl Fn(&str, &mut std::net::TcpStream) + Send + Sync + 'static,
+) -> String {
+    use std::io::Read as _;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                    if s.read(&mut b).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                answer(path, &mut s);
+            });
+        }
+    });
+    addr
+}
+
+/// An empty 404 response.
+pub const NOT_FOUND: &[u8] =
+    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// What a registry serving a layout's `blobs` answers `path` with: the
+/// manifest `manifest` for any `/manifests/` path, a blob the layout holds
+/// for `/blobs/DIGEST`, as (its digest, body, content type); `None` for
+/// anything else (a 404).
+pub fn layout_object(
+    blobs: &Path,
+    manifest: &str,
+    path: &str,
+) -> Option<(String, Vec<u8>, &'static str)> {
+    let (digest, kind) = if path.contains("/manifests/") {
+        (
+            manifest.to_owned(),
+            "application/vnd.oci.image.manifest.v1+json",
+        )
+    } else {
+        let (_, d) = path.split_once("/blobs/")?;
+        (d.to_owned(), "application/octet-stream")
+    };
+    let body = std::fs::read(blobs.join(digest.trim_start_matches("sha256:"))).ok()?;
+    Some((digest, body, kind))
+}
+
+/// A 200 response's head for a body of `len` bytes of `kind`.
+pub fn ok_head(kind: &str, len: usize) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+    )
+}
