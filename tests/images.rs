@@ -22,6 +22,17 @@ fn registry() -> Option<TestRegistry> {
     Some(TestRegistry::start())
 }
 
+/// A test's scratch directory, the image store's path in it (outside
+/// the gateway's directory), and the guard that unmounts the views a
+/// killed gateway leaves there before the directory goes.
+fn scratch() -> (tempfile::TempDir, std::path::PathBuf, Unmounts) {
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    let mut mounts = Unmounts::default();
+    mounts.watch(&store);
+    (work, store, mounts)
+}
+
 fn roots(d: &Path, names: &[&str]) {
     for n in names {
         std::fs::create_dir_all(d.join(n)).unwrap();
@@ -257,10 +268,7 @@ fn noise(n: usize) -> Vec<u8> {
 #[tokio::test]
 async fn hostile_layer_entries_are_refused_and_the_store_is_untouched() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let outside = work.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     std::fs::write(outside.join("target"), b"host file").unwrap();
@@ -364,10 +372,7 @@ async fn hostile_layer_entries_are_refused_and_the_store_is_untouched() {
 #[tokio::test]
 async fn bombs_and_oversized_layers_are_refused_at_their_bounds() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let zeros =
         |name: &'static str, n: usize| Layer::gzip(&layer(&[Entry::File(name, 0o644, vec![0; n])]));
     let many: Vec<Entry<'_>> = (0..100)
@@ -442,10 +447,7 @@ async fn layouts_that_lie_about_their_content_are_refused() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let small = |n: &str| {
         layer(&[Entry::File(
             Box::leak(n.to_owned().into_boxed_str()),
@@ -523,10 +525,7 @@ async fn setuid_bits_go_and_whiteouts_hide_what_is_below() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let lower = layer(&[
         Entry::Dir("usr", 0o755),
         Entry::Dir("usr/bin", 0o755),
@@ -633,10 +632,7 @@ fn plant_leftovers(store: &Path, n: u32) {
 #[tokio::test]
 async fn the_store_survives_a_restart_and_a_kill_without_pulling_again() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     reg.push(&oci::busybox_layout(work.path(), "kept"), "v1", "team/kept");
     let tenants = [
         ("a", Some(reg.reference("team/kept", "v1"))),
@@ -722,10 +718,7 @@ async fn unused(gw: &Gateway, source: &str) {
 #[tokio::test]
 async fn a_full_store_evicts_only_images_no_tenant_uses() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     reg.push(
         &oci::busybox_layout(work.path(), "alpha"),
         "v1",
@@ -801,10 +794,7 @@ async fn an_archive_is_charged_to_the_store_only_while_it_is_read() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let file = work.path().join("busybox.tar");
     oci::archive(&oci::busybox_layout(work.path(), "archived"), &file);
     // 768 KiB that do not compress: 1.9 MB + 0.8 MB fit 3 MiB; with the
@@ -844,10 +834,7 @@ async fn an_archive_is_charged_to_the_store_only_while_it_is_read() {
 #[tokio::test]
 async fn images_sharing_a_base_layer_unpack_it_once() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let base = oci::busybox_layer("base");
     let top = |m: &str| {
         Layer::gzip(&layer(&[
@@ -1011,10 +998,7 @@ async fn a_layer_is_shared_only_with_an_image_that_has_it() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let private = layer(&[
         Entry::Dir("srv", 0o755),
         Entry::File("srv/private", 0o644, b"SECRET".to_vec()),
@@ -1180,10 +1164,7 @@ async fn handshake_within(gw: &Gateway, t: &str, wait: std::time::Duration) -> (
 /// Takes some 20 s: the grace is a constant, not configurable.
 #[tokio::test]
 async fn a_registry_that_drips_a_blob_is_cut_off_and_frees_its_pull_slot() {
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let marked = |m: &'static str| {
         layer(&[
             Entry::Dir("usr", 0o755),
@@ -1278,10 +1259,7 @@ async fn marker_of(c: &mut Client, id: &str, root: &Path) -> String {
 #[tokio::test]
 async fn a_tenants_images_in_use_stay_within_its_share_of_the_store() {
     let Some(reg) = registry() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     for m in ["d", "i0", "i1", "i2"] {
         reg.push(
             &oci::busybox_layout(work.path(), m),
@@ -1431,10 +1409,7 @@ async fn a_stored_layer_is_shared_only_with_a_source_that_serves_its_blob() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let private = Layer::gzip(&layer(&[
         Entry::Dir("srv", 0o755),
         Entry::File("srv/private", 0o644, b"SECRET".to_vec()),
@@ -1521,10 +1496,7 @@ async fn an_image_without_layers_is_refused_and_a_repeated_layer_runs() {
         eprintln!("skipped: {why}");
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let empty_dir = work.path().join("layout-empty");
     oci::write_layout(&empty_dir, "v1", &[], &["PATH=/bin"]);
     let empty = Served::start(&empty_dir);
@@ -1699,10 +1671,7 @@ fn nested(dirs: usize, names: &[String]) -> Vec<u8> {
 /// bound itself is unpacked and served.
 #[tokio::test]
 async fn layers_nested_past_the_depth_bound_are_refused() {
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let deep = |depth: usize| {
         let mut b = tar::Builder::new(Vec::new());
         for (path, data) in [
@@ -1758,10 +1727,7 @@ async fn layers_nested_past_the_depth_bound_are_refused() {
 /// else during the drip.
 #[tokio::test]
 async fn a_pull_past_its_timeout_stops_its_unpack_and_gives_its_room_back() {
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let names: Vec<String> = (0..40_000).map(|i| format!("f{i:05}")).collect();
     let heavy = Layer::gzip(&nested(119, &names));
     let drip_layer = Layer::plain(&layer(&[Entry::File("x", 0o644, vec![b'x'; 4096])]));
@@ -1813,10 +1779,7 @@ async fn a_pull_past_its_timeout_stops_its_unpack_and_gives_its_room_back() {
 /// honest one waiting (past its handshake) for as long as it dripped.
 #[tokio::test]
 async fn a_blob_naming_a_layers_diff_id_holds_up_no_other_pull_of_that_layer() {
-    let work = tempfile::tempdir().unwrap();
-    let store = work.path().join("store");
-    let mut mounts = Unmounts::default();
-    mounts.watch(&store);
+    let (work, store, _mounts) = scratch();
     let honest = oci::busybox_layout(work.path(), "honest");
     let mut diff_id = String::new();
     oci::edit_config(&honest, "v1", |c| {
