@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::fleet::relays_started;
 use common::grpc::{authed, channel, spec};
 use common::{Client, EVENT_TIMEOUT, Gateway, mint, random_secret, unb64};
 use exec_gateway::transport::fleet::relay::pb as relay_pb;
@@ -37,48 +38,18 @@ struct Fleet {
 
 impl Fleet {
     fn start(n: usize, extra_toml: &str) -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let fleet_key = random_secret();
-        let key_path = dir.path().join("fleet.key");
-        std::fs::write(&key_path, &fleet_key).unwrap();
-        let secret = random_secret();
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let peers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("gw-{i} = \"127.0.0.1:{p}\"\n"))
-            .collect();
-        let replicas = (0..n)
-            .map(|i| {
-                let args = vec![
-                    "--replica".to_owned(),
-                    format!("gw-{i}"),
-                    "--fleet-listen".to_owned(),
-                    format!("127.0.0.1:{}", ports[i]),
-                ];
-                let key_path = key_path.clone();
-                let peers = peers.clone();
-                Some(Gateway::launch(
-                    Path::new(env!("CARGO_BIN_EXE_exec-gateway")),
-                    Some(secret.clone()),
-                    &args,
-                    move |d| {
-                        format!(
-                            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
-                             [tenants.t1]\nroot = \"/\"\n[tenants.t2]\nroot = \"/\"\n\
-                             {extra_toml}\n[fleet]\nkey_file = \"{}\"\n[fleet.peers]\n{peers}",
-                            d.display(),
-                            key_path.display()
-                        )
-                    },
-                ))
-            })
-            .collect();
+        let r = common::fleet::launch(n, |d| {
+            format!(
+                "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/hs256.key\"\n\
+                 [tenants.t1]\nroot = \"/\"\n[tenants.t2]\nroot = \"/\"\n{extra_toml}",
+                d.display()
+            )
+        });
         Fleet {
-            replicas,
-            secret,
-            fleet_key,
-            _dir: dir,
+            replicas: r.replicas,
+            secret: r.secret,
+            fleet_key: r.fleet_key,
+            _dir: r.dir,
         }
     }
 
@@ -100,14 +71,6 @@ impl Fleet {
         gw.child.kill().unwrap();
         gw.child.wait().unwrap();
     }
-}
-
-async fn relays_started(gw: &Gateway) -> u64 {
-    let (_, text) = gw.admin_get("/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix("exec_gateway_relays_started_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Resume `sid` on a fresh connection; the response. A session whose

@@ -11,9 +11,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::fleet::relays_started;
 use common::grpc::{authed, channel};
 use common::oci::{self, RegistryConfig, StoreState, TestRegistry};
-use common::{Client, Gateway, free_port, random_secret};
+use common::{Client, Gateway};
 use exec_gateway::transport::grpc::pb;
 use pb::process_service_client::ProcessServiceClient;
 use serde_json::{Value, json};
@@ -29,52 +30,25 @@ struct Fleet {
 
 impl Fleet {
     fn start(n: usize, reg: &TestRegistry, image: &str) -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let key_path = dir.path().join("fleet.key");
-        std::fs::write(&key_path, random_secret()).unwrap();
-        let secret = random_secret();
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let peers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("gw-{i} = \"127.0.0.1:{p}\"\n"))
-            .collect();
         let r = &reg.addr;
-        let replicas = (0..n)
-            .map(|i| {
-                let args = vec![
-                    "--replica".to_owned(),
-                    format!("gw-{i}"),
-                    "--fleet-listen".to_owned(),
-                    format!("127.0.0.1:{}", ports[i]),
-                ];
-                Gateway::launch(
-                    Path::new(env!("CARGO_BIN_EXE_exec-gateway")),
-                    Some(secret.clone()),
-                    &args,
-                    |d| {
-                        std::fs::create_dir_all(d.join("a")).unwrap();
-                        // A tenant's first pull happens inside the
-                        // handshake that activates it: the scaled timeout
-                        // (the emulated VM lane is slower than 10 s).
-                        format!(
-                            "[server]\nhandshake_timeout = \"{t}s\"\n\
-                             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
-                             [images]\nstore = \"{d}/store\"\nregistries = [\"{r}\"]\ninsecure_registries = [\"{r}\"]\n\
-                             [tenants.a]\nroot = \"{d}/a\"\nimage = \"{image}\"\nimages = [\"{r}/team/*\"]\n\
-                             [fleet]\nkey_file = \"{k}\"\n[fleet.peers]\n{peers}",
-                            t = common::event_timeout().as_secs().max(10),
-                            d = d.display(),
-                            k = key_path.display(),
-                        )
-                    },
-                )
-            })
-            .collect();
+        let started = common::fleet::launch(n, |d| {
+            std::fs::create_dir_all(d.join("a")).unwrap();
+            // A tenant's first pull happens inside the handshake that
+            // activates it: the scaled timeout (the emulated VM lane is
+            // slower than 10 s).
+            format!(
+                "[server]\nhandshake_timeout = \"{t}s\"\n\
+                 [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+                 [images]\nstore = \"{d}/store\"\nregistries = [\"{r}\"]\ninsecure_registries = [\"{r}\"]\n\
+                 [tenants.a]\nroot = \"{d}/a\"\nimage = \"{image}\"\nimages = [\"{r}/team/*\"]\n",
+                t = common::event_timeout().as_secs().max(10),
+                d = d.display(),
+            )
+        });
         Fleet {
-            replicas,
-            secret,
-            _dir: dir,
+            replicas: started.replicas.into_iter().flatten().collect(),
+            secret: started.secret,
+            _dir: started.dir,
         }
     }
 
@@ -111,15 +85,6 @@ impl Fleet {
     async fn client(&self, i: usize, token: &str) -> Client {
         Client::connect(&self.gw(i).url, token).await
     }
-}
-
-/// Relays replica `gw` has started (its `/metrics`).
-async fn relays_started(gw: &Gateway) -> u64 {
-    let (_, text) = gw.admin_get("/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix("exec_gateway_relays_started_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Sessions of tenant `a` in replica `gw`'s registry (its `/metrics`).
