@@ -172,7 +172,7 @@ fn images_from(store: &Path, reg: &str, bounds: &str) -> String {
 /// (`cat`, when the image has busybox) or by the file API is `marker`.
 async fn serves(gw: &Gateway, t: &str, marker: &str, busybox: bool) -> Client {
     let (status, body) = gw
-        .handshake("/", Some(&format!("Bearer {}", gw.token(t))))
+        .handshake_pulled("/", Some(&format!("Bearer {}", gw.token(t))))
         .await;
     assert_eq!(
         status,
@@ -209,7 +209,7 @@ async fn host_tenant_serves(gw: &Gateway, t: &str) {
 async fn refused(gw: &Gateway, store: &Path, t: &str, told: &str, why: &str) {
     let before = StoreState::of(store);
     let (status, body) = gw
-        .handshake("/", Some(&format!("Bearer {}", gw.token(t))))
+        .handshake_pulled("/", Some(&format!("Bearer {}", gw.token(t))))
         .await;
     assert!(
         (400..600).contains(&status),

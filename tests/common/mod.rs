@@ -287,6 +287,23 @@ impl Gateway {
         (status, body)
     }
 
+    /// [`Gateway::handshake`], asked again while the answer is a 503 saying
+    /// the tenant's image is still being pulled (a slow machine's pull can
+    /// outlast the handshake), until the event timeout.
+    pub async fn handshake_pulled(&self, path: &str, authorization: Option<&str>) -> (u16, String) {
+        let deadline = tokio::time::Instant::now() + event_timeout();
+        loop {
+            let (status, body) = self.handshake(path, authorization).await;
+            if status != 503
+                || !body.contains("still being pulled")
+                || tokio::time::Instant::now() >= deadline
+            {
+                return (status, body);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     /// A connected, initialized client.
     pub async fn session(&self) -> (Client, String) {
         let mut c = self.connect().await;
@@ -416,17 +433,42 @@ impl Client {
         Ok(Client::from_ws(ws))
     }
 
+    /// Connects as `token`. A handshake refused with 503 because the
+    /// tenant's image is still being pulled is retried after its
+    /// Retry-After, as a client honouring it would (a slow machine can take
+    /// longer than the handshake to pull), until the event timeout.
     pub async fn connect(url: &str, token: &str) -> Client {
+        use tokio_tungstenite::tungstenite::Error as WsError;
         use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-        let mut req = url.into_client_request().expect("request");
-        req.headers_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("header"),
-        );
-        let (ws, _) = tokio::time::timeout(event_timeout(), tokio_tungstenite::connect_async(req))
-            .await
-            .expect("websocket connect timeout")
-            .expect("websocket connect");
+        let deadline = tokio::time::Instant::now() + event_timeout();
+        let ws = loop {
+            let mut req = url.into_client_request().expect("request");
+            req.headers_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("header"),
+            );
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, tokio_tungstenite::connect_async(req))
+                .await
+                .expect("websocket connect timeout")
+            {
+                Ok((ws, _)) => break ws,
+                Err(WsError::Http(resp))
+                    if resp.status() == 503
+                        && resp.body().as_deref().is_some_and(|b| {
+                            String::from_utf8_lossy(b).contains("still being pulled")
+                        }) =>
+                {
+                    let after = resp
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                        .unwrap_or(1);
+                    tokio::time::sleep(Duration::from_secs(after)).await;
+                }
+                Err(e) => panic!("websocket connect: {e:?}"),
+            }
+        };
         Client {
             ws,
             next_id: 1,
