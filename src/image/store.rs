@@ -471,6 +471,7 @@ impl ImageStore {
                 .max_image_bytes
                 .saturating_add(self.settings.max_layer_bytes),
             entries: 4 * self.settings.max_layers as u64 + 16,
+            whiteouts: true,
         }
     }
 
@@ -580,6 +581,7 @@ impl ImageStore {
                         let remaining = Budget {
                             bytes: s.max_image_bytes.saturating_sub(image_bytes),
                             entries: s.max_entries.saturating_sub(image_entries),
+                            whiteouts: true,
                         };
                         self.fetch_layer(
                             fetcher,

@@ -125,6 +125,10 @@ pub struct Budget {
     /// Uncompressed bytes (the tar stream as a whole).
     pub bytes: u64,
     pub entries: u64,
+    /// OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs ones.
+    /// Off for a layer that is the only one (a workspace snapshot): there
+    /// nothing lies below to hide, and such names are plain files.
+    pub whiteouts: bool,
 }
 
 /// Counts, bounds and hashes what passes through; stops when told.
@@ -242,11 +246,13 @@ fn unpack_charged(
                 continue; // `.` itself
             };
             let dir = walk(&root, &parent)?;
-            if name == OPAQUE {
+            if budget.whiteouts && name == OPAQUE {
                 set_opaque(&dir)?;
                 continue;
             }
-            if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
+            if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX)
+                && budget.whiteouts
+            {
                 check_name(hidden, &path)?;
                 clear(&dir, hidden)?;
                 rustix::fs::mknodat(&dir, hidden, FileType::CharacterDevice, Mode::empty(), 0)?;
@@ -549,6 +555,7 @@ mod tests {
     const BUDGET: Budget = Budget {
         bytes: 1 << 20,
         entries: 100,
+        whiteouts: true,
     };
 
     fn run(bytes: &[u8]) -> (tempfile::TempDir, Result<Unpacked, UnpackError>) {

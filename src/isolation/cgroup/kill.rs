@@ -112,7 +112,7 @@ pub(super) fn cgroup_kill(dir: &Path) -> bool {
 }
 
 /// `dir` as `/proc/PID/cgroup` names it (relative to its hierarchy).
-fn cgroup_path(dir: &Path) -> Option<String> {
+pub(super) fn cgroup_path(dir: &Path) -> Option<String> {
     let rel = match hierarchy() {
         Hierarchy::V2 { mount, .. } if dir.starts_with(mount) => dir.strip_prefix(mount).ok()?,
         _ => {

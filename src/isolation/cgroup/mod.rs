@@ -42,8 +42,10 @@
 //!
 //! Files: `layout.rs` (the hierarchy and its names), `probe.rs`,
 //! `tenant.rs` (tenant and per-process cgroups, the pool), `kill.rs`,
-//! `join.rs` (joining after fork), `oom.rs`.
+//! `join.rs` (joining after fork), `oom.rs`, `freeze.rs` (holding a
+//! tenant still for a snapshot).
 
+mod freeze;
 mod join;
 mod kill;
 mod layout;
@@ -51,6 +53,7 @@ mod oom;
 mod probe;
 mod tenant;
 
+pub use freeze::Frozen;
 pub use join::join_self;
 pub use kill::{cleanup_leftovers, remove_instance, remove_v2_tree};
 pub use layout::{describe, enforces, v2_instance};

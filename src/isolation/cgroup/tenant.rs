@@ -232,6 +232,16 @@ impl TenantCgroup {
 
     /// The tenant's directory in the membership hierarchy (a worker's
     /// Landlock domain must reach its per-process cgroups).
+    /// v2: the tenant's directory.
+    pub(super) fn v2_dir(&self) -> Option<&Path> {
+        self.v2.as_deref()
+    }
+
+    /// The tenant's directory name in each hierarchy.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn membership_dir(&self) -> PathBuf {
         match &self.v2 {
             Some(dir) => dir.clone(),
