@@ -27,6 +27,8 @@
 //! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
 //! - [`registry`]: the registry remote executors join: pools, links,
 //!   rendezvous tickets.
+//! - [`snapshot`]: workspace snapshots and their forks (copy-on-write
+//!   overlays of a snapshot's tree).
 //! - [`image`]: OCI images: pulls, the shared content-addressed store,
 //!   each tenant's view of its image as `/`.
 //! - [`spawn`]: the one spawn model (spec, child, how it ended).
@@ -66,6 +68,7 @@ pub mod registry;
 pub mod rpc;
 pub mod server;
 pub mod session;
+pub mod snapshot;
 pub mod spawn;
 pub mod task;
 pub mod telemetry;

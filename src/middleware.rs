@@ -452,7 +452,7 @@ mod tests {
             &self,
             _: Arc<Attachment>,
             _: Arc<RevisionCell>,
-            _: Option<Arc<crate::image::View>>,
+            _: crate::backend::Place,
         ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
             unreachable!()
         }

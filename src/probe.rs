@@ -118,6 +118,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
                 idmap: None,
                 cover: None,
                 image: None,
+                workspace: None,
             }),
             ..SandboxSpec::default()
         });

@@ -42,6 +42,10 @@ use crate::protocol::process::{
     TerminateResponse, WriteParams, WriteResponse,
 };
 use crate::protocol::revision::Revision;
+use crate::protocol::snapshot::{
+    CreateParams as SnapshotCreateParams, IdParams as SnapshotIdParams,
+    ListResponse as SnapshotListResponse, Snapshot,
+};
 use crate::protocol::v0::{
     CommandExecParams, CommandExecResponse, CommandExecWriteParams, CommandExecWriteResponse,
 };
@@ -72,6 +76,7 @@ pub enum MethodFamily {
     EnvironmentStatus,
     EnvironmentConfig,
     CapabilityDiscovery,
+    Snapshot,
 }
 
 impl MethodFamily {
@@ -86,6 +91,7 @@ impl MethodFamily {
             MethodFamily::EnvironmentStatus => "environment status",
             MethodFamily::EnvironmentConfig => "environment config",
             MethodFamily::CapabilityDiscovery => "capability discovery",
+            MethodFamily::Snapshot => "snapshot",
         }
     }
 }
@@ -197,6 +203,10 @@ method_table! {
     EnvironmentConfigRead(ConfigReadParams) = m::ENVIRONMENT_CONFIG_READ, EnvironmentConfig, Some(Scope::FsRead);
     CapabilitiesDiscover(DiscoverParams) = m::CAPABILITIES_DISCOVER_V2, CapabilityDiscovery, Some(Scope::FsRead);
     CapabilityRootsDiscover(RootsParams) = m::CAPABILITY_ROOTS_DISCOVER_V1, CapabilityDiscovery, Some(Scope::FsRead);
+    SnapshotCreate(SnapshotCreateParams) = m::SNAPSHOT_CREATE, Snapshot, Some(Scope::Snapshot);
+    SnapshotList(NoParams) = m::SNAPSHOT_LIST, Snapshot, Some(Scope::Snapshot);
+    SnapshotGet(SnapshotIdParams) = m::SNAPSHOT_GET, Snapshot, Some(Scope::Snapshot);
+    SnapshotDelete(SnapshotIdParams) = m::SNAPSHOT_DELETE, Snapshot, Some(Scope::Snapshot);
 }
 
 impl Call {
@@ -290,6 +300,8 @@ pub enum Reply {
     EnvironmentConfigRead(ConfigReadResponse),
     CapabilitiesDiscover(DiscoverResponse),
     CapabilityRootsDiscover(RootsResponse),
+    Snapshot(Box<Snapshot>),
+    SnapshotList(SnapshotListResponse),
     Empty(Empty),
 }
 

@@ -42,12 +42,13 @@ pub struct Session {
     pub image: Option<ImageSource>,
 }
 
-/// An image a new session chose: its view, and the reference it was
-/// chosen by.
-#[derive(Clone)]
+/// What a new session chose: an image (its view, and the reference it
+/// was chosen by), and the workspace of a fork.
+#[derive(Clone, Default)]
 pub struct ChosenImage {
-    pub view: Arc<crate::image::View>,
-    pub source: ImageSource,
+    pub view: Option<Arc<crate::image::View>>,
+    pub source: Option<ImageSource>,
+    pub fork: Option<Arc<crate::snapshot::Workspace>>,
 }
 
 impl Session {
@@ -341,14 +342,19 @@ impl SessionRegistry {
         tenant.claim_session()?;
         let attachment = Arc::new(Attachment::default());
         let revision = Arc::new(RevisionCell::default());
-        let named = match &image {
-            Some(c) => Some(c.source.clone()),
+        let chosen = image.unwrap_or_default();
+        let named = match &chosen.source {
+            Some(c) => Some(c.clone()),
             None => tenant.image.as_ref().and(tenant.settings.image.clone()),
         };
         let backend = match tenant.backend.open_session(
             attachment.clone(),
             revision.clone(),
-            image.map(|c| c.view),
+            crate::backend::Place {
+                view: chosen.view,
+                image: named.as_ref().map(|n| n.to_string()),
+                workspace: chosen.fork,
+            },
         ) {
             Ok(b) => b,
             Err(e) => {

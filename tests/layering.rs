@@ -32,6 +32,7 @@ const ORDER: &[&str] = &[
     "process",
     "worker",
     "registry",
+    "snapshot",
     "image",
     "spawn",
     "isolation",

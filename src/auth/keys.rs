@@ -110,7 +110,9 @@ impl Binding {
                 let mut s = Scopes::default();
                 for n in names {
                     if Scope::parse(n).is_none() {
-                        return Err(format!("unknown scope `{n}` (exec, fs:read, fs:write)"));
+                        return Err(format!(
+                            "unknown scope `{n}` (exec, fs:read, fs:write, snapshot)"
+                        ));
                     }
                     s.add(n);
                 }

@@ -9,11 +9,14 @@ pub enum Scope {
     FsRead,
     /// `fs:write`: writeFile, createDirectory, remove, copy.
     FsWrite,
+    /// `snapshot`: the `gateway/snapshot/*` methods, and a session that
+    /// starts as a snapshot's copy.
+    Snapshot,
 }
 
 impl Scope {
     /// Every scope, in the order tokens list them.
-    pub const ALL: [Scope; 3] = [Scope::Exec, Scope::FsRead, Scope::FsWrite];
+    pub const ALL: [Scope; 4] = [Scope::Exec, Scope::FsRead, Scope::FsWrite, Scope::Snapshot];
 
     /// The scope's name in tokens and error data.
     pub fn name(self) -> &'static str {
@@ -21,6 +24,7 @@ impl Scope {
             Scope::Exec => "exec",
             Scope::FsRead => "fs:read",
             Scope::FsWrite => "fs:write",
+            Scope::Snapshot => "snapshot",
         }
     }
 
@@ -38,7 +42,7 @@ impl Scope {
 pub struct Scopes(u8);
 
 impl Scopes {
-    pub const ALL: Scopes = Scopes(0b111);
+    pub const ALL: Scopes = Scopes(0b1111);
 
     pub fn grants(self, scope: Scope) -> bool {
         self.0 & scope.bit() != 0

@@ -34,16 +34,26 @@ pub fn closed_before_reply() -> GatewayError {
 /// A boxed, sendable future of an operation's outcome.
 pub type OpFuture = Pin<Box<dyn Future<Output = Result<Outcome, GatewayError>> + Send>>;
 
+/// Where a new session's processes and files are: the image they see as
+/// `/` (none: the tenant's default), the reference it was chosen by, and
+/// the workspace of a fork (none: the tenant's root).
+#[derive(Default, Clone)]
+pub struct Place {
+    pub view: Option<Arc<crate::image::View>>,
+    pub image: Option<String>,
+    pub workspace: Option<Arc<crate::snapshot::Workspace>>,
+}
+
 /// A tenant's backend: opens sessions and serves session-less operations.
 pub trait Backend: Send + Sync {
     /// The runtime of a new session, whose notifications go to
     /// `attachment` and whose client speaks `revision` (once known); its
-    /// processes see `image` as `/` (none: the tenant's default).
+    /// processes and files are at `place`.
     fn open_session(
         &self,
         attachment: Arc<Attachment>,
         revision: Arc<RevisionCell>,
-        image: Option<Arc<crate::image::View>>,
+        place: Place,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError>;
 
     /// Run an operation that belongs to no session.

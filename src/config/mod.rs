@@ -21,6 +21,7 @@ mod images;
 mod isolation;
 mod keys;
 mod server;
+mod snapshots;
 mod template;
 mod tenants;
 mod tracing;
@@ -54,6 +55,7 @@ pub use server::{
     AdminToken, ClientCerts, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
 };
+pub use snapshots::{SnapshotsConfig, SnapshotsSettings};
 pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
 pub use tenants::{
     CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_EGRESS_CONNECTIONS, DEFAULT_MAX_OUTBOUND_BYTES,
@@ -109,6 +111,8 @@ pub struct Config {
     pub tracing: tracing::TracingConfig,
     #[serde(default)]
     pub images: ImagesConfig,
+    #[serde(default)]
+    pub snapshots: SnapshotsConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -181,6 +185,8 @@ pub struct Settings {
     pub revocations: std::sync::Arc<Revocations>,
     /// `[images]`: registries, credentials, the store and its bounds.
     pub images: ImagesSettings,
+    /// `[snapshots]`: the store of workspace snapshots and its bounds.
+    pub snapshots: SnapshotsSettings,
 }
 
 impl Settings {
@@ -345,6 +351,7 @@ impl Config {
         }));
         secret_files.extend(audit_files.iter().cloned());
         let images = self.images.validate()?;
+        let snapshots = self.snapshots.validate()?;
         secret_files.extend(secret_paths(
             images
                 .credentials
@@ -531,6 +538,7 @@ impl Config {
             tracing: tracing_settings,
             revocations: std::sync::Arc::new(revocations),
             images,
+            snapshots,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;

@@ -119,6 +119,11 @@ impl FsRoot {
         Ok(self)
     }
 
+    /// Who file operations run as (uid, gid), if set.
+    pub fn creds(&self) -> Option<(u32, u32)> {
+        self.creds
+    }
+
     /// Run file operations as `creds` (uid, gid).
     pub fn with_creds(mut self, creds: Option<(u32, u32)>) -> FsRoot {
         self.creds = creds;

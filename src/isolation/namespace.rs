@@ -69,6 +69,9 @@ pub struct NamespaceSpec {
     /// `/tmp`, `resolv.conf` and the root bound into it. Nothing else of
     /// the host is reachable, so nothing needs hiding.
     pub image: Option<PathBuf>,
+    /// A fork's workspace (module `snapshot::workspace`): the tree
+    /// attached at the root's path instead of the root itself.
+    pub workspace: Option<PathBuf>,
 }
 
 /// A tenant's network.
@@ -268,12 +271,14 @@ impl Namespace {
             _ if spec.image.is_some() => {
                 Some((Base::Image, below(Path::new("/"))?.unwrap_or_default()))
             }
-            None if spec.idmap.is_some() => Some((Base::InPlace(cstring(&spec.root)?), Vec::new())),
+            None if spec.idmap.is_some() || spec.workspace.is_some() => {
+                Some((Base::InPlace(cstring(&spec.root)?), Vec::new()))
+            }
             p => p,
         };
         let root = match placed {
             Some((base, components)) => Some(RootMount {
-                fd: path_fd(&spec.root)?,
+                fd: path_fd(spec.workspace.as_deref().unwrap_or(&spec.root))?,
                 base,
                 components,
                 userns: spec.idmap.map(super::idmap::userns).transpose()?,

@@ -48,6 +48,12 @@ pub const CAPABILITY_ROOTS_DISCOVER_V1: &str = "capabilityRoots/discoverV1";
 
 pub const HTTP_REQUEST: &str = "http/request";
 
+/// Extensions under the gateway's own prefix (docs/snapshots.md).
+pub const SNAPSHOT_CREATE: &str = "gateway/snapshot/create";
+pub const SNAPSHOT_LIST: &str = "gateway/snapshot/list";
+pub const SNAPSHOT_GET: &str = "gateway/snapshot/get";
+pub const SNAPSHOT_DELETE: &str = "gateway/snapshot/delete";
+
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";
 pub const COMMAND_EXEC_WRITE: &str = "command/exec/write";

@@ -15,6 +15,7 @@ pub mod notify;
 pub mod path;
 pub mod process;
 pub mod revision;
+pub mod snapshot;
 pub mod v0;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -21,6 +21,10 @@ pub struct InitializeParams {
     /// tenant's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// An extension: a new session whose workspace starts as this
+    /// snapshot of the tenant's (docs/snapshots.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// Result of `initialize`. Both revisions get `environmentInfo`: the older

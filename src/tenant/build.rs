@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::confine::{Hide, images_possible, root_idmap, sandbox_spec, unshared_tmp, with_image};
+use super::confine::{
+    Hide, images_possible, root_idmap, sandbox_spec, unshared_tmp, with_image, with_workspace,
+};
 use super::{Tenant, effective_network};
 use crate::backend::local::{EnvironmentSpec, LocalBackend, Runner};
 use crate::backend::remote::RemoteBackend;
@@ -40,6 +42,38 @@ pub(super) struct BuildContext {
     pub images: crate::config::ImagesSettings,
     /// The image store, opened when a tenant first needs it.
     pub store: parking_lot::Mutex<Option<Arc<crate::image::ImageStore>>>,
+    /// `[snapshots]` as at start.
+    pub snapshots: crate::config::SnapshotsSettings,
+    /// The snapshot store, opened when a tenant that can fork is first
+    /// activated.
+    pub snapshot_store: parking_lot::Mutex<Option<Arc<crate::snapshot::SnapshotStore>>>,
+}
+
+impl BuildContext {
+    /// Tenant `name`'s snapshots (the store opened at first need); none,
+    /// logged, when the store cannot be opened.
+    fn snapshots_of(&self, name: &str) -> Option<Arc<crate::snapshot::TenantSnapshots>> {
+        let store = {
+            let mut store = self.snapshot_store.lock();
+            match store.as_ref() {
+                Some(s) => s.clone(),
+                None => match crate::snapshot::SnapshotStore::open(&self.snapshots) {
+                    Ok(s) => {
+                        *store = Some(s.clone());
+                        s
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the snapshot store cannot be opened: no snapshots");
+                        return None;
+                    }
+                },
+            }
+        };
+        store
+            .tenant(name)
+            .map_err(|e| tracing::error!(tenant = name, error = %e, "the tenant's snapshots"))
+            .ok()
+    }
 }
 
 /// Where a tenant's settings came from.
@@ -250,7 +284,7 @@ fn build_rest(
     // Sessions that choose another image than the tenant's get workers
     // of their own for it, confined the same way.
     let image_pools: Option<crate::backend::local::PoolFactory> =
-        (images_possible(t, layers) && (t.image.is_some() || !t.images.is_empty())).then(|| {
+        images_possible(t, layers).then(|| {
             let (name, mut t, spec, cgroup, tm) = (
                 name.to_owned(),
                 t.clone(),
@@ -259,8 +293,14 @@ fn build_rest(
                 tm.clone(),
             );
             t.workers_min = 1;
-            let start: crate::backend::local::PoolFactory = Box::new(move |view| {
-                let spec = with_image(&spec, view)?;
+            let start: crate::backend::local::PoolFactory = Box::new(move |place| {
+                let mut spec = spec.clone();
+                if let Some(view) = &place.view {
+                    spec = with_image(&spec, view)?;
+                }
+                if let Some(w) = &place.workspace {
+                    spec = with_workspace(&spec, w.path())?;
+                }
                 let sandbox = worker_sandbox(&name, spec, cgroup.as_deref()).map_err(|e| e.0)?;
                 start_workers(&name, &t, sandbox, cgroup.as_deref(), tm.clone()).map_err(|e| e.0)
             });
@@ -314,8 +354,27 @@ fn build_rest(
         t.max_read_file_bytes,
         t.max_open_files,
     );
+    let snapshots = image_pools
+        .is_some()
+        .then(|| ctx.snapshots_of(name))
+        .flatten()
+        .map(|store| {
+            Arc::new(crate::backend::local::Snapshots {
+                store,
+                owner: if layers.uid { t.uid } else { None },
+                fork_bytes: t.max_disk_bytes,
+            })
+        });
     if let Some(start) = image_pools {
-        backend = backend.with_images(image.clone(), start, t.base_env.clone());
+        backend = backend.with_images(
+            image.clone(),
+            t.image.as_ref().map(|i| i.to_string()),
+            start,
+            t.base_env.clone(),
+        );
+    }
+    if let Some(s) = &snapshots {
+        backend = backend.with_snapshots(s.clone());
     }
     let remote = match (&t.pool, &ctx.executors) {
         (Some(pool), Some(registry)) => {
@@ -345,6 +404,7 @@ fn build_rest(
     tenant.root_quota = root_quota;
     tenant.cgroup = cgroup;
     tenant.image = image;
+    tenant.snapshots = snapshots;
     Ok(tenant)
 }
 

@@ -105,6 +105,7 @@ pub(super) fn sandbox_spec(
             idmap,
             cover,
             image: None,
+            workspace: None,
         }
     });
     let landlock_rw = layers.landlock.then(|| {
@@ -408,6 +409,28 @@ pub(super) fn images_possible(t: &TenantSettings, layers: Layers) -> bool {
 /// `spec` with `view` as the namespace's `/`: Landlock lets the
 /// processes read and run the image's own entries (the view's inodes,
 /// which the namespace's `/` shares); everything else stays.
+/// `spec` for a fork: its workspace attached at the root's path (its files
+/// are the tenant's own, so no idmapping), and granted in the root's place.
+pub fn with_workspace(
+    spec: &SandboxSpec,
+    workspace: &std::path::Path,
+) -> Result<SandboxSpec, String> {
+    let mut spec = spec.clone();
+    let ns = spec
+        .namespace
+        .as_mut()
+        .ok_or_else(|| "a fork needs the tenant's own mount namespace".to_owned())?;
+    ns.workspace = Some(workspace.to_path_buf());
+    ns.idmap = None;
+    let root = ns.root.clone();
+    if let Some(rw) = spec.landlock_rw.as_mut() {
+        for p in rw.iter_mut().filter(|p| **p == root) {
+            *p = workspace.to_path_buf();
+        }
+    }
+    Ok(spec)
+}
+
 pub fn with_image(spec: &SandboxSpec, view: &crate::image::View) -> Result<SandboxSpec, String> {
     let mut spec = spec.clone();
     let ns = spec

@@ -82,6 +82,9 @@ pub struct Tenant {
     /// The image its processes see as `/` (the view stays mounted while
     /// the activation lives).
     pub image: Option<Arc<crate::image::View>>,
+    /// Its snapshots and forks (a tenant that can have them: a root of its
+    /// own, the namespaces and workers layers).
+    pub snapshots: Option<Arc<crate::backend::local::Snapshots>>,
     /// Its sessions' image pulls, one at a time: a tenant asking for one
     /// new image after another holds one of the store's pull slots, never
     /// all of them.
@@ -138,6 +141,7 @@ impl Tenant {
             cgroup: None,
             net: None,
             image: None,
+            snapshots: None,
             image_pulls: Arc::new(Semaphore::new(1)),
             removed: AtomicBool::new(false),
             stale: AtomicBool::new(false),

@@ -188,6 +188,8 @@ impl Tenants {
                 slow_client_timeout: settings.slow_client_timeout,
                 images: settings.images.clone(),
                 store: parking_lot::Mutex::new(None),
+                snapshots: settings.snapshots.clone(),
+                snapshot_store: parking_lot::Mutex::new(None),
             }),
             set,
             live: Mutex::new(HashMap::new()),

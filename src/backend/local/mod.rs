@@ -12,6 +12,7 @@ mod environment;
 mod files;
 mod handles;
 mod process;
+mod snapshot;
 mod watch;
 
 use std::collections::HashMap;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Backend, OpFuture, RunScope, SessionBackend};
+use super::{Backend, OpFuture, Place, RunScope, SessionBackend};
 use crate::error::GatewayError;
 use crate::fs::{FsDone, FsError, FsOp, FsRoot};
 use crate::isolation::sandbox::Sandbox;
@@ -63,13 +64,18 @@ pub struct EnvironmentSpec {
 pub struct LocalBackend {
     shared: Arc<Shared>,
     /// Sessions that chose another image than the tenant's run on a pool
-    /// of their own per image, made by `images` when first needed.
+    /// of their own per image, made by `images` when first needed; forks
+    /// on a pool of their own each.
     images: Option<ImagePools>,
+    /// The tenant's snapshots, and how its forks are made.
+    snapshots: Option<Arc<snapshot::Snapshots>>,
 }
 
-/// Starts a pool of the tenant's workers whose `/` is a view.
-pub type PoolFactory =
-    Box<dyn Fn(&Arc<crate::image::View>) -> Result<Arc<WorkerPool>, String> + Send + Sync>;
+/// Starts a pool of the tenant's workers at a place: its `/` the place's
+/// view (if any), its root the place's workspace (if any).
+pub type PoolFactory = Box<dyn Fn(&Place) -> Result<Arc<WorkerPool>, String> + Send + Sync>;
+
+pub use snapshot::Snapshots;
 
 /// Most images a tenant's sessions run at once besides its default (each
 /// a pool of workers of its own).
@@ -95,6 +101,21 @@ struct Shared {
     max_read_file_bytes: u64,
     /// `fs/open` handles over all the tenant's sessions (`max_open_files`).
     open_files: Arc<tokio::sync::Semaphore>,
+    /// A fork's workspace (its own pool, killed when the last session on
+    /// it ends, before the workspace is unmounted).
+    fork: Option<Arc<crate::snapshot::Workspace>>,
+    /// The image reference its sessions were chosen by (snapshots record it).
+    image: Option<String>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.fork.is_some()
+            && let Runner::Workers(pool) = &self.runner
+        {
+            pool.kill_all();
+        }
+    }
 }
 
 impl LocalBackend {
@@ -108,6 +129,7 @@ impl LocalBackend {
     ) -> LocalBackend {
         LocalBackend {
             images: None,
+            snapshots: None,
             shared: Arc::new(Shared {
                 view: None,
                 root,
@@ -116,6 +138,8 @@ impl LocalBackend {
                 env,
                 max_read_file_bytes,
                 open_files: Arc::new(tokio::sync::Semaphore::new(max_open_files)),
+                fork: None,
+                image: None,
             }),
         }
     }
@@ -127,11 +151,13 @@ impl LocalBackend {
     pub fn with_images(
         mut self,
         view: Option<Arc<crate::image::View>>,
+        image: Option<String>,
         start: PoolFactory,
         base_env: std::collections::HashMap<String, String>,
     ) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.view = view;
+            shared.image = image;
         }
         self.images = Some(ImagePools {
             start,
@@ -157,11 +183,86 @@ impl LocalBackend {
         images.values().sum()
     }
 
+    /// Sessions can snapshot and fork through `snapshots`.
+    pub fn with_snapshots(mut self, snapshots: Arc<Snapshots>) -> Self {
+        self.snapshots = Some(snapshots);
+        self
+    }
+
+    /// What sessions at `place` run on: a fork's pool of its own, or
+    /// [`Self::shared_for_view`].
+    fn shared_for(&self, place: Place) -> Result<Arc<Shared>, GatewayError> {
+        let Some(workspace) = place.workspace else {
+            return self.shared_for_view(place.view, place.image);
+        };
+        let Some(pools) = &self.images else {
+            return Err(GatewayError::InvalidParams(
+                "this tenant's sessions cannot start from a snapshot: they need a root of their own and the namespaces and workers layers".to_owned(),
+            ));
+        };
+        let view = place.view.or_else(|| self.shared.view.clone());
+        let image = place.image.or_else(|| self.shared.image.clone());
+        let pool = (pools.start)(&Place {
+            view: view.clone(),
+            image: image.clone(),
+            workspace: Some(workspace.clone()),
+        })
+        .map_err(|e| {
+            tracing::error!(tenant = %self.shared.env.tenant, error = %e, "fork workers");
+            GatewayError::Internal(
+                "the fork's workers could not start (the gateway's log says why)".to_owned(),
+            )
+        })?;
+        let tree = std::fs::File::open(workspace.path()).map_err(|e| {
+            GatewayError::Internal(format!("the fork's workspace could not be opened: {e}"))
+        })?;
+        let root = FsRoot::confined_at(&self.shared.env.root, tree.into())
+            .with_creds(self.shared.root.creds());
+        let mut shared = self.shared_on(view.as_ref(), pool, Arc::new(root));
+        shared.fork = Some(workspace);
+        shared.image = image;
+        Ok(Arc::new(shared))
+    }
+
+    /// What a pool at `view` runs with: the tenant's settings, the
+    /// image's environment over its own.
+    fn shared_on(
+        &self,
+        view: Option<&Arc<crate::image::View>>,
+        pool: Arc<WorkerPool>,
+        root: Arc<FsRoot>,
+    ) -> Shared {
+        let base = &self.shared;
+        let mut exec = (*base.exec).clone();
+        let mut env = base.env.clone();
+        if let (Some(view), Some(pools)) = (view, &self.images) {
+            exec.base_env = view.env_over(&pools.base_env);
+            env.shell = exec
+                .base_env
+                .get("SHELL")
+                .cloned()
+                .unwrap_or_else(|| "/bin/sh".to_owned());
+            env.image = Some(view.image.clone());
+        }
+        Shared {
+            view: view.cloned(),
+            root,
+            exec: Arc::new(exec),
+            runner: Runner::Workers(pool),
+            env,
+            max_read_file_bytes: base.max_read_file_bytes,
+            open_files: base.open_files.clone(),
+            fork: None,
+            image: None,
+        }
+    }
+
     /// What sessions on `view` run on: the tenant's default, or that
     /// image's pool (started now if it is not running).
-    fn shared_for(
+    fn shared_for_view(
         &self,
         view: Option<Arc<crate::image::View>>,
+        image: Option<String>,
     ) -> Result<Arc<Shared>, GatewayError> {
         let Some(view) = view else {
             return Ok(self.shared.clone());
@@ -215,29 +316,18 @@ impl LocalBackend {
                 retry_after_ms: None,
             });
         }
-        let pool = (pools.start)(&view).map_err(|e| {
+        let pool = (pools.start)(&Place {
+            view: Some(view.clone()),
+            image: image.clone(),
+            workspace: None,
+        })
+        .map_err(|e| {
             tracing::error!(tenant = %self.shared.env.tenant, image = %view.image.digest, error = %e, "image workers");
             GatewayError::Internal("the image's workers could not start (the gateway's log says why)".to_owned())
         })?;
-        let base = &self.shared;
-        let mut exec = (*base.exec).clone();
-        exec.base_env = view.env_over(&pools.base_env);
-        let mut env = base.env.clone();
-        env.shell = exec
-            .base_env
-            .get("SHELL")
-            .cloned()
-            .unwrap_or_else(|| "/bin/sh".to_owned());
-        env.image = Some(view.image.clone());
-        let shared = Arc::new(Shared {
-            view: Some(view.clone()),
-            root: base.root.clone(),
-            exec: Arc::new(exec),
-            runner: Runner::Workers(pool),
-            env,
-            max_read_file_bytes: base.max_read_file_bytes,
-            open_files: base.open_files.clone(),
-        });
+        let mut shared = self.shared_on(Some(&view), pool, self.shared.root.clone());
+        shared.image = image;
+        let shared = Arc::new(shared);
         running.push((view.path.clone(), shared.clone()));
         Ok(shared)
     }
@@ -266,9 +356,9 @@ impl Backend for LocalBackend {
         &self,
         attachment: Arc<Attachment>,
         revision: Arc<RevisionCell>,
-        image: Option<Arc<crate::image::View>>,
+        place: Place,
     ) -> Result<Arc<dyn SessionBackend>, GatewayError> {
-        let shared = self.shared_for(image)?;
+        let shared = self.shared_for(place)?;
         let spawner: Box<dyn Spawner> = match &shared.runner {
             Runner::Workers(pool) => Box::new(pool.session()),
             Runner::Here(sandbox) => Box::new(LocalSpawner {
@@ -283,6 +373,7 @@ impl Backend for LocalBackend {
                 revision.clone(),
             ),
             shared,
+            snapshots: self.snapshots.clone(),
             revision,
             attachment,
             handles: Mutex::new(HashMap::new()),
@@ -362,6 +453,7 @@ fn unexpected(done: &FsDone) -> FsError {
 struct LocalSession {
     table: Arc<ProcessTable>,
     shared: Arc<Shared>,
+    snapshots: Option<Arc<Snapshots>>,
     revision: Arc<RevisionCell>,
     attachment: Arc<Attachment>,
     handles: Mutex<HashMap<String, handles::Handle>>,
@@ -401,6 +493,10 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::EnvironmentConfigRead(p) => environment::config_read(&s.shared, &p)?,
         Call::CapabilitiesDiscover(p) => environment::discover(&s.shared, &p)?,
         Call::CapabilityRootsDiscover(p) => environment::roots(p),
+        Call::SnapshotCreate(p) => snapshot::create(s, p).await?,
+        Call::SnapshotList(_) => snapshot::list(s)?,
+        Call::SnapshotGet(p) => snapshot::get(s, &p)?,
+        Call::SnapshotDelete(p) => snapshot::delete(s, &p)?,
         // Whole-file calls: one handler each in `files`, which gRPC's
         // session-less calls reach too.
         file @ (Call::FsReadFile(_)

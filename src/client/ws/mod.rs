@@ -267,6 +267,7 @@ async fn handshake(
     resume: Option<&str>,
 ) -> Result<InitializeResponse> {
     let params = InitializeParams {
+        snapshot: None,
         client_name: opts.client_name.clone(),
         resume_session_id: resume.map(str::to_owned),
         // A resumed session keeps the image it was opened on.

@@ -490,7 +490,15 @@ async fn initialize(
         }
     }
     let image = match params.resume_session_id {
-        None => session_image(gw, caller, params.image.as_deref()).await?,
+        None => {
+            session_place(
+                gw,
+                caller,
+                params.image.as_deref(),
+                params.snapshot.as_deref(),
+            )
+            .await?
+        }
         Some(_) => None,
     };
     // A failed initialize leaves the connection uninitialised: retry allowed.
@@ -518,6 +526,47 @@ async fn initialize(
     ))
 }
 
+/// Where a new session is: the image it asked for (`image`), or a fork of
+/// `snapshot` (on the image the snapshot was taken on), within what the
+/// caller's token allows.
+pub async fn session_place(
+    gw: &Gateway,
+    caller: &Caller,
+    image: Option<&str>,
+    snapshot: Option<&str>,
+) -> Result<Option<crate::session::ChosenImage>, GatewayError> {
+    let Some(id) = snapshot else {
+        return session_image(gw, caller, image).await;
+    };
+    if !caller
+        .principal()
+        .scopes
+        .grants(crate::auth::Scope::Snapshot)
+    {
+        return Err(GatewayError::MissingScope(
+            crate::auth::Scope::Snapshot.name(),
+        ));
+    }
+    let snapshots = caller.tenant().snapshots.clone().ok_or_else(|| {
+        GatewayError::InvalidParams(
+            "this tenant's sessions cannot start from a snapshot: they need a root of their own and the namespaces and workers layers".to_owned(),
+        )
+    })?;
+    let meta = snapshots.store.get(id)?;
+    if let (Some(asked), Some(taken)) = (image, meta.image.as_deref())
+        && asked != taken
+    {
+        return Err(GatewayError::InvalidParams(format!(
+            "snapshot {id} was taken on image `{taken}`; a fork runs on it"
+        )));
+    }
+    let chosen = session_image(gw, caller, meta.image.as_deref().or(image)).await?;
+    let (workspace, _) = snapshots.fork(id)?;
+    let mut chosen = chosen.unwrap_or_default();
+    chosen.fork = Some(workspace);
+    Ok(Some(chosen))
+}
+
 /// The image a new session asked for (`asked`) within what the caller's
 /// token allows (its `image` claim names the only one it may run).
 pub async fn session_image(
@@ -540,7 +589,11 @@ pub async fn session_image(
     let source = crate::config::ImageSource::parse(wanted)
         .map_err(|e| GatewayError::InvalidParams(format!("image: {e}")))?;
     let view = gw.tenants.session_image(caller.tenant(), &source).await?;
-    Ok(Some(crate::session::ChosenImage { view, source }))
+    Ok(Some(crate::session::ChosenImage {
+        view: Some(view),
+        source: Some(source),
+        fork: None,
+    }))
 }
 
 /// The close code when the gateway stops: "service restart" (RFC 6455

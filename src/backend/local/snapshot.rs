@@ -1,0 +1,104 @@
+//! `gateway/snapshot/*`: a session's workspace captured (its tenant's
+//! processes frozen for the walk), and the tenant's snapshots listed,
+//! inspected and deleted; forks made for new sessions (docs/snapshots.md).
+
+use std::sync::Arc;
+
+use super::{LocalSession, blocking};
+use crate::error::GatewayError;
+use crate::fs::FsError;
+use crate::protocol::snapshot::{CreateParams, IdParams, ListResponse};
+use crate::rpc::Reply;
+use crate::snapshot::{Snapshot, SnapshotError, TenantSnapshots, Workspace};
+
+/// A tenant's snapshots, and what its forks are made with.
+pub struct Snapshots {
+    pub store: Arc<TenantSnapshots>,
+    /// Who the tenant's processes run as: a snapshot's tree, and a fork's
+    /// upper layer, are theirs.
+    pub owner: Option<(u32, u32)>,
+    /// A fork's upper layer (what it may write): the tenant's disk bound.
+    pub fork_bytes: u64,
+}
+
+impl Snapshots {
+    /// A workspace that starts as snapshot `id`.
+    pub fn fork(&self, id: &str) -> Result<(Arc<Workspace>, Snapshot), GatewayError> {
+        let (w, meta) = self
+            .store
+            .fork(id, self.owner.unwrap_or((0, 0)), self.fork_bytes)
+            .map_err(|e| {
+                if let SnapshotError::Io(why) = &e {
+                    tracing::error!(snapshot = id, error = %why, "fork");
+                }
+                GatewayError::from(e)
+            })?;
+        Ok((Arc::new(w), meta))
+    }
+}
+
+fn unavailable() -> GatewayError {
+    GatewayError::InvalidParams(
+        "this tenant's sessions cannot take snapshots: they need a root of their own and the namespaces and workers layers".to_owned(),
+    )
+}
+
+fn of(s: &LocalSession) -> Result<&Arc<Snapshots>, GatewayError> {
+    s.snapshots.as_ref().ok_or_else(unavailable)
+}
+
+/// `gateway/snapshot/create`: the session's workspace (the tenant's root,
+/// or its fork's) as it is at one instant.
+pub(super) async fn create(s: &LocalSession, p: CreateParams) -> Result<Reply, GatewayError> {
+    let snaps = of(s)?.clone();
+    let workspace = match &s.shared.fork {
+        Some(w) => w.path().to_path_buf(),
+        None => s.shared.env.root.clone(),
+    };
+    let cgroup = s.shared.exec.cgroup.clone();
+    let image = s.shared.image.clone();
+    let _one = snaps
+        .store
+        .capture_permit()
+        .await
+        .ok_or(GatewayError::Draining)?;
+    let taken = blocking(move || {
+        Ok(snaps.store.take(
+            &workspace,
+            image,
+            p.name,
+            p.labels,
+            snaps.owner,
+            || match &cgroup {
+                Some(cg) => cg.freeze().map(Some),
+                None => Ok(None),
+            },
+        ))
+    })
+    .await
+    .map_err(|e: FsError| GatewayError::Internal(e.to_string()))?;
+    match taken {
+        Ok(meta) => Ok(Reply::Snapshot(Box::new(meta))),
+        Err(e) => {
+            if let SnapshotError::Io(why) = &e {
+                tracing::error!(tenant = %s.shared.env.tenant, error = %why, "snapshot");
+            }
+            Err(e.into())
+        }
+    }
+}
+
+pub(super) fn list(s: &LocalSession) -> Result<Reply, GatewayError> {
+    Ok(Reply::SnapshotList(ListResponse {
+        snapshots: of(s)?.store.list(),
+    }))
+}
+
+pub(super) fn get(s: &LocalSession, p: &IdParams) -> Result<Reply, GatewayError> {
+    Ok(Reply::Snapshot(Box::new(of(s)?.store.get(&p.snapshot_id)?)))
+}
+
+pub(super) fn delete(s: &LocalSession, p: &IdParams) -> Result<Reply, GatewayError> {
+    of(s)?.store.delete(&p.snapshot_id)?;
+    Ok(super::empty())
+}

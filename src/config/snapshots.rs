@@ -1,0 +1,106 @@
+//! `[snapshots]`: where workspace snapshots are kept and what a tenant's
+//! snapshots and forks may hold (docs/snapshots.md). Imports only `common`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::common::{ConfigError, duration, positive, state_dir};
+
+/// Default `[snapshots] max_per_tenant`: snapshots one tenant keeps.
+pub const DEFAULT_MAX_PER_TENANT: usize = 32;
+/// Default `[snapshots] max_tenant_bytes`: what one tenant's snapshots
+/// hold on disk together (each snapshot's unpacked bytes).
+pub const DEFAULT_MAX_TENANT_BYTES: u64 = 4 << 30;
+/// Default `[snapshots] max_entries`: files, directories and links of one
+/// snapshot.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+/// Default `[snapshots] max_forks_per_tenant`: sessions of one tenant
+/// working in a snapshot's copy at once (each has workers of its own).
+pub const DEFAULT_MAX_FORKS_PER_TENANT: usize = 16;
+/// The most forks `max_forks_per_tenant` may allow, whatever it says.
+pub const MAX_FORKS_PER_TENANT: usize = 256;
+/// Default `[snapshots] retention`: a snapshot is deleted this long after
+/// it was taken (a fork working in it keeps its copy until it ends).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// `[snapshots]`
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsConfig {
+    /// Directory of the snapshots and the forks' copies. Default:
+    /// `snapshots` in the state directory.
+    pub store: Option<PathBuf>,
+    pub max_per_tenant: Option<usize>,
+    pub max_tenant_bytes: Option<u64>,
+    pub max_entries: Option<u64>,
+    pub max_forks_per_tenant: Option<usize>,
+    pub retention: Option<String>,
+}
+
+/// Validated `[snapshots]`.
+#[derive(Debug, Clone)]
+pub struct SnapshotsSettings {
+    pub store: PathBuf,
+    pub max_per_tenant: usize,
+    pub max_tenant_bytes: u64,
+    pub max_entries: u64,
+    pub max_forks_per_tenant: usize,
+    pub retention: Duration,
+}
+
+impl SnapshotsConfig {
+    pub fn validate(&self) -> Result<SnapshotsSettings, ConfigError> {
+        let store = match &self.store {
+            Some(p) if p.is_absolute() => p.clone(),
+            Some(p) => {
+                return Err(ConfigError(format!(
+                    "snapshots.store: `{}` is not absolute",
+                    p.display()
+                )));
+            }
+            None => state_dir()?.join("snapshots"),
+        };
+        let max_forks_per_tenant = positive(
+            "snapshots.max_forks_per_tenant",
+            self.max_forks_per_tenant,
+            DEFAULT_MAX_FORKS_PER_TENANT,
+        )?;
+        if max_forks_per_tenant > MAX_FORKS_PER_TENANT {
+            return Err(ConfigError(format!(
+                "snapshots.max_forks_per_tenant: at most {MAX_FORKS_PER_TENANT}"
+            )));
+        }
+        let max_tenant_bytes = self.max_tenant_bytes.unwrap_or(DEFAULT_MAX_TENANT_BYTES);
+        if max_tenant_bytes < 1 << 20 {
+            return Err(ConfigError(
+                "snapshots.max_tenant_bytes: at least 1 MiB".to_owned(),
+            ));
+        }
+        let max_entries = self.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES);
+        if max_entries < 16 {
+            return Err(ConfigError("snapshots.max_entries: at least 16".to_owned()));
+        }
+        let retention = duration(
+            "snapshots.retention",
+            self.retention.as_deref(),
+            DEFAULT_RETENTION,
+        )?;
+        if retention < Duration::from_secs(60) {
+            return Err(ConfigError("snapshots.retention: at least 1m".to_owned()));
+        }
+        Ok(SnapshotsSettings {
+            store,
+            max_per_tenant: positive(
+                "snapshots.max_per_tenant",
+                self.max_per_tenant,
+                DEFAULT_MAX_PER_TENANT,
+            )?,
+            max_tenant_bytes,
+            max_entries,
+            max_forks_per_tenant,
+            retention,
+        })
+    }
+}

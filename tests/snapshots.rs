@@ -1,0 +1,307 @@
+//! Workspace snapshots and forks (docs/snapshots.md): a session's
+//! workspace captured while its processes run, forks that each see the
+//! snapshot and only their own changes, bounds, and one tenant's
+//! snapshots kept from another's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{Client, Gateway, mint};
+use serde_json::{Value, json};
+
+const SCOPES: &str = "exec fs:read fs:write snapshot";
+
+/// A gateway with tenants `a` and `b` (roots of their own) and
+/// `[snapshots]` as `bounds` says; the store inside the gateway's
+/// directory.
+fn gateway(bounds: &str) -> Gateway {
+    Gateway::start_with(|d| {
+        for t in ["a", "b"] {
+            std::fs::create_dir_all(d.join(t)).unwrap();
+        }
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [snapshots]\nstore = \"{d}/snapshots\"\n{bounds}\n\
+             [tenants.a]\nroot = \"{d}/a\"\n\
+             [tenants.b]\nroot = \"{d}/b\"\n",
+            d = d.display(),
+        )
+    })
+}
+
+/// Whether this machine can run tenants with the namespaces and workers
+/// layers (forks need them); the reason if not.
+fn unsupported() -> Option<&'static str> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("forks need the namespaces layer (root)");
+    }
+    None
+}
+
+async fn client(gw: &Gateway, tenant: &str) -> Client {
+    Client::connect(&gw.url, &mint(&gw.secret, tenant, SCOPES)).await
+}
+
+async fn session(gw: &Gateway, tenant: &str) -> Client {
+    let mut c = client(gw, tenant).await;
+    c.initialize().await;
+    c
+}
+
+/// A new session of `tenant` whose workspace is a fork of `snapshot`.
+async fn fork(gw: &Gateway, tenant: &str, snapshot: &str) -> Client {
+    let mut c = client(gw, tenant).await;
+    c.call(
+        "initialize",
+        json!({"clientName": "t", "snapshot": snapshot}),
+    )
+    .await;
+    c.send(&json!({"method": "initialized"})).await;
+    c
+}
+
+fn root(gw: &Gateway, tenant: &str) -> String {
+    gw.dir.path().join(tenant).display().to_string()
+}
+
+async fn write(c: &mut Client, path: &str, data: &str) {
+    c.call(
+        "fs/writeFile",
+        json!({"path": path, "dataBase64": common::b64(data.as_bytes())}),
+    )
+    .await;
+}
+
+async fn read(c: &mut Client, path: &str) -> Result<String, String> {
+    let r = c.call_raw("fs/readFile", json!({"path": path})).await;
+    match r.get("result") {
+        Some(v) => Ok(String::from_utf8(common::unb64(v["dataBase64"].as_str().unwrap())).unwrap()),
+        None => Err(r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()),
+    }
+}
+
+/// Run `script` with `sh -c` in the tenant root; (stdout, exit code).
+async fn sh(c: &mut Client, id: &str, cwd: &str, script: &str) -> (String, i64) {
+    c.call(
+        "process/start",
+        json!({"processId": id, "argv": ["/bin/sh", "-c", script], "cwd": cwd,
+               "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
+    )
+    .await;
+    let out = c.collect(id).await;
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        out.exit_code.unwrap_or(-1),
+    )
+}
+
+async fn snapshot(c: &mut Client, params: Value) -> Value {
+    c.call("gateway/snapshot/create", params).await
+}
+
+#[tokio::test]
+async fn forks_see_the_snapshot_and_only_their_own_changes() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("");
+    let r = root(&gw, "a");
+    let mut origin = session(&gw, "a").await;
+    write(&mut origin, &format!("{r}/f"), "orig").await;
+    let (out, code) = sh(
+        &mut origin,
+        "mk",
+        &r,
+        "mkdir -p d/e && echo deep > d/e/g && ln -s f link && chmod 640 f",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let snap = snapshot(
+        &mut origin,
+        json!({"name": "before the fix", "labels": {"step": "1"}}),
+    )
+    .await;
+    let id = snap["id"].as_str().unwrap().to_owned();
+    assert_eq!(snap["name"], "before the fix");
+    assert_eq!(snap["labels"]["step"], "1");
+    assert!(
+        snap["digest"].as_str().unwrap().starts_with("sha256:"),
+        "{snap}"
+    );
+    assert!(snap["entries"].as_u64().unwrap() >= 5, "{snap}");
+    // The original moves on; the snapshot does not.
+    write(&mut origin, &format!("{r}/f"), "later").await;
+
+    let mut forks = Vec::new();
+    for n in 0..8 {
+        let mut c = fork(&gw, "a", &id).await;
+        assert_eq!(
+            read(&mut c, &format!("{r}/f")).await.unwrap(),
+            "orig",
+            "fork {n}"
+        );
+        let (out, code) = sh(
+            &mut c,
+            "w",
+            &r,
+            &format!("cat d/e/g link && echo fork{n} > f && id -u"),
+        )
+        .await;
+        assert_eq!(code, 0, "fork {n}: {out}");
+        assert!(out.starts_with("deep\norig"), "fork {n}: {out}");
+        forks.push(c);
+    }
+    for (n, c) in forks.iter_mut().enumerate() {
+        assert_eq!(
+            read(c, &format!("{r}/f")).await.unwrap(),
+            format!("fork{n}\n")
+        );
+    }
+    assert_eq!(read(&mut origin, &format!("{r}/f")).await.unwrap(), "later");
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&r).join("f")).unwrap(),
+        "later",
+        "a fork wrote the tenant's own root"
+    );
+
+    // A fork's own workspace snapshots, and forks, like the root.
+    let again = snapshot(&mut forks[0], json!({"name": "fork of a fork"})).await;
+    let mut deeper = fork(&gw, "a", again["id"].as_str().unwrap()).await;
+    let (out, code) = sh(&mut deeper, "deeper", &r, "cat d/e/g f link; stat -c %a f").await;
+    assert_eq!((out.as_str(), code), ("deep\nfork0\nfork0\n640\n", 0));
+    assert_eq!(again["image"], snap["image"]);
+    drop(deeper);
+
+    // Deleted, the snapshot is gone for new forks; the live ones keep it.
+    origin
+        .call("gateway/snapshot/delete", json!({"snapshotId": id}))
+        .await;
+    let (_, msg) = client(&gw, "a")
+        .await
+        .call_err("initialize", json!({"clientName": "t", "snapshot": id}))
+        .await;
+    assert!(msg.contains("unknown snapshot"), "{msg}");
+    let (out, code) = sh(&mut forks[3], "after", &r, "cat d/e/g f").await;
+    assert_eq!((out.as_str(), code), ("deep\nfork3\n", 0));
+}
+
+#[tokio::test]
+async fn a_snapshot_taken_while_a_writer_runs_is_consistent() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("");
+    let r = root(&gw, "a");
+    let mut origin = session(&gw, "a").await;
+    // The file is always whole: written aside, renamed over.
+    origin
+        .call(
+            "process/start",
+            json!({"processId": "writer", "argv": ["/bin/sh", "-c",
+                "seq 1 5000 > f; while :; do seq 1 5000 > t; mv t f; done"],
+                "cwd": r, "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
+        )
+        .await;
+    let (_, code) = sh(
+        &mut origin,
+        "wait",
+        &r,
+        "while [ ! -s f ]; do sleep 0.01; done",
+    )
+    .await;
+    assert_eq!(code, 0);
+    for round in 0..5 {
+        let snap = snapshot(&mut origin, json!({})).await;
+        let mut c = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
+        let (out, code) = sh(&mut c, "check", &r, "wc -l < f; tail -n 1 f").await;
+        assert_eq!((out.as_str(), code), ("5000\n5000\n", 0), "round {round}");
+    }
+    // The writer runs on after each capture.
+    let (out, _) = sh(&mut origin, "alive", &r, "sleep 0.2; ls").await;
+    assert!(out.contains('f'), "{out}");
+}
+
+#[tokio::test]
+async fn snapshots_are_bounded_and_their_tenants_own() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("max_per_tenant = 2\nmax_forks_per_tenant = 1");
+    let r = root(&gw, "a");
+    let mut a = session(&gw, "a").await;
+    write(&mut a, &format!("{r}/x"), "x").await;
+    let first = snapshot(&mut a, json!({"name": "one"})).await;
+    let id = first["id"].as_str().unwrap().to_owned();
+    snapshot(&mut a, json!({})).await;
+    let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
+    assert_eq!(code, -32006, "{msg}");
+    assert!(msg.contains("snapshots kept by the tenant"), "{msg}");
+    let list = a.call("gateway/snapshot/list", json!({})).await;
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(list["snapshots"][0]["id"], id.as_str());
+
+    // One fork at a time.
+    let _one = fork(&gw, "a", &id).await;
+    let (code, msg) = client(&gw, "a")
+        .await
+        .call_err("initialize", json!({"clientName": "t", "snapshot": id}))
+        .await;
+    assert_eq!(code, -32006, "{msg}");
+
+    // Another tenant's id answers like an unknown one, at every door.
+    let mut b = session(&gw, "b").await;
+    let unknown = "snap-0123456789abcdef0123456789abcdef";
+    for probe in [id.as_str(), unknown] {
+        let (code_get, msg_get) = b
+            .call_err("gateway/snapshot/get", json!({"snapshotId": probe}))
+            .await;
+        let (code_del, _) = b
+            .call_err("gateway/snapshot/delete", json!({"snapshotId": probe}))
+            .await;
+        let (code_fork, msg_fork) = client(&gw, "b")
+            .await
+            .call_err("initialize", json!({"clientName": "t", "snapshot": probe}))
+            .await;
+        assert_eq!(
+            (code_get, code_del, code_fork),
+            (-32600, -32600, -32600),
+            "{msg_get} {msg_fork}"
+        );
+        assert_eq!(msg_get, format!("unknown snapshot id {probe}"));
+    }
+    let list = b.call("gateway/snapshot/list", json!({})).await;
+    assert_eq!(list["snapshots"], json!([]));
+    assert_eq!(
+        a.call("gateway/snapshot/get", json!({"snapshotId": id}))
+            .await["name"],
+        "one"
+    );
+
+    // Without the scope, nothing.
+    let mut c = Client::connect(&gw.url, &mint(&gw.secret, "a", "exec fs:read fs:write")).await;
+    let (code, msg) = c
+        .call_err("initialize", json!({"clientName": "t", "snapshot": id}))
+        .await;
+    assert_eq!(code, -32003, "{msg}");
+    c.initialize().await;
+    let (code, _) = c.call_err("gateway/snapshot/list", json!({})).await;
+    assert_eq!(code, -32003);
+    // Bad names and labels are refused before anything is read.
+    for bad in [
+        json!({"name": ""}),
+        json!({"labels": {"a b": "c"}}),
+        json!({"bogus": 1}),
+    ] {
+        let (code, msg) = a.call_err("gateway/snapshot/create", bad.clone()).await;
+        assert_eq!(code, -32602, "{bad}: {msg}");
+    }
+}
