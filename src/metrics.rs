@@ -93,6 +93,9 @@ pub struct Metrics {
     pub inbound_waiting: Family<TenantLabel, Gauge>,
     pub tmp_bytes: Family<TenantLabel, Gauge>,
     pub disk_bytes: Family<TenantLabel, Gauge>,
+    pub snapshots: Family<TenantLabel, Gauge>,
+    pub snapshot_bytes: Family<TenantLabel, Gauge>,
+    pub forks: Family<TenantLabel, Gauge>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -340,6 +343,24 @@ impl Metrics {
         let inbound_waiting = Family::<TenantLabel, Gauge>::default();
         let tmp_bytes = Family::<TenantLabel, Gauge>::default();
         let disk_bytes = Family::<TenantLabel, Gauge>::default();
+        let snapshots = Family::<TenantLabel, Gauge>::default();
+        let snapshot_bytes = Family::<TenantLabel, Gauge>::default();
+        let forks = Family::<TenantLabel, Gauge>::default();
+        r.register(
+            "snapshots",
+            "Snapshots the tenant keeps (max_per_tenant), as of the last scrape",
+            snapshots.clone(),
+        );
+        r.register(
+            "snapshot_bytes",
+            "Bytes the tenant's snapshots take, deleted ones a fork still uses included (max_tenant_bytes), as of the last scrape",
+            snapshot_bytes.clone(),
+        );
+        r.register(
+            "forks",
+            "Sessions of the tenant working in a fork of a snapshot (max_forks_per_tenant), as of the last scrape",
+            forks.clone(),
+        );
         r.register(
             "tmp_bytes",
             "Bytes in use in the tenant's private /tmp (a tmpfs of max_tmp_bytes), as of the last scrape",
@@ -471,6 +492,9 @@ impl Metrics {
             inbound_waiting,
             tmp_bytes,
             disk_bytes,
+            snapshots,
+            snapshot_bytes,
+            forks,
             connections,
             connections_refused,
             jwks_fetches,
@@ -501,6 +525,9 @@ impl Metrics {
             inbound_waiting: self.inbound_waiting.get_or_create(&l).clone(),
             tmp_bytes: self.tmp_bytes.get_or_create(&l).clone(),
             disk_bytes: self.disk_bytes.get_or_create(&l).clone(),
+            snapshots: self.snapshots.get_or_create(&l).clone(),
+            snapshot_bytes: self.snapshot_bytes.get_or_create(&l).clone(),
+            forks: self.forks.get_or_create(&l).clone(),
         }
     }
 
@@ -526,6 +553,9 @@ impl Metrics {
         self.inbound_waiting.remove(&l);
         self.tmp_bytes.remove(&l);
         self.disk_bytes.remove(&l);
+        self.snapshots.remove(&l);
+        self.snapshot_bytes.remove(&l);
+        self.forks.remove(&l);
         let more = self.tenant_series.lock().remove(tenant).unwrap_or_default();
         for r in more {
             match r {
@@ -604,6 +634,9 @@ pub struct TenantMetrics {
     pub inbound_waiting: Gauge,
     pub tmp_bytes: Gauge,
     pub disk_bytes: Gauge,
+    pub snapshots: Gauge,
+    pub snapshot_bytes: Gauge,
+    pub forks: Gauge,
 }
 
 impl TenantMetrics {
@@ -628,6 +661,9 @@ impl TenantMetrics {
             inbound_waiting: Gauge::default(),
             tmp_bytes: Gauge::default(),
             disk_bytes: Gauge::default(),
+            snapshots: Gauge::default(),
+            snapshot_bytes: Gauge::default(),
+            forks: Gauge::default(),
         }
     }
 }

@@ -347,6 +347,18 @@ impl TenantSnapshots {
         }
     }
 
+    /// Snapshots kept, bytes they take (deleted ones a fork still uses
+    /// included), forks working: for the metrics.
+    pub fn usage(&self) -> (usize, u64, usize) {
+        let free = self.room.load(Ordering::SeqCst);
+        let max = i64::try_from(self.settings.max_tenant_bytes).unwrap_or(i64::MAX);
+        (
+            self.records.lock().len(),
+            u64::try_from(max.saturating_sub(free)).unwrap_or(0),
+            self.forks.load(Ordering::SeqCst),
+        )
+    }
+
     /// How long snapshots are kept.
     pub fn retention(&self) -> Duration {
         self.settings.retention

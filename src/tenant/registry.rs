@@ -592,6 +592,13 @@ impl Tenants {
                     .disk_bytes
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
+            if let Some(s) = &t.snapshots {
+                let (count, bytes, forks) = s.store.usage();
+                let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                t.metrics.snapshots.set(g(count as u64));
+                t.metrics.snapshot_bytes.set(g(bytes));
+                t.metrics.forks.set(g(forks as u64));
+            }
         }
     }
 

@@ -384,6 +384,13 @@ impl Backend for LocalBackend {
     /// The calls that need no session (gRPC file calls): the gRPC API's
     /// policy, plain paths and every field.
     fn run_sessionless(&self, op: Op) -> OpFuture {
+        if let Op::Call(
+            call @ (Call::SnapshotList(_) | Call::SnapshotGet(_) | Call::SnapshotDelete(_)),
+        ) = &op
+        {
+            let r = snapshot::sessionless(self.snapshots.as_ref(), call).map(Outcome::Reply);
+            return Box::pin(std::future::ready(r));
+        }
         sessionless(self.shared.clone(), op)
     }
 
@@ -493,10 +500,10 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::EnvironmentConfigRead(p) => environment::config_read(&s.shared, &p)?,
         Call::CapabilitiesDiscover(p) => environment::discover(&s.shared, &p)?,
         Call::CapabilityRootsDiscover(p) => environment::roots(p),
-        Call::SnapshotCreate(p) => snapshot::create(s, p).await?,
+        Call::SnapshotCreate(p) => snapshot::create(s, p, scope.audit.clone()).await?,
         Call::SnapshotList(_) => snapshot::list(s)?,
         Call::SnapshotGet(p) => snapshot::get(s, &p)?,
-        Call::SnapshotDelete(p) => snapshot::delete(s, &p)?,
+        Call::SnapshotDelete(p) => snapshot::delete(s, &p, scope.audit.as_deref())?,
         // Whole-file calls: one handler each in `files`, which gRPC's
         // session-less calls reach too.
         file @ (Call::FsReadFile(_)

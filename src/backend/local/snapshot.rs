@@ -8,7 +8,7 @@ use super::{LocalSession, blocking};
 use crate::error::GatewayError;
 use crate::fs::FsError;
 use crate::protocol::snapshot::{CreateParams, IdParams, ListResponse};
-use crate::rpc::Reply;
+use crate::rpc::{Call, Reply};
 use crate::snapshot::{Snapshot, SnapshotError, TenantSnapshots, Workspace};
 
 /// A tenant's snapshots, and what its forks are made with.
@@ -47,9 +47,33 @@ fn of(s: &LocalSession) -> Result<&Arc<Snapshots>, GatewayError> {
     s.snapshots.as_ref().ok_or_else(unavailable)
 }
 
+/// The calls that need no session (gRPC `ListSnapshots`, `GetSnapshot`,
+/// `DeleteSnapshot`): on the tenant's snapshots.
+pub(super) fn sessionless(
+    snaps: Option<&Arc<Snapshots>>,
+    call: &Call,
+) -> Result<Reply, GatewayError> {
+    let snaps = snaps.ok_or_else(unavailable)?;
+    match call {
+        Call::SnapshotList(_) => Ok(Reply::SnapshotList(ListResponse {
+            snapshots: snaps.store.list(),
+        })),
+        Call::SnapshotGet(p) => Ok(Reply::Snapshot(Box::new(snaps.store.get(&p.snapshot_id)?))),
+        Call::SnapshotDelete(p) => {
+            snaps.store.delete(&p.snapshot_id)?;
+            Ok(super::empty())
+        }
+        _ => Err(super::needs_session()),
+    }
+}
+
 /// `gateway/snapshot/create`: the session's workspace (the tenant's root,
 /// or its fork's) as it is at one instant.
-pub(super) async fn create(s: &LocalSession, p: CreateParams) -> Result<Reply, GatewayError> {
+pub(super) async fn create(
+    s: &LocalSession,
+    p: CreateParams,
+    audit: Option<Arc<crate::audit::Tag>>,
+) -> Result<Reply, GatewayError> {
     let snaps = of(s)?.clone();
     let workspace = match &s.shared.fork {
         Some(w) => w.path().to_path_buf(),
@@ -78,7 +102,23 @@ pub(super) async fn create(s: &LocalSession, p: CreateParams) -> Result<Reply, G
     .await
     .map_err(|e: FsError| GatewayError::Internal(e.to_string()))?;
     match taken {
-        Ok(meta) => Ok(Reply::Snapshot(Box::new(meta))),
+        Ok(meta) => {
+            if let Some(tag) = &audit {
+                crate::audit::emit(
+                    "snapshot.created",
+                    &tag.who(),
+                    serde_json::json!({
+                        "snapshot_id": meta.id,
+                        "name": meta.name,
+                        "digest": meta.digest,
+                        "bytes": meta.bytes,
+                        "entries": meta.entries,
+                        "image": meta.image,
+                    }),
+                );
+            }
+            Ok(Reply::Snapshot(Box::new(meta)))
+        }
         Err(e) => {
             if let SnapshotError::Io(why) = &e {
                 tracing::error!(tenant = %s.shared.env.tenant, error = %why, "snapshot");
@@ -98,7 +138,18 @@ pub(super) fn get(s: &LocalSession, p: &IdParams) -> Result<Reply, GatewayError>
     Ok(Reply::Snapshot(Box::new(of(s)?.store.get(&p.snapshot_id)?)))
 }
 
-pub(super) fn delete(s: &LocalSession, p: &IdParams) -> Result<Reply, GatewayError> {
+pub(super) fn delete(
+    s: &LocalSession,
+    p: &IdParams,
+    audit: Option<&crate::audit::Tag>,
+) -> Result<Reply, GatewayError> {
     of(s)?.store.delete(&p.snapshot_id)?;
+    if let Some(tag) = audit {
+        crate::audit::emit(
+            "snapshot.deleted",
+            &tag.who(),
+            serde_json::json!({ "snapshot_id": p.snapshot_id }),
+        );
+    }
     Ok(super::empty())
 }

@@ -512,6 +512,19 @@ async fn initialize(
             image,
         )
         .await?;
+    if let Some(id) = params.snapshot.as_deref()
+        && params.resume_session_id.is_none()
+    {
+        crate::audit::emit(
+            "snapshot.forked",
+            &crate::audit::Who {
+                tenant: Some(&session.tenant.name),
+                subject: caller.principal().subject.as_deref(),
+                session: Some(&session.id),
+            },
+            serde_json::json!({ "snapshot_id": id }),
+        );
+    }
     let reply = Reply::Initialize(InitializeResponse {
         session_id: session.id.clone(),
         environment_info: Some(Box::new(session.backend.environment())),
