@@ -1692,6 +1692,7 @@ async fn grpc_exec(
 async fn grpc_session(channel: tonic::transport::Channel, token: &str) -> BenchResult<String> {
     use exec_gateway::transport::grpc::pb;
     let mut req = tonic::Request::new(pb::CreateSessionRequest {
+        snapshot: String::new(),
         image: String::new(),
         client_name: "bench".into(),
     });

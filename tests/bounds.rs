@@ -441,6 +441,7 @@ async fn idle_sockets_from_one_source_do_not_lock_out_the_others() {
         .await
         .unwrap();
     let mut req = tonic::Request::new(exec_gateway::transport::grpc::pb::CreateSessionRequest {
+        snapshot: String::new(),
         image: String::new(),
         client_name: "t".into(),
     });

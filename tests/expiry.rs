@@ -169,6 +169,7 @@ async fn grpc_streams_end_when_a_reload_removes_their_tokens_key() {
     let mut procs = ProcessServiceClient::new(ch);
     let mut session = async |token: &str| {
         let req = pb::CreateSessionRequest {
+            snapshot: String::new(),
             image: String::new(),
             client_name: "t".into(),
         };

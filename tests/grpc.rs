@@ -26,6 +26,7 @@ async fn new_session(sessions: &mut SessionServiceClient<Channel>, token: &str) 
     sessions
         .create_session(authed(
             pb::CreateSessionRequest {
+                snapshot: String::new(),
                 image: String::new(),
                 client_name: "t".into(),
             },

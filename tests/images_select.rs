@@ -324,6 +324,7 @@ async fn grpc_create_session_chooses_an_image() {
     let create = |image: &str| {
         authed(
             pb::CreateSessionRequest {
+                snapshot: String::new(),
                 image: image.to_owned(),
                 client_name: "t".into(),
             },
@@ -636,6 +637,7 @@ async fn grpc_session(ch: &tonic::transport::Channel, token: &str, image: &str) 
     SessionServiceClient::new(ch.clone())
         .create_session(authed(
             pb::CreateSessionRequest {
+                snapshot: String::new(),
                 image: image.to_owned(),
                 client_name: "t".into(),
             },

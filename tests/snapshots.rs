@@ -305,3 +305,122 @@ async fn snapshots_are_bounded_and_their_tenants_own() {
         assert_eq!(code, -32602, "{bad}: {msg}");
     }
 }
+
+/// The gRPC door: CreateSnapshot on a session, ForkSessions (all or
+/// none), List, Get and Delete; a forked session resumed over JSON-RPC
+/// works in its fork.
+#[tokio::test]
+async fn grpc_snapshots_and_forks() {
+    use common::grpc::authed;
+    use exec_gateway::transport::grpc::pb;
+    use pb::session_service_client::SessionServiceClient;
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("max_forks_per_tenant = 3");
+    let r = root(&gw, "a");
+    let token = mint(&gw.secret, "a", SCOPES);
+    let mut sessions = SessionServiceClient::new(common::grpc::channel(&gw.grpc).await);
+    let mut a = client(&gw, "a").await;
+    let sid = a.initialize().await;
+    write(&mut a, &format!("{r}/g"), "grpc").await;
+    let snap = sessions
+        .create_snapshot(authed(
+            pb::CreateSnapshotRequest {
+                session_id: sid.clone(),
+                name: "over grpc".into(),
+                labels: [("k".to_owned(), "v".to_owned())].into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (snap.name.as_str(), snap.labels["k"].as_str()),
+        ("over grpc", "v")
+    );
+    let fork = |count| pb::ForkSessionsRequest {
+        snapshot_id: snap.id.clone(),
+        count,
+    };
+    // More than the tenant may have at once: none is made.
+    let e = sessions
+        .fork_sessions(authed(fork(4), &token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let ids = sessions
+        .fork_sessions(authed(fork(3), &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_ids;
+    assert_eq!(ids.len(), 3);
+    for (n, id) in ids.iter().enumerate() {
+        let mut c = client(&gw, "a").await;
+        c.resume(id).await;
+        assert_eq!(read(&mut c, &format!("{r}/g")).await.unwrap(), "grpc");
+        write(&mut c, &format!("{r}/g"), &format!("fork {n}")).await;
+        assert_eq!(
+            read(&mut c, &format!("{r}/g")).await.unwrap(),
+            format!("fork {n}")
+        );
+    }
+    let listed = sessions
+        .list_snapshots(authed(pb::ListSnapshotsRequest {}, &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshots;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].digest, snap.digest);
+    // Another tenant, and a token without the scope, get nothing.
+    let other = mint(&gw.secret, "b", SCOPES);
+    let e = sessions
+        .get_snapshot(authed(
+            pb::GetSnapshotRequest {
+                snapshot_id: snap.id.clone(),
+            },
+            &other,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let e = sessions
+        .delete_snapshot(authed(
+            pb::DeleteSnapshotRequest {
+                snapshot_id: snap.id.clone(),
+            },
+            &other,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let unscoped = mint(&gw.secret, "a", "exec fs:read fs:write");
+    let e = sessions
+        .list_snapshots(authed(pb::ListSnapshotsRequest {}, &unscoped))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    sessions
+        .delete_snapshot(authed(
+            pb::DeleteSnapshotRequest {
+                snapshot_id: snap.id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap();
+    let e = sessions
+        .get_snapshot(authed(
+            pb::GetSnapshotRequest {
+                snapshot_id: snap.id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}

@@ -51,3 +51,19 @@ def test_a_job_is_followed_by_three_clients_in_turn_without_a_gap(gateway, tmp_p
     assert rest.returncode == 0, rest
     expected = "".join(f"step {i}\n" for i in range(1, 21)) + "done\n"
     assert (first.stdout + second.stdout + rest.stdout).decode() == expected
+
+
+def test_four_fixes_are_tried_in_forks_and_the_passing_one_kept(gateway):
+    env = {**os.environ, "EXEC_GATEWAY_TARGET": gateway.target,
+           "EXEC_GATEWAY_TOKEN": gateway.token(scope="exec fs:read fs:write snapshot")}
+    r = subprocess.run([sys.executable, str(EXAMPLES / "fork_fixes.py")], env=env,
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r
+    assert r.stdout.decode().splitlines() == [
+        "before: exit 1",
+        "drop the +1: fail",
+        "guard empty: fail",
+        "both: pass",
+        "round it: fail",
+        "original unchanged: True",
+    ] + [l for l in r.stdout.decode().splitlines() if l.startswith("kept: both (")], r.stdout

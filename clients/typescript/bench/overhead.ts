@@ -81,7 +81,7 @@ async function raw(): Promise<{ spawn_p50_ms: number; throughput_mib_s: number }
   if (token) md.set("authorization", `Bearer ${token}`);
   try {
     const { sessionId } = await new Promise<sessionPb.CreateSessionResponse>((resolve, reject) =>
-      sessions.createSession({ clientName: "bench raw", image: "" }, md, (e, r) => (e ? reject(e) : resolve(r))),
+      sessions.createSession({ clientName: "bench raw", image: "", snapshot: "" }, md, (e, r) => (e ? reject(e) : resolve(r))),
     );
     const { cwd } = await new Promise<environment.GetInfoResponse>((resolve, reject) =>
       envs.getInfo({ sessionId }, md, (e, r) => (e ? reject(e) : resolve(r))),

@@ -10,7 +10,13 @@
 export { connect, Client, type SessionOptions } from "./client/client.js";
 export type { ConnectOptions, Pem, TokenSource } from "./client/connection.js";
 export type { CallOptions } from "./client/calls.js";
-export { Session, type RunOptions, type SpawnOptions, type StartOptions } from "./client/session.js";
+export {
+  Session,
+  type RunOptions,
+  type SnapshotOptions,
+  type SpawnOptions,
+  type StartOptions,
+} from "./client/session.js";
 export { Process, type EventsOptions } from "./client/process.js";
 export {
   Files,
@@ -35,6 +41,7 @@ export {
   type ProcessInfo,
   type ProcessStateName,
   type SignalName,
+  type Snapshot,
   type StreamName,
   type WalkEntry,
   type WalkResult,

@@ -45,6 +45,22 @@ describe("examples", { skip: skipReason() }, () => {
     assert.ok(!existsSync(state));
   });
 
+  test("fork-fixes tries four fixes in forks and keeps the passing one", async () => {
+    const r = await run(process.execPath, [path.join(EXAMPLES, "fork-fixes.js")], {
+      env: { ...env, EXEC_GATEWAY_TOKEN: gw.token({ tenant: "examples", scope: "exec fs:read fs:write snapshot" }) },
+    });
+    const lines = r.stdout.split("\n").filter((l) => l !== "");
+    assert.deepEqual(lines.slice(0, 6), [
+      "before: exit 1",
+      "drop the +1, integers: fail",
+      "sum only: fail",
+      "drop the +1: pass",
+      "halve twice: fail",
+      "original unchanged: true",
+    ]);
+    assert.match(lines[6] ?? "", /^kept: drop the \+1 \(/);
+  });
+
   test("run-tests streams a suite's output and exits with its code", async () => {
     const ok = await example("run-tests", ["--", "sh", "-c", "echo testing; echo CI=$CI; echo warn >&2"]);
     assert.equal(ok.stdout, "testing\nCI=1\n");

@@ -138,6 +138,7 @@ impl GrpcClient {
                         let req = pb::CreateSessionRequest {
                             image: client.opts.image.clone().unwrap_or_default(),
                             client_name: client.opts.client_name.clone(),
+                            snapshot: String::new(),
                         };
                         async move { c.create_session(req).await }
                     })

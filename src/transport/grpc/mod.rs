@@ -14,6 +14,7 @@ pub(crate) mod forward;
 mod inbound;
 mod io;
 mod services;
+mod sessions;
 
 pub use io::ServerIo;
 

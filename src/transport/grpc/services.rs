@@ -36,7 +36,7 @@ pub(super) type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + 
 /// The four services; cheap to clone.
 #[derive(Clone)]
 pub struct GrpcApi {
-    gw: Arc<Gateway>,
+    pub(super) gw: Arc<Gateway>,
 }
 
 pub(super) fn status(e: GatewayError) -> Status {
@@ -86,7 +86,7 @@ impl GrpcApi {
         Self { gw }
     }
 
-    fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
+    pub(super) fn session(&self, caller: &Caller, id: &str) -> Result<Arc<Session>, Status> {
         self.gw.check_local_owner(id).map_err(status)?;
         let session = self
             .gw
@@ -131,13 +131,13 @@ impl GrpcApi {
             if !elsewhere {
                 return Ok((FilePlace::Tenant, None));
             }
-            let session = self.new_session(caller, None).await?;
+            let session = self.new_session(caller, None, None).await?;
             return Ok((
                 FilePlace::PlaceOf(session.clone()),
                 Some(self.ephemeral(session)),
             ));
         }
-        let session = self.new_session(caller, None).await?;
+        let session = self.new_session(caller, None, None).await?;
         Ok((
             FilePlace::Session(session.clone()),
             Some(self.ephemeral(session)),
@@ -157,15 +157,16 @@ impl GrpcApi {
 
     /// A new session with no connection (running `image`, if asked and
     /// allowed); refused while draining.
-    async fn new_session(
+    pub(super) async fn new_session(
         &self,
         caller: &Caller,
         image: Option<&str>,
+        snapshot: Option<&str>,
     ) -> Result<Arc<Session>, Status> {
         if self.gw.is_draining() {
             return Err(status(crate::error::GatewayError::Draining));
         }
-        let image = crate::transport::connection::session_image(&self.gw, caller, image)
+        let image = crate::transport::connection::session_place(&self.gw, caller, image, snapshot)
             .await
             .map_err(status)?;
         self.gw
@@ -278,7 +279,7 @@ impl GrpcApi {
         }))
     }
 
-    async fn session_call(
+    pub(super) async fn session_call(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -474,66 +475,6 @@ pub(super) fn finish<T: Send + 'static>(
 }
 
 #[tonic::async_trait]
-impl pb::session_service_server::SessionService for GrpcApi {
-    async fn create_session(
-        &self,
-        req: Request<pb::CreateSessionRequest>,
-    ) -> Result<Response<pb::CreateSessionResponse>, Status> {
-        let caller = caller(&req)?;
-        let image = Some(req.get_ref().image.as_str()).filter(|i| !i.is_empty());
-        let session = self.new_session(&caller, image).await?;
-        Ok(Response::new(pb::CreateSessionResponse {
-            session_id: session.id.clone(),
-        }))
-    }
-
-    async fn resume_session(
-        &self,
-        req: Request<pb::ResumeSessionRequest>,
-    ) -> Result<Response<pb::ResumeSessionResponse>, Status> {
-        let caller = caller(&req)?;
-        let id = &req.get_ref().session_id;
-        let session = match self.session(&caller, id) {
-            Ok(s) => s,
-            // Not held here: an executor session is resumed on its
-            // executor (after a restart of this gateway, say).
-            // (It runs no image, so a token with an `image` claim may not.)
-            Err(e)
-                if e.code() == tonic::Code::NotFound
-                    && caller.tenant().remote.is_some()
-                    && caller.principal().image.is_none() =>
-            {
-                self.gw
-                    .sessions
-                    .resume_detached(caller.tenant(), caller.principal().subject.as_deref(), id)
-                    .await
-                    .map_err(status)?
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(Response::new(pb::ResumeSessionResponse {
-            session_id: session.id.clone(),
-        }))
-    }
-
-    async fn close_session(
-        &self,
-        req: Request<pb::CloseSessionRequest>,
-    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let caller = caller(&req)?;
-        // Closing ends the session's processes: a token that may not run
-        // them may not end them either.
-        let exec = crate::auth::Scope::Exec;
-        if !caller.principal().scopes.grants(exec) {
-            return Err(status(GatewayError::MissingScope(exec.name())));
-        }
-        let session = self.session(&caller, &req.get_ref().session_id)?;
-        self.gw.sessions.remove(&session);
-        Ok(Response::new(pb::CloseSessionResponse {}))
-    }
-}
-
-#[tonic::async_trait]
 impl pb::process_service_server::ProcessService for GrpcApi {
     async fn start(
         &self,
@@ -717,7 +658,7 @@ impl pb::process_service_server::ProcessService for GrpcApi {
         // No session given: one just for this call, removed when it ends
         // (or as soon as the call fails or its client goes away).
         let (session, ephemeral) = if r.session_id.is_empty() {
-            let session = self.new_session(&caller, None).await?;
+            let session = self.new_session(&caller, None, None).await?;
             (session.clone(), Some(self.ephemeral(session)))
         } else {
             (self.session(&caller, &r.session_id)?, None)

@@ -23,8 +23,8 @@ from ._files import Files
 from ._link import DEFAULT_RESUME_WITHIN, FILE_CHUNK_BYTES
 from ._process import Process
 from ._types import (Closed, DirEntry, EnvironmentInfo, Event, Exited, ExitStatus, Metadata,
-                     Output, OutputLost, ProcessInfo, Result, SignalName, StreamName,
-                     WalkEntry, WalkError, WalkResult)
+                     Output, OutputLost, ProcessInfo, Result, SignalName, Snapshot,
+                     StreamName, WalkEntry, WalkError, WalkResult)
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,7 @@ __all__ = [
     "connect", "Client", "Session", "Process", "Files",
     "Event", "Output", "Exited", "Closed", "OutputLost", "ExitStatus", "Result",
     "ProcessInfo", "DirEntry", "Metadata", "WalkEntry", "WalkError", "WalkResult",
-    "EnvironmentInfo", "SignalName", "StreamName",
+    "EnvironmentInfo", "SignalName", "StreamName", "Snapshot",
     "ExecGatewayError", "ConnectionLost", "Unauthenticated", "Forbidden", "NotFound",
     "OwnerRestarted", "AlreadyExists", "InvalidArgument", "SessionAttached", "Unavailable",
     "Overloaded", "RateLimited", "ShuttingDown", "OwnerUnavailable", "ExecutorUnavailable",

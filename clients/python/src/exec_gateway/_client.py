@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from typing import Optional
+from typing import Optional, Union
 
 import grpc
 
@@ -12,7 +12,8 @@ from ._errors import CommandTimeout, ExecGatewayError, OutputLimitExceeded, Unau
 from ._files import Files
 from ._link import DEFAULT_RESUME_WITHIN, Link, PemSource, Token
 from ._process import Process, launch, new_process_id, spec
-from ._types import (EnvironmentInfo, Exited, Output, OutputLost, ProcessInfo, Result)
+from ._types import (EnvironmentInfo, Exited, Output, OutputLost, ProcessInfo, Result,
+                     Snapshot)
 from .v1 import environment_pb2
 from .v1 import process_pb2 as ppb
 from .v1 import session_pb2 as spb
@@ -83,15 +84,19 @@ class Client:
         await self.close()
 
     async def session(self, resume: Optional[str] = None, *,
-                      image: Optional[str] = None) -> "Session":
+                      image: Optional[str] = None,
+                      snapshot: Union[str, Snapshot, None] = None) -> "Session":
         """A new session, or the tenant's session `resume` (started by this
         client or another, before a restart say). A new session's processes
         see `image` as `/`: a reference the tenant may use (its own image,
         or one its `images` allow); default: the tenant's own image (or the
-        token's `image` claim), if any. A resumed session keeps its image."""
+        token's `image` claim), if any. A resumed session keeps its image.
+        A new session with `snapshot` works in a copy-on-write fork of it,
+        on the image it was taken on."""
         link = self.link
-        if resume is not None and image is not None:
-            raise ValueError("a resumed session keeps its image: pass resume or image, not both")
+        if resume is not None and (image is not None or snapshot is not None):
+            raise ValueError("a resumed session keeps its image and workspace: "
+                             "pass resume, or image and snapshot, not both")
         if resume is not None:
             await link.call(lambda: link.sessions.ResumeSession(
                 spb.ResumeSessionRequest(session_id=resume), metadata=link.metadata()))
@@ -100,12 +105,45 @@ class Client:
             # A retried create may leave the first attempt's session behind;
             # unused, the gateway removes it after its detach TTL.
             resp = await link.call(lambda: link.sessions.CreateSession(
-                spb.CreateSessionRequest(client_name=self.client_name, image=image or ""),
+                spb.CreateSessionRequest(client_name=self.client_name, image=image or "",
+                                         snapshot=_snapshot_id(snapshot)),
                 metadata=link.metadata()))
             session_id = resp.session_id
         session = Session(self, session_id)
         self._sessions.add(session)
         return session
+
+    async def fork(self, snapshot: Union[str, Snapshot], n: int = 1) -> list["Session"]:
+        """`n` new sessions, each working in a copy-on-write fork of
+        `snapshot` (all of them, or none: QuotaExceeded past the tenant's
+        `max_forks_per_tenant`)."""
+        link = self.link
+        resp = await link.call(lambda: link.sessions.ForkSessions(
+            spb.ForkSessionsRequest(snapshot_id=_snapshot_id(snapshot), count=n),
+            metadata=link.metadata()))
+        sessions = [Session(self, sid) for sid in resp.session_ids]
+        self._sessions.update(sessions)
+        return sessions
+
+    async def snapshots(self) -> list[Snapshot]:
+        """The tenant's snapshots, oldest first."""
+        link = self.link
+        resp = await link.call(lambda: link.sessions.ListSnapshots(
+            spb.ListSnapshotsRequest(), metadata=link.metadata()))
+        return [_snapshot(s) for s in resp.snapshots]
+
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """One of the tenant's snapshots (NotFound: not the tenant's)."""
+        link = self.link
+        return _snapshot(await link.call(lambda: link.sessions.GetSnapshot(
+            spb.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=link.metadata())))
+
+    async def delete_snapshot(self, snapshot: Union[str, Snapshot]) -> None:
+        """Deletes one of the tenant's snapshots; forks working on it keep it."""
+        link = self.link
+        await link.call(lambda: link.sessions.DeleteSnapshot(
+            spb.DeleteSnapshotRequest(snapshot_id=_snapshot_id(snapshot)),
+            metadata=link.metadata()))
 
     async def environment_info(self) -> EnvironmentInfo:
         """Where calls without a session run: the tenant's root."""
@@ -308,6 +346,16 @@ class Session:
         """Where the session runs: shell, cwd, home, platform, capabilities."""
         return await _environment_info(self.client.link, self.id)
 
+    async def snapshot(self, name: Optional[str] = None,
+                       labels: Optional[dict[str, str]] = None) -> Snapshot:
+        """Saves this session's workspace as it is now (its processes held
+        still for the copy); fork sessions from it with `client.fork`."""
+        link = self.client.link
+        return _snapshot(await link.call(lambda: link.sessions.CreateSnapshot(
+            spb.CreateSnapshotRequest(session_id=self.id, name=name or "",
+                                      labels=labels or {}),
+            metadata=link.metadata())))
+
 
 async def _kill_started(process: Process, launching: "asyncio.Future[None]") -> None:
     try:
@@ -344,3 +392,15 @@ async def _environment_info(link: Link, session_id: str) -> EnvironmentInfo:
         prepend_path_dirs=list(i.prepend_path_dirs),
         temporary_directories=list(i.temporary_directories),
         capabilities=dict(i.capabilities))
+
+
+def _snapshot_id(snapshot: Union[str, Snapshot, None]) -> str:
+    if snapshot is None:
+        return ""
+    return snapshot if isinstance(snapshot, str) else snapshot.id
+
+
+def _snapshot(s: "spb.Snapshot") -> Snapshot:
+    return Snapshot(id=s.id, name=s.name or None, labels=dict(s.labels), image=s.image or None,
+                    digest=s.digest, bytes=s.bytes, entries=s.entries, skipped=s.skipped,
+                    created_at_ms=s.created_at_ms, expires_at_ms=s.expires_at_ms)

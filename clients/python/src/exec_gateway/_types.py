@@ -125,3 +125,21 @@ class EnvironmentInfo:
     prepend_path_dirs: list[str] = field(default_factory=list)
     temporary_directories: list[str] = field(default_factory=list)
     capabilities: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved workspace (`Session.snapshot()`), to fork sessions from."""
+    id: str
+    name: Optional[str]
+    labels: dict[str, str]
+    #: The image the workspace ran on (None: the host's userland).
+    image: Optional[str]
+    #: `sha256:` of the workspace's deterministic tar stream.
+    digest: str
+    bytes: int
+    entries: int
+    #: FIFOs, sockets, devices and mount points left out.
+    skipped: int
+    created_at_ms: int
+    expires_at_ms: int

@@ -25,7 +25,7 @@ from ._files import PathLike
 from ._link import DEFAULT_RESUME_WITHIN, PemSource, Token
 from ._process import Process as _AsyncProcess
 from ._types import (DirEntry, EnvironmentInfo, Event, ExitStatus, Metadata, ProcessInfo,
-                     Result, SignalName, WalkResult)
+                     Result, SignalName, Snapshot, WalkResult)
 
 T = TypeVar("T")
 
@@ -133,8 +133,22 @@ class Client:
         self.close()
 
     def session(self, resume: Optional[str] = None, *,
-                image: Optional[str] = None) -> "Session":
-        return Session(self._loop, self._loop.run(self._inner.session(resume, image=image)))
+                image: Optional[str] = None,
+                snapshot: Union[str, Snapshot, None] = None) -> "Session":
+        return Session(self._loop, self._loop.run(
+            self._inner.session(resume, image=image, snapshot=snapshot)))
+
+    def fork(self, snapshot: Union[str, Snapshot], n: int = 1) -> list["Session"]:
+        return [Session(self._loop, s) for s in self._loop.run(self._inner.fork(snapshot, n))]
+
+    def snapshots(self) -> list[Snapshot]:
+        return self._loop.run(self._inner.snapshots())
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self._loop.run(self._inner.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot: Union[str, Snapshot]) -> None:
+        self._loop.run(self._inner.delete_snapshot(snapshot))
 
     def environment_info(self) -> EnvironmentInfo:
         return self._loop.run(self._inner.environment_info())
@@ -185,6 +199,10 @@ class Session:
 
     def environment_info(self) -> EnvironmentInfo:
         return self._loop.run(self._inner.environment_info())
+
+    def snapshot(self, name: Optional[str] = None,
+                 labels: Optional[dict[str, str]] = None) -> Snapshot:
+        return self._loop.run(self._inner.snapshot(name, labels))
 
     def detach(self) -> None:
         self._loop.loop.call_soon_threadsafe(self._inner.detach)

@@ -5,7 +5,7 @@ import { bind, Caller, unaryOnce, type CallOptions } from "./calls.js";
 import { Connection, type ConnectOptions } from "./connection.js";
 import { Files } from "./files.js";
 import { RootResolver, Session } from "./session.js";
-import { toEnvironmentInfo, type EnvironmentInfo } from "./types.js";
+import { toEnvironmentInfo, toSnapshot, type EnvironmentInfo, type Snapshot } from "./types.js";
 
 export interface SessionOptions extends CallOptions {
   /** Resume this session (one of this tenant's) instead of creating one. */
@@ -17,7 +17,15 @@ export interface SessionOptions extends CallOptions {
    * claim), if any. A resumed session keeps its image: not with `resume`.
    */
   image?: string;
+  /**
+   * A snapshot of the tenant's (or its id): the new session works in a
+   * copy-on-write fork of it, on the image it was taken on. Needs the
+   * token's `snapshot` scope. Not with `resume`.
+   */
+  snapshot?: Snapshot | string;
 }
+
+const snapshotId = (s: Snapshot | string | undefined): string => (typeof s === "string" ? s : (s?.id ?? ""));
 
 export class Client {
   /** The tenant's files without a session (its root). */
@@ -43,8 +51,10 @@ export class Client {
   async session(opts: SessionOptions = {}): Promise<Session> {
     const { sessions, clientName } = this.#caller.conn;
     const resume = opts.resume;
-    if (resume !== undefined && opts.image !== undefined) {
-      throw new TypeError("a resumed session keeps its image: pass resume or image, not both");
+    if (resume !== undefined && (opts.image !== undefined || opts.snapshot !== undefined)) {
+      throw new TypeError(
+        "a resumed session keeps its image and workspace: pass resume, or image and snapshot, not both",
+      );
     }
     if (resume !== undefined) {
       const r = await this.#caller.unary(opts, true, bind(sessions.resumeSession, sessions, { sessionId: resume }));
@@ -53,9 +63,55 @@ export class Client {
     // Retried like the rest: a creation whose answer was lost leaves a
     // session nobody uses, which the gateway removes after its detach TTL.
     const r = await this.#caller.retrying(opts, true, (a) =>
-      unaryOnce(bind(sessions.createSession, sessions, { clientName, image: opts.image ?? "" }), a, opts.signal),
+      unaryOnce(
+        bind(sessions.createSession, sessions, {
+          clientName,
+          image: opts.image ?? "",
+          snapshot: snapshotId(opts.snapshot),
+        }),
+        a,
+        opts.signal,
+      ),
     );
     return this.track(new Session(this.#caller, r.sessionId, this.forget));
+  }
+
+  /**
+   * `n` new sessions, each working in a copy-on-write fork of `snapshot`:
+   * all of them or none (`QuotaExceeded` past the tenant's
+   * `max_forks_per_tenant`).
+   */
+  async fork(snapshot: Snapshot | string, n = 1, opts: CallOptions = {}): Promise<Session[]> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(
+      opts,
+      false,
+      bind(sessions.forkSessions, sessions, { snapshotId: snapshotId(snapshot), count: n }),
+    );
+    return r.sessionIds.map((id) => this.track(new Session(this.#caller, id, this.forget)));
+  }
+
+  /** The tenant's snapshots, oldest first. */
+  async snapshots(opts?: CallOptions): Promise<Snapshot[]> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(opts, true, bind(sessions.listSnapshots, sessions, {}));
+    return r.snapshots.map(toSnapshot);
+  }
+
+  /** One of the tenant's snapshots (`NotFound`: not the tenant's). */
+  async getSnapshot(id: string, opts?: CallOptions): Promise<Snapshot> {
+    const { sessions } = this.#caller.conn;
+    return toSnapshot(await this.#caller.unary(opts, true, bind(sessions.getSnapshot, sessions, { snapshotId: id })));
+  }
+
+  /** Delete one of the tenant's snapshots; forks working on it keep it. */
+  async deleteSnapshot(snapshot: Snapshot | string, opts?: CallOptions): Promise<void> {
+    const { sessions } = this.#caller.conn;
+    await this.#caller.unary(
+      opts,
+      false,
+      bind(sessions.deleteSnapshot, sessions, { snapshotId: snapshotId(snapshot) }),
+    );
   }
 
   private track(s: Session): Session {

@@ -9,7 +9,22 @@ import { Files, type Resolve } from "./files.js";
 import { launch } from "./launch.js";
 import { Process } from "./process.js";
 import { runCommand } from "./run.js";
-import { toEnvironmentInfo, toProcessInfo, type EnvironmentInfo, type ProcessInfo, type RunResult } from "./types.js";
+import {
+  toEnvironmentInfo,
+  toProcessInfo,
+  toSnapshot,
+  type EnvironmentInfo,
+  type ProcessInfo,
+  type RunResult,
+  type Snapshot,
+} from "./types.js";
+
+export interface SnapshotOptions extends CallOptions {
+  /** 1-128 bytes. */
+  name?: string;
+  /** At most 32; keys of 1-63 letters, digits and `-_./`. */
+  labels?: Record<string, string>;
+}
 
 export interface SpawnOptions {
   /** Working directory: absolute, or relative to the tenant's root (the default). */
@@ -196,6 +211,25 @@ export class Session {
   /** The handle of a process started earlier, by this client or another. */
   process(processId: string): Process {
     return new Process(this.#caller, this.id, processId);
+  }
+
+  /**
+   * Save the session's workspace as it is now (its processes held still
+   * for the copy); fork sessions from it with `client.fork`. Needs the
+   * token's `snapshot` scope.
+   */
+  async snapshot(opts: SnapshotOptions = {}): Promise<Snapshot> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(
+      opts,
+      false,
+      bind(sessions.createSnapshot, sessions, {
+        sessionId: this.id,
+        name: opts.name ?? "",
+        labels: opts.labels ?? {},
+      }),
+    );
+    return toSnapshot(r);
   }
 
   /** The session's processes. */

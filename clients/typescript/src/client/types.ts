@@ -13,6 +13,39 @@ import type {
   WalkResponse,
 } from "../gen/exec_gateway/v1/file.js";
 import { WalkEntryKind } from "../gen/exec_gateway/v1/file.js";
+import type { Snapshot as PbSnapshot } from "../gen/exec_gateway/v1/session.js";
+
+/** A saved workspace (`session.snapshot()`), to fork sessions from. */
+export interface Snapshot {
+  id: string;
+  name: string | null;
+  labels: Record<string, string>;
+  /** The image the workspace ran on (null: the host's userland). */
+  image: string | null;
+  /** `sha256:` of the workspace's deterministic tar stream. */
+  digest: string;
+  bytes: number;
+  entries: number;
+  /** FIFOs, sockets, devices and mount points left out. */
+  skipped: number;
+  createdAtMs: number;
+  expiresAtMs: number;
+}
+
+export function toSnapshot(s: PbSnapshot): Snapshot {
+  return {
+    id: s.id,
+    name: s.name || null,
+    labels: { ...s.labels },
+    image: s.image || null,
+    digest: s.digest,
+    bytes: Number(s.bytes),
+    entries: Number(s.entries),
+    skipped: Number(s.skipped),
+    createdAtMs: Number(s.createdAtMs),
+    expiresAtMs: Number(s.expiresAtMs),
+  };
+}
 
 export type StreamName = "stdout" | "stderr" | "pty";
 

@@ -49,6 +49,11 @@ export class FakeGateway {
       createSession: (_call, cb) => cb(null, { sessionId: FAKE_SESSION }),
       resumeSession: (call, cb) => cb(null, { sessionId: call.request.sessionId }),
       closeSession: (_call, cb) => cb(null, {}),
+      createSnapshot: (_call, cb) => cb(unimplemented()),
+      listSnapshots: (_call, cb) => cb(unimplemented()),
+      getSnapshot: (_call, cb) => cb(unimplemented()),
+      deleteSnapshot: (_call, cb) => cb(unimplemented()),
+      forkSessions: (_call, cb) => cb(unimplemented()),
     } satisfies session.SessionServiceServer);
     server.addService(environment.EnvironmentServiceService, {
       getInfo: (_call, cb) => cb(null, environment.GetInfoResponse.fromPartial({ cwd: FAKE_ROOT })),
@@ -104,4 +109,13 @@ function wrap(
     };
   }
   return impl;
+}
+
+/** What the fake answers for what it does not serve. */
+function unimplemented(): ServiceError {
+  return Object.assign(new Error("not served by the fake gateway"), {
+    code: status.UNIMPLEMENTED,
+    details: "not served by the fake gateway",
+    metadata: new Metadata(),
+  });
 }
