@@ -87,6 +87,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
             min: 1,
             max: 1,
             metrics: None,
+            gate: Default::default(),
         })
         .map_err(|e| format!("a probe worker could not start: {e}"))?;
         pool.kill_all();

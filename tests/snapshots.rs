@@ -424,3 +424,193 @@ async fn grpc_snapshots_and_forks() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 }
+
+/// Guards (attack review): a capture reads as the tenant, so a fork never
+/// shows what the tenant could not read; names that are not UTF-8 are
+/// skipped, not fatal; an unchanged fork snapshots to the same digest (its
+/// tree is the snapshot's: modes and directory times kept).
+#[tokio::test]
+async fn a_fork_holds_what_the_tenant_could_read_and_nothing_else() {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("");
+    let r = root(&gw, "a");
+    let mut origin = session(&gw, "a").await;
+    let (out, code) = sh(
+        &mut origin,
+        "mk",
+        &r,
+        "mkdir -p d/e && echo mine > d/e/f && chmod 751 d",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    // Another user's private file and directory in the tenant's root.
+    let secret = Path::new(&r).join("secret");
+    std::fs::write(&secret, "not yours").unwrap();
+    std::os::unix::fs::chown(&secret, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let hidden = Path::new(&r).join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    std::fs::write(hidden.join("x"), "not yours either").unwrap();
+    std::os::unix::fs::chown(&hidden, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(
+        Path::new(&r).join(std::ffi::OsStr::from_bytes(b"bad\xffname")),
+        "x",
+    )
+    .unwrap();
+    let (_, code) = sh(&mut origin, "try", &r, "cat secret || ls hidden").await;
+    assert_ne!(code, 0, "the tenant can read them: the test proves nothing");
+
+    let snap = snapshot(&mut origin, json!({})).await;
+    assert_eq!(snap["skipped"], 3, "{snap}");
+    let mut c = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
+    let (out, code) = sh(&mut c, "look", &r, "ls -A; cat d/e/f; stat -c %a . d").await;
+    assert_eq!(code, 0, "{out}");
+    let root_mode = std::fs::metadata(&r).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(out, format!("d\nmine\n{root_mode:o}\n751\n"));
+    assert!(read(&mut c, &format!("{r}/secret")).await.is_err());
+    // Unchanged, the fork's workspace is the snapshot.
+    let again = snapshot(&mut c, json!({})).await;
+    assert_eq!(again["digest"], snap["digest"], "{again} {snap}");
+}
+
+/// Guards (attack review): bytes taken by a capture that fails are given
+/// back; the tenant's share overrun is a quota error naming the limit;
+/// entries the walk skips count against `max_entries`.
+#[tokio::test]
+async fn failed_captures_give_their_bytes_back_and_skipped_entries_count() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mib = 1 << 20;
+    let gw = gateway(&format!(
+        "max_tenant_bytes = {}\nmax_entries = 300",
+        8 * mib
+    ));
+    let r = root(&gw, "a");
+    let mut a = session(&gw, "a").await;
+    let deep = (0..130)
+        .map(|i| format!("d{i}"))
+        .collect::<Vec<_>>()
+        .join("/");
+    let (out, code) = sh(
+        &mut a,
+        "mk",
+        &r,
+        &format!("head -c 5000000 /dev/zero > big && mkdir -p {deep}"),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    for _ in 0..3 {
+        let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
+        assert_eq!(code, -32602, "{msg}");
+        assert!(msg.contains("deeper than"), "{msg}");
+    }
+    let (_, code) = sh(&mut a, "rm", &r, "rm -r d0").await;
+    assert_eq!(code, 0);
+    // Three failed captures of 5 MB each would leave no room for this.
+    let snap = snapshot(&mut a, json!({})).await;
+    assert!(snap["bytes"].as_u64().unwrap() > 5_000_000, "{snap}");
+    let (_, code) = sh(&mut a, "more", &r, "head -c 5000000 /dev/zero > big2").await;
+    assert_eq!(code, 0);
+    let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
+    assert_eq!(code, -32006, "{msg}");
+    assert_eq!(
+        msg,
+        format!(
+            "quota exceeded: snapshot bytes kept by the tenant (limit {})",
+            8 * mib
+        )
+    );
+    a.call("gateway/snapshot/delete", json!({"snapshotId": snap["id"]}))
+        .await;
+    let (_, code) = sh(
+        &mut a,
+        "fifos",
+        &r,
+        "rm big big2; for i in $(seq 1 400); do mkfifo p$i; done",
+    )
+    .await;
+    assert_eq!(code, 0);
+    let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
+    assert_eq!(code, -32602, "{msg}");
+    assert!(msg.contains("more than 300 entries"), "{msg}");
+}
+
+/// Guards (attack review): a deleted snapshot's files are emptied when
+/// its last fork ends, so a descriptor a tenant passed out of a fork holds
+/// no store disk; and a second gateway cannot open a store in use.
+#[tokio::test]
+async fn a_deleted_snapshot_holds_no_disk_through_a_passed_descriptor() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gw = gateway("");
+    let r = root(&gw, "a");
+    let mut origin = session(&gw, "a").await;
+    let (_, code) = sh(&mut origin, "mk", &r, "head -c 3000000 /dev/zero > big").await;
+    assert_eq!(code, 0);
+    let snap = snapshot(&mut origin, json!({})).await;
+    // A holder in the original session (the tenant's /tmp is shared by
+    // its sessions) takes a descriptor from the fork, and reports its
+    // size when asked.
+    let holder = "import os, socket, sys\n\
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n\
+        s.bind('/tmp/holder.sock')\n\
+        print('ready', flush=True)\n\
+        _, fds, _, _ = socket.recv_fds(s, 16, 1)\n\
+        for line in sys.stdin:\n    print(os.fstat(fds[0]).st_size, flush=True)\n";
+    origin
+        .call(
+            "process/start",
+            json!({"processId": "holder", "argv": ["python3", "-c", holder], "cwd": r,
+                   "env": {"PATH": "/bin:/usr/bin"}, "tty": false, "pipeStdin": true}),
+        )
+        .await;
+    assert_eq!(origin.first_line("holder").await, "ready");
+    let sender = "import socket\n\
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n\
+        s.connect('/tmp/holder.sock')\n\
+        f = open('big', 'rb')\n\
+        socket.send_fds(s, [b'x'], [f.fileno()])\n";
+    let mut f = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
+    let (out, code) = sh(&mut f, "send", &r, &format!("python3 -c \"{sender}\"")).await;
+    assert_eq!(code, 0, "{out}");
+    f.call("session/close", json!({})).await;
+    origin
+        .call("gateway/snapshot/delete", json!({"snapshotId": snap["id"]}))
+        .await;
+    origin
+        .call(
+            "process/write",
+            json!({"processId": "holder", "chunk": common::b64(b"size\n")}),
+        )
+        .await;
+    let text = origin.first_line("holder").await;
+    assert_eq!(text, "0", "the store's file kept its bytes");
+
+    // One gateway per store.
+    let store = gw.dir.path().join("snapshots");
+    let second = Gateway::start_with(|d| {
+        std::fs::create_dir_all(d.join("a")).unwrap();
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [snapshots]\nstore = \"{s}\"\n[tenants.a]\nroot = \"{d}/a\"\n",
+            d = d.display(),
+            s = store.display()
+        )
+    });
+    let mut c = Client::connect(&second.url, &mint(&second.secret, "a", SCOPES)).await;
+    c.initialize().await;
+    let (code, msg) = c.call_err("gateway/snapshot/list", json!({})).await;
+    assert_eq!(code, -32602, "{msg}");
+    assert!(msg.contains("cannot take snapshots"), "{msg}");
+    assert!(read(&mut origin, &format!("{r}/big")).await.is_ok());
+}

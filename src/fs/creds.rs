@@ -5,14 +5,14 @@
 /// operation, and back to the gateway's when dropped. `setfsuid` is per
 /// thread, and a non-zero fsuid drops the thread's file capabilities
 /// (`CAP_DAC_OVERRIDE`...), so the kernel checks the tenant's permissions.
-pub(super) struct FsCreds {
+pub struct FsCreds {
     uid: libc::uid_t,
     gid: libc::gid_t,
 }
 
 impl FsCreds {
     #[allow(unsafe_code)]
-    pub(super) fn assume((uid, gid): (u32, u32)) -> FsCreds {
+    pub fn assume((uid, gid): (u32, u32)) -> FsCreds {
         // SAFETY: setfsgid/setfsuid affect only this thread's credentials and
         // return the previous ids; they cannot fail in a way that matters
         // here (an unknown id is still applied).

@@ -119,6 +119,27 @@ impl FsRoot {
         Ok(self)
     }
 
+    /// A descriptor of the root directory as file operations reach it (its
+    /// idmapped tree, a fork's overlay); none for the host.
+    pub fn dir_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        match &self.kind {
+            RootKind::Host => None,
+            RootKind::Confined { dir, .. } => {
+                use std::os::fd::AsFd as _;
+                // Opened anew for reading (the root may be held `O_PATH`).
+                rustix::fs::openat(
+                    dir.as_fd(),
+                    ".",
+                    rustix::fs::OFlags::RDONLY
+                        | rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .ok()
+            }
+        }
+    }
+
     /// Who file operations run as (uid, gid), if set.
     pub fn creds(&self) -> Option<(u32, u32)> {
         self.creds

@@ -20,15 +20,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use super::capture::{CaptureError, capture, chown_tree};
+use super::capture::{CaptureError, Source, capture, chown_tree};
 use super::tree::Tree;
 use super::workspace::Workspace;
 use super::{Snapshot, SnapshotError, check_meta, is_id};
 use crate::config::SnapshotsSettings;
-use crate::image::unpack::{Budget, Room as _};
+use crate::image::unpack::Room as _;
 
 /// Every tenant's snapshots.
 pub struct SnapshotStore {
+    /// Holds the store's lock (`flock` on `lock`): one gateway per store.
+    _lock: std::fs::File,
     settings: SnapshotsSettings,
     tenants: Mutex<HashMap<String, Arc<TenantSnapshots>>>,
 }
@@ -76,9 +78,26 @@ impl SnapshotStore {
         for sub in ["tenants", "tmp", "forks"] {
             mkdir_private(&root.join(sub)).map_err(io_err("creating the store"))?;
         }
+        // Another gateway on this store would remove this one's forks and
+        // captures as left over: the second is refused.
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join("lock"))
+            .map_err(io_err("opening the store's lock"))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |_| {
+                SnapshotError::Io(format!(
+                    "{} is in use by another gateway (one gateway per store)",
+                    root.display()
+                ))
+            },
+        )?;
         super::workspace::clear_forks(&root.join("forks"));
         clear_dir(&root.join("tmp"));
         Ok(Arc::new(SnapshotStore {
+            _lock: lock,
             settings: settings.clone(),
             tenants: Mutex::new(HashMap::new()),
         }))
@@ -227,16 +246,14 @@ impl TenantSnapshots {
         self.capturing.clone().acquire_owned().await.ok()
     }
 
-    /// Capture `workspace` (blocking: call off the async threads, holding
+    /// Capture `source` (blocking: call off the async threads, holding
     /// [`Self::capture_permit`]). `hold` freezes the tenant's processes
     /// for the walk. The tree is given to `owner` (uid, gid) for forks.
-    #[allow(clippy::too_many_arguments)]
     pub fn take<G: Send>(
         &self,
-        workspace: &Path,
+        source: Source,
         image: Option<String>,
-        name: Option<String>,
-        labels: BTreeMap<String, String>,
+        (name, labels): (Option<String>, BTreeMap<String, String>),
         owner: Option<(u32, u32)>,
         hold: impl FnOnce() -> io::Result<G>,
     ) -> Result<Snapshot, SnapshotError> {
@@ -253,13 +270,13 @@ impl TenantSnapshots {
         let work = self.tmp.join(&id);
         let tree = work.join("tree");
         mkdir_private(&tree).map_err(io_err("creating the capture's directory"))?;
-        let left = self.room.load(Ordering::SeqCst).max(0) as u64;
-        let budget = Budget {
-            bytes: left.saturating_add(1 << 20),
-            entries: self.settings.max_entries,
-            whiteouts: false,
-        };
-        let captured = capture(workspace, &tree, budget, self.room.as_ref(), hold);
+        let captured = capture(
+            source,
+            &tree,
+            self.settings.max_entries,
+            self.room.as_ref(),
+            hold,
+        );
         let captured = match captured {
             Ok(c) => c,
             Err(e) => {

@@ -53,7 +53,18 @@ impl BuildContext {
     /// Tenant `name`'s snapshots (the store opened at first need); none,
     /// logged, when the store cannot be opened.
     fn snapshots_of(&self, name: &str) -> Option<Arc<crate::snapshot::TenantSnapshots>> {
-        let store = {
+        let store = self.snapshot_store()?;
+        store
+            .tenant(name)
+            .map_err(|e| tracing::error!(tenant = name, error = %e, "the tenant's snapshots"))
+            .ok()
+    }
+
+    /// The snapshot store, opened at first need (or at start: what a
+    /// killed gateway left mounted goes then); none, logged, when it cannot
+    /// be opened.
+    pub fn snapshot_store(&self) -> Option<Arc<crate::snapshot::SnapshotStore>> {
+        {
             let mut store = self.snapshot_store.lock();
             match store.as_ref() {
                 Some(s) => s.clone(),
@@ -68,11 +79,8 @@ impl BuildContext {
                     }
                 },
             }
-        };
-        store
-            .tenant(name)
-            .map_err(|e| tracing::error!(tenant = name, error = %e, "the tenant's snapshots"))
-            .ok()
+        }
+        .into()
     }
 }
 
@@ -281,16 +289,19 @@ fn build_rest(
         None
     };
     phases.mark("cgroup");
+    // One for all the tenant's pools: a snapshot freezes them all.
+    let gate = crate::worker::Gate::default();
     // Sessions that choose another image than the tenant's get workers
     // of their own for it, confined the same way.
     let image_pools: Option<crate::backend::local::PoolFactory> =
         images_possible(t, layers).then(|| {
-            let (name, mut t, spec, cgroup, tm) = (
+            let (name, mut t, spec, cgroup, tm, gate) = (
                 name.to_owned(),
                 t.clone(),
                 spec.clone(),
                 cgroup.clone(),
                 tm.clone(),
+                gate.clone(),
             );
             t.workers_min = 1;
             let start: crate::backend::local::PoolFactory = Box::new(move |place| {
@@ -302,7 +313,8 @@ fn build_rest(
                     spec = with_workspace(&spec, w.path())?;
                 }
                 let sandbox = worker_sandbox(&name, spec, cgroup.as_deref()).map_err(|e| e.0)?;
-                start_workers(&name, &t, sandbox, cgroup.as_deref(), tm.clone()).map_err(|e| e.0)
+                start_workers(&name, &t, sandbox, (cgroup.as_deref(), &gate), tm.clone())
+                    .map_err(|e| e.0)
             });
             start
         });
@@ -318,7 +330,7 @@ fn build_rest(
             name,
             t,
             sandbox,
-            cgroup.as_deref(),
+            (cgroup.as_deref(), &gate),
             tm.clone(),
         )?)
     } else {
@@ -363,6 +375,7 @@ fn build_rest(
                 store,
                 owner: if layers.uid { t.uid } else { None },
                 fork_bytes: t.max_disk_bytes,
+                gate: gate.clone(),
             })
         });
     if let Some(start) = image_pools {
@@ -591,7 +604,7 @@ fn start_workers(
     name: &str,
     t: &TenantSettings,
     sandbox: Arc<Sandbox>,
-    cgroup: Option<&TenantCgroup>,
+    (cgroup, gate): (Option<&TenantCgroup>, &crate::worker::Gate),
     metrics: TenantMetrics,
 ) -> Result<Arc<WorkerPool>, ConfigError> {
     let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
@@ -610,6 +623,7 @@ fn start_workers(
         min: t.workers_min,
         max: t.workers_max,
         metrics: Some(metrics),
+        gate: gate.clone(),
     })
     .map_err(|e| err(e.to_string()))
 }

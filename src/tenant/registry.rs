@@ -176,7 +176,7 @@ impl Tenants {
         {
             r.watch_cgroup(&dir);
         }
-        Ok(Tenants {
+        let tenants = Tenants {
             ctx: Arc::new(BuildContext {
                 reaper,
                 metrics,
@@ -197,7 +197,13 @@ impl Tenants {
             accounts: Arc::default(),
             max_active: settings.max_active_tenants,
             idle_timeout: settings.tenant_idle_timeout,
-        })
+        };
+        // Where forks can be, the store opens now: what a killed gateway
+        // left mounted is cleared at start, not at the first activation.
+        if layers.namespaces && layers.workers {
+            let _ = tenants.ctx.snapshot_store();
+        }
+        Ok(tenants)
     }
 
     /// What configures tenants now.

@@ -23,5 +23,5 @@ pub mod link;
 pub mod serve;
 
 pub use client::{
-    Restarting, Retired, SessionWorker, WorkerLaunch, WorkerPool, executable, unavailable,
+    Gate, Restarting, Retired, SessionWorker, WorkerLaunch, WorkerPool, executable, unavailable,
 };

@@ -19,6 +19,9 @@ pub struct Snapshots {
     pub owner: Option<(u32, u32)>,
     /// A fork's upper layer (what it may write): the tenant's disk bound.
     pub fork_bytes: u64,
+    /// Held for writing while a capture holds the tenant still; every
+    /// call to the tenant's workers holds it for reading.
+    pub gate: crate::worker::Gate,
 }
 
 impl Snapshots {
@@ -75,9 +78,10 @@ pub(super) async fn create(
     audit: Option<Arc<crate::audit::Tag>>,
 ) -> Result<Reply, GatewayError> {
     let snaps = of(s)?.clone();
-    let workspace = match &s.shared.fork {
-        Some(w) => w.path().to_path_buf(),
-        None => s.shared.env.root.clone(),
+    let root = s.shared.root.dir_fd().ok_or_else(unavailable)?;
+    let source = crate::snapshot::Source {
+        root,
+        ids: s.shared.root.creds(),
     };
     let cgroup = s.shared.exec.cgroup.clone();
     let image = s.shared.image.clone();
@@ -86,18 +90,23 @@ pub(super) async fn create(
         .capture_permit()
         .await
         .ok_or(GatewayError::Draining)?;
+    // No call reaches the tenant's workers while they are held still (a
+    // spawn waiting on a frozen worker would be taken for a dead one).
+    let gate = snaps.gate.clone().write_owned().await;
     let taken = blocking(move || {
-        Ok(snaps.store.take(
-            &workspace,
-            image,
-            p.name,
-            p.labels,
-            snaps.owner,
-            || match &cgroup {
-                Some(cg) => cg.freeze().map(Some),
-                None => Ok(None),
-            },
-        ))
+        let taken =
+            snaps.store.take(
+                source,
+                image,
+                (p.name, p.labels),
+                snaps.owner,
+                || match &cgroup {
+                    Some(cg) => cg.freeze().map(Some),
+                    None => Ok(None),
+                },
+            );
+        drop(gate);
+        Ok(taken)
     })
     .await
     .map_err(|e: FsError| GatewayError::Internal(e.to_string()))?;

@@ -70,20 +70,29 @@ fn stop_v1(tenant: &Path) -> io::Result<Frozen> {
         return Ok(Frozen::V1(Vec::new()));
     };
     let mut stopped: Vec<(i32, OwnedFd)> = Vec::new();
+    // Stopped by the tenant itself before: left stopped after, too.
+    let mut theirs: Vec<i32> = Vec::new();
     for _ in 0..FREEZE_ROUNDS {
         let mut dirs = Vec::new();
         subtree(tenant, &mut dirs);
-        let mut new = 0;
+        // Done once a listing holds nobody who is not stopped: a member
+        // that could not be stopped (it exited, after forking maybe) means
+        // another round.
+        let mut settled = true;
         for pid in dirs.iter().flat_map(|d| members(d)) {
-            if stopped.iter().any(|(p, _)| *p == pid) {
+            if stopped.iter().any(|(p, _)| *p == pid) || theirs.contains(&pid) {
+                continue;
+            }
+            settled = false;
+            if already_stopped(pid) {
+                theirs.push(pid);
                 continue;
             }
             if let Some(fd) = stop_member(pid, &prefix) {
                 stopped.push((pid, fd));
-                new += 1;
             }
         }
-        if new == 0 {
+        if settled {
             return Ok(Frozen::V1(stopped.into_iter().map(|(_, fd)| fd).collect()));
         }
     }
@@ -93,6 +102,14 @@ fn stop_v1(tenant: &Path) -> io::Result<Frozen> {
         io::ErrorKind::TimedOut,
         "the tenant's processes could not be stopped",
     ))
+}
+
+/// Whether `pid` is stopped already (state `T` in `/proc/PID/stat`).
+fn already_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 /// SIGSTOP `pid` if it is (still) in a cgroup at or below `prefix`; the

@@ -566,12 +566,18 @@ pub async fn session_place(
         )
     })?;
     let meta = snapshots.store.get(id)?;
-    if let (Some(asked), Some(taken)) = (image, meta.image.as_deref())
-        && asked != taken
-    {
-        return Err(GatewayError::InvalidParams(format!(
-            "snapshot {id} was taken on image `{taken}`; a fork runs on it"
-        )));
+    match (image, meta.image.as_deref()) {
+        (Some(asked), Some(taken)) if asked != taken => {
+            return Err(GatewayError::InvalidParams(format!(
+                "snapshot {id} was taken on image `{taken}`; a fork runs on it"
+            )));
+        }
+        (Some(_), None) => {
+            return Err(GatewayError::InvalidParams(format!(
+                "snapshot {id} was taken on the host's userland; a fork runs on it"
+            )));
+        }
+        _ => {}
     }
     let chosen = session_image(gw, caller, meta.image.as_deref().or(image)).await?;
     let (workspace, _) = snapshots.fork(id)?;

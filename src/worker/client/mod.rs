@@ -439,6 +439,9 @@ pub struct WorkerLaunch {
     pub max: usize,
     /// The tenant's metrics (none for the probe).
     pub metrics: Option<TenantMetrics>,
+    /// Held for reading by every call to a worker; a snapshot holds it for
+    /// writing while it freezes the tenant (the tenant's pools share one).
+    pub gate: Gate,
 }
 
 /// A tenant's pool of workers.
@@ -579,6 +582,7 @@ impl WorkerPool {
 
     /// Run a file operation in the least loaded live worker.
     pub async fn fs(&self, op: FsOp) -> Result<FsDone, FsError> {
+        let _open = self.launch.gate.clone().read_owned().await;
         let w = self.pick().map_err(|e| match unavailable(&e) {
             Some(GatewayError::RateLimited { retry_after_ms }) => {
                 FsError::Restarting { retry_after_ms }
@@ -746,6 +750,7 @@ impl SessionWorker {
 
 impl Spawner for SessionWorker {
     fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
+        let _open = read_blocking(&self.pool.launch.gate);
         self.worker()?.spawn(spec)
     }
 }
@@ -786,5 +791,9 @@ fn own_executable() -> Option<RawFd> {
     .map(|f| f.as_raw_fd())
 }
 
+mod gate;
 #[cfg(test)]
 mod tests;
+
+pub use gate::Gate;
+use gate::read_blocking;
