@@ -25,6 +25,7 @@ mod executors;
 mod fleet;
 mod images;
 mod reliability;
+mod snapshots;
 mod soak;
 mod tenants;
 
@@ -92,6 +93,10 @@ pub struct BenchArgs {
     /// 100 MiB pull against skopeo, the store's size).
     #[arg(long)]
     pub images_only: bool,
+    /// Only the snapshot figures (a 1 GiB workspace snapshotted against
+    /// `tar | sha256sum`, forked into 8 sessions against `cp -a`).
+    #[arg(long)]
+    pub snapshots_only: bool,
     /// Only the tenant-scale figures (start-up with many tenants, idle
     /// and cold tenants, many tenants with a live session).
     #[arg(long)]
@@ -1133,6 +1138,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     }
     if args.executors_only {
         let rows = executor_rows().await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    if args.snapshots_only {
+        let rows = snapshots::figures(&exe, &dir, &secret).await?;
         report(&rows, false, args.json);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
