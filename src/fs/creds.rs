@@ -37,3 +37,24 @@ impl Drop for FsCreds {
         }
     }
 }
+
+/// Give up this thread's supplementary groups (a raw `setgroups`, which
+/// changes the calling thread only: libc's would change every thread of
+/// the gateway). For a thread that reads as a tenant and then ends: a
+/// tenant's processes have no supplementary groups, so the thread must not
+/// read through the gateway's.
+#[allow(unsafe_code)]
+pub fn drop_thread_groups() -> std::io::Result<()> {
+    // SAFETY: a raw syscall with a zero-length list.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            0 as libc::size_t,
+            std::ptr::null::<libc::gid_t>(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

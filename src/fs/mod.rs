@@ -30,7 +30,7 @@ mod run;
 mod walk;
 
 pub use contents::{read_encoded, read_whole, write_whole};
-pub use creds::FsCreds;
+pub use creds::{FsCreds, drop_thread_groups};
 pub use error::FsError;
 pub use root::{FsRoot, normalize};
 pub use run::{FsDone, FsOp, run};

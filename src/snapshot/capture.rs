@@ -10,8 +10,9 @@
 //! - It reads as the tenant: the walking thread's filesystem ids are the
 //!   tenant's (`setfsuid`, which also drops the thread's file capabilities),
 //!   through the root the tenant's file calls use (its idmapped tree, or a
-//!   fork's overlay). What the tenant cannot read is skipped (counted), so a
-//!   fork never shows it more than it could see.
+//!   fork's overlay), without the gateway's supplementary groups (the
+//!   thread's own, dropped). What the tenant cannot read is skipped
+//!   (counted), so a fork never shows it more than it could see.
 //! - Regular files, directories and symbolic links are kept; FIFOs,
 //!   sockets and device nodes, mount points beneath the workspace, names
 //!   that are not UTF-8 and what the tenant cannot read are skipped
@@ -89,6 +90,11 @@ pub fn capture<G: Send>(
     let held = hold()?;
     let walked = std::thread::scope(|scope| {
         let walker = scope.spawn(move || {
+            // The tenant's ids and none of the gateway's groups (this
+            // thread ends with the walk, so nothing is given back).
+            if source.ids.is_some() {
+                crate::fs::drop_thread_groups()?;
+            }
             let _as = source.ids.map(crate::fs::FsCreds::assume);
             let mut tar = tar::Builder::new(io::BufWriter::with_capacity(1 << 16, writer));
             tar.mode(tar::HeaderMode::Deterministic);

@@ -577,6 +577,13 @@ pub async fn session_place(
                 "snapshot {id} was taken on the host's userland; a fork runs on it"
             )));
         }
+        // A token that may run only its claimed image may not run a fork
+        // of the host's userland either.
+        (None, None) if caller.principal().image.is_some() => {
+            return Err(GatewayError::Forbidden(format!(
+                "snapshot {id} was taken on the host's userland; the token's image claim names an image"
+            )));
+        }
         _ => {}
     }
     let chosen = session_image(gw, caller, meta.image.as_deref().or(image)).await?;
