@@ -336,7 +336,9 @@ async fn grpc_snapshots_and_forks() {
         ))
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+        .snapshot
+        .unwrap();
     assert_eq!(
         (snap.name.as_str(), snap.labels["k"].as_str()),
         ("over grpc", "v")

@@ -77,7 +77,7 @@ impl pb::session_service_server::SessionService for GrpcApi {
     async fn create_snapshot(
         &self,
         req: Request<pb::CreateSnapshotRequest>,
-    ) -> Result<Response<pb::Snapshot>, Status> {
+    ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let caller = caller(&req)?;
         let r = req.into_inner();
         let params = CreateParams {
@@ -88,7 +88,9 @@ impl pb::session_service_server::SessionService for GrpcApi {
             .session_call(&caller, &r.session_id, Call::SnapshotCreate(params))
             .await?
         {
-            Reply::Snapshot(s) => Ok(Response::new(to_pb(*s))),
+            Reply::Snapshot(s) => Ok(Response::new(pb::CreateSnapshotResponse {
+                snapshot: Some(to_pb(*s)),
+            })),
             _ => Err(unexpected()),
         }
     }
@@ -112,14 +114,16 @@ impl pb::session_service_server::SessionService for GrpcApi {
     async fn get_snapshot(
         &self,
         req: Request<pb::GetSnapshotRequest>,
-    ) -> Result<Response<pb::Snapshot>, Status> {
+    ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let caller = caller(&req)?;
         let snapshot_id = req.into_inner().snapshot_id;
         match self
             .call(&caller, None, Call::SnapshotGet(IdParams { snapshot_id }))
             .await?
         {
-            Reply::Snapshot(s) => Ok(Response::new(to_pb(*s))),
+            Reply::Snapshot(s) => Ok(Response::new(pb::GetSnapshotResponse {
+                snapshot: Some(to_pb(*s)),
+            })),
             _ => Err(unexpected()),
         }
     }

@@ -135,8 +135,8 @@ class Client:
     async def get_snapshot(self, snapshot_id: str) -> Snapshot:
         """One of the tenant's snapshots (NotFound: not the tenant's)."""
         link = self.link
-        return _snapshot(await link.call(lambda: link.sessions.GetSnapshot(
-            spb.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=link.metadata())))
+        return _snapshot((await link.call(lambda: link.sessions.GetSnapshot(
+            spb.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=link.metadata()))).snapshot)
 
     async def delete_snapshot(self, snapshot: Union[str, Snapshot]) -> None:
         """Deletes one of the tenant's snapshots; forks working on it keep it."""
@@ -351,10 +351,10 @@ class Session:
         """Saves this session's workspace as it is now (its processes held
         still for the copy); fork sessions from it with `client.fork`."""
         link = self.client.link
-        return _snapshot(await link.call(lambda: link.sessions.CreateSnapshot(
+        return _snapshot((await link.call(lambda: link.sessions.CreateSnapshot(
             spb.CreateSnapshotRequest(session_id=self.id, name=name or "",
                                       labels=labels or {}),
-            metadata=link.metadata())))
+            metadata=link.metadata()))).snapshot)
 
 
 async def _kill_started(process: Process, launching: "asyncio.Future[None]") -> None:

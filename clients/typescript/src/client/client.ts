@@ -101,7 +101,9 @@ export class Client {
   /** One of the tenant's snapshots (`NotFound`: not the tenant's). */
   async getSnapshot(id: string, opts?: CallOptions): Promise<Snapshot> {
     const { sessions } = this.#caller.conn;
-    return toSnapshot(await this.#caller.unary(opts, true, bind(sessions.getSnapshot, sessions, { snapshotId: id })));
+    const r = await this.#caller.unary(opts, true, bind(sessions.getSnapshot, sessions, { snapshotId: id }));
+    if (!r.snapshot) throw new TypeError("the gateway answered GetSnapshot without a snapshot");
+    return toSnapshot(r.snapshot);
   }
 
   /** Delete one of the tenant's snapshots; forks working on it keep it. */

@@ -229,7 +229,8 @@ export class Session {
         labels: opts.labels ?? {},
       }),
     );
-    return toSnapshot(r);
+    if (!r.snapshot) throw new TypeError("the gateway answered CreateSnapshot without a snapshot");
+    return toSnapshot(r.snapshot);
   }
 
   /** The session's processes. */
