@@ -16,9 +16,13 @@ const SCOPES: &str = "exec fs:read fs:write snapshot";
 
 /// A gateway with tenants `a` and `b` (roots of their own) and
 /// `[snapshots]` as `bounds` says; the store inside the gateway's
-/// directory.
-fn gateway(bounds: &str) -> Gateway {
-    Gateway::start_with(|d| {
+/// directory. None (the reason printed) where forks cannot run here.
+fn gateway(bounds: &str) -> Option<Gateway> {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(Gateway::start_with(|d| {
         for t in ["a", "b"] {
             std::fs::create_dir_all(d.join(t)).unwrap();
         }
@@ -29,7 +33,7 @@ fn gateway(bounds: &str) -> Gateway {
              [tenants.b]\nroot = \"{d}/b\"\n",
             d = d.display(),
         )
-    })
+    }))
 }
 
 /// Whether this machine can run tenants with the namespaces and workers
@@ -107,11 +111,9 @@ async fn snapshot(c: &mut Client, params: Value) -> Value {
 
 #[tokio::test]
 async fn forks_see_the_snapshot_and_only_their_own_changes() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("") else {
         return;
-    }
-    let gw = gateway("");
+    };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
     write(&mut origin, &format!("{r}/f"), "orig").await;
@@ -194,11 +196,9 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
 
 #[tokio::test]
 async fn a_snapshot_taken_while_a_writer_runs_is_consistent() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("") else {
         return;
-    }
-    let gw = gateway("");
+    };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
     // The file is always whole: written aside, renamed over.
@@ -231,11 +231,9 @@ async fn a_snapshot_taken_while_a_writer_runs_is_consistent() {
 
 #[tokio::test]
 async fn snapshots_are_bounded_and_their_tenants_own() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("max_per_tenant = 2\nmax_forks_per_tenant = 1") else {
         return;
-    }
-    let gw = gateway("max_per_tenant = 2\nmax_forks_per_tenant = 1");
+    };
     let r = root(&gw, "a");
     let mut a = session(&gw, "a").await;
     write(&mut a, &format!("{r}/x"), "x").await;
@@ -314,11 +312,9 @@ async fn grpc_snapshots_and_forks() {
     use common::grpc::authed;
     use exec_gateway::transport::grpc::pb;
     use pb::session_service_client::SessionServiceClient;
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("max_forks_per_tenant = 3") else {
         return;
-    }
-    let gw = gateway("max_forks_per_tenant = 3");
+    };
     let r = root(&gw, "a");
     let token = mint(&gw.secret, "a", SCOPES);
     let mut sessions = SessionServiceClient::new(common::grpc::channel(&gw.grpc).await);
@@ -435,11 +431,9 @@ async fn grpc_snapshots_and_forks() {
 async fn a_fork_holds_what_the_tenant_could_read_and_nothing_else() {
     use std::os::unix::ffi::OsStrExt as _;
     use std::os::unix::fs::PermissionsExt as _;
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("") else {
         return;
-    }
-    let gw = gateway("");
+    };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
     let (out, code) = sh(
@@ -486,15 +480,13 @@ async fn a_fork_holds_what_the_tenant_could_read_and_nothing_else() {
 /// entries the walk skips count against `max_entries`.
 #[tokio::test]
 async fn failed_captures_give_their_bytes_back_and_skipped_entries_count() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let mib = 1 << 20;
-    let gw = gateway(&format!(
+    let Some(gw) = gateway(&format!(
         "max_tenant_bytes = {}\nmax_entries = 300",
         8 * mib
-    ));
+    )) else {
+        return;
+    };
     let r = root(&gw, "a");
     let mut a = session(&gw, "a").await;
     let deep = (0..130)
@@ -550,11 +542,9 @@ async fn failed_captures_give_their_bytes_back_and_skipped_entries_count() {
 /// no store disk; and a second gateway cannot open a store in use.
 #[tokio::test]
 async fn a_deleted_snapshot_holds_no_disk_through_a_passed_descriptor() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some(gw) = gateway("") else {
         return;
-    }
-    let gw = gateway("");
+    };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
     let (_, code) = sh(&mut origin, "mk", &r, "head -c 3000000 /dev/zero > big").await;

@@ -27,7 +27,7 @@ mod workspace;
 
 use std::collections::BTreeMap;
 
-pub use capture::{Source, chown_tree};
+pub use capture::Source;
 pub use store::{SnapshotStore, TenantSnapshots};
 pub use workspace::Workspace;
 

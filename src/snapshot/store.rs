@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
@@ -374,11 +374,6 @@ impl TenantSnapshots {
             u64::try_from(max.saturating_sub(free)).unwrap_or(0),
             self.forks.load(Ordering::SeqCst),
         )
-    }
-
-    /// How long snapshots are kept.
-    pub fn retention(&self) -> Duration {
-        self.settings.retention
     }
 }
 

@@ -388,7 +388,7 @@ impl Backend for LocalBackend {
             call @ (Call::SnapshotList(_) | Call::SnapshotGet(_) | Call::SnapshotDelete(_)),
         ) = &op
         {
-            let r = snapshot::sessionless(self.snapshots.as_ref(), call).map(Outcome::Reply);
+            let r = snapshot::on_store(self.snapshots.as_ref(), call, None).map(Outcome::Reply);
             return Box::pin(std::future::ready(r));
         }
         sessionless(self.shared.clone(), op)
@@ -501,9 +501,9 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::CapabilitiesDiscover(p) => environment::discover(&s.shared, &p)?,
         Call::CapabilityRootsDiscover(p) => environment::roots(p),
         Call::SnapshotCreate(p) => snapshot::create(s, p, scope.audit.clone()).await?,
-        Call::SnapshotList(_) => snapshot::list(s)?,
-        Call::SnapshotGet(p) => snapshot::get(s, &p)?,
-        Call::SnapshotDelete(p) => snapshot::delete(s, &p, scope.audit.as_deref())?,
+        call @ (Call::SnapshotList(_) | Call::SnapshotGet(_) | Call::SnapshotDelete(_)) => {
+            snapshot::on_store(s.snapshots.as_ref(), &call, scope.audit.as_deref())?
+        }
         // Whole-file calls: one handler each in `files`, which gRPC's
         // session-less calls reach too.
         file @ (Call::FsReadFile(_)

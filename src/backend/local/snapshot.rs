@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{LocalSession, blocking};
 use crate::error::GatewayError;
 use crate::fs::FsError;
-use crate::protocol::snapshot::{CreateParams, IdParams, ListResponse};
+use crate::protocol::snapshot::{CreateParams, ListResponse};
 use crate::rpc::{Call, Reply};
 use crate::snapshot::{Snapshot, SnapshotError, TenantSnapshots, Workspace};
 
@@ -50,11 +50,12 @@ fn of(s: &LocalSession) -> Result<&Arc<Snapshots>, GatewayError> {
     s.snapshots.as_ref().ok_or_else(unavailable)
 }
 
-/// The calls that need no session (gRPC `ListSnapshots`, `GetSnapshot`,
-/// `DeleteSnapshot`): on the tenant's snapshots.
-pub(super) fn sessionless(
+/// `gateway/snapshot/list`, `get` and `delete`, in a session or without
+/// one (gRPC, whose door audits its own deletes: `audit` is then none).
+pub(super) fn on_store(
     snaps: Option<&Arc<Snapshots>>,
     call: &Call,
+    audit: Option<&crate::audit::Tag>,
 ) -> Result<Reply, GatewayError> {
     let snaps = snaps.ok_or_else(unavailable)?;
     match call {
@@ -64,6 +65,13 @@ pub(super) fn sessionless(
         Call::SnapshotGet(p) => Ok(Reply::Snapshot(Box::new(snaps.store.get(&p.snapshot_id)?))),
         Call::SnapshotDelete(p) => {
             snaps.store.delete(&p.snapshot_id)?;
+            if let Some(tag) = audit {
+                crate::audit::emit(
+                    "snapshot.deleted",
+                    &tag.who(),
+                    serde_json::json!({ "snapshot_id": p.snapshot_id }),
+                );
+            }
             Ok(super::empty())
         }
         _ => Err(super::needs_session()),
@@ -135,30 +143,4 @@ pub(super) async fn create(
             Err(e.into())
         }
     }
-}
-
-pub(super) fn list(s: &LocalSession) -> Result<Reply, GatewayError> {
-    Ok(Reply::SnapshotList(ListResponse {
-        snapshots: of(s)?.store.list(),
-    }))
-}
-
-pub(super) fn get(s: &LocalSession, p: &IdParams) -> Result<Reply, GatewayError> {
-    Ok(Reply::Snapshot(Box::new(of(s)?.store.get(&p.snapshot_id)?)))
-}
-
-pub(super) fn delete(
-    s: &LocalSession,
-    p: &IdParams,
-    audit: Option<&crate::audit::Tag>,
-) -> Result<Reply, GatewayError> {
-    of(s)?.store.delete(&p.snapshot_id)?;
-    if let Some(tag) = audit {
-        crate::audit::emit(
-            "snapshot.deleted",
-            &tag.who(),
-            serde_json::json!({ "snapshot_id": p.snapshot_id }),
-        );
-    }
-    Ok(super::empty())
 }
