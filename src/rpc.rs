@@ -207,6 +207,7 @@ method_table! {
     SnapshotList(NoParams) = m::SNAPSHOT_LIST, Snapshot, Some(Scope::Snapshot);
     SnapshotGet(SnapshotIdParams) = m::SNAPSHOT_GET, Snapshot, Some(Scope::Snapshot);
     SnapshotDelete(SnapshotIdParams) = m::SNAPSHOT_DELETE, Snapshot, Some(Scope::Snapshot);
+    SnapshotPush(SnapshotIdParams) = m::SNAPSHOT_PUSH, Snapshot, Some(Scope::Snapshot);
 }
 
 impl Call {

@@ -37,6 +37,10 @@ pub struct SnapshotsConfig {
     pub max_entries: Option<u64>,
     pub max_forks_per_tenant: Option<usize>,
     pub retention: Option<String>,
+    /// Registry repository snapshots are pushed to and restored from:
+    /// `host[:port]/path` (credentials, CA and plain-HTTP registries as in
+    /// `[images]`). None: snapshots stay on the replica that took them.
+    pub registry: Option<String>,
 }
 
 /// Validated `[snapshots]`.
@@ -48,6 +52,7 @@ pub struct SnapshotsSettings {
     pub max_entries: u64,
     pub max_forks_per_tenant: usize,
     pub retention: Duration,
+    pub registry: Option<String>,
 }
 
 impl SnapshotsConfig {
@@ -90,7 +95,12 @@ impl SnapshotsConfig {
         if retention < Duration::from_secs(60) {
             return Err(ConfigError("snapshots.retention: at least 1m".to_owned()));
         }
+        let registry = match &self.registry {
+            Some(r) => Some(registry(r)?),
+            None => None,
+        };
         Ok(SnapshotsSettings {
+            registry,
             store,
             max_per_tenant: positive(
                 "snapshots.max_per_tenant",
@@ -102,5 +112,68 @@ impl SnapshotsConfig {
             max_forks_per_tenant,
             retention,
         })
+    }
+}
+
+/// `[snapshots] registry`: a repository on a named registry host, without
+/// a scheme, tag or digest (a tenant's snapshots go below it).
+fn registry(r: &str) -> Result<String, ConfigError> {
+    let bad = |why: &str| ConfigError(format!("snapshots.registry `{r}`: {why}"));
+    let r = r.trim_end_matches('/');
+    if r.contains("://") || r.contains('@') {
+        return Err(bad(
+            "a repository (`host[:port]/path`), without a scheme or digest",
+        ));
+    }
+    let (host, path) = r
+        .split_once('/')
+        .ok_or_else(|| bad("the registry's host and a path (`host[:port]/path`)"))?;
+    if !(host.contains('.') || host.contains(':') || host == "localhost") {
+        return Err(bad(
+            "the first part must be a registry host (with a `.` or a port, or `localhost`)",
+        ));
+    }
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            && part
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    if !path.split('/').all(ok) || path.len() > 128 {
+        return Err(bad(
+            "path components of lowercase letters, digits and `._-`, at most 128 bytes",
+        ));
+    }
+    Ok(r.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::registry;
+
+    #[test]
+    fn a_snapshot_registry_is_a_repository_on_a_named_host() {
+        assert_eq!(
+            registry("localhost:5000/exec-gateway/snapshots/")
+                .ok()
+                .as_deref(),
+            Some("localhost:5000/exec-gateway/snapshots")
+        );
+        assert!(registry("registry.example.com/snaps").is_ok());
+        for bad in [
+            "snapshots",
+            "exec/snapshots",
+            "https://registry.example.com/snaps",
+            "registry.example.com/Snaps",
+            "registry.example.com/snaps:latest",
+            "registry.example.com/snaps@sha256:00",
+            "registry.example.com",
+        ] {
+            assert!(registry(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -46,6 +46,8 @@ pub struct Registry {
     /// the registry's own host).
     allowed: Vec<String>,
     auth: tokio::sync::Mutex<Option<HeaderValue>>,
+    /// What a token is asked for: `pull`, or `pull,push` ([`Self::pushing`]).
+    actions: &'static str,
 }
 
 /// A failed request or body read, as a tenant is told of it: a refused
@@ -154,6 +156,7 @@ impl Registry {
             basic,
             allowed: settings.registries.clone(),
             auth: tokio::sync::Mutex::new(None),
+            actions: "pull",
         })
     }
 
@@ -194,6 +197,81 @@ impl Registry {
         Err(ImageError::Unavailable(format!(
             "{path}: the registry refused the credentials (401)"
         )))
+    }
+
+    /// This client asks for tokens that may push as well as pull.
+    pub fn pushing(mut self) -> Registry {
+        self.actions = "pull,push";
+        self
+    }
+
+    /// Send `method` to `target` (a path below the repository, or an
+    /// upload's location, which must be on the registry itself),
+    /// authenticating when the registry asks (once: `body` makes the
+    /// request's body afresh for the second attempt). No redirect is
+    /// followed. Any status but a success, and a 404 (told as `None`),
+    /// is an error.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        target: &str,
+        headers: &[(reqwest::header::HeaderName, &str)],
+        body: impl Fn() -> Result<Option<reqwest::Body>, ImageError>,
+    ) -> Result<Option<reqwest::Response>, ImageError> {
+        let url = self.on_registry(target)?;
+        let what = target.split('?').next().unwrap_or(target);
+        for attempt in 0..2 {
+            let mut req = self.http.request(method.clone(), url.clone());
+            for (name, value) in headers {
+                req = req.header(name, *value);
+            }
+            if let Some(h) = self.auth.lock().await.clone() {
+                req = req.header(AUTHORIZATION, h);
+            }
+            req = match body()? {
+                Some(b) => req.body(b),
+                None => req.header(reqwest::header::CONTENT_LENGTH, 0),
+            };
+            let res = req.send().await.map_err(|e| transfer_failed(what, e))?;
+            if res.status() == StatusCode::UNAUTHORIZED && attempt == 0 {
+                let challenge = res.headers().get(WWW_AUTHENTICATE).cloned();
+                let header = self.authenticate(challenge.as_ref()).await?;
+                *self.auth.lock().await = Some(header);
+                continue;
+            }
+            if res.status() == StatusCode::NOT_FOUND {
+                return Ok(None);
+            }
+            if !res.status().is_success() {
+                return Err(ImageError::Unavailable(format!(
+                    "{method} {what}: the registry answered {}",
+                    res.status()
+                )));
+            }
+            return Ok(Some(res));
+        }
+        Err(ImageError::Unavailable(format!(
+            "{what}: the registry refused the credentials (401)"
+        )))
+    }
+
+    /// `target` as a URL on this registry: a path below the repository,
+    /// or a location the registry gave (absolute, or from its root).
+    fn on_registry(&self, target: &str) -> Result<url::Url, ImageError> {
+        let base = url::Url::parse(&self.base)
+            .map_err(|_| ImageError::Unavailable("the registry's URL".to_owned()))?;
+        let url = if target.starts_with('/') || target.contains("://") {
+            base.join(target)
+        } else {
+            url::Url::parse(&format!("{}/{target}", self.base))
+        }
+        .map_err(|_| ImageError::Unavailable("an upload location that is not a URL".to_owned()))?;
+        if url.origin() != base.origin() {
+            return Err(ImageError::Unavailable(
+                "the registry sent an upload elsewhere (refused)".to_owned(),
+            ));
+        }
+        Ok(url)
     }
 
     /// The `Authorization` a challenge asks for.
@@ -240,10 +318,10 @@ impl Registry {
         if realm_url.scheme() != "https" && !(own && self.insecure) {
             return Err(refused("the token service is not https"));
         }
-        let mut req = self
-            .http
-            .get(realm_url.clone())
-            .query(&[("scope", format!("repository:{}:pull", self.repository))]);
+        let mut req = self.http.get(realm_url.clone()).query(&[(
+            "scope",
+            format!("repository:{}:{}", self.repository, self.actions),
+        )]);
         if let Some(s) = get("service") {
             req = req.query(&[("service", s)]);
         }

@@ -53,6 +53,7 @@ pub const SNAPSHOT_CREATE: &str = "gateway/snapshot/create";
 pub const SNAPSHOT_LIST: &str = "gateway/snapshot/list";
 pub const SNAPSHOT_GET: &str = "gateway/snapshot/get";
 pub const SNAPSHOT_DELETE: &str = "gateway/snapshot/delete";
+pub const SNAPSHOT_PUSH: &str = "gateway/snapshot/push";
 
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";

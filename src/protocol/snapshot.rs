@@ -30,6 +30,9 @@ pub struct Snapshot {
     pub created_at_ms: u64,
     /// When retention deletes it (milliseconds since the Unix epoch).
     pub expires_at_ms: u64,
+    /// Where it was pushed: `<registry>/<repository>@<manifest digest>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushed: Option<String>,
 }
 
 /// Params of `gateway/snapshot/create`.
@@ -42,7 +45,7 @@ pub struct CreateParams {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Params of `gateway/snapshot/get` and `gateway/snapshot/delete`.
+/// Params of `gateway/snapshot/get`, `delete` and `push`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IdParams {

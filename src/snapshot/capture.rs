@@ -144,6 +144,81 @@ pub fn capture<G: Send>(
     Ok(captured)
 }
 
+/// The tar stream of a snapshot's tree (the layer a push sends): the
+/// capture's walk over the tree, as the gateway, so the same bytes as the
+/// capture's stream and the same digest (the tree keeps the modes and
+/// times the stream gave it). Returns the entries it skipped (none, for a
+/// tree the unpacker wrote).
+pub fn layer(tree: &Path, out: impl Write, max_entries: u64) -> io::Result<u64> {
+    let root = rustix::fs::open(
+        tree,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&root)?;
+    let mut tar = tar::Builder::new(out);
+    tar.mode(tar::HeaderMode::Deterministic);
+    let mut walk = Walk {
+        dev: st.st_dev,
+        skipped: 0,
+        seen: 0,
+        max_entries,
+        dirs: Vec::new(),
+    };
+    walk.run(&root, &mut tar)?;
+    tar.into_inner()?.flush()?;
+    Ok(walk.skipped)
+}
+
+/// Give the directories of `tree`, unpacked from the tar stream in
+/// `layer`, the times the stream gives them (their writes changed them):
+/// a restored tree then gives its stream back, byte for byte.
+pub fn dir_times_from(layer: &Path, tree: &Path) -> io::Result<()> {
+    let mut archive = tar::Archive::new(io::BufReader::with_capacity(
+        1 << 16,
+        std::fs::File::open(layer)?,
+    ));
+    let mut dirs = Vec::new();
+    for entry in archive.entries()? {
+        let entry = entry?;
+        if entry.header().entry_type() == tar::EntryType::Directory {
+            let path = entry.path()?.into_owned();
+            let mtime = i64::try_from(entry.header().mtime()?).unwrap_or(0);
+            dirs.push((path, mtime));
+        }
+    }
+    // Opened beneath the tree without following a link: a later entry
+    // may have made a directory's name a link out of it.
+    let root = rustix::fs::open(
+        tree,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for (path, mtime) in dirs.into_iter().rev() {
+        let Ok(dir) = rustix::fs::openat2(
+            &root,
+            &path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+        ) else {
+            continue;
+        };
+        let t = rustix::fs::Timespec {
+            tv_sec: mtime,
+            tv_nsec: 0,
+        };
+        rustix::fs::futimens(
+            &dir,
+            &rustix::fs::Timestamps {
+                last_access: t,
+                last_modification: t,
+            },
+        )?;
+    }
+    Ok(())
+}
+
 fn walk_error(e: io::Error) -> CaptureError {
     if e.kind() == io::ErrorKind::FileTooLarge {
         CaptureError::TooLarge(e.to_string())

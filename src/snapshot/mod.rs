@@ -10,6 +10,11 @@
 //!   at start.
 //! - `tree`: a snapshot's tree, removed once its snapshot is deleted and
 //!   no fork stands on it.
+//! - `remote`: snapshots in a registry: pushed as an OCI image (one
+//!   uncompressed layer whose digest is the snapshot's), pulled back by
+//!   any replica, every answer checked as hostile input.
+//! - `transfer`: a tenant's snapshot pushed, or pulled and kept, within
+//!   its share and one transfer at a time.
 //! - `workspace`: a fork's workspace: an overlay of the snapshot's tree
 //!   under a tmpfs upper of the tenant's disk bound, mounted on the host
 //!   for the session's workers to attach at the tenant root's path.
@@ -21,13 +26,16 @@
 //! the tenant root.
 
 mod capture;
+mod remote;
 mod store;
+mod transfer;
 mod tree;
 mod workspace;
 
 use std::collections::BTreeMap;
 
 pub use capture::Source;
+pub use remote::{LAYER_TYPE, RECORD, Remote};
 pub use store::{SnapshotStore, TenantSnapshots};
 pub use workspace::Workspace;
 
@@ -56,13 +64,19 @@ pub enum SnapshotError {
     Quota { quota: &'static str, limit: u64 },
     #[error("snapshot store: {0}")]
     Io(String),
+    /// The snapshot registry could not be reached or refused a request.
+    #[error("snapshot registry: {0}")]
+    Remote(String),
+    /// What the registry holds for a snapshot is not what was pushed.
+    #[error("snapshot refused: {0}")]
+    Corrupt(String),
 }
 
 impl From<SnapshotError> for GatewayError {
     fn from(e: SnapshotError) -> GatewayError {
         match e {
             SnapshotError::Unknown(_) => GatewayError::UnknownId(e.to_string()),
-            SnapshotError::Invalid(_) | SnapshotError::TooLarge(_) => {
+            SnapshotError::Invalid(_) | SnapshotError::TooLarge(_) | SnapshotError::Corrupt(_) => {
                 GatewayError::InvalidParams(e.to_string())
             }
             SnapshotError::Quota { quota, limit } => GatewayError::QuotaExceeded {
@@ -70,7 +84,9 @@ impl From<SnapshotError> for GatewayError {
                 limit,
                 retry_after_ms: None,
             },
-            SnapshotError::Io(_) => GatewayError::Internal(e.to_string()),
+            SnapshotError::Io(_) | SnapshotError::Remote(_) => {
+                GatewayError::Internal(e.to_string())
+            }
         }
     }
 }

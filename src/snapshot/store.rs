@@ -32,38 +32,49 @@ pub struct SnapshotStore {
     /// Holds the store's lock (`flock` on `lock`): one gateway per store.
     _lock: std::fs::File,
     settings: SnapshotsSettings,
+    remote: Option<super::Remote>,
+    transfers: Arc<tokio::sync::Semaphore>,
     tenants: Mutex<HashMap<String, Arc<TenantSnapshots>>>,
 }
 
 /// One tenant's snapshots.
 pub struct TenantSnapshots {
     dir: PathBuf,
-    tmp: PathBuf,
+    pub(super) tmp: PathBuf,
     forks_dir: PathBuf,
-    settings: SnapshotsSettings,
+    pub(super) settings: SnapshotsSettings,
+    /// The registry snapshots are pushed to, and this tenant's key there.
+    pub(super) remote: Option<(super::Remote, String)>,
+    /// One push or pull at a time per tenant, and [`MAX_TRANSFERS`] in
+    /// all (each writes a layer of up to the tenant's share to `tmp/`).
+    pub(super) transfer: Arc<tokio::sync::Semaphore>,
+    pub(super) transfers: Arc<tokio::sync::Semaphore>,
     /// By id, each with its tree.
-    records: Mutex<BTreeMap<String, (Snapshot, Arc<Tree>)>>,
+    pub(super) records: Mutex<BTreeMap<String, (Snapshot, Arc<Tree>)>>,
     /// Free bytes of the tenant's share (`max_tenant_bytes`): trees of
     /// deleted snapshots still charged until their last fork ends.
-    room: Arc<AtomicI64>,
+    pub(super) room: Arc<AtomicI64>,
     /// Forks working now.
     forks: Arc<AtomicUsize>,
     /// One capture at a time per tenant (each walks its whole workspace).
     capturing: Arc<tokio::sync::Semaphore>,
 }
 
-fn io_err(what: &str) -> impl Fn(io::Error) -> SnapshotError + '_ {
+/// Pushes and pulls of snapshots under way at once, all tenants together.
+pub const MAX_TRANSFERS: usize = 4;
+
+pub(super) fn io_err(what: &str) -> impl Fn(io::Error) -> SnapshotError + '_ {
     move |e| SnapshotError::Io(format!("{what}: {e}"))
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 
-fn mkdir_private(p: &Path) -> io::Result<()> {
+pub(super) fn mkdir_private(p: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -73,7 +84,10 @@ fn mkdir_private(p: &Path) -> io::Result<()> {
 
 impl SnapshotStore {
     /// Open (or create) the store; what a crash left half done goes.
-    pub fn open(settings: &SnapshotsSettings) -> Result<Arc<SnapshotStore>, SnapshotError> {
+    pub fn open(
+        settings: &SnapshotsSettings,
+        images: &crate::config::ImagesSettings,
+    ) -> Result<Arc<SnapshotStore>, SnapshotError> {
         let root = &settings.store;
         for sub in ["tenants", "tmp", "forks"] {
             mkdir_private(&root.join(sub)).map_err(io_err("creating the store"))?;
@@ -99,6 +113,11 @@ impl SnapshotStore {
         Ok(Arc::new(SnapshotStore {
             _lock: lock,
             settings: settings.clone(),
+            remote: settings
+                .registry
+                .clone()
+                .map(|r| super::Remote::new(r, images.clone())),
+            transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
             tenants: Mutex::new(HashMap::new()),
         }))
     }
@@ -111,12 +130,18 @@ impl SnapshotStore {
         }
         let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
         let root = &self.settings.store;
-        let t = Arc::new(TenantSnapshots::load(
+        let mut t = TenantSnapshots::load(
             root.join("tenants").join(hex),
             root.join("tmp"),
             root.join("forks"),
             &self.settings,
-        )?);
+        )?;
+        t.remote = self
+            .remote
+            .clone()
+            .map(|r| (r, super::remote::tenant_key(name)));
+        t.transfers = self.transfers.clone();
+        let t = Arc::new(t);
         tenants.insert(name.to_owned(), t.clone());
         Ok(t)
     }
@@ -181,11 +206,19 @@ impl TenantSnapshots {
             tmp,
             forks_dir,
             settings: settings.clone(),
+            remote: None,
+            transfer: Arc::new(tokio::sync::Semaphore::new(1)),
+            transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
             records: Mutex::new(records),
             room,
             forks: Arc::new(AtomicUsize::new(0)),
             capturing: Arc::new(tokio::sync::Semaphore::new(1)),
         })
+    }
+
+    /// When retention deletes what was taken (or restored) at `at_ms`.
+    pub(super) fn expiry(&self, at_ms: u64) -> u64 {
+        at_ms.saturating_add(u64::try_from(self.settings.retention.as_millis()).unwrap_or(u64::MAX))
     }
 
     /// Delete what retention has expired.
@@ -302,7 +335,7 @@ impl TenantSnapshots {
         }
         let created = now_ms();
         let meta = Snapshot {
-            id: id.clone(),
+            id,
             name,
             labels,
             image,
@@ -311,23 +344,52 @@ impl TenantSnapshots {
             entries: captured.unpacked.entries,
             skipped: captured.skipped,
             created_at_ms: created,
-            expires_at_ms: created.saturating_add(
-                u64::try_from(self.settings.retention.as_millis()).unwrap_or(u64::MAX),
-            ),
+            expires_at_ms: self.expiry(created),
+            pushed: None,
         };
-        let json = serde_json::to_vec(&meta)
-            .map_err(|e| fail(io::Error::other(e), "writing the record"))?;
-        write_synced(&work.join("meta.json"), &json).map_err(|e| fail(e, "writing the record"))?;
-        let dir = self.dir.join(&id);
-        std::fs::rename(&work, &dir).map_err(|e| fail(e, "committing the snapshot"))?;
+        self.commit(&work, meta.clone())
+            .map_err(|e| fail(e, "committing the snapshot"))?;
+        Ok(meta)
+    }
+
+    /// Write `meta`'s record into `work` (its tree beside it, `meta.bytes`
+    /// taken from the room) and move it into place.
+    pub(super) fn commit(&self, work: &Path, meta: Snapshot) -> io::Result<()> {
+        write_synced(&work.join("meta.json"), &serde_json::to_vec(&meta)?)?;
+        let dir = self.dir.join(&meta.id);
+        std::fs::rename(work, &dir)?;
         let tree = Arc::new(Tree {
             dir,
-            bytes,
+            bytes: meta.bytes,
             deleted: AtomicBool::new(false),
             room: self.room.clone(),
         });
-        self.records.lock().insert(id, (meta.clone(), tree));
-        Ok(meta)
+        self.records.lock().insert(meta.id.clone(), (meta, tree));
+        Ok(())
+    }
+
+    /// Record that snapshot `id` was pushed to `to` (kept if it is still
+    /// there).
+    pub(super) fn mark_pushed(&self, id: &str, to: String) -> Option<Snapshot> {
+        let mut records = self.records.lock();
+        let (meta, tree) = records.get_mut(id)?;
+        meta.pushed = Some(to);
+        if let Ok(json) = serde_json::to_vec(&*meta)
+            && let Err(e) = write_synced(&tree.dir.join("meta.json"), &json)
+        {
+            tracing::warn!(snapshot = id, error = %e, "the record of the push is not on disk");
+        }
+        Some(meta.clone())
+    }
+
+    /// Snapshot `id`'s record and its tree's path (held while the tree is).
+    pub(super) fn tree_of(&self, id: &str) -> Result<(Snapshot, Arc<Tree>), SnapshotError> {
+        self.expire();
+        self.records
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| SnapshotError::Unknown(id.to_owned()))
     }
 
     /// A new workspace that starts as snapshot `id`: an overlay of its

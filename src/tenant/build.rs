@@ -68,7 +68,7 @@ impl BuildContext {
             let mut store = self.snapshot_store.lock();
             match store.as_ref() {
                 Some(s) => s.clone(),
-                None => match crate::snapshot::SnapshotStore::open(&self.snapshots) {
+                None => match crate::snapshot::SnapshotStore::open(&self.snapshots, &self.images) {
                     Ok(s) => {
                         *store = Some(s.clone());
                         s

@@ -385,11 +385,18 @@ impl Backend for LocalBackend {
     /// policy, plain paths and every field.
     fn run_sessionless(&self, op: Op) -> OpFuture {
         if let Op::Call(
-            call @ (Call::SnapshotList(_) | Call::SnapshotGet(_) | Call::SnapshotDelete(_)),
-        ) = &op
+            call @ (Call::SnapshotList(_)
+            | Call::SnapshotGet(_)
+            | Call::SnapshotDelete(_)
+            | Call::SnapshotPush(_)),
+        ) = op
         {
-            let r = snapshot::on_store(self.snapshots.as_ref(), call, None).map(Outcome::Reply);
-            return Box::pin(std::future::ready(r));
+            let snaps = self.snapshots.clone();
+            return Box::pin(async move {
+                snapshot::on_store(snaps.as_ref(), call, None)
+                    .await
+                    .map(Outcome::Reply)
+            });
         }
         sessionless(self.shared.clone(), op)
     }
@@ -501,8 +508,11 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::CapabilitiesDiscover(p) => environment::discover(&s.shared, &p)?,
         Call::CapabilityRootsDiscover(p) => environment::roots(p),
         Call::SnapshotCreate(p) => snapshot::create(s, p, scope.audit.clone()).await?,
-        call @ (Call::SnapshotList(_) | Call::SnapshotGet(_) | Call::SnapshotDelete(_)) => {
-            snapshot::on_store(s.snapshots.as_ref(), &call, scope.audit.as_deref())?
+        call @ (Call::SnapshotList(_)
+        | Call::SnapshotGet(_)
+        | Call::SnapshotDelete(_)
+        | Call::SnapshotPush(_)) => {
+            snapshot::on_store(s.snapshots.as_ref(), call, scope.audit.as_deref()).await?
         }
         // Whole-file calls: one handler each in `files`, which gRPC's
         // session-less calls reach too.

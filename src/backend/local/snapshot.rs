@@ -50,11 +50,12 @@ fn of(s: &LocalSession) -> Result<&Arc<Snapshots>, GatewayError> {
     s.snapshots.as_ref().ok_or_else(unavailable)
 }
 
-/// `gateway/snapshot/list`, `get` and `delete`, in a session or without
-/// one (gRPC, whose door audits its own deletes: `audit` is then none).
-pub(super) fn on_store(
+/// `gateway/snapshot/list`, `get`, `delete` and `push`, in a session or
+/// without one (gRPC, whose door audits its own deletes and pushes:
+/// `audit` is then none).
+pub(super) async fn on_store(
     snaps: Option<&Arc<Snapshots>>,
-    call: &Call,
+    call: Call,
     audit: Option<&crate::audit::Tag>,
 ) -> Result<Reply, GatewayError> {
     let snaps = snaps.ok_or_else(unavailable)?;
@@ -73,6 +74,22 @@ pub(super) fn on_store(
                 );
             }
             Ok(super::empty())
+        }
+        Call::SnapshotPush(p) => {
+            let meta = snaps.store.push(&p.snapshot_id).await.map_err(|e| {
+                if let SnapshotError::Io(why) | SnapshotError::Remote(why) = &e {
+                    tracing::error!(snapshot = p.snapshot_id, error = %why, "push");
+                }
+                GatewayError::from(e)
+            })?;
+            if let Some(tag) = audit {
+                crate::audit::emit(
+                    "snapshot.pushed",
+                    &tag.who(),
+                    serde_json::json!({ "snapshot_id": meta.id, "to": meta.pushed }),
+                );
+            }
+            Ok(Reply::Snapshot(Box::new(meta)))
         }
         _ => Err(super::needs_session()),
     }

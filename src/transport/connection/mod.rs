@@ -565,7 +565,19 @@ pub async fn session_place(
             "this tenant's sessions cannot start from a snapshot: they need a root of their own and the namespaces and workers layers".to_owned(),
         )
     })?;
-    let meta = snapshots.store.get(id)?;
+    // Here, or pulled from the snapshot registry (another replica's).
+    let meta = snapshots
+        .store
+        .restore(id, snapshots.owner)
+        .await
+        .map_err(|e| {
+            if let crate::snapshot::SnapshotError::Io(why)
+            | crate::snapshot::SnapshotError::Remote(why) = &e
+            {
+                tracing::error!(snapshot = id, error = %why, "restore");
+            }
+            GatewayError::from(e)
+        })?;
     match (image, meta.image.as_deref()) {
         (Some(asked), Some(taken)) if asked != taken => {
             return Err(GatewayError::InvalidParams(format!(

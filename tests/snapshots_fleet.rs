@@ -1,0 +1,306 @@
+//! Snapshots that restore anywhere (docs/snapshots.md, "Anywhere"): two
+//! real gateway replicas sharing one real registry (Debian's
+//! `docker-registry`); a snapshot taken and pushed on one is forked on the
+//! other, read back by `skopeo` as the OCI image it is, refused there when
+//! the registry's copy of its layer is corrupt or cut short, and never
+//! found by another tenant.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::oci::{TestRegistry, registry_missing};
+use common::{Client, Gateway, mint};
+use serde_json::{Value, json};
+
+const SCOPES: &str = "exec fs:read fs:write snapshot";
+
+struct Two {
+    replicas: Vec<Gateway>,
+    secret: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+/// Two replicas; tenants `a` and `b` rooted in each one's directory;
+/// snapshots pushed to `REGISTRY/snapshots`. None (the reason printed)
+/// where this cannot run here.
+fn start(reg: &TestRegistry, bounds: &str) -> Two {
+    let r = &reg.addr;
+    let started = common::fleet::launch(2, |d| {
+        for t in ["a", "b"] {
+            std::fs::create_dir_all(d.join(t)).unwrap();
+        }
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [images]\nstore = \"{d}/store\"\nregistries = [\"{r}\"]\ninsecure_registries = [\"{r}\"]\n\
+             [snapshots]\nstore = \"{d}/snapshots\"\nregistry = \"{r}/snapshots\"\n{bounds}\n\
+             [tenants.a]\nroot = \"{d}/a\"\n\
+             [tenants.b]\nroot = \"{d}/b\"\n",
+            d = d.display(),
+        )
+    });
+    Two {
+        replicas: started.replicas.into_iter().flatten().collect(),
+        secret: started.secret,
+        _dir: started.dir,
+    }
+}
+
+fn unsupported() -> Option<&'static str> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("forks need the namespaces layer (root)");
+    }
+    registry_missing()
+}
+
+impl Two {
+    async fn client(&self, i: usize, tenant: &str) -> Client {
+        Client::connect(&self.replicas[i].url, &mint(&self.secret, tenant, SCOPES)).await
+    }
+
+    async fn session(&self, i: usize, tenant: &str) -> Client {
+        let mut c = self.client(i, tenant).await;
+        c.initialize().await;
+        c
+    }
+
+    fn root(&self, i: usize, tenant: &str) -> String {
+        self.replicas[i]
+            .dir
+            .path()
+            .join(tenant)
+            .display()
+            .to_string()
+    }
+
+    /// Files left in replica `i`'s snapshot store's work directory.
+    fn scratch(&self, i: usize) -> usize {
+        std::fs::read_dir(self.replicas[i].dir.path().join("snapshots/tmp"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+async fn write(c: &mut Client, path: &str, data: &str) {
+    c.call(
+        "fs/writeFile",
+        json!({"path": path, "dataBase64": common::b64(data.as_bytes())}),
+    )
+    .await;
+}
+
+async fn sh(c: &mut Client, id: &str, cwd: &str, script: &str) -> (String, i64) {
+    c.call(
+        "process/start",
+        json!({"processId": id, "argv": ["/bin/sh", "-c", script], "cwd": cwd,
+               "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
+    )
+    .await;
+    let out = c.collect(id).await;
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        out.exit_code.unwrap_or(-1),
+    )
+}
+
+/// `initialize {snapshot}` on a new connection: its result or error.
+async fn fork(two: &Two, i: usize, tenant: &str, id: &str) -> (Client, Value) {
+    let mut c = two.client(i, tenant).await;
+    let r = c
+        .call_raw("initialize", json!({"clientName": "t", "snapshot": id}))
+        .await;
+    if r.get("result").is_some() {
+        c.send(&json!({"method": "initialized"})).await;
+    }
+    (c, r)
+}
+
+/// The blob file of `digest` in the registry's storage.
+fn blob_file(reg: &TestRegistry, digest: &str) -> PathBuf {
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    reg.dir
+        .path()
+        .join("data/docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data")
+}
+
+/// A snapshot of tenant `a` on replica 0 with a small tree, pushed.
+async fn pushed(two: &Two) -> Value {
+    let r = two.root(0, "a");
+    let mut a = two.session(0, "a").await;
+    let (out, code) = sh(
+        &mut a,
+        "mk",
+        &r,
+        "mkdir -p src/deep/er && echo 'print(1)' > src/main.py && printf '#!/bin/sh\\necho ran\\n' > run.sh \
+         && chmod 755 run.sh && ln -s src/main.py link && touch -d @1000000000 src/deep",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    write(&mut a, &format!("{r}/notes.txt"), "before the push").await;
+    let snap = a
+        .call(
+            "gateway/snapshot/create",
+            json!({"name": "good point", "labels": {"step": "3"}}),
+        )
+        .await;
+    let id = snap["id"].as_str().unwrap();
+    let p = a
+        .call("gateway/snapshot/push", json!({"snapshotId": id}))
+        .await;
+    assert_eq!(p["id"], snap["id"]);
+    assert_eq!(p["digest"], snap["digest"]);
+    p
+}
+
+#[tokio::test]
+async fn a_snapshot_pushed_on_one_replica_forks_on_another() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "");
+    let snap = pushed(&two).await;
+    let id = snap["id"].as_str().unwrap().to_owned();
+    let at = snap["pushed"].as_str().unwrap();
+    let repo = format!("{}/snapshots/", reg.addr);
+    assert!(at.starts_with(&repo) && at.contains("@sha256:"), "{at}");
+
+    // What the registry holds is an OCI image any tool reads: one
+    // uncompressed layer whose digest is the snapshot's, its record in
+    // the annotations.
+    let tagged = format!("docker://{}:{id}", at.split('@').next().unwrap());
+    let out = Command::new("/usr/bin/skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false", &tagged])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(manifest["layers"][0]["digest"], snap["digest"]);
+    assert_eq!(
+        manifest["layers"][0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar"
+    );
+    let record: Value = serde_json::from_str(
+        manifest["annotations"]["dev.exec-gateway.snapshot"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["name"], "good point");
+
+    // Replica 1 has never seen it: the fork pulls it.
+    let r1 = two.root(1, "a");
+    let (mut f, init) = fork(&two, 1, "a", &id).await;
+    assert!(init.get("result").is_some(), "{init}");
+    let (out, code) = sh(
+        &mut f,
+        "check",
+        &r1,
+        "cat notes.txt src/main.py && ./run.sh && readlink link && stat -c %Y src/deep && echo hi > new",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out, "before the pushprint(1)\nran\nsrc/main.py\n1000000000\n",
+        "{out}"
+    );
+    // The fork's writes are its own: not in replica 1's tenant root.
+    assert!(!Path::new(&r1).join("new").exists());
+    let mut a1 = two.session(1, "a").await;
+    let got = a1
+        .call("gateway/snapshot/get", json!({"snapshotId": id}))
+        .await;
+    assert_eq!(got["digest"], snap["digest"]);
+    assert_eq!(got["name"], "good point");
+    assert_eq!(got["labels"], json!({"step": "3"}));
+    assert_eq!(got["pushed"], at);
+    // A second fork there uses the copy it now has.
+    let (_g, init) = fork(&two, 1, "a", &id).await;
+    assert!(init.get("result").is_some(), "{init}");
+
+    // Tenant b's id space is its own, on both replicas, registry or not.
+    for i in [0, 1] {
+        let (_, r) = fork(&two, i, "b", &id).await;
+        assert_eq!(
+            r["error"]["message"],
+            format!("unknown snapshot id {id}"),
+            "{r}"
+        );
+    }
+    let mut b = two.session(1, "b").await;
+    let (code, msg) = b
+        .call_err("gateway/snapshot/push", json!({"snapshotId": id}))
+        .await;
+    assert_eq!((code, msg), (-32600, format!("unknown snapshot id {id}")));
+    assert_eq!(two.scratch(0) + two.scratch(1), 0);
+}
+
+#[tokio::test]
+async fn a_corrupt_or_cut_layer_is_refused_at_restore() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "");
+    let snap = pushed(&two).await;
+    let id = snap["id"].as_str().unwrap().to_owned();
+    let blob = blob_file(&reg, snap["digest"].as_str().unwrap());
+    let good = std::fs::read(&blob).unwrap();
+
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 3;
+    flipped[mid] ^= 0x20;
+    for (what, bytes) in [
+        ("corrupt", flipped),
+        ("cut short", good[..good.len() / 2].to_vec()),
+    ] {
+        std::fs::write(&blob, &bytes).unwrap();
+        let (_, r) = fork(&two, 1, "a", &id).await;
+        let msg = r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(r["error"]["code"], -32602, "{what}: {r}");
+        assert!(msg.contains("refused"), "{what}: {msg}");
+        // Nothing kept, nothing left over, nothing charged.
+        let mut a1 = two.session(1, "a").await;
+        let list = a1.call("gateway/snapshot/list", json!({})).await;
+        assert_eq!(list["snapshots"], json!([]), "{what}");
+        assert_eq!(two.scratch(1), 0, "{what}");
+    }
+    // The good layer back: the same replica restores it.
+    std::fs::write(&blob, &good).unwrap();
+    let (_f, r) = fork(&two, 1, "a", &id).await;
+    assert!(r.get("result").is_some(), "{r}");
+}
+
+#[tokio::test]
+async fn a_restore_counts_against_the_tenants_snapshots() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "max_per_tenant = 1");
+    let snap = pushed(&two).await;
+    let id = snap["id"].as_str().unwrap();
+    // Replica 1's tenant a already keeps one: the restore is refused with
+    // the quota error, and nothing is pulled.
+    let mut a1 = two.session(1, "a").await;
+    a1.call("gateway/snapshot/create", json!({})).await;
+    let (_, r) = fork(&two, 1, "a", id).await;
+    assert_eq!(r["error"]["code"], -32006, "{r}");
+    assert_eq!(two.scratch(1), 0);
+}
