@@ -208,6 +208,7 @@ method_table! {
     SnapshotGet(SnapshotIdParams) = m::SNAPSHOT_GET, Snapshot, Some(Scope::Snapshot);
     SnapshotDelete(SnapshotIdParams) = m::SNAPSHOT_DELETE, Snapshot, Some(Scope::Snapshot);
     SnapshotPush(SnapshotIdParams) = m::SNAPSHOT_PUSH, Snapshot, Some(Scope::Snapshot);
+    SnapshotPromote(SnapshotIdParams) = m::SNAPSHOT_PROMOTE, Snapshot, Some(Scope::Snapshot);
 }
 
 impl Call {

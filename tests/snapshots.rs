@@ -284,6 +284,25 @@ async fn snapshots_are_bounded_and_their_tenants_own() {
         "one"
     );
 
+    // Without a snapshot registry there is nowhere to push; promoting
+    // keeps it until it is deleted.
+    let (code, msg) = a
+        .call_err("gateway/snapshot/push", json!({"snapshotId": id}))
+        .await;
+    assert_eq!(code, -32602, "{msg}");
+    assert!(msg.contains("no snapshot registry"), "{msg}");
+    let kept = a
+        .call("gateway/snapshot/promote", json!({"snapshotId": id}))
+        .await;
+    assert!(
+        kept.get("expiresAtMs").is_none() && kept.get("pushed").is_none(),
+        "{kept}"
+    );
+    let (code, _) = b
+        .call_err("gateway/snapshot/promote", json!({"snapshotId": id}))
+        .await;
+    assert_eq!(code, -32600);
+
     // Without the scope, nothing.
     let mut c = Client::connect(&gw.url, &mint(&gw.secret, "a", "exec fs:read fs:write")).await;
     let (code, msg) = c

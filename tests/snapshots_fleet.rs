@@ -304,3 +304,82 @@ async fn a_restore_counts_against_the_tenants_snapshots() {
     assert_eq!(r["error"]["code"], -32006, "{r}");
     assert_eq!(two.scratch(1), 0);
 }
+
+/// gRPC: PromoteSnapshot keeps a snapshot until it is deleted and pushes
+/// it; the other replica's ForkSessions restores it, still kept, and its
+/// PushSnapshot of an id it does not know is refused like any unknown id.
+#[tokio::test]
+async fn a_promoted_snapshot_is_kept_and_forks_anywhere_over_grpc() {
+    use common::grpc::authed;
+    use exec_gateway::transport::grpc::pb;
+    use pb::session_service_client::SessionServiceClient;
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "");
+    let token = mint(&two.secret, "a", SCOPES);
+    let mut a = two.session(0, "a").await;
+    write(&mut a, &format!("{}/kept", two.root(0, "a")), "kept").await;
+    let snap = a.call("gateway/snapshot/create", json!({})).await;
+    assert!(snap["expiresAtMs"].as_u64().is_some(), "{snap}");
+    let id = snap["id"].as_str().unwrap().to_owned();
+    let mut s0 = SessionServiceClient::new(common::grpc::channel(&two.replicas[0].grpc).await);
+    let promoted = s0
+        .promote_snapshot(authed(
+            pb::PromoteSnapshotRequest {
+                snapshot_id: id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(promoted.expires_at_ms, 0);
+    assert!(promoted.pushed.contains("@sha256:"), "{promoted:?}");
+    let listed = a
+        .call("gateway/snapshot/get", json!({"snapshotId": id}))
+        .await;
+    assert!(listed.get("expiresAtMs").is_none(), "{listed}");
+
+    let mut s1 = SessionServiceClient::new(common::grpc::channel(&two.replicas[1].grpc).await);
+    let e = s1
+        .push_snapshot(authed(
+            pb::PushSnapshotRequest {
+                snapshot_id: "snap-0123456789abcdef0123456789abcdef".into(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let ids = s1
+        .fork_sessions(authed(
+            pb::ForkSessionsRequest {
+                snapshot_id: id.clone(),
+                count: 2,
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_ids;
+    assert_eq!(ids.len(), 2);
+    let got = s1
+        .get_snapshot(authed(
+            pb::GetSnapshotRequest {
+                snapshot_id: id.clone(),
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!((got.expires_at_ms, got.pushed), (0, promoted.pushed));
+}

@@ -54,6 +54,7 @@ pub const SNAPSHOT_LIST: &str = "gateway/snapshot/list";
 pub const SNAPSHOT_GET: &str = "gateway/snapshot/get";
 pub const SNAPSHOT_DELETE: &str = "gateway/snapshot/delete";
 pub const SNAPSHOT_PUSH: &str = "gateway/snapshot/push";
+pub const SNAPSHOT_PROMOTE: &str = "gateway/snapshot/promote";
 
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";

@@ -28,8 +28,10 @@ pub struct Snapshot {
     pub skipped: u64,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
-    /// When retention deletes it (milliseconds since the Unix epoch).
-    pub expires_at_ms: u64,
+    /// When retention deletes it (milliseconds since the Unix epoch);
+    /// none once promoted (kept until deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
     /// Where it was pushed: `<registry>/<repository>@<manifest digest>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pushed: Option<String>,

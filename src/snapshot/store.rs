@@ -187,7 +187,7 @@ impl TenantSnapshots {
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
                 .filter(|m: &Snapshot| m.id == id && is_id(&id));
-            let kept = meta.filter(|m| m.expires_at_ms > now);
+            let kept = meta.filter(|m| m.expires_at_ms.is_none_or(|t| t > now));
             let tree = Arc::new(Tree {
                 dir: p.clone(),
                 bytes: kept.as_ref().map_or(0, |m| m.bytes),
@@ -228,7 +228,7 @@ impl TenantSnapshots {
             .records
             .lock()
             .iter()
-            .filter(|(_, (m, _))| m.expires_at_ms <= now)
+            .filter(|(_, (m, _))| m.expires_at_ms.is_some_and(|t| t <= now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in expired {
@@ -344,7 +344,7 @@ impl TenantSnapshots {
             entries: captured.unpacked.entries,
             skipped: captured.skipped,
             created_at_ms: created,
-            expires_at_ms: self.expiry(created),
+            expires_at_ms: Some(self.expiry(created)),
             pushed: None,
         };
         self.commit(&work, meta.clone())
@@ -368,16 +368,16 @@ impl TenantSnapshots {
         Ok(())
     }
 
-    /// Record that snapshot `id` was pushed to `to` (kept if it is still
-    /// there).
-    pub(super) fn mark_pushed(&self, id: &str, to: String) -> Option<Snapshot> {
+    /// Change snapshot `id`'s record (if it is still there) with `edit`,
+    /// on disk too.
+    pub(super) fn update(&self, id: &str, edit: impl FnOnce(&mut Snapshot)) -> Option<Snapshot> {
         let mut records = self.records.lock();
         let (meta, tree) = records.get_mut(id)?;
-        meta.pushed = Some(to);
+        edit(meta);
         if let Ok(json) = serde_json::to_vec(&*meta)
             && let Err(e) = write_synced(&tree.dir.join("meta.json"), &json)
         {
-            tracing::warn!(snapshot = id, error = %e, "the record of the push is not on disk");
+            tracing::warn!(snapshot = id, error = %e, "the snapshot's record is not on disk");
         }
         Some(meta.clone())
     }

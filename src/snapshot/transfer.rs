@@ -81,11 +81,28 @@ impl TenantSnapshots {
                 meta.digest
             )));
         }
+        // The record as it is now (a promotion may have come meanwhile).
+        let meta = self.get(id).unwrap_or(meta);
         let to = remote.push(&key, &meta, &layer, size).await?;
-        Ok(self.mark_pushed(id, to.clone()).unwrap_or(Snapshot {
-            pushed: Some(to),
-            ..meta
-        }))
+        Ok(self
+            .update(id, |m| m.pushed = Some(to.clone()))
+            .unwrap_or(Snapshot {
+                pushed: Some(to),
+                ..meta
+            }))
+    }
+
+    /// Promote snapshot `id`: kept until deleted (retention passes it
+    /// by), and pushed when a registry is configured, so that every
+    /// session of the tenant, on any replica, can start from it.
+    pub async fn promote(self: &Arc<Self>, id: &str) -> Result<Snapshot, SnapshotError> {
+        let meta = self
+            .update(id, |m| m.expires_at_ms = None)
+            .ok_or_else(|| SnapshotError::Unknown(id.to_owned()))?;
+        if self.remote.is_none() {
+            return Ok(meta);
+        }
+        self.push(id).await
     }
 
     /// Snapshot `id`: the local one, or, when a registry is configured and
@@ -145,7 +162,9 @@ impl TenantSnapshots {
         let kept = Snapshot {
             bytes: restored.0,
             entries: restored.1,
-            expires_at_ms: self.expiry(now_ms()),
+            // A promoted snapshot stays kept; another is this replica's
+            // copy for a retention period from now.
+            expires_at_ms: meta.expires_at_ms.and(Some(self.expiry(now_ms()))),
             pushed: Some(remote.located(&key, &manifest)),
             ..meta
         };

@@ -388,7 +388,8 @@ impl Backend for LocalBackend {
             call @ (Call::SnapshotList(_)
             | Call::SnapshotGet(_)
             | Call::SnapshotDelete(_)
-            | Call::SnapshotPush(_)),
+            | Call::SnapshotPush(_)
+            | Call::SnapshotPromote(_)),
         ) = op
         {
             let snaps = self.snapshots.clone();
@@ -511,7 +512,8 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         call @ (Call::SnapshotList(_)
         | Call::SnapshotGet(_)
         | Call::SnapshotDelete(_)
-        | Call::SnapshotPush(_)) => {
+        | Call::SnapshotPush(_)
+        | Call::SnapshotPromote(_)) => {
             snapshot::on_store(s.snapshots.as_ref(), call, scope.audit.as_deref()).await?
         }
         // Whole-file calls: one handler each in `files`, which gRPC's

@@ -75,16 +75,25 @@ pub(super) async fn on_store(
             }
             Ok(super::empty())
         }
-        Call::SnapshotPush(p) => {
-            let meta = snaps.store.push(&p.snapshot_id).await.map_err(|e| {
+        Call::SnapshotPush(ref p) | Call::SnapshotPromote(ref p) => {
+            let (event, done) = match &call {
+                Call::SnapshotPush(_) => {
+                    ("snapshot.pushed", snaps.store.push(&p.snapshot_id).await)
+                }
+                _ => (
+                    "snapshot.promoted",
+                    snaps.store.promote(&p.snapshot_id).await,
+                ),
+            };
+            let meta = done.map_err(|e| {
                 if let SnapshotError::Io(why) | SnapshotError::Remote(why) = &e {
-                    tracing::error!(snapshot = p.snapshot_id, error = %why, "push");
+                    tracing::error!(snapshot = p.snapshot_id, error = %why, "{event}");
                 }
                 GatewayError::from(e)
             })?;
             if let Some(tag) = audit {
                 crate::audit::emit(
-                    "snapshot.pushed",
+                    event,
                     &tag.who(),
                     serde_json::json!({ "snapshot_id": meta.id, "to": meta.pushed }),
                 );

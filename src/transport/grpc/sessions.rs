@@ -154,6 +154,42 @@ impl pb::session_service_server::SessionService for GrpcApi {
         Ok(Response::new(pb::DeleteSnapshotResponse {}))
     }
 
+    async fn push_snapshot(
+        &self,
+        req: Request<pb::PushSnapshotRequest>,
+    ) -> Result<Response<pb::PushSnapshotResponse>, Status> {
+        let caller = caller(&req)?;
+        let snapshot_id = req.into_inner().snapshot_id;
+        let s = self
+            .sent_on(
+                &caller,
+                "snapshot.pushed",
+                Call::SnapshotPush(IdParams { snapshot_id }),
+            )
+            .await?;
+        Ok(Response::new(pb::PushSnapshotResponse {
+            snapshot: Some(s),
+        }))
+    }
+
+    async fn promote_snapshot(
+        &self,
+        req: Request<pb::PromoteSnapshotRequest>,
+    ) -> Result<Response<pb::PromoteSnapshotResponse>, Status> {
+        let caller = caller(&req)?;
+        let snapshot_id = req.into_inner().snapshot_id;
+        let s = self
+            .sent_on(
+                &caller,
+                "snapshot.promoted",
+                Call::SnapshotPromote(IdParams { snapshot_id }),
+            )
+            .await?;
+        Ok(Response::new(pb::PromoteSnapshotResponse {
+            snapshot: Some(s),
+        }))
+    }
+
     async fn fork_sessions(
         &self,
         req: Request<pb::ForkSessionsRequest>,
@@ -196,6 +232,34 @@ fn to_pb(s: Snapshot) -> pb::Snapshot {
         entries: s.entries,
         skipped: s.skipped,
         created_at_ms: s.created_at_ms,
-        expires_at_ms: s.expires_at_ms,
+        expires_at_ms: s.expires_at_ms.unwrap_or(0),
+        pushed: s.pushed.unwrap_or_default(),
+    }
+}
+
+impl GrpcApi {
+    /// A session-less snapshot call that answers a snapshot (push,
+    /// promote), audited as `event`.
+    async fn sent_on(
+        &self,
+        caller: &crate::transport::authenticate::Caller,
+        event: &'static str,
+        call: Call,
+    ) -> Result<pb::Snapshot, Status> {
+        match self.call(caller, None, call).await? {
+            Reply::Snapshot(s) => {
+                crate::audit::emit(
+                    event,
+                    &crate::audit::Who {
+                        tenant: Some(&caller.tenant().name),
+                        subject: caller.principal().subject.as_deref(),
+                        session: None,
+                    },
+                    serde_json::json!({ "snapshot_id": s.id, "to": s.pushed }),
+                );
+                Ok(to_pb(*s))
+            }
+            _ => Err(unexpected()),
+        }
     }
 }
