@@ -47,6 +47,13 @@ async def test_forks_start_from_the_snapshot_and_stay_apart(gateway):
         assert await one.files.read_bytes(f"{root}/state") == b"saved"
         assert [s.id for s in await client.snapshots()] == [snap.id]
         assert (await client.get_snapshot(snap.id)).digest == snap.digest
+        assert snap.expires_at_ms and snap.pushed is None
+        # No snapshot registry on this gateway: nowhere to push; promoting
+        # keeps it until it is deleted.
+        with pytest.raises(exec_gateway.InvalidArgument):
+            await client.push_snapshot(snap)
+        kept = await client.promote_snapshot(snap)
+        assert (kept.id, kept.expires_at_ms, kept.pushed) == (snap.id, None, None)
         await client.delete_snapshot(snap)
         with pytest.raises(exec_gateway.NotFound):
             await client.get_snapshot(snap.id)

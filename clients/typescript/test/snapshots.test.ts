@@ -2,7 +2,7 @@
 // each fork sees the snapshot and only its own changes.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { connect, Forbidden, NotFound, type Client } from "@exec-gateway/client";
+import { connect, Forbidden, InvalidArgument, NotFound, type Client } from "@exec-gateway/client";
 import { Gateway, skipReason } from "./harness/gateway.js";
 
 const scope = "exec fs:read fs:write snapshot";
@@ -46,6 +46,12 @@ describe("snapshots and forks", { skip: skipReason() }, () => {
     assert.equal(await one.files.readText(`${root}/state`), "saved");
     assert.deepEqual((await client.snapshots()).map((s) => s.id), [snap.id]);
     assert.equal((await client.getSnapshot(snap.id)).digest, snap.digest);
+    assert.ok(snap.expiresAtMs && snap.pushed === null);
+    // No snapshot registry on this gateway: nowhere to push; promoting
+    // keeps it until it is deleted.
+    await assert.rejects(client.pushSnapshot(snap), InvalidArgument);
+    const kept = await client.promoteSnapshot(snap);
+    assert.deepEqual([kept.id, kept.expiresAtMs, kept.pushed], [snap.id, null, null]);
     await client.deleteSnapshot(snap);
     await assert.rejects(client.getSnapshot(snap.id), NotFound);
     await assert.rejects(client.fork(snap, 1), NotFound);

@@ -145,6 +145,23 @@ class Client:
             spb.DeleteSnapshotRequest(snapshot_id=_snapshot_id(snapshot)),
             metadata=link.metadata()))
 
+    async def push_snapshot(self, snapshot: Union[str, Snapshot]) -> Snapshot:
+        """Pushes a snapshot to the gateway's snapshot registry, from which
+        any replica restores it (`pushed` says where)."""
+        link = self.link
+        return _snapshot((await link.call(lambda: link.sessions.PushSnapshot(
+            spb.PushSnapshotRequest(snapshot_id=_snapshot_id(snapshot)),
+            metadata=link.metadata()))).snapshot)
+
+    async def promote_snapshot(self, snapshot: Union[str, Snapshot]) -> Snapshot:
+        """Keeps a snapshot until it is deleted (`expires_at_ms` None), and
+        pushes it when the gateway has a snapshot registry: every session of
+        the tenant, on any replica, can start from it."""
+        link = self.link
+        return _snapshot((await link.call(lambda: link.sessions.PromoteSnapshot(
+            spb.PromoteSnapshotRequest(snapshot_id=_snapshot_id(snapshot)),
+            metadata=link.metadata()))).snapshot)
+
     async def environment_info(self) -> EnvironmentInfo:
         """Where calls without a session run: the tenant's root."""
         return await _environment_info(self.link, "")
@@ -403,4 +420,5 @@ def _snapshot_id(snapshot: Union[str, Snapshot, None]) -> str:
 def _snapshot(s: "spb.Snapshot") -> Snapshot:
     return Snapshot(id=s.id, name=s.name or None, labels=dict(s.labels), image=s.image or None,
                     digest=s.digest, bytes=s.bytes, entries=s.entries, skipped=s.skipped,
-                    created_at_ms=s.created_at_ms, expires_at_ms=s.expires_at_ms)
+                    created_at_ms=s.created_at_ms, expires_at_ms=s.expires_at_ms or None,
+                    pushed=s.pushed or None)

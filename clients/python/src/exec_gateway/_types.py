@@ -142,4 +142,7 @@ class Snapshot:
     #: FIFOs, sockets, devices and mount points left out.
     skipped: int
     created_at_ms: int
-    expires_at_ms: int
+    #: When retention deletes it; None once promoted (kept until deleted).
+    expires_at_ms: Optional[int]
+    #: Where it was pushed (`registry/repository@sha256:…`), if it was.
+    pushed: Optional[str] = None

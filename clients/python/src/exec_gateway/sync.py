@@ -150,6 +150,12 @@ class Client:
     def delete_snapshot(self, snapshot: Union[str, Snapshot]) -> None:
         self._loop.run(self._inner.delete_snapshot(snapshot))
 
+    def push_snapshot(self, snapshot: Union[str, Snapshot]) -> Snapshot:
+        return self._loop.run(self._inner.push_snapshot(snapshot))
+
+    def promote_snapshot(self, snapshot: Union[str, Snapshot]) -> Snapshot:
+        return self._loop.run(self._inner.promote_snapshot(snapshot))
+
     def environment_info(self) -> EnvironmentInfo:
         return self._loop.run(self._inner.environment_info())
 

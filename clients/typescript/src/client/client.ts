@@ -116,6 +116,37 @@ export class Client {
     );
   }
 
+  /**
+   * Push a snapshot to the gateway's snapshot registry, from which any
+   * replica restores it (`pushed` says where).
+   */
+  async pushSnapshot(snapshot: Snapshot | string, opts?: CallOptions): Promise<Snapshot> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(
+      opts,
+      true,
+      bind(sessions.pushSnapshot, sessions, { snapshotId: snapshotId(snapshot) }),
+    );
+    if (!r.snapshot) throw new TypeError("the gateway answered PushSnapshot without a snapshot");
+    return toSnapshot(r.snapshot);
+  }
+
+  /**
+   * Keep a snapshot until it is deleted (`expiresAtMs` null), and push it
+   * when the gateway has a snapshot registry: every session of the tenant,
+   * on any replica, can start from it.
+   */
+  async promoteSnapshot(snapshot: Snapshot | string, opts?: CallOptions): Promise<Snapshot> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(
+      opts,
+      true,
+      bind(sessions.promoteSnapshot, sessions, { snapshotId: snapshotId(snapshot) }),
+    );
+    if (!r.snapshot) throw new TypeError("the gateway answered PromoteSnapshot without a snapshot");
+    return toSnapshot(r.snapshot);
+  }
+
   private track(s: Session): Session {
     this.open.add(s);
     return s;

@@ -29,7 +29,10 @@ export interface Snapshot {
   /** FIFOs, sockets, devices and mount points left out. */
   skipped: number;
   createdAtMs: number;
-  expiresAtMs: number;
+  /** When retention deletes it; null once promoted (kept until deleted). */
+  expiresAtMs: number | null;
+  /** Where it was pushed (`registry/repository@sha256:…`), if it was. */
+  pushed: string | null;
 }
 
 export function toSnapshot(s: PbSnapshot): Snapshot {
@@ -43,7 +46,8 @@ export function toSnapshot(s: PbSnapshot): Snapshot {
     entries: Number(s.entries),
     skipped: Number(s.skipped),
     createdAtMs: Number(s.createdAtMs),
-    expiresAtMs: Number(s.expiresAtMs),
+    expiresAtMs: Number(s.expiresAtMs) || null,
+    pushed: s.pushed || null,
   };
 }
 

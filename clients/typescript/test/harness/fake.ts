@@ -53,6 +53,8 @@ export class FakeGateway {
       listSnapshots: (_call, cb) => cb(unimplemented()),
       getSnapshot: (_call, cb) => cb(unimplemented()),
       deleteSnapshot: (_call, cb) => cb(unimplemented()),
+      pushSnapshot: (_call, cb) => cb(unimplemented()),
+      promoteSnapshot: (_call, cb) => cb(unimplemented()),
       forkSessions: (_call, cb) => cb(unimplemented()),
     } satisfies session.SessionServiceServer);
     server.addService(environment.EnvironmentServiceService, {
