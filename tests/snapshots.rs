@@ -625,3 +625,71 @@ async fn a_deleted_snapshot_holds_no_disk_through_a_passed_descriptor() {
     assert!(msg.contains("cannot take snapshots"), "{msg}");
     assert!(read(&mut origin, &format!("{r}/big")).await.is_ok());
 }
+
+/// `exec-gateway snapshot` over both doors: create with a name and
+/// labels, list (table and JSON), get, promote, delete; an unknown id
+/// fails with the gateway's words and the client's exit code.
+#[tokio::test]
+async fn the_cli_saves_lists_promotes_and_deletes() {
+    let Some(gw) = gateway("") else {
+        return;
+    };
+    let token = mint(&gw.secret, "a", SCOPES);
+    let grpc = gw.grpc.replacen("http://", "grpc://", 1);
+    let cli = |url: &str, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_exec-gateway"))
+            .args(["snapshot", "--url", url, "--token", &token])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::write(Path::new(&root(&gw, "a")).join("f"), "cli").unwrap();
+    for url in [gw.url.as_str(), grpc.as_str()] {
+        let (code, out, err) = cli(url, &["create", "--name", "from the cli", "--label", "k=v"]);
+        assert_eq!(code, Some(0), "{url}: {err}");
+        let snap: Value = serde_json::from_str(out.trim()).unwrap();
+        let id = snap["id"].as_str().unwrap().to_owned();
+        assert_eq!(
+            (snap["name"].as_str(), snap["labels"]["k"].as_str()),
+            (Some("from the cli"), Some("v"))
+        );
+        let (_, table, _) = cli(url, &["list"]);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&id))
+            .unwrap_or_default();
+        assert!(
+            row.contains("from the cli") && row.contains("retained"),
+            "{table}"
+        );
+        let (_, json_lines, _) = cli(url, &["list", "--json"]);
+        assert_eq!(json_lines.lines().count(), 1, "{json_lines}");
+        let (code, got, _) = cli(url, &["get", &id]);
+        assert_eq!(code, Some(0));
+        assert_eq!(
+            serde_json::from_str::<Value>(got.trim()).unwrap()["digest"],
+            snap["digest"]
+        );
+        let (code, kept, _) = cli(url, &["promote", &id]);
+        assert_eq!(code, Some(0));
+        assert!(
+            serde_json::from_str::<Value>(kept.trim())
+                .unwrap()
+                .get("expiresAtMs")
+                .is_none()
+        );
+        let (code, _, _) = cli(url, &["delete", &id]);
+        assert_eq!(code, Some(0));
+        let (code, _, err) = cli(url, &["get", &id]);
+        assert_eq!(code, Some(125), "{err}");
+        assert!(err.contains("unknown snapshot id"), "{err}");
+    }
+    let (code, _, err) = cli(&gw.url, &["create", "--label", "novalue"]);
+    assert_eq!(code, Some(125));
+    assert!(err.contains("not KEY=VALUE"), "{err}");
+}

@@ -17,6 +17,7 @@ mod audit;
 mod executor;
 mod reload;
 pub mod remote;
+mod snapshot;
 
 pub use executor::ExecutorArgs;
 mod term;
@@ -57,6 +58,9 @@ pub enum Command {
     Cp(remote::CpArgs),
     /// List a session's processes.
     Ps(remote::PsArgs),
+    /// The tenant's workspace snapshots: create, list, get, delete, push
+    /// (to the gateway's snapshot registry), promote (kept until deleted).
+    Snapshot(snapshot::SnapshotArgs),
     /// Print the audit trail's events (all its rotated files, oldest
     /// first), filtered by tenant, event and age.
     Audit(audit::AuditArgs),
@@ -340,6 +344,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Exec(args) => client_runtime(remote::exec(args)),
         Command::Cp(args) => client_runtime(remote::cp(args)),
         Command::Ps(args) => client_runtime(remote::ps(args)),
+        Command::Snapshot(args) => client_runtime(snapshot::snapshot(args)),
         Command::Audit(args) => audit::audit(&args),
     }
 }

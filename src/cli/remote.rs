@@ -107,7 +107,7 @@ pub struct PsArgs {
     pub json: bool,
 }
 
-fn fail(e: impl std::fmt::Display) -> ExitCode {
+pub(super) fn fail(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("exec-gateway: {e}");
     ExitCode::from(EXIT_CLIENT)
 }
@@ -262,7 +262,7 @@ fn embedded_token() -> Result<String, String> {
 }
 
 /// Connect, resuming `session` or opening one on `image`.
-async fn connect(
+pub(super) async fn connect(
     args: &ClientArgs,
     session: Option<String>,
     image: Option<String>,

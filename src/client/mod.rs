@@ -6,8 +6,8 @@
 //! carry a write id, so none is applied twice) and attachments catch up
 //! from their last seq, without losing or repeating output.
 //!
-//! `exec-gateway exec`, `cp` and `ps` are built on it, and so is the
-//! benchmark.
+//! `exec-gateway exec`, `cp`, `ps` and `snapshot` are built on it, and so
+//! is the benchmark. The tenant's snapshots: [`Client::snapshot`].
 //!
 //! ```no_run
 //! use exec_gateway::client::{Client, Event, ProcessSpec};
@@ -39,6 +39,7 @@
 //! `exec-gateway serve`.
 
 pub mod copy;
+pub mod snapshots;
 
 mod common;
 mod error;
@@ -50,6 +51,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use self::common::redact_url;
 pub use self::error::{ClientError, Result};
+pub use self::snapshots::{Snapshot, SnapshotOp};
 pub use self::types::{
     ATTACH_BUFFER_BYTES, ATTACH_BUFFER_EVENTS, ConnectOptions, DEFAULT_RESUME_WITHIN, DirEntry,
     Event, FILE_BLOCK_BYTES, FILE_BLOCKS_IN_FLIGHT, MAX_MESSAGE_BYTES, Metadata, ProcessInfo,

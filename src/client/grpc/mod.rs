@@ -5,6 +5,7 @@
 
 mod attach;
 mod files;
+mod snapshots;
 
 pub(super) use self::attach::GrpcAttachment;
 use super::common::{Backoff, Ids, error_chain, redact_url};

@@ -16,6 +16,7 @@ mod files;
 mod link;
 mod mailbox;
 mod process;
+mod snapshots;
 #[cfg(test)]
 mod testing;
 
