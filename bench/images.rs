@@ -60,13 +60,13 @@ fn filler_tar(mib: usize) -> BenchResult<Vec<u8>> {
 }
 
 /// `docker-registry` on a loopback port, storing under `dir`.
-struct LocalRegistry {
+pub(super) struct LocalRegistry {
     child: std::process::Child,
-    addr: String,
+    pub(super) addr: String,
 }
 
 impl LocalRegistry {
-    fn start(dir: &Path) -> BenchResult<LocalRegistry> {
+    pub(super) fn start(dir: &Path) -> BenchResult<LocalRegistry> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(err)?

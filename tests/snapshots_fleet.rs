@@ -22,6 +22,7 @@ struct Two {
     replicas: Vec<Gateway>,
     secret: Vec<u8>,
     _dir: tempfile::TempDir,
+    _key: tempfile::TempDir,
 }
 
 /// Two replicas; tenants `a` and `b` rooted in each one's directory;
@@ -29,6 +30,10 @@ struct Two {
 /// where this cannot run here.
 fn start(reg: &TestRegistry, bounds: &str) -> Two {
     let r = &reg.addr;
+    // The snapshot signing key every replica shares.
+    let key = tempfile::tempdir().unwrap();
+    let k = key.path().join("snapshots.key");
+    std::fs::write(&k, common::random_secret()).unwrap();
     let started = common::fleet::launch(2, |d| {
         for t in ["a", "b"] {
             std::fs::create_dir_all(d.join(t)).unwrap();
@@ -36,16 +41,18 @@ fn start(reg: &TestRegistry, bounds: &str) -> Two {
         format!(
             "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
              [images]\nstore = \"{d}/store\"\nregistries = [\"{r}\"]\ninsecure_registries = [\"{r}\"]\n\
-             [snapshots]\nstore = \"{d}/snapshots\"\nregistry = \"{r}/snapshots\"\n{bounds}\n\
+             [snapshots]\nstore = \"{d}/snapshots\"\nregistry = \"{r}/snapshots\"\nkey_file = \"{k}\"\n{bounds}\n\
              [tenants.a]\nroot = \"{d}/a\"\n\
              [tenants.b]\nroot = \"{d}/b\"\n",
             d = d.display(),
+            k = k.display(),
         )
     });
     Two {
         replicas: started.replicas.into_iter().flatten().collect(),
         secret: started.secret,
         _dir: started.dir,
+        _key: key,
     }
 }
 
@@ -382,4 +389,112 @@ async fn a_promoted_snapshot_is_kept_and_forks_anywhere_over_grpc() {
         .snapshot
         .unwrap();
     assert_eq!((got.expires_at_ms, got.pushed), (0, promoted.pushed));
+}
+
+/// What the registry holds is restored only if a gateway with the fleet's
+/// snapshot key pushed it for the same tenant: tenant a's image copied to
+/// tenant b's tag (by anyone who can write to the registry) is refused
+/// there, and nothing is kept.
+#[tokio::test]
+async fn an_image_copied_to_another_tenants_tag_is_refused() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "");
+    let snap = pushed(&two).await;
+    let id = snap["id"].as_str().unwrap();
+    let at = snap["pushed"]
+        .as_str()
+        .unwrap()
+        .split('@')
+        .next()
+        .unwrap()
+        .to_owned();
+    let key_b = exec_gateway::image::fetch::sha256_hex(b"b");
+    let theirs = format!("{}/snapshots/{key_b}", reg.addr);
+    let out = Command::new("/usr/bin/skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--src-tls-verify=false",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("docker://{at}:{id}"))
+        .arg(format!("docker://{theirs}:{id}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, r) = fork(&two, 1, "b", id).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("signature does not verify"), "{msg}");
+    let mut b = two.session(1, "b").await;
+    let list = b.call("gateway/snapshot/list", json!({})).await;
+    assert_eq!(list["snapshots"], json!([]));
+    assert_eq!(two.scratch(1), 0);
+}
+
+/// A snapshot deleted while a fork works in it can be restored again at
+/// once (the deleted tree is moved out of the id's way); a restore that
+/// is then refused (the token's image claim) keeps nothing; the restored
+/// workspace's root has the original's mode.
+#[tokio::test]
+async fn restores_after_a_delete_and_refusals_keep_nothing() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, "");
+    std::fs::set_permissions(
+        two.root(0, "a"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o751),
+    )
+    .unwrap();
+    let snap = pushed(&two).await;
+    let id = snap["id"].as_str().unwrap();
+    // A fork on the origin, then the snapshot deleted under it.
+    let (mut live, r) = fork(&two, 0, "a", id).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let mut a = two.session(0, "a").await;
+    a.call("gateway/snapshot/delete", json!({"snapshotId": id}))
+        .await;
+    let (mut again, r) = fork(&two, 0, "a", id).await;
+    assert!(r.get("result").is_some(), "restored again: {r}");
+    let r0 = two.root(0, "a");
+    for c in [&mut live, &mut again] {
+        let (out, code) = sh(c, "m", &r0, "stat -c %a . && cat notes.txt").await;
+        assert_eq!((out.as_str(), code), ("751\nbefore the push", 0));
+    }
+    // On replica 1, a token whose image claim names an image: refused
+    // (a snapshot of the host's userland), and not kept.
+    let mut c = Client::connect(
+        &two.replicas[1].url,
+        &jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &json!({"sub": "t", "tenant": "a", "scope": SCOPES, "image": "busybox:1",
+                    "exp": common::now() + 3600}),
+            &jsonwebtoken::EncodingKey::from_secret(&two.secret),
+        )
+        .unwrap(),
+    )
+    .await;
+    let r = c
+        .call_raw("initialize", json!({"clientName": "t", "snapshot": id}))
+        .await;
+    assert_eq!(r["error"]["code"], -32003, "{r}");
+    let mut a1 = two.session(1, "a").await;
+    let list = a1.call("gateway/snapshot/list", json!({})).await;
+    assert_eq!(
+        list["snapshots"],
+        json!([]),
+        "a refused restore is not kept"
+    );
 }

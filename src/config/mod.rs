@@ -55,7 +55,7 @@ pub use server::{
     AdminToken, ClientCerts, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
 };
-pub use snapshots::{MAX_FORKS_PER_TENANT, SnapshotsConfig, SnapshotsSettings};
+pub use snapshots::{MAX_FORKS_PER_TENANT, SnapshotKey, SnapshotsConfig, SnapshotsSettings};
 pub use template::{DEFAULT_NAME_PATTERN, MAX_TEMPLATED_NAME, TemplateSettings};
 pub use tenants::{
     CPU_PERIOD_US, CgroupLimits, DEFAULT_MAX_EGRESS_CONNECTIONS, DEFAULT_MAX_OUTBOUND_BYTES,
@@ -326,6 +326,7 @@ impl Config {
             self.fleet
                 .key_file
                 .iter()
+                .chain(self.snapshots.key_file.iter())
                 .chain(s.admin_token_file.iter())
                 .chain(s.tls.iter().map(|t| &t.key_file))
                 .chain(s.admin_tls.iter().map(|t| &t.key_file))

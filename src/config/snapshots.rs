@@ -41,6 +41,23 @@ pub struct SnapshotsConfig {
     /// `host[:port]/path` (credentials, CA and plain-HTTP registries as in
     /// `[images]`). None: snapshots stay on the replica that took them.
     pub registry: Option<String>,
+    /// The key (at least 32 bytes, the same on every replica) that signs
+    /// what is pushed; required with `registry`: a restore takes only what
+    /// a gateway with this key pushed for the same tenant.
+    pub key_file: Option<PathBuf>,
+}
+
+/// Shortest accepted snapshot signing key.
+pub const MIN_SNAPSHOT_KEY_BYTES: usize = 32;
+
+/// The key that signs pushed snapshots (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SnapshotKey(pub Vec<u8>);
+
+impl std::fmt::Debug for SnapshotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotKey(..)")
+    }
 }
 
 /// Validated `[snapshots]`.
@@ -52,7 +69,8 @@ pub struct SnapshotsSettings {
     pub max_entries: u64,
     pub max_forks_per_tenant: usize,
     pub retention: Duration,
-    pub registry: Option<String>,
+    /// The snapshot registry and the key that signs what goes there.
+    pub registry: Option<(String, SnapshotKey)>,
 }
 
 impl SnapshotsConfig {
@@ -95,9 +113,19 @@ impl SnapshotsConfig {
         if retention < Duration::from_secs(60) {
             return Err(ConfigError("snapshots.retention: at least 1m".to_owned()));
         }
-        let registry = match &self.registry {
-            Some(r) => Some(registry(r)?),
-            None => None,
+        let registry = match (&self.registry, &self.key_file) {
+            (Some(r), Some(k)) => Some((registry(r)?, key(k)?)),
+            (Some(_), None) => {
+                return Err(ConfigError(
+                    "snapshots.key_file is required with snapshots.registry: a restore must tell what a gateway of this fleet pushed from what anyone who can write to the registry put there".to_owned(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError(
+                    "snapshots.key_file without snapshots.registry signs nothing".to_owned(),
+                ));
+            }
+            (None, None) => None,
         };
         Ok(SnapshotsSettings {
             registry,
@@ -113,6 +141,25 @@ impl SnapshotsConfig {
             retention,
         })
     }
+}
+
+/// The signing key in `path`, trailing whitespace dropped.
+fn key(path: &std::path::Path) -> Result<SnapshotKey, ConfigError> {
+    let mut key = std::fs::read(path).map_err(|e| {
+        ConfigError(format!(
+            "snapshots.key_file: cannot read {}: {e}",
+            path.display()
+        ))
+    })?;
+    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        key.pop();
+    }
+    if key.len() < MIN_SNAPSHOT_KEY_BYTES {
+        return Err(ConfigError(format!(
+            "snapshots.key_file: a signing key needs at least {MIN_SNAPSHOT_KEY_BYTES} bytes"
+        )));
+    }
+    Ok(SnapshotKey(key))
 }
 
 /// `[snapshots] registry`: a repository on a named registry host, without
@@ -154,6 +201,33 @@ fn registry(r: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::registry;
+
+    #[test]
+    fn a_snapshot_registry_needs_a_signing_key_of_its_own() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let short = dir.path().join("short");
+        let good = dir.path().join("good");
+        std::fs::write(&short, "too short\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&good, [7u8; 32]).unwrap_or_else(|e| panic!("{e}"));
+        let with = |registry: Option<&str>, key: Option<&std::path::Path>| {
+            super::SnapshotsConfig {
+                store: Some(dir.path().join("store")),
+                registry: registry.map(str::to_owned),
+                key_file: key.map(|k| k.to_path_buf()),
+                ..Default::default()
+            }
+            .validate()
+            .map_err(|e| e.0)
+        };
+        let reg = Some("localhost:5000/snaps");
+        assert!(with(reg, None).is_err_and(|e| e.contains("key_file is required")));
+        assert!(with(None, Some(&good)).is_err_and(|e| e.contains("signs nothing")));
+        assert!(with(reg, Some(&short)).is_err_and(|e| e.contains("at least 32 bytes")));
+        let ok = with(reg, Some(&good)).unwrap_or_else(|e| panic!("{e}"));
+        let (r, key) = ok.registry.unwrap_or_else(|| panic!("no registry"));
+        assert_eq!((r.as_str(), key.0.len()), ("localhost:5000/snaps", 32));
+        assert_eq!(format!("{key:?}"), "SnapshotKey(..)");
+    }
 
     #[test]
     fn a_snapshot_registry_is_a_repository_on_a_named_host() {

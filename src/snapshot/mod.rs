@@ -54,7 +54,7 @@ pub const MAX_LABEL_VALUE_BYTES: usize = 256;
 /// Why a snapshot operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("unknown snapshot id {0}")]
+    #[error("unknown snapshot id {}", .0.escape_debug())]
     Unknown(String),
     #[error("{0}")]
     Invalid(String),

@@ -10,19 +10,26 @@
 //!   SHA-256 of the tenant's name. A tenant never names the repository:
 //!   another tenant's id looks in the asker's own repository and is not
 //!   found there.
+//! - Signed: the manifest's [`SIGNATURE`] annotation is an HMAC-SHA256,
+//!   with `[snapshots] key_file`, of the tenant's key, the record, the
+//!   layer's digest and the tree root's mode ([`ROOT_MODE`]). Anyone who
+//!   can write to the registry can put a manifest at a tenant's tag, or
+//!   copy one tenant's there; only one a gateway with the key pushed for
+//!   that tenant is restored.
 //! - Pulling treats the registry's answers as hostile: the manifest is
-//!   bounded and must be exactly this shape; the layer is checked against
-//!   its digest as it streams (a corrupt or truncated layer is refused
-//!   before anything is unpacked); the record must name the id asked for
-//!   and the layer's digest, and passes the checks a client's name and
-//!   labels do.
+//!   bounded, must be exactly this shape and verify; the layer is checked
+//!   against its digest as it streams (a corrupt or truncated layer is
+//!   refused before anything is unpacked); the record must name the id
+//!   asked for and the layer's digest, and passes the checks a client's
+//!   name and labels do.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use reqwest::Method;
 use reqwest::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, LOCATION};
-use sha2::Digest as _;
 
 use super::{Snapshot, SnapshotError, check_meta, is_id};
 use crate::config::ImagesSettings;
@@ -36,6 +43,11 @@ const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 /// The manifest annotation that holds the snapshot's record (JSON).
 pub const RECORD: &str = "dev.exec-gateway.snapshot";
+/// The annotation that signs the record, layer and root mode.
+pub const SIGNATURE: &str = "dev.exec-gateway.snapshot.signature";
+/// The annotation with the tree root's permission bits (octal): the tar
+/// stream has no entry for the root.
+pub const ROOT_MODE: &str = "dev.exec-gateway.snapshot.root-mode";
 /// A manifest is at most this.
 const MAX_MANIFEST_BYTES: u64 = 256 << 10;
 
@@ -45,6 +57,39 @@ pub struct Remote {
     /// `host[:port]/path`, as configured.
     repository: String,
     images: ImagesSettings,
+    key: crate::config::SnapshotKey,
+}
+
+/// What a restore takes from the registry: the record, the layer's size
+/// and the tree root's mode, and the manifest's digest.
+pub struct Found {
+    pub meta: Snapshot,
+    pub size: u64,
+    pub root_mode: u32,
+    pub manifest: String,
+}
+
+/// The signature of a pushed snapshot of tenant `key`.
+fn sign(
+    k: &crate::config::SnapshotKey,
+    key: &str,
+    record: &str,
+    layer: &str,
+    root_mode: u32,
+) -> Option<hmac::Hmac<sha2::Sha256>> {
+    use hmac::Mac as _;
+    let mut mac = <hmac::Hmac<sha2::Sha256>>::new_from_slice(&k.0).ok()?;
+    for part in [
+        "exec-gateway snapshot v1",
+        key,
+        record,
+        layer,
+        &format!("{root_mode:o}"),
+    ] {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part.as_bytes());
+    }
+    Some(mac)
 }
 
 fn unavailable(e: ImageError) -> SnapshotError {
@@ -57,8 +102,16 @@ pub fn tenant_key(name: &str) -> String {
 }
 
 impl Remote {
-    pub fn new(repository: String, images: ImagesSettings) -> Remote {
-        Remote { repository, images }
+    pub fn new(
+        repository: String,
+        images: ImagesSettings,
+        key: crate::config::SnapshotKey,
+    ) -> Remote {
+        Remote {
+            repository,
+            images,
+            key,
+        }
     }
 
     /// `<repository>/<key>:<id>`: where snapshot `id` of the tenant `key`
@@ -73,15 +126,16 @@ impl Remote {
         Registry::new(&r, &self.images).map_err(unavailable)
     }
 
-    /// Push snapshot `meta` whose layer is the file `layer` (`size` bytes,
-    /// digest `meta.digest`). Returns where it is: `<reference>@<digest of
-    /// the manifest>`.
+    /// Push snapshot `meta` whose tree is at `tree` (walked again as it is
+    /// sent: the registry checks it gives `meta.digest`) and whose root has
+    /// `root_mode`. Returns where it is: `<reference>@<digest of the
+    /// manifest>`.
     pub async fn push(
         &self,
         key: &str,
         meta: &Snapshot,
-        layer: &Path,
-        size: u64,
+        (tree, max_entries): (PathBuf, u64),
+        root_mode: u32,
     ) -> Result<String, SnapshotError> {
         let client = self.client(key, &meta.id)?.pushing();
         let config = serde_json::to_vec(&serde_json::json!({
@@ -93,23 +147,28 @@ impl Remote {
         }))
         .map_err(|e| SnapshotError::Io(e.to_string()))?;
         let config_digest = format!("sha256:{}", sha256_hex(&config));
-        upload(&client, &meta.digest, size, || {
-            let f = std::fs::File::open(layer)
-                .map_err(|e| ImageError::Unavailable(format!("the snapshot's layer: {e}")))?;
-            let stream =
-                tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(f), 1 << 16);
-            Ok(reqwest::Body::wrap_stream(stream))
+        let sent = Arc::new(AtomicU64::new(0));
+        let size = upload(&client, &meta.digest, None, &sent, || {
+            Ok(layer_body(tree.clone(), max_entries, sent.clone()))
         })
         .await?;
-        upload(&client, &config_digest, config.len() as u64, || {
-            Ok(reqwest::Body::from(config.clone()))
-        })
+        upload(
+            &client,
+            &config_digest,
+            Some(config.len() as u64),
+            &AtomicU64::new(0),
+            || Ok(reqwest::Body::from(config.clone())),
+        )
         .await?;
         let record = serde_json::to_string(&Snapshot {
             pushed: None,
             ..meta.clone()
         })
         .map_err(|e| SnapshotError::Io(e.to_string()))?;
+        use hmac::Mac as _;
+        let signature = sign(&self.key, key, &record, &meta.digest, root_mode)
+            .map(|m| fetch::hex(&m.finalize().into_bytes()))
+            .ok_or_else(|| SnapshotError::Io("the signing key".to_owned()))?;
         let manifest = serde_json::to_vec(&serde_json::json!({
             "schemaVersion": 2,
             "mediaType": MANIFEST_TYPE,
@@ -117,6 +176,8 @@ impl Remote {
             "layers": [{ "mediaType": LAYER_TYPE, "digest": meta.digest, "size": size }],
             "annotations": {
                 RECORD: record,
+                SIGNATURE: signature,
+                ROOT_MODE: format!("{root_mode:o}"),
                 "org.opencontainers.image.created": rfc3339(meta.created_at_ms),
             },
         }))
@@ -136,14 +197,9 @@ impl Remote {
         Ok(self.located(key, &manifest_digest))
     }
 
-    /// The record and layer of snapshot `id` of tenant `key`, if the
-    /// registry has it: checked as hostile input, and the layer's size.
-    /// And the manifest's digest.
-    pub async fn find(
-        &self,
-        key: &str,
-        id: &str,
-    ) -> Result<Option<(Snapshot, u64, String)>, SnapshotError> {
+    /// Snapshot `id` of tenant `key`, if the registry has it: checked as
+    /// hostile input and against its signature.
+    pub async fn find(&self, key: &str, id: &str) -> Result<Option<Found>, SnapshotError> {
         if !is_id(id) {
             return Ok(None);
         }
@@ -163,8 +219,26 @@ impl Remote {
         let body = crate::image::distribution::bounded(res, MAX_MANIFEST_BYTES, "manifest")
             .await
             .map_err(unavailable)?;
-        let (meta, size) = parse(&body, id)?;
-        Ok(Some((meta, size, format!("sha256:{}", sha256_hex(&body)))))
+        let (meta, size, root_mode) = parse(&body, id, |record, layer, mode, signature| {
+            use hmac::Mac as _;
+            let theirs = (signature.len() == 64)
+                .then(|| {
+                    (0..32)
+                        .map(|i| u8::from_str_radix(signature.get(2 * i..2 * i + 2)?, 16).ok())
+                        .collect::<Option<Vec<u8>>>()
+                })
+                .flatten();
+            match (sign(&self.key, key, record, layer, mode), theirs) {
+                (Some(mac), Some(theirs)) => mac.verify_slice(&theirs).is_ok(),
+                _ => false,
+            }
+        })?;
+        Ok(Some(Found {
+            meta,
+            size,
+            root_mode,
+            manifest: format!("sha256:{}", sha256_hex(&body)),
+        }))
     }
 
     /// `<repository>/<key>@<manifest>`: a pushed snapshot's place.
@@ -200,19 +274,26 @@ impl Remote {
     }
 }
 
-/// Upload blob `digest` unless the repository has it.
+/// Upload blob `digest` unless the repository has it; its size. `body`
+/// makes the bytes (afresh for a second attempt) and counts them in
+/// `sent`; `size` is said when known (else the body is sent chunked).
 async fn upload(
     client: &Registry,
     digest: &str,
-    size: u64,
+    size: Option<u64>,
+    sent: &AtomicU64,
     body: impl Fn() -> Result<reqwest::Body, ImageError>,
-) -> Result<(), SnapshotError> {
+) -> Result<u64, SnapshotError> {
     let had = client
         .send(Method::HEAD, &format!("blobs/{digest}"), &[], || Ok(None))
         .await
         .map_err(unavailable)?;
-    if had.is_some() {
-        return Ok(());
+    if let Some(had) = had {
+        return had
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|l| l.to_str().ok()?.parse().ok())
+            .ok_or_else(|| SnapshotError::Remote("a blob without its length".into()));
     }
     let started = client
         .send(Method::POST, "blobs/uploads/", &[], || Ok(None))
@@ -226,27 +307,91 @@ async fn upload(
         .ok_or_else(|| SnapshotError::Remote("an upload without a location".into()))?
         .to_owned();
     let sep = if location.contains('?') { '&' } else { '?' };
-    let len = size.to_string();
-    let headers: [(HeaderName, &str); 2] = [
-        (CONTENT_TYPE, "application/octet-stream"),
-        (CONTENT_LENGTH, &len),
-    ];
+    let len = size.map(|n| n.to_string());
+    let mut headers: Vec<(HeaderName, &str)> = vec![(CONTENT_TYPE, "application/octet-stream")];
+    if let Some(len) = &len {
+        headers.push((CONTENT_LENGTH, len));
+    }
+    // The registry checks the bytes against `digest` before it keeps them.
     client
         .send(
             Method::PUT,
             &format!("{location}{sep}digest={digest}"),
             &headers,
-            || body().map(Some),
+            || {
+                sent.store(0, Ordering::SeqCst);
+                body().map(Some)
+            },
         )
         .await
         .map_err(unavailable)?
         .ok_or_else(|| SnapshotError::Remote("the registry lost the upload (404)".into()))?;
-    Ok(())
+    Ok(sent.load(Ordering::SeqCst))
+}
+
+/// The tar stream of the tree at `tree`, made as it is sent (by a blocking
+/// task, `LAYER_CHUNK` bytes at a time, at most `LAYER_CHUNKS_AHEAD` of
+/// them waiting), its bytes counted in `sent`. A stream that is dropped
+/// stops the walk.
+fn layer_body(tree: PathBuf, max_entries: u64, sent: Arc<AtomicU64>) -> reqwest::Body {
+    const LAYER_CHUNK: usize = 256 << 10;
+    const LAYER_CHUNKS_AHEAD: usize = 8;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(LAYER_CHUNKS_AHEAD);
+    struct Chunks {
+        tx: tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+        buf: Vec<u8>,
+        sent: Arc<AtomicU64>,
+    }
+    impl Chunks {
+        fn send(&mut self) -> std::io::Result<()> {
+            if self.buf.is_empty() {
+                return Ok(());
+            }
+            let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(LAYER_CHUNK));
+            self.sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            self.tx
+                .blocking_send(Ok(bytes::Bytes::from(chunk)))
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        }
+    }
+    impl std::io::Write for Chunks {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let n = b.len().min(LAYER_CHUNK - self.buf.len());
+            self.buf.extend_from_slice(&b[..n]);
+            if self.buf.len() == LAYER_CHUNK {
+                self.send()?;
+            }
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.send()
+        }
+    }
+    tokio::task::spawn_blocking(move || {
+        let mut w = Chunks {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(LAYER_CHUNK),
+            sent,
+        };
+        if let Err(e) = super::capture::layer(&tree, &mut w, max_entries)
+            .and_then(|_| std::io::Write::flush(&mut w))
+        {
+            // The upload fails; the registry keeps nothing.
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// A manifest this module wrote, as hostile input: one tar layer, the
-/// record naming `id` and that layer.
-fn parse(body: &[u8], id: &str) -> Result<(Snapshot, u64), SnapshotError> {
+/// record naming `id` and that layer, signed (`verify` is given the record,
+/// the layer's digest, the root's mode and the signature); the record, the
+/// layer's size and the root's mode.
+fn parse(
+    body: &[u8],
+    id: &str,
+    verify: impl FnOnce(&str, &str, u32, &str) -> bool,
+) -> Result<(Snapshot, u64, u32), SnapshotError> {
     let bad = |why: &str| SnapshotError::Corrupt(format!("snapshot {id} in the registry: {why}"));
     #[derive(serde::Deserialize)]
     struct Descriptor {
@@ -273,6 +418,21 @@ fn parse(body: &[u8], id: &str) -> Result<(Snapshot, u64), SnapshotError> {
         .annotations
         .get(RECORD)
         .ok_or_else(|| bad("no snapshot record"))?;
+    let root_mode = m
+        .annotations
+        .get(ROOT_MODE)
+        .and_then(|s| u32::from_str_radix(s, 8).ok())
+        .filter(|m| *m <= 0o1777)
+        .ok_or_else(|| bad("no root mode"))?;
+    let signature = m
+        .annotations
+        .get(SIGNATURE)
+        .ok_or_else(|| bad("not signed"))?;
+    if !verify(record, &layer.digest, root_mode, signature) {
+        return Err(bad(
+            "its signature does not verify (not pushed for this tenant by a gateway with this snapshot key)",
+        ));
+    }
     let meta: Snapshot = serde_json::from_str(record).map_err(|_| bad("a malformed record"))?;
     if meta.id != id {
         return Err(bad("its record names another snapshot"));
@@ -286,37 +446,12 @@ fn parse(body: &[u8], id: &str) -> Result<(Snapshot, u64), SnapshotError> {
     {
         return Err(bad("a malformed image"));
     }
-    Ok((meta, layer.size))
-}
-
-/// A layer's bytes and digest, written to `out` from the tree.
-pub fn write_layer(tree: &Path, out: &Path, max_entries: u64) -> std::io::Result<(String, u64)> {
-    struct Hashing<W> {
-        inner: W,
-        hash: sha2::Sha256,
-        n: u64,
+    if meta.skipped > 1 << 40
+        || meta.created_at_ms > super::store::now_ms().saturating_add(86_400_000)
+    {
+        return Err(bad("a record out of range"));
     }
-    impl<W: std::io::Write> std::io::Write for Hashing<W> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let n = self.inner.write(buf)?;
-            self.hash.update(&buf[..n]);
-            self.n += n as u64;
-            Ok(n)
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            self.inner.flush()
-        }
-    }
-    let f = std::fs::File::create(out)?;
-    let mut w = Hashing {
-        inner: std::io::BufWriter::with_capacity(1 << 16, f),
-        hash: sha2::Sha256::new(),
-        n: 0,
-    };
-    super::capture::layer(tree, &mut w, max_entries)?;
-    std::io::Write::flush(&mut w)?;
-    let digest = format!("sha256:{}", fetch::hex(&w.hash.finalize()));
-    Ok((digest, w.n))
+    Ok((meta, layer.size, root_mode))
 }
 
 /// Milliseconds since the epoch as RFC 3339 (UTC).
@@ -339,18 +474,54 @@ mod tests {
         serde_json::to_vec(&serde_json::json!({
             "schemaVersion": 2,
             "layers": vec![layer; layers],
-            "annotations": { RECORD: record },
+            "annotations": { RECORD: record, ROOT_MODE: "755", SIGNATURE: "s" },
         }))
         .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_unsigned_or_wrongly_signed_manifest_is_refused() {
+        let id = "snap-0123456789abcdef0123456789abcdef";
+        let d = format!("sha256:{}", "a".repeat(64));
+        let body = manifest(id, &d, LAYER_TYPE, 1);
+        match parse(&body, id, |_, _, _, _| false) {
+            Err(SnapshotError::Corrupt(e)) => assert!(e.contains("signature"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // What is signed: the record, the layer and the mode as written.
+        let seen = std::cell::RefCell::new(None);
+        let ok = parse(&body, id, |record, layer, mode, sig| {
+            *seen.borrow_mut() =
+                Some((record.contains(id), layer.to_owned(), mode, sig.to_owned()));
+            true
+        });
+        assert!(ok.is_ok());
+        assert_eq!(
+            seen.into_inner(),
+            Some((true, d.clone(), 0o755, "s".to_owned()))
+        );
+        let key = crate::config::SnapshotKey(vec![7; 32]);
+        let a = sign(&key, "tenant-a", "{}", &d, 0o755).map(|m| {
+            use hmac::Mac as _;
+            m.finalize().into_bytes()
+        });
+        let b = sign(&key, "tenant-b", "{}", &d, 0o755).map(|m| {
+            use hmac::Mac as _;
+            m.finalize().into_bytes()
+        });
+        assert!(
+            a.is_some() && a != b,
+            "another tenant's key signs differently"
+        );
     }
 
     #[test]
     fn only_a_manifest_of_this_shape_is_taken() {
         let id = "snap-0123456789abcdef0123456789abcdef";
         let d = format!("sha256:{}", "a".repeat(64));
-        let ok = parse(&manifest(id, &d, LAYER_TYPE, 1), id);
+        let ok = parse(&manifest(id, &d, LAYER_TYPE, 1), id, |_, _, _, _| true);
         assert!(
-            matches!(ok, Ok((ref m, 10)) if m.id == id),
+            matches!(ok, Ok((ref m, 10, 0o755)) if m.id == id),
             "{:?}",
             ok.err()
         );
@@ -365,7 +536,7 @@ mod tests {
             (manifest(id, "sha256:zz", LAYER_TYPE, 1), "not sha256"),
             (b"{}".to_vec(), "not a manifest"),
         ] {
-            match parse(&body, id) {
+            match parse(&body, id, |_, _, _, _| true) {
                 Err(SnapshotError::Corrupt(e)) => assert!(e.contains(why), "{e}"),
                 other => panic!("{why}: {other:?}"),
             }

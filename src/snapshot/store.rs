@@ -116,7 +116,7 @@ impl SnapshotStore {
             remote: settings
                 .registry
                 .clone()
-                .map(|r| super::Remote::new(r, images.clone())),
+                .map(|(r, key)| super::Remote::new(r, images.clone(), key)),
             transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
             tenants: Mutex::new(HashMap::new()),
         }))
@@ -189,7 +189,7 @@ impl TenantSnapshots {
                 .filter(|m: &Snapshot| m.id == id && is_id(&id));
             let kept = meta.filter(|m| m.expires_at_ms.is_none_or(|t| t > now));
             let tree = Arc::new(Tree {
-                dir: p.clone(),
+                dir: parking_lot::Mutex::new(p.clone()),
                 bytes: kept.as_ref().map_or(0, |m| m.bytes),
                 deleted: AtomicBool::new(kept.is_none()),
                 room: room.clone(),
@@ -267,8 +267,19 @@ impl TenantSnapshots {
             .lock()
             .remove(id)
             .ok_or_else(|| SnapshotError::Unknown(id.to_owned()))?;
-        if let Err(e) = std::fs::remove_file(tree.dir.join("meta.json")) {
+        let dir = tree.dir();
+        if let Err(e) = std::fs::remove_file(dir.join("meta.json")) {
             tracing::warn!(snapshot = id, error = %e, "snapshot record left on disk");
+        }
+        // Out of the id's way (a fork may still work on it): the id can be
+        // restored again meanwhile. Forks hold its tree by their mounts,
+        // not its path. A name that is not an id goes at the next start.
+        let aside = self
+            .dir
+            .join(format!(".deleted-{}", uuid::Uuid::new_v4().simple()));
+        match std::fs::rename(&dir, &aside) {
+            Ok(()) => *tree.dir.lock() = aside,
+            Err(e) => tracing::warn!(snapshot = id, error = %e, "deleted tree not moved aside"),
         }
         tree.deleted.store(true, Ordering::SeqCst);
         Ok(())
@@ -359,7 +370,7 @@ impl TenantSnapshots {
         let dir = self.dir.join(&meta.id);
         std::fs::rename(work, &dir)?;
         let tree = Arc::new(Tree {
-            dir,
+            dir: parking_lot::Mutex::new(dir),
             bytes: meta.bytes,
             deleted: AtomicBool::new(false),
             room: self.room.clone(),
@@ -375,7 +386,7 @@ impl TenantSnapshots {
         let (meta, tree) = records.get_mut(id)?;
         edit(meta);
         if let Ok(json) = serde_json::to_vec(&*meta)
-            && let Err(e) = write_synced(&tree.dir.join("meta.json"), &json)
+            && let Err(e) = write_synced(&tree.dir().join("meta.json"), &json)
         {
             tracing::warn!(snapshot = id, error = %e, "the snapshot's record is not on disk");
         }

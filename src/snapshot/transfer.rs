@@ -56,34 +56,24 @@ impl TenantSnapshots {
     /// emptied since gets it back); returns its record with `pushed`.
     pub async fn push(self: &Arc<Self>, id: &str) -> Result<Snapshot, SnapshotError> {
         let (remote, key) = self.remote()?.clone();
-        let (meta, tree) = self.tree_of(id)?;
+        let (_, tree) = self.tree_of(id)?;
         let _permits = self.transfer_permits().await?;
-        let work = self
-            .tmp
-            .join(format!("push-{}", uuid::Uuid::new_v4().simple()));
-        mkdir_private(&work).map_err(io_err("the push's directory"))?;
-        let _scratch = Scratch(work.clone());
-        let layer = work.join("layer.tar");
-        let (path, max_entries) = (tree.path(), self.settings.max_entries);
-        let out = layer.clone();
-        let (digest, size) = tokio::task::spawn_blocking(move || {
-            super::remote::write_layer(&path, &out, max_entries)
-        })
-        .await
-        .map_err(|e| SnapshotError::Io(e.to_string()))?
-        .map_err(io_err("writing the layer"))?;
-        drop(tree);
-        if digest != meta.digest {
-            // The tree is the gateway's alone: this is a bug or a disk
-            // fault, not something to send under the snapshot's name.
-            return Err(SnapshotError::Io(format!(
-                "the tree of {id} gives {digest}, its record says {}",
-                meta.digest
-            )));
-        }
+        let path = tree.path();
+        let root_mode = {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::metadata(&path)
+                .map_err(io_err("the snapshot's tree"))?
+                .permissions()
+                .mode()
+                & 0o1777
+        };
         // The record as it is now (a promotion may have come meanwhile).
-        let meta = self.get(id).unwrap_or(meta);
-        let to = remote.push(&key, &meta, &layer, size).await?;
+        // The tree is held (`tree`) while it is sent.
+        let meta = self.get(id)?;
+        let to = remote
+            .push(&key, &meta, (path, self.settings.max_entries), root_mode)
+            .await?;
+        drop(tree);
         Ok(self
             .update(id, |m| m.pushed = Some(to.clone()))
             .unwrap_or(Snapshot {
@@ -95,34 +85,47 @@ impl TenantSnapshots {
     /// Promote snapshot `id`: kept until deleted (retention passes it
     /// by), and pushed when a registry is configured, so that every
     /// session of the tenant, on any replica, can start from it.
+    /// All or nothing: a push that fails leaves the snapshot as it was.
     pub async fn promote(self: &Arc<Self>, id: &str) -> Result<Snapshot, SnapshotError> {
+        let mut was = None;
         let meta = self
-            .update(id, |m| m.expires_at_ms = None)
+            .update(id, |m| was = m.expires_at_ms.take())
             .ok_or_else(|| SnapshotError::Unknown(id.to_owned()))?;
         if self.remote.is_none() {
             return Ok(meta);
         }
-        self.push(id).await
+        let pushed = self.push(id).await;
+        if pushed.is_err() && was.is_some() {
+            self.update(id, |m| m.expires_at_ms = m.expires_at_ms.or(was));
+        }
+        pushed
     }
 
     /// Snapshot `id`: the local one, or, when a registry is configured and
-    /// holds it, pulled, checked and kept here (owned by `owner`).
+    /// holds it, pulled, checked and kept here (owned by `owner`); and
+    /// whether this call restored it (a caller that then refuses the fork
+    /// deletes it again).
     pub async fn restore(
         self: &Arc<Self>,
         id: &str,
         owner: Option<(u32, u32)>,
-    ) -> Result<Snapshot, SnapshotError> {
+    ) -> Result<(Snapshot, bool), SnapshotError> {
         match self.get(id) {
             Err(SnapshotError::Unknown(_)) if self.remote.is_some() => {}
-            found => return found,
+            found => return found.map(|m| (m, false)),
         }
         let (remote, key) = self.remote()?.clone();
         let _permits = self.transfer_permits().await?;
         // Another call may have restored it while this one waited.
         if let Ok(meta) = self.get(id) {
-            return Ok(meta);
+            return Ok((meta, false));
         }
-        let (meta, size, manifest) = remote
+        let super::remote::Found {
+            meta,
+            size,
+            root_mode,
+            manifest,
+        } = remote
             .find(&key, id)
             .await?
             .ok_or_else(|| SnapshotError::Unknown(id.to_owned()))?;
@@ -153,7 +156,7 @@ impl TenantSnapshots {
         let this = self.clone();
         let expected = meta.digest.clone();
         let restored = tokio::task::spawn_blocking(move || {
-            let r = this.unpack_restored(&layer, &tree, size, &expected, owner);
+            let r = this.unpack_restored(&layer, &tree, (size, &expected), root_mode, owner);
             let _ = std::fs::remove_file(&layer);
             r
         })
@@ -175,7 +178,7 @@ impl TenantSnapshots {
             )));
         }
         drop(scratch);
-        Ok(kept)
+        Ok((kept, true))
     }
 
     /// Unpack a pulled layer into `tree` within the tenant's share: its
@@ -185,8 +188,8 @@ impl TenantSnapshots {
         &self,
         layer: &std::path::Path,
         tree: &std::path::Path,
-        size: u64,
-        expected: &str,
+        (size, expected): (u64, &str),
+        root_mode: u32,
         owner: Option<(u32, u32)>,
     ) -> Result<(u64, u64), SnapshotError> {
         let stop = AtomicBool::new(false);
@@ -221,6 +224,10 @@ impl TenantSnapshots {
         }
         let kept = (|| {
             super::capture::dir_times_from(layer, tree)?;
+            std::fs::set_permissions(
+                tree,
+                std::os::unix::fs::PermissionsExt::from_mode(root_mode & 0o1777),
+            )?;
             if let Some(ids) = owner {
                 super::capture::chown_tree(tree, ids)?;
             }

@@ -11,7 +11,10 @@ use crate::image::unpack::Room as _;
 /// A snapshot's tree: removed, and its bytes given back, when the
 /// snapshot is deleted and the last fork using it has ended.
 pub(super) struct Tree {
-    pub(super) dir: PathBuf,
+    /// `<id>/` in the tenant's directory; moved aside (`.deleted-…`) when
+    /// its snapshot is deleted, so that the id can be restored again while
+    /// forks still work on this one.
+    pub(super) dir: parking_lot::Mutex<PathBuf>,
     pub(super) bytes: u64,
     pub(super) deleted: AtomicBool,
     pub(super) room: Arc<AtomicI64>,
@@ -19,7 +22,12 @@ pub(super) struct Tree {
 
 impl Tree {
     pub(super) fn path(&self) -> PathBuf {
-        self.dir.join("tree")
+        self.dir.lock().join("tree")
+    }
+
+    /// Its directory now.
+    pub(super) fn dir(&self) -> PathBuf {
+        self.dir.lock().clone()
     }
 }
 
@@ -30,10 +38,11 @@ impl Drop for Tree {
             // (passed out of a fork) keeps an unlinked file's inode, not
             // its bytes, so the store's disk comes back whatever it holds.
             truncate_files(&self.path());
-            if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            let dir = self.dir();
+            if let Err(e) = std::fs::remove_dir_all(&dir)
                 && e.kind() != io::ErrorKind::NotFound
             {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "snapshot tree left on disk");
+                tracing::warn!(dir = %dir.display(), error = %e, "snapshot tree left on disk");
             }
             self.room.give(self.bytes);
         }

@@ -566,7 +566,7 @@ pub async fn session_place(
         )
     })?;
     // Here, or pulled from the snapshot registry (another replica's).
-    let meta = snapshots
+    let (meta, fresh) = snapshots
         .store
         .restore(id, snapshots.owner)
         .await
@@ -578,6 +578,24 @@ pub async fn session_place(
             }
             GatewayError::from(e)
         })?;
+    let placed = fork_place(gw, caller, image, id, &meta, &snapshots).await;
+    // A copy restored only to be refused (its image not the tenant's, the
+    // token's claim) is not kept, nor charged.
+    if placed.is_err() && fresh {
+        let _ = snapshots.store.delete(id);
+    }
+    placed
+}
+
+/// The checks of a fork of `meta` and its mount.
+async fn fork_place(
+    gw: &Gateway,
+    caller: &Caller,
+    image: Option<&str>,
+    id: &str,
+    meta: &crate::snapshot::Snapshot,
+    snapshots: &crate::backend::local::Snapshots,
+) -> Result<Option<crate::session::ChosenImage>, GatewayError> {
     match (image, meta.image.as_deref()) {
         (Some(asked), Some(taken)) if asked != taken => {
             return Err(GatewayError::InvalidParams(format!(
