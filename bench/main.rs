@@ -94,7 +94,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub images_only: bool,
     /// Only the snapshot figures (a 1 GiB workspace snapshotted against
-    /// `tar | sha256sum`, forked into 8 sessions against `cp -a`).
+    /// `tar | sha256sum`, forked into 8 sessions against `cp -a`, pushed
+    /// to a local registry and restored on a second gateway against
+    /// `skopeo copy`).
     #[arg(long)]
     pub snapshots_only: bool,
     /// Only the tenant-scale figures (start-up with many tenants, idle
