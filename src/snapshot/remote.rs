@@ -446,12 +446,16 @@ fn parse(
     {
         return Err(bad("a malformed image"));
     }
-    if meta.skipped > 1 << 40
-        || meta.created_at_ms > super::store::now_ms().saturating_add(86_400_000)
-    {
+    if meta.skipped > 1 << 40 || meta.created_at_ms > now_ms().saturating_add(86_400_000) {
         return Err(bad("a record out of range"));
     }
     Ok((meta, layer.size, root_mode))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Milliseconds since the epoch as RFC 3339 (UTC).
