@@ -235,6 +235,28 @@ async fn a_snapshot_pushed_on_one_replica_forks_on_another() {
     // A second fork there uses the copy it now has.
     let (_g, init) = fork(&two, 1, "a", &id).await;
     assert!(init.get("result").is_some(), "{init}");
+    // Promoted on replica 0, then pushed again from replica 1's copy
+    // (restored before the promotion): the push keeps it promoted.
+    assert!(got["expiresAtMs"].as_u64().is_some());
+    let mut a0 = two.session(0, "a").await;
+    a0.call("gateway/snapshot/promote", json!({"snapshotId": id}))
+        .await;
+    let again = a1
+        .call("gateway/snapshot/push", json!({"snapshotId": id}))
+        .await;
+    assert!(again.get("expiresAtMs").is_none(), "{again}");
+    let out = Command::new("/usr/bin/skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false", &tagged])
+        .output()
+        .unwrap();
+    let manifest: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let record: Value = serde_json::from_str(
+        manifest["annotations"]["dev.exec-gateway.snapshot"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(record.get("expiresAtMs").is_none(), "{record}");
 
     // Tenant b's id space is its own, on both replicas, registry or not.
     for i in [0, 1] {

@@ -128,15 +128,16 @@ impl Remote {
 
     /// Push snapshot `meta` whose tree is at `tree` (walked again as it is
     /// sent: the registry checks it gives `meta.digest`) and whose root has
-    /// `root_mode`. Returns where it is: `<reference>@<digest of the
-    /// manifest>`.
+    /// `root_mode`. Returns where it is (`<reference>@<digest of the
+    /// manifest>`), and whether it is promoted (here, or already in the
+    /// registry).
     pub async fn push(
         &self,
         key: &str,
         meta: &Snapshot,
         (tree, max_entries): (PathBuf, u64),
         root_mode: u32,
-    ) -> Result<String, SnapshotError> {
+    ) -> Result<(String, bool), SnapshotError> {
         let client = self.client(key, &meta.id)?.pushing();
         let config = serde_json::to_vec(&serde_json::json!({
             "architecture": fetch::arch(),
@@ -160,8 +161,13 @@ impl Remote {
             || Ok(reqwest::Body::from(config.clone())),
         )
         .await?;
+        // A promotion is never undone by a push: a copy restored before
+        // the snapshot was promoted elsewhere pushes it promoted.
+        let promoted = meta.expires_at_ms.is_none()
+            || matches!(self.find(key, &meta.id).await, Ok(Some(f)) if f.meta.expires_at_ms.is_none());
         let record = serde_json::to_string(&Snapshot {
             pushed: None,
+            expires_at_ms: meta.expires_at_ms.filter(|_| !promoted),
             ..meta.clone()
         })
         .map_err(|e| SnapshotError::Io(e.to_string()))?;
@@ -194,7 +200,7 @@ impl Remote {
             .await
             .map_err(unavailable)?
             .ok_or_else(|| SnapshotError::Remote("the registry has no such repository".into()))?;
-        Ok(self.located(key, &manifest_digest))
+        Ok((self.located(key, &manifest_digest), promoted))
     }
 
     /// Snapshot `id` of tenant `key`, if the registry has it: checked as
@@ -313,7 +319,7 @@ async fn upload(
         headers.push((CONTENT_LENGTH, len));
     }
     // The registry checks the bytes against `digest` before it keeps them.
-    client
+    let put = client
         .send(
             Method::PUT,
             &format!("{location}{sep}digest={digest}"),
@@ -323,8 +329,15 @@ async fn upload(
                 body().map(Some)
             },
         )
-        .await
-        .map_err(unavailable)?
+        .await;
+    if !matches!(put, Ok(Some(_))) {
+        // The upload is cancelled rather than left for the registry to
+        // purge (best effort: the registry may be what failed).
+        let _ = client
+            .send(Method::DELETE, &location, &[], || Ok(None))
+            .await;
+    }
+    put.map_err(unavailable)?
         .ok_or_else(|| SnapshotError::Remote("the registry lost the upload (404)".into()))?;
     Ok(sent.load(Ordering::SeqCst))
 }

@@ -70,16 +70,19 @@ impl TenantSnapshots {
         // The record as it is now (a promotion may have come meanwhile).
         // The tree is held (`tree`) while it is sent.
         let meta = self.get(id)?;
-        let to = remote
+        let (to, promoted) = remote
             .push(&key, &meta, (path, self.settings.max_entries), root_mode)
             .await?;
         drop(tree);
-        Ok(self
-            .update(id, |m| m.pushed = Some(to.clone()))
-            .unwrap_or(Snapshot {
-                pushed: Some(to),
-                ..meta
-            }))
+        let keep = |m: &mut Snapshot| {
+            m.pushed = Some(to.clone());
+            if promoted {
+                m.expires_at_ms = None;
+            }
+        };
+        let mut meta = meta;
+        keep(&mut meta);
+        Ok(self.update(id, keep).unwrap_or(meta))
     }
 
     /// Promote snapshot `id`: kept until deleted (retention passes it
