@@ -14,6 +14,8 @@
 //! - [`transport`]: the doors (websocket, stdio, gRPC), the connection
 //!   state machine, the fleet's peer link and relay, remote executors'
 //!   routes, and the one authenticate function.
+//! - [`forward`]: port forwarding: a TCP stream to a port on a session's
+//!   own loopback, made inside its tenant's network namespace.
 //! - [`gateway`]: the shared state of one gateway process.
 //! - [`probe`]: what the host allows, each isolation layer probed by doing it.
 //! - [`middleware`]: the tower stack, built in one function.
@@ -54,6 +56,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod fleet;
+pub mod forward;
 pub mod fs;
 pub mod gateway;
 pub mod image;

@@ -37,6 +37,9 @@ pub struct Session {
     last_active: Mutex<tokio::time::Instant>,
     /// Open gRPC streams on this session (Attach, Exec): they keep it alive.
     streams: AtomicUsize,
+    /// Cancelled when the session is removed: what lives only as long as
+    /// it (its port forwards) ends.
+    pub ended: tokio_util::sync::CancellationToken,
     /// The image its processes run, as it was chosen (or the tenant's
     /// own); none without one. A token's `image` claim must name it.
     pub image: Option<ImageSource>,
@@ -300,6 +303,7 @@ impl SessionRegistry {
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
             streams: AtomicUsize::new(0),
+            ended: tokio_util::sync::CancellationToken::new(),
             image: None,
         });
         let token = session.attachment.attach(generation, outbound);
@@ -372,6 +376,7 @@ impl SessionRegistry {
             epoch: AtomicU64::new(0),
             last_active: Mutex::new(tokio::time::Instant::now()),
             streams: AtomicUsize::new(0),
+            ended: tokio_util::sync::CancellationToken::new(),
             image: named,
         });
         let token = session.attachment.attach(generation, outbound);
@@ -483,6 +488,7 @@ impl SessionRegistry {
                 _ => None,
             }
         };
+        session.ended.cancel();
         if removed.is_some() {
             session.attachment.evict_all();
             session.tenant.remove_session();
@@ -496,6 +502,7 @@ impl SessionRegistry {
     pub fn kill_all(&self) {
         let all: Vec<Arc<Session>> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         for s in all {
+            s.ended.cancel();
             s.attachment.evict_all();
             s.tenant.remove_session();
             s.tenant.metrics.sessions.dec();

@@ -22,6 +22,7 @@ const ORDER: &[&str] = &[
     "client",
     "server",
     "transport",
+    "forward",
     "gateway",
     "probe",
     "middleware",

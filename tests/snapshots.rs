@@ -71,14 +71,6 @@ fn root(gw: &Gateway, tenant: &str) -> String {
     gw.dir.path().join(tenant).display().to_string()
 }
 
-async fn write(c: &mut Client, path: &str, data: &str) {
-    c.call(
-        "fs/writeFile",
-        json!({"path": path, "dataBase64": common::b64(data.as_bytes())}),
-    )
-    .await;
-}
-
 async fn read(c: &mut Client, path: &str) -> Result<String, String> {
     let r = c.call_raw("fs/readFile", json!({"path": path})).await;
     match r.get("result") {
@@ -88,21 +80,6 @@ async fn read(c: &mut Client, path: &str) -> Result<String, String> {
             .unwrap_or_default()
             .to_owned()),
     }
-}
-
-/// Run `script` with `sh -c` in the tenant root; (stdout, exit code).
-async fn sh(c: &mut Client, id: &str, cwd: &str, script: &str) -> (String, i64) {
-    c.call(
-        "process/start",
-        json!({"processId": id, "argv": ["/bin/sh", "-c", script], "cwd": cwd,
-               "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
-    )
-    .await;
-    let out = c.collect(id).await;
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-        out.exit_code.unwrap_or(-1),
-    )
 }
 
 async fn snapshot(c: &mut Client, params: Value) -> Value {
@@ -116,14 +93,14 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
     };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
-    write(&mut origin, &format!("{r}/f"), "orig").await;
-    let (out, code) = sh(
-        &mut origin,
-        "mk",
-        &r,
-        "mkdir -p d/e && echo deep > d/e/g && ln -s f link && chmod 640 f",
-    )
-    .await;
+    origin.write_text(&format!("{r}/f"), "orig").await;
+    let (out, code) = origin
+        .sh(
+            "mk",
+            &r,
+            "mkdir -p d/e && echo deep > d/e/g && ln -s f link && chmod 640 f",
+        )
+        .await;
     assert_eq!(code, 0, "{out}");
     let snap = snapshot(
         &mut origin,
@@ -139,7 +116,7 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
     );
     assert!(snap["entries"].as_u64().unwrap() >= 5, "{snap}");
     // The original moves on; the snapshot does not.
-    write(&mut origin, &format!("{r}/f"), "later").await;
+    origin.write_text(&format!("{r}/f"), "later").await;
 
     let mut forks = Vec::new();
     for n in 0..8 {
@@ -149,13 +126,13 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
             "orig",
             "fork {n}"
         );
-        let (out, code) = sh(
-            &mut c,
-            "w",
-            &r,
-            &format!("cat d/e/g link && echo fork{n} > f && id -u"),
-        )
-        .await;
+        let (out, code) = c
+            .sh(
+                "w",
+                &r,
+                &format!("cat d/e/g link && echo fork{n} > f && id -u"),
+            )
+            .await;
         assert_eq!(code, 0, "fork {n}: {out}");
         assert!(out.starts_with("deep\norig"), "fork {n}: {out}");
         forks.push(c);
@@ -176,7 +153,9 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
     // A fork's own workspace snapshots, and forks, like the root.
     let again = snapshot(&mut forks[0], json!({"name": "fork of a fork"})).await;
     let mut deeper = fork(&gw, "a", again["id"].as_str().unwrap()).await;
-    let (out, code) = sh(&mut deeper, "deeper", &r, "cat d/e/g f link; stat -c %a f").await;
+    let (out, code) = deeper
+        .sh("deeper", &r, "cat d/e/g f link; stat -c %a f")
+        .await;
     assert_eq!((out.as_str(), code), ("deep\nfork0\nfork0\n640\n", 0));
     assert_eq!(again["image"], snap["image"]);
     drop(deeper);
@@ -190,7 +169,7 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
         .call_err("initialize", json!({"clientName": "t", "snapshot": id}))
         .await;
     assert!(msg.contains("unknown snapshot"), "{msg}");
-    let (out, code) = sh(&mut forks[3], "after", &r, "cat d/e/g f").await;
+    let (out, code) = forks[3].sh("after", &r, "cat d/e/g f").await;
     assert_eq!((out.as_str(), code), ("deep\nfork3\n", 0));
 }
 
@@ -210,22 +189,18 @@ async fn a_snapshot_taken_while_a_writer_runs_is_consistent() {
                 "cwd": r, "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
         )
         .await;
-    let (_, code) = sh(
-        &mut origin,
-        "wait",
-        &r,
-        "while [ ! -s f ]; do sleep 0.01; done",
-    )
-    .await;
+    let (_, code) = origin
+        .sh("wait", &r, "while [ ! -s f ]; do sleep 0.01; done")
+        .await;
     assert_eq!(code, 0);
     for round in 0..5 {
         let snap = snapshot(&mut origin, json!({})).await;
         let mut c = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
-        let (out, code) = sh(&mut c, "check", &r, "wc -l < f; tail -n 1 f").await;
+        let (out, code) = c.sh("check", &r, "wc -l < f; tail -n 1 f").await;
         assert_eq!((out.as_str(), code), ("5000\n5000\n", 0), "round {round}");
     }
     // The writer runs on after each capture.
-    let (out, _) = sh(&mut origin, "alive", &r, "sleep 0.2; ls").await;
+    let (out, _) = origin.sh("alive", &r, "sleep 0.2; ls").await;
     assert!(out.contains('f'), "{out}");
 }
 
@@ -236,7 +211,7 @@ async fn snapshots_are_bounded_and_their_tenants_own() {
     };
     let r = root(&gw, "a");
     let mut a = session(&gw, "a").await;
-    write(&mut a, &format!("{r}/x"), "x").await;
+    a.write_text(&format!("{r}/x"), "x").await;
     let first = snapshot(&mut a, json!({"name": "one"})).await;
     let id = first["id"].as_str().unwrap().to_owned();
     snapshot(&mut a, json!({})).await;
@@ -339,7 +314,7 @@ async fn grpc_snapshots_and_forks() {
     let mut sessions = SessionServiceClient::new(common::grpc::channel(&gw.grpc).await);
     let mut a = client(&gw, "a").await;
     let sid = a.initialize().await;
-    write(&mut a, &format!("{r}/g"), "grpc").await;
+    a.write_text(&format!("{r}/g"), "grpc").await;
     let snap = sessions
         .create_snapshot(authed(
             pb::CreateSnapshotRequest {
@@ -379,7 +354,7 @@ async fn grpc_snapshots_and_forks() {
         let mut c = client(&gw, "a").await;
         c.resume(id).await;
         assert_eq!(read(&mut c, &format!("{r}/g")).await.unwrap(), "grpc");
-        write(&mut c, &format!("{r}/g"), &format!("fork {n}")).await;
+        c.write_text(&format!("{r}/g"), &format!("fork {n}")).await;
         assert_eq!(
             read(&mut c, &format!("{r}/g")).await.unwrap(),
             format!("fork {n}")
@@ -455,13 +430,9 @@ async fn a_fork_holds_what_the_tenant_could_read_and_nothing_else() {
     };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
-    let (out, code) = sh(
-        &mut origin,
-        "mk",
-        &r,
-        "mkdir -p d/e && echo mine > d/e/f && chmod 751 d",
-    )
-    .await;
+    let (out, code) = origin
+        .sh("mk", &r, "mkdir -p d/e && echo mine > d/e/f && chmod 751 d")
+        .await;
     assert_eq!(code, 0, "{out}");
     // Another user's private file and directory in the tenant's root.
     let secret = Path::new(&r).join("secret");
@@ -478,13 +449,13 @@ async fn a_fork_holds_what_the_tenant_could_read_and_nothing_else() {
         "x",
     )
     .unwrap();
-    let (_, code) = sh(&mut origin, "try", &r, "cat secret || ls hidden").await;
+    let (_, code) = origin.sh("try", &r, "cat secret || ls hidden").await;
     assert_ne!(code, 0, "the tenant can read them: the test proves nothing");
 
     let snap = snapshot(&mut origin, json!({})).await;
     assert_eq!(snap["skipped"], 3, "{snap}");
     let mut c = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
-    let (out, code) = sh(&mut c, "look", &r, "ls -A; cat d/e/f; stat -c %a . d").await;
+    let (out, code) = c.sh("look", &r, "ls -A; cat d/e/f; stat -c %a . d").await;
     assert_eq!(code, 0, "{out}");
     let root_mode = std::fs::metadata(&r).unwrap().permissions().mode() & 0o7777;
     assert_eq!(out, format!("d\nmine\n{root_mode:o}\n751\n"));
@@ -512,25 +483,25 @@ async fn failed_captures_give_their_bytes_back_and_skipped_entries_count() {
         .map(|i| format!("d{i}"))
         .collect::<Vec<_>>()
         .join("/");
-    let (out, code) = sh(
-        &mut a,
-        "mk",
-        &r,
-        &format!("head -c 5000000 /dev/zero > big && mkdir -p {deep}"),
-    )
-    .await;
+    let (out, code) = a
+        .sh(
+            "mk",
+            &r,
+            &format!("head -c 5000000 /dev/zero > big && mkdir -p {deep}"),
+        )
+        .await;
     assert_eq!(code, 0, "{out}");
     for _ in 0..3 {
         let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
         assert_eq!(code, -32602, "{msg}");
         assert!(msg.contains("deeper than"), "{msg}");
     }
-    let (_, code) = sh(&mut a, "rm", &r, "rm -r d0").await;
+    let (_, code) = a.sh("rm", &r, "rm -r d0").await;
     assert_eq!(code, 0);
     // Three failed captures of 5 MB each would leave no room for this.
     let snap = snapshot(&mut a, json!({})).await;
     assert!(snap["bytes"].as_u64().unwrap() > 5_000_000, "{snap}");
-    let (_, code) = sh(&mut a, "more", &r, "head -c 5000000 /dev/zero > big2").await;
+    let (_, code) = a.sh("more", &r, "head -c 5000000 /dev/zero > big2").await;
     assert_eq!(code, 0);
     let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
     assert_eq!(code, -32006, "{msg}");
@@ -543,13 +514,13 @@ async fn failed_captures_give_their_bytes_back_and_skipped_entries_count() {
     );
     a.call("gateway/snapshot/delete", json!({"snapshotId": snap["id"]}))
         .await;
-    let (_, code) = sh(
-        &mut a,
-        "fifos",
-        &r,
-        "rm big big2; for i in $(seq 1 400); do mkfifo p$i; done",
-    )
-    .await;
+    let (_, code) = a
+        .sh(
+            "fifos",
+            &r,
+            "rm big big2; for i in $(seq 1 400); do mkfifo p$i; done",
+        )
+        .await;
     assert_eq!(code, 0);
     let (code, msg) = a.call_err("gateway/snapshot/create", json!({})).await;
     assert_eq!(code, -32602, "{msg}");
@@ -566,7 +537,7 @@ async fn a_deleted_snapshot_holds_no_disk_through_a_passed_descriptor() {
     };
     let r = root(&gw, "a");
     let mut origin = session(&gw, "a").await;
-    let (_, code) = sh(&mut origin, "mk", &r, "head -c 3000000 /dev/zero > big").await;
+    let (_, code) = origin.sh("mk", &r, "head -c 3000000 /dev/zero > big").await;
     assert_eq!(code, 0);
     let snap = snapshot(&mut origin, json!({})).await;
     // A holder in the original session (the tenant's /tmp is shared by
@@ -592,7 +563,7 @@ async fn a_deleted_snapshot_holds_no_disk_through_a_passed_descriptor() {
         f = open('big', 'rb')\n\
         socket.send_fds(s, [b'x'], [f.fileno()])\n";
     let mut f = fork(&gw, "a", snap["id"].as_str().unwrap()).await;
-    let (out, code) = sh(&mut f, "send", &r, &format!("python3 -c \"{sender}\"")).await;
+    let (out, code) = f.sh("send", &r, &format!("python3 -c \"{sender}\"")).await;
     assert_eq!(code, 0, "{out}");
     f.call("session/close", json!({})).await;
     origin

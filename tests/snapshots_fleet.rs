@@ -56,6 +56,18 @@ fn start(reg: &TestRegistry, bounds: &str) -> Two {
     }
 }
 
+/// A registry and two replicas (`start`); none, the reason printed, where
+/// they cannot run here.
+fn setup(bounds: &str) -> Option<(TestRegistry, Two)> {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let reg = TestRegistry::start();
+    let two = start(&reg, bounds);
+    Some((reg, two))
+}
+
 fn unsupported() -> Option<&'static str> {
     if !nix::unistd::geteuid().is_root() {
         return Some("forks need the namespaces layer (root)");
@@ -91,28 +103,6 @@ impl Two {
     }
 }
 
-async fn write(c: &mut Client, path: &str, data: &str) {
-    c.call(
-        "fs/writeFile",
-        json!({"path": path, "dataBase64": common::b64(data.as_bytes())}),
-    )
-    .await;
-}
-
-async fn sh(c: &mut Client, id: &str, cwd: &str, script: &str) -> (String, i64) {
-    c.call(
-        "process/start",
-        json!({"processId": id, "argv": ["/bin/sh", "-c", script], "cwd": cwd,
-               "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
-    )
-    .await;
-    let out = c.collect(id).await;
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-        out.exit_code.unwrap_or(-1),
-    )
-}
-
 /// `initialize {snapshot}` on a new connection: its result or error.
 async fn fork(two: &Two, i: usize, tenant: &str, id: &str) -> (Client, Value) {
     let mut c = two.client(i, tenant).await;
@@ -140,8 +130,7 @@ fn blob_file(reg: &TestRegistry, digest: &str) -> PathBuf {
 async fn pushed(two: &Two) -> Value {
     let r = two.root(0, "a");
     let mut a = two.session(0, "a").await;
-    let (out, code) = sh(
-        &mut a,
+    let (out, code) = a.sh(
         "mk",
         &r,
         "mkdir -p src/deep/er && echo 'print(1)' > src/main.py && printf '#!/bin/sh\\necho ran\\n' > run.sh \
@@ -149,7 +138,8 @@ async fn pushed(two: &Two) -> Value {
     )
     .await;
     assert_eq!(code, 0, "{out}");
-    write(&mut a, &format!("{r}/notes.txt"), "before the push").await;
+    a.write_text(&format!("{r}/notes.txt"), "before the push")
+        .await;
     let snap = a
         .call(
             "gateway/snapshot/create",
@@ -167,12 +157,9 @@ async fn pushed(two: &Two) -> Value {
 
 #[tokio::test]
 async fn a_snapshot_pushed_on_one_replica_forks_on_another() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((reg, two)) = setup("") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "");
+    };
     let snap = pushed(&two).await;
     let id = snap["id"].as_str().unwrap().to_owned();
     let at = snap["pushed"].as_str().unwrap();
@@ -210,8 +197,7 @@ async fn a_snapshot_pushed_on_one_replica_forks_on_another() {
     let r1 = two.root(1, "a");
     let (mut f, init) = fork(&two, 1, "a", &id).await;
     assert!(init.get("result").is_some(), "{init}");
-    let (out, code) = sh(
-        &mut f,
+    let (out, code) = f.sh(
         "check",
         &r1,
         "cat notes.txt src/main.py && ./run.sh && readlink link && stat -c %Y src/deep && echo hi > new",
@@ -277,12 +263,9 @@ async fn a_snapshot_pushed_on_one_replica_forks_on_another() {
 
 #[tokio::test]
 async fn a_corrupt_or_cut_layer_is_refused_at_restore() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((reg, two)) = setup("") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "");
+    };
     let snap = pushed(&two).await;
     let id = snap["id"].as_str().unwrap().to_owned();
     let blob = blob_file(&reg, snap["digest"].as_str().unwrap());
@@ -317,12 +300,9 @@ async fn a_corrupt_or_cut_layer_is_refused_at_restore() {
 
 #[tokio::test]
 async fn a_restore_counts_against_the_tenants_snapshots() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((_reg, two)) = setup("max_per_tenant = 1") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "max_per_tenant = 1");
+    };
     let snap = pushed(&two).await;
     let id = snap["id"].as_str().unwrap();
     // Replica 1's tenant a already keeps one: the restore is refused with
@@ -342,15 +322,13 @@ async fn a_promoted_snapshot_is_kept_and_forks_anywhere_over_grpc() {
     use common::grpc::authed;
     use exec_gateway::transport::grpc::pb;
     use pb::session_service_client::SessionServiceClient;
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((_reg, two)) = setup("") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "");
+    };
     let token = mint(&two.secret, "a", SCOPES);
     let mut a = two.session(0, "a").await;
-    write(&mut a, &format!("{}/kept", two.root(0, "a")), "kept").await;
+    a.write_text(&format!("{}/kept", two.root(0, "a")), "kept")
+        .await;
     let snap = a.call("gateway/snapshot/create", json!({})).await;
     assert!(snap["expiresAtMs"].as_u64().is_some(), "{snap}");
     let id = snap["id"].as_str().unwrap().to_owned();
@@ -419,12 +397,9 @@ async fn a_promoted_snapshot_is_kept_and_forks_anywhere_over_grpc() {
 /// there, and nothing is kept.
 #[tokio::test]
 async fn an_image_copied_to_another_tenants_tag_is_refused() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((reg, two)) = setup("") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "");
+    };
     let snap = pushed(&two).await;
     let id = snap["id"].as_str().unwrap();
     let at = snap["pushed"]
@@ -469,12 +444,9 @@ async fn an_image_copied_to_another_tenants_tag_is_refused() {
 /// workspace's root has the original's mode.
 #[tokio::test]
 async fn restores_after_a_delete_and_refusals_keep_nothing() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    let Some((_reg, two)) = setup("") else {
         return;
-    }
-    let reg = TestRegistry::start();
-    let two = start(&reg, "");
+    };
     std::fs::set_permissions(
         two.root(0, "a"),
         std::os::unix::fs::PermissionsExt::from_mode(0o751),
@@ -492,7 +464,7 @@ async fn restores_after_a_delete_and_refusals_keep_nothing() {
     assert!(r.get("result").is_some(), "restored again: {r}");
     let r0 = two.root(0, "a");
     for c in [&mut live, &mut again] {
-        let (out, code) = sh(c, "m", &r0, "stat -c %a . && cat notes.txt").await;
+        let (out, code) = c.sh("m", &r0, "stat -c %a . && cat notes.txt").await;
         assert_eq!((out.as_str(), code), ("751\nbefore the push", 0));
     }
     // On replica 1, a token whose image claim names an image: refused

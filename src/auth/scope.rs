@@ -12,11 +12,20 @@ pub enum Scope {
     /// `snapshot`: the `gateway/snapshot/*` methods, and a session that
     /// starts as a snapshot's copy.
     Snapshot,
+    /// `forward`: a TCP stream to a port on a session's own loopback
+    /// (docs/forward.md).
+    Forward,
 }
 
 impl Scope {
     /// Every scope, in the order tokens list them.
-    pub const ALL: [Scope; 4] = [Scope::Exec, Scope::FsRead, Scope::FsWrite, Scope::Snapshot];
+    pub const ALL: [Scope; 5] = [
+        Scope::Exec,
+        Scope::FsRead,
+        Scope::FsWrite,
+        Scope::Snapshot,
+        Scope::Forward,
+    ];
 
     /// The scope's name in tokens and error data.
     pub fn name(self) -> &'static str {
@@ -25,6 +34,7 @@ impl Scope {
             Scope::FsRead => "fs:read",
             Scope::FsWrite => "fs:write",
             Scope::Snapshot => "snapshot",
+            Scope::Forward => "forward",
         }
     }
 
@@ -42,7 +52,7 @@ impl Scope {
 pub struct Scopes(u8);
 
 impl Scopes {
-    pub const ALL: Scopes = Scopes(0b1111);
+    pub const ALL: Scopes = Scopes(0b1_1111);
 
     pub fn grants(self, scope: Scope) -> bool {
         self.0 & scope.bit() != 0

@@ -15,6 +15,7 @@ use crate::telemetry::{self, LogFormat};
 
 mod audit;
 mod executor;
+mod forward;
 mod reload;
 pub mod remote;
 mod snapshot;
@@ -61,6 +62,10 @@ pub enum Command {
     /// The tenant's workspace snapshots: create, list, get, delete, push
     /// (to the gateway's snapshot registry), promote (kept until deleted).
     Snapshot(snapshot::SnapshotArgs),
+    /// Forward a local port to a port on a session's loopback, inside its
+    /// tenant's network namespace (`[LOCAL:]REMOTE`).
+    #[command(name = "port-forward")]
+    PortForward(forward::PortForwardArgs),
     /// Print the audit trail's events (all its rotated files, oldest
     /// first), filtered by tenant, event and age.
     Audit(audit::AuditArgs),
@@ -104,7 +109,7 @@ pub struct TokenArgs {
     /// register with it).
     #[arg(long)]
     pub executor_pool: Option<String>,
-    /// Scopes (repeatable): exec, fs:read, fs:write. Default: all three.
+    /// Scopes (repeatable): exec, fs:read, fs:write, snapshot, forward. Default: all.
     #[arg(long = "scope")]
     pub scopes: Vec<String>,
     /// Lifetime, e.g. 1h, 30m.
@@ -345,6 +350,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Cp(args) => client_runtime(remote::cp(args)),
         Command::Ps(args) => client_runtime(remote::ps(args)),
         Command::Snapshot(args) => client_runtime(snapshot::snapshot(args)),
+        Command::PortForward(args) => client_runtime(forward::port_forward(args)),
         Command::Audit(args) => audit::audit(&args),
     }
 }

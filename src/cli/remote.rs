@@ -112,7 +112,7 @@ pub(super) fn fail(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_CLIENT)
 }
 
-fn env_nonempty(name: &str) -> Option<String> {
+pub(super) fn env_nonempty(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
@@ -130,7 +130,7 @@ fn is_loopback(url: &str) -> bool {
 }
 
 /// The URL and token to connect with.
-fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
+pub(super) fn options(args: &ClientArgs) -> Result<ConnectOptions, String> {
     let url = match (args.url.clone(), env_nonempty("EXEC_GATEWAY_URL")) {
         (Some(u), _) | (None, Some(u)) => u,
         (None, None) if args.grpc => DEFAULT_GRPC_URL.to_owned(),

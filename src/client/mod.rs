@@ -39,6 +39,7 @@
 //! `exec-gateway serve`.
 
 pub mod copy;
+pub mod forward;
 pub mod snapshots;
 
 mod common;

@@ -252,6 +252,25 @@ impl Drop for SourceSlot {
     }
 }
 
+/// An answer of `status` with `body`.
+pub(super) fn response(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+/// The 101 answer that completes a handshake.
+pub(super) fn switching_protocols(accept: &str) -> Response<Full<Bytes>> {
+    let mut r = response(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+    let h = r.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::constant_time_eq;

@@ -27,6 +27,7 @@
 pub mod authenticate;
 pub mod connection;
 pub mod fleet;
+mod forward;
 pub mod grpc;
 pub mod http;
 pub mod inbound;

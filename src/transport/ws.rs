@@ -26,6 +26,7 @@ use rustls::pki_types::CertificateDer;
 use super::authenticate::authenticate_with;
 use super::connection::Relay;
 use super::fleet::relay::RelayOrigin;
+use super::http::{response, switching_protocols};
 use super::inbound::{InboundMeter, Metered};
 use super::limits::{Conn, ConnectionLimits, Door, Guarded};
 use super::websocket::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run, server_websocket};
@@ -112,12 +113,6 @@ fn audit_registration(executor: &str, credential: &str, peer: SocketAddr, status
             "status": status.as_u16(),
         }),
     );
-}
-
-fn response(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r
 }
 
 fn header_has_token(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {
@@ -269,6 +264,9 @@ async fn handle(
         ));
     }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    if let Some(route) = crate::forward::route(&path) {
+        return Ok(super::forward::open(req, gw, caller, route, &accept, peer).await);
+    }
     let mut req = req;
     let upgrade = hyper::upgrade::on(&mut req);
     let limit = gw.settings.max_message_bytes;
@@ -293,18 +291,6 @@ async fn handle(
         }
     });
     Ok(switching_protocols(&accept))
-}
-
-/// The 101 answer that completes a handshake.
-fn switching_protocols(accept: &str) -> Response<Full<Bytes>> {
-    let mut r = response(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-    let h = r.headers_mut();
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(v) = HeaderValue::from_str(accept) {
-        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
-    }
-    r
 }
 
 /// An executor dialling its rendezvous (or direct registration) URL,

@@ -679,6 +679,32 @@ impl Client {
             }
         }
     }
+
+    /// Run `script` with `/bin/sh -c` in `cwd`, no terminal; (stdout and
+    /// stderr, exit code).
+    pub async fn sh(&mut self, id: &str, cwd: &str, script: &str) -> (String, i64) {
+        self.call(
+            "process/start",
+            json!({"processId": id, "argv": ["/bin/sh", "-c", script], "cwd": cwd,
+                   "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
+        )
+        .await;
+        let out = self.collect(id).await;
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+            out.exit_code.unwrap_or(-1),
+        )
+    }
+
+    /// `fs/writeFile` of `data` at `path`.
+    pub async fn write_text(&mut self, path: &str, data: &str) {
+        self.call(
+            "fs/writeFile",
+            json!({"path": path, "dataBase64": b64(data.as_bytes())}),
+        )
+        .await;
+    }
 }
 
 #[derive(Debug, Default)]

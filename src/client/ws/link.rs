@@ -204,19 +204,20 @@ pub(super) async fn dispatch(text: &str, pending: &Pending, subs: &Subs) {
     }
 }
 
-/// Connect a websocket and start its reader and writer.
-pub(super) async fn open_link(
+/// A websocket connected to `url` with `opts`' token, TLS and client
+/// certificate; messages up to `max_message` bytes.
+pub(in crate::client) async fn dial(
     opts: &ConnectOptions,
-    generation: u64,
-    subs: Arc<Subs>,
-) -> Result<Arc<Link>> {
+    url: &str,
+    max_message: usize,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+> {
     let connect_err = |detail: String| ClientError::Connect {
-        url: redact_url(&opts.url),
+        url: redact_url(url),
         detail,
     };
-    let mut request = opts
-        .url
-        .as_str()
+    let mut request = url
         .into_client_request()
         .map_err(|e| connect_err(e.to_string()))?;
     if let Some(bearer) = opts.bearer() {
@@ -226,8 +227,8 @@ pub(super) async fn open_link(
         request.headers_mut().insert("authorization", bearer);
     }
     let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-        .max_message_size(Some(MAX_MESSAGE_BYTES))
-        .max_frame_size(Some(MAX_MESSAGE_BYTES));
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message));
     // `wss://` verifies the gateway against the given CA bundle (or the
     // public web roots) and shows the client certificate, if any.
     let connector = if opts.url.starts_with("wss://") {
@@ -252,6 +253,16 @@ pub(super) async fn open_link(
                 }
                 e => connect_err(e.to_string()),
             })?;
+    Ok(ws)
+}
+
+/// Connect a websocket and start its reader and writer.
+pub(super) async fn open_link(
+    opts: &ConnectOptions,
+    generation: u64,
+    subs: Arc<Subs>,
+) -> Result<Arc<Link>> {
+    let ws = dial(opts, &opts.url, MAX_MESSAGE_BYTES).await?;
     let (mut sink, mut stream) = ws.split();
     let (out, mut out_rx) = mpsc::channel::<Message>(OUTBOUND_FRAMES);
     let link = Arc::new(Link::new(generation, out));

@@ -29,6 +29,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 pub(super) use self::attach::WsAttachment;
+pub(super) use self::link::dial;
 use self::link::{Link, TAKEN_OVER, open_link};
 use self::mailbox::Subs;
 use super::common::{Backoff, Ids};
