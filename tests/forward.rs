@@ -315,3 +315,49 @@ async fn a_forward_ends_with_its_session() {
     }
     assert_eq!(closed, Some((1001, "the session ended".to_owned())));
 }
+
+/// A forward holds no longer than its token (1008 at its expiry), and a
+/// message over 64 KiB ends it with 1009 rather than passing on part of
+/// it.
+#[tokio::test]
+async fn a_forward_ends_with_its_token_and_refuses_oversized_messages() {
+    let Some(gw) = gateway() else {
+        return;
+    };
+    let (_c, sid) = serving(&gw).await;
+    let path = format!("/forward/{sid}/{PORT}");
+    let short = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"sub": "t", "tenant": "a", "scope": SCOPES, "exp": common::now() + 2}),
+        &jsonwebtoken::EncodingKey::from_secret(&gw.secret),
+    )
+    .unwrap();
+    let mut ws = open(&gw, &short, &path).await.unwrap();
+    assert_eq!(
+        close_of(&mut ws).await,
+        Some((1008, "token expired".to_owned()))
+    );
+
+    let token = mint(&gw.secret, "a", SCOPES);
+    let mut ws = open(&gw, &token, &path).await.unwrap();
+    ws.send(Message::Binary(vec![b'x'; (64 << 10) + 1].into()))
+        .await
+        .unwrap();
+    assert_eq!(close_of(&mut ws).await.map(|c| c.0), Some(1009));
+}
+
+/// The close frame a forward ends with (its code and reason).
+async fn close_of(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) -> Option<(u16, String)> {
+    while let Some(m) = ws.next().await {
+        match m {
+            Ok(Message::Close(f)) => return f.map(|f| (u16::from(f.code), f.reason.to_string())),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}

@@ -77,6 +77,12 @@ pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
         Ok(a) => println!("{a}"),
         Err(e) => return fail(format!("port-forward: {e}")),
     }
+    if !args.address.is_loopback() {
+        eprintln!(
+            "exec-gateway: port-forward: listening on {}: anyone who reaches it reaches the session's port {remote}, without a credential",
+            args.address
+        );
+    }
     loop {
         let (conn, peer) = match listener.accept().await {
             Ok(c) => c,

@@ -24,20 +24,24 @@ pub struct Moved {
 }
 
 /// Carry bytes between `ws` (binary messages) and `tcp` until either side
-/// ends or nothing moves for [`IDLE_TIMEOUT`]. Each direction runs on its
-/// own, so a side that stops reading holds back only what is sent to it
-/// (TCP's flow control, then the websocket's); `ended` (the session's end)
-/// ends it too. The websocket is closed with 1000 when the upstream server
-/// closes, 1001 when idle or when the session ended, 1003 for a text
-/// message.
+/// ends, nothing moves for [`IDLE_TIMEOUT`], a side holds a write back for
+/// `stall` (it stopped reading), or `stop` resolves (the session ended, the
+/// token expired: its close code and reason). Each direction runs on its
+/// own, so a side that stops reading holds back only what is sent to it.
+/// The close code says how it ended: 1000 the server closed, 1001 idle,
+/// 1002 a protocol error, 1003 a text message, 1008 a side stopped reading,
+/// 1009 a message over [`MAX_CHUNK_BYTES`], 1011 the server's connection
+/// failed (a reset: what was cut off is not complete), or `stop`'s.
 pub async fn serve<S>(
     ws: WebSocketStream<S>,
     tcp: tokio::net::TcpStream,
-    ended: tokio_util::sync::CancellationToken,
+    stall: std::time::Duration,
+    stop: impl std::future::Future<Output = (u16, &'static str)>,
 ) -> Moved
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    use tokio_tungstenite::tungstenite::Error as WsError;
     let (sink, mut stream) = ws.split();
     let sink = tokio::sync::Mutex::new(sink);
     let (mut from_server, mut to_server) = tcp.into_split();
@@ -53,40 +57,43 @@ where
         while let Some(m) = stream.next().await {
             match m {
                 Ok(Message::Binary(b)) => {
-                    if to_server.write_all(&b).await.is_err() {
-                        return "the server stopped reading";
+                    match tokio::time::timeout(stall, to_server.write_all(&b)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return (1011, "the server's connection failed"),
+                        Err(_) => return (1008, "the server stopped reading"),
                     }
                     up.fetch_add(b.len() as u64, Ordering::Relaxed);
                     touch();
                 }
-                Ok(Message::Text(_)) => return "text",
-                Ok(Message::Close(_)) => return "the client closed",
+                Ok(Message::Text(_)) => return (1003, "binary messages only"),
+                Ok(Message::Close(_)) => return (1000, "the client closed"),
                 Ok(_) => {}
-                Err(_) => return "the client's connection failed",
+                Err(WsError::Capacity(_)) => {
+                    return (1009, "a message over 64 KiB");
+                }
+                Err(WsError::Protocol(_)) => return (1002, "a websocket protocol error"),
+                Err(_) => return (1000, "the client's connection failed"),
             }
         }
-        "the client's connection ended"
+        (1000, "the client's connection ended")
     };
     let downward = async {
         let mut buf = vec![0u8; MAX_CHUNK_BYTES];
         loop {
             match from_server.read(&mut buf).await {
-                Ok(0) => return "the server closed",
+                Ok(0) => return (1000, "the server closed the connection"),
                 Ok(n) => {
                     let chunk = Bytes::copy_from_slice(&buf[..n]);
-                    if sink
-                        .lock()
-                        .await
-                        .send(Message::Binary(chunk))
-                        .await
-                        .is_err()
-                    {
-                        return "the client stopped reading";
+                    let sent = async { sink.lock().await.send(Message::Binary(chunk)).await };
+                    match tokio::time::timeout(stall, sent).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return (1000, "the client's connection failed"),
+                        Err(_) => return (1008, "the client stopped reading"),
                     }
                     down.fetch_add(n as u64, Ordering::Relaxed);
                     touch();
                 }
-                Err(_) => return "the server's connection failed",
+                Err(_) => return (1011, "the server's connection failed"),
             }
         }
     };
@@ -97,32 +104,33 @@ where
                 .saturating_sub(last.load(Ordering::Relaxed));
             let limit = u64::try_from(IDLE_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
             if since >= limit {
-                return "idle";
+                return (1001, "idle");
             }
             tokio::time::sleep(std::time::Duration::from_millis(limit - since)).await;
         }
     };
-    let ended = tokio::select! {
+    let (code, ended) = tokio::select! {
         why = upward => why,
         why = downward => why,
         why = idle => why,
-        () = ended.cancelled() => "the session ended",
+        why = stop => why,
     };
-    let (code, reason) = match ended {
-        "the server closed" => (CloseCode::Normal, "the server closed the connection"),
-        "idle" => (CloseCode::Away, "idle"),
-        "the session ended" => (CloseCode::Away, "the session ended"),
-        "text" => (CloseCode::Unsupported, "binary messages only"),
-        _ => (CloseCode::Normal, ""),
-    };
-    let mut sink = sink.lock().await;
-    let _ = sink
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        })))
-        .await;
-    let _ = sink.close().await;
+    // The client learns why, but for the close it began itself.
+    if ended != "the client closed" {
+        // A stalled client may never take the close: not waited for past
+        // `stall`.
+        let close = async {
+            let mut sink = sink.lock().await;
+            let _ = sink
+                .send(Message::Close(Some(CloseFrame {
+                    code: CloseCode::from(code),
+                    reason: ended.into(),
+                })))
+                .await;
+            let _ = sink.close().await;
+        };
+        let _ = tokio::time::timeout(stall, close).await;
+    }
     let _ = to_server.shutdown().await;
     Moved {
         up: up.load(Ordering::Relaxed),

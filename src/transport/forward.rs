@@ -92,9 +92,11 @@ pub(super) async fn open(
     let subject = caller.principal().subject.clone();
     let sid = session.id.clone();
     // A forward keeps its session alive, like an attached stream, and
-    // ends with it.
+    // ends with it; and, like every connection, when its token stops
+    // holding or it reaches `server.max_connection_age`.
     let hold = session.stream_guard();
-    let ended = session.ended.clone();
+    let stop = ends(&gw, &caller, session.ended.clone());
+    let stall = gw.settings.slow_client_timeout;
     crate::task::start("forward", async move {
         let Ok(upgraded) = upgrade.await else {
             return;
@@ -105,7 +107,7 @@ pub(super) async fn open(
             super::websocket::WS_MAX_WRITE_BUFFER_BYTES,
         )
         .await;
-        let moved = crate::forward::serve(ws, tcp, ended).await;
+        let moved = crate::forward::serve(ws, tcp, stall, stop).await;
         drop((permit, hold));
         crate::audit::emit(
             "forward.closed",
@@ -118,4 +120,42 @@ pub(super) async fn open(
         );
     });
     switching_protocols(accept)
+}
+
+/// Resolves when a forward must end, with its close code and reason: its
+/// session ended, its token expired or lost its key (a reload), or the
+/// connection reached `server.max_connection_age`.
+fn ends(
+    gw: &Gateway,
+    caller: &Caller,
+    session_ended: tokio_util::sync::CancellationToken,
+) -> impl std::future::Future<Output = (u16, &'static str)> + Send + 'static {
+    let expires_at = caller.principal().expires_at;
+    let key = caller.principal().key.clone();
+    let max_age = gw.settings.max_connection_age;
+    async move {
+        let expiry = async {
+            match expires_at {
+                Some(at) => {
+                    let left = at
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                    tokio::time::sleep(left).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let aged = async {
+            match max_age {
+                Some(age) => tokio::time::sleep(age).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = session_ended.cancelled() => (1001, "the session ended"),
+            () = expiry => (1008, "token expired"),
+            () = key.removed() => (1008, "the token's key was removed"),
+            () = aged => (1001, "the connection reached its maximum age"),
+        }
+    }
 }
