@@ -59,6 +59,21 @@ impl tower::Service<RpcRequest> for Dispatch {
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let RpcRequest { op, ctx } = req;
         match ctx.session {
+            // Previews are the session's own state: no backend has a part.
+            Some(session) if matches!(&op, Op::Call(c) if crate::preview::api::is_preview(c)) => {
+                let Op::Call(call) = op else {
+                    return Box::pin(async {
+                        Err(GatewayError::Internal("not a call".to_owned()))
+                    });
+                };
+                let caller = crate::preview::api::Caller {
+                    tenant: &ctx.tenant.name,
+                    subject: ctx.principal.subject.as_deref(),
+                    session: &session.id,
+                };
+                let done = crate::preview::api::call(&session.ports, &caller, call);
+                Box::pin(async move { done.map(Outcome::Reply) })
+            }
             Some(session) => {
                 let audit = crate::audit::enabled().then(|| {
                     Arc::new(crate::audit::Tag {

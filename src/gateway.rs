@@ -104,6 +104,7 @@ impl Gateway {
                 .map(|f| f.session_prefix())
                 .unwrap_or_default(),
             fleet.as_ref().map(|f| f.replica.clone()),
+            Arc::new(settings.preview.clone()),
         );
         let stack = middleware::stack(
             &StackSettings {

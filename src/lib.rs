@@ -21,6 +21,8 @@
 //! - [`middleware`]: the tower stack, built in one function.
 //! - [`dispatch`]: the innermost service; hands a call to its session's backend.
 //! - [`session`]: sessions, detach TTL and resume.
+//! - [`preview`]: preview URLs: routes, signed grants, a session's
+//!   previewed ports, and the HTTP proxy into them.
 //! - [`tenant`]: configured tenants, their limits and backends.
 //! - [`backend`]: where a session runs: [`backend::local`] (the tenant's
 //!   workers) or [`backend::remote`] (an executor of its pool).
@@ -64,6 +66,7 @@ pub mod isolation;
 pub mod metrics;
 pub mod middleware;
 pub mod outbound;
+pub mod preview;
 pub mod probe;
 pub mod process;
 pub mod protocol;

@@ -96,6 +96,7 @@ pub struct Metrics {
     pub snapshots: Family<TenantLabel, Gauge>,
     pub snapshot_bytes: Family<TenantLabel, Gauge>,
     pub forks: Family<TenantLabel, Gauge>,
+    pub preview_requests: Family<TenantLabel, Counter>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -346,6 +347,12 @@ impl Metrics {
         let snapshots = Family::<TenantLabel, Gauge>::default();
         let snapshot_bytes = Family::<TenantLabel, Gauge>::default();
         let forks = Family::<TenantLabel, Gauge>::default();
+        let preview_requests = Family::<TenantLabel, Counter>::default();
+        r.register(
+            "preview_requests",
+            "HTTP requests passed into the tenant's sessions through previews (docs/preview.md)",
+            preview_requests.clone(),
+        );
         r.register(
             "snapshots",
             "Snapshots the tenant keeps (max_per_tenant), as of the last scrape",
@@ -495,6 +502,7 @@ impl Metrics {
             snapshots,
             snapshot_bytes,
             forks,
+            preview_requests,
             connections,
             connections_refused,
             jwks_fetches,
@@ -528,6 +536,7 @@ impl Metrics {
             snapshots: self.snapshots.get_or_create(&l).clone(),
             snapshot_bytes: self.snapshot_bytes.get_or_create(&l).clone(),
             forks: self.forks.get_or_create(&l).clone(),
+            preview_requests: self.preview_requests.get_or_create(&l).clone(),
         }
     }
 
@@ -556,6 +565,7 @@ impl Metrics {
         self.snapshots.remove(&l);
         self.snapshot_bytes.remove(&l);
         self.forks.remove(&l);
+        self.preview_requests.remove(&l);
         let more = self.tenant_series.lock().remove(tenant).unwrap_or_default();
         for r in more {
             match r {
@@ -637,6 +647,7 @@ pub struct TenantMetrics {
     pub snapshots: Gauge,
     pub snapshot_bytes: Gauge,
     pub forks: Gauge,
+    pub preview_requests: Counter,
 }
 
 impl TenantMetrics {
@@ -664,6 +675,7 @@ impl TenantMetrics {
             snapshots: Gauge::default(),
             snapshot_bytes: Gauge::default(),
             forks: Gauge::default(),
+            preview_requests: Counter::default(),
         }
     }
 }

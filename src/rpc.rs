@@ -36,6 +36,10 @@ use crate::protocol::fs::{
 use crate::protocol::jsonrpc::decode_params;
 use crate::protocol::methods as m;
 use crate::protocol::path::{PathField, WirePath};
+use crate::protocol::preview::{
+    CreateParams as PreviewCreateParams, ListResponse as PreviewListResponse,
+    PortParams as PreviewPortParams, Preview,
+};
 use crate::protocol::process::{
     ExecParams, ExecResponse, InitializeParams, InitializeResponse, ListResponse, MAX_READ_WAIT,
     ProcessEvent, ProcessIdParams, ReadParams, ReadResponse, ResizeParams, SignalParams,
@@ -77,6 +81,7 @@ pub enum MethodFamily {
     EnvironmentConfig,
     CapabilityDiscovery,
     Snapshot,
+    Preview,
 }
 
 impl MethodFamily {
@@ -92,6 +97,7 @@ impl MethodFamily {
             MethodFamily::EnvironmentConfig => "environment config",
             MethodFamily::CapabilityDiscovery => "capability discovery",
             MethodFamily::Snapshot => "snapshot",
+            MethodFamily::Preview => "preview",
         }
     }
 }
@@ -209,6 +215,11 @@ method_table! {
     SnapshotDelete(SnapshotIdParams) = m::SNAPSHOT_DELETE, Snapshot, Some(Scope::Snapshot);
     SnapshotPush(SnapshotIdParams) = m::SNAPSHOT_PUSH, Snapshot, Some(Scope::Snapshot);
     SnapshotPromote(SnapshotIdParams) = m::SNAPSHOT_PROMOTE, Snapshot, Some(Scope::Snapshot);
+    // Answered by the gateway from the session's own state (`dispatch`),
+    // never by a backend.
+    PreviewCreate(PreviewCreateParams) = m::PREVIEW_CREATE, Preview, Some(Scope::Preview);
+    PreviewRevoke(PreviewPortParams) = m::PREVIEW_REVOKE, Preview, Some(Scope::Preview);
+    PreviewList(NoParams) = m::PREVIEW_LIST, Preview, Some(Scope::Preview);
 }
 
 impl Call {
@@ -304,6 +315,8 @@ pub enum Reply {
     CapabilityRootsDiscover(RootsResponse),
     Snapshot(Box<Snapshot>),
     SnapshotList(SnapshotListResponse),
+    Preview(Preview),
+    PreviewList(PreviewListResponse),
     Empty(Empty),
 }
 

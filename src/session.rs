@@ -43,6 +43,8 @@ pub struct Session {
     /// The image its processes run, as it was chosen (or the tenant's
     /// own); none without one. A token's `image` claim must name it.
     pub image: Option<ImageSource>,
+    /// Its previewed ports (docs/preview.md).
+    pub ports: crate::preview::Ports,
 }
 
 /// What a new session chose: an image (its view, and the reference it
@@ -142,6 +144,8 @@ pub struct SessionRegistry {
     replica: Option<String>,
     /// Remote sessions being opened (counted against `max_sessions`).
     opening: AtomicUsize,
+    /// `[preview]`, which each session's ports follow.
+    preview: Arc<crate::config::PreviewSettings>,
 }
 
 impl SessionRegistry {
@@ -150,6 +154,7 @@ impl SessionRegistry {
         max_sessions: usize,
         id_prefix: String,
         replica: Option<String>,
+        preview: Arc<crate::config::PreviewSettings>,
     ) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
@@ -159,6 +164,7 @@ impl SessionRegistry {
             id_prefix,
             replica,
             opening: AtomicUsize::new(0),
+            preview,
         })
     }
 
@@ -305,6 +311,7 @@ impl SessionRegistry {
             streams: AtomicUsize::new(0),
             ended: tokio_util::sync::CancellationToken::new(),
             image: None,
+            ports: crate::preview::Ports::new(self.preview.clone()),
         });
         let token = session.attachment.attach(generation, outbound);
         sessions.insert(id, session.clone());
@@ -378,6 +385,7 @@ impl SessionRegistry {
             streams: AtomicUsize::new(0),
             ended: tokio_util::sync::CancellationToken::new(),
             image: named,
+            ports: crate::preview::Ports::new(self.preview.clone()),
         });
         let token = session.attachment.attach(generation, outbound);
         sessions.insert(session.id.clone(), session.clone());
@@ -422,6 +430,14 @@ impl SessionRegistry {
     }
 
     /// Look a session up for `tenant` (another tenant's id is unknown) and touch it.
+    /// A session by id alone, whoever's it is: for a preview let in by a
+    /// signed URL or a public port, whose door checks the tenant itself.
+    /// Not touched: a preview's traffic does not keep a session alive
+    /// (its open connections do, through [`Session::stream_guard`]).
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().get(id).cloned()
+    }
+
     pub fn lookup(&self, tenant: &Arc<Tenant>, id: &str) -> Result<Arc<Session>, GatewayError> {
         let unknown = || GatewayError::UnknownId(format!("unknown session id {id}"));
         let session = self.sessions.lock().get(id).cloned().ok_or_else(unknown)?;

@@ -28,6 +28,7 @@ const ORDER: &[&str] = &[
     "middleware",
     "dispatch",
     "session",
+    "preview",
     "tenant",
     "backend",
     "process",

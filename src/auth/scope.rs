@@ -15,16 +15,21 @@ pub enum Scope {
     /// `forward`: a TCP stream to a port on a session's own loopback
     /// (docs/forward.md).
     Forward,
+    /// `preview`: HTTP into a session's port through a preview, and the
+    /// `gateway/preview/*` methods that mint and revoke preview URLs
+    /// (docs/preview.md).
+    Preview,
 }
 
 impl Scope {
     /// Every scope, in the order tokens list them.
-    pub const ALL: [Scope; 5] = [
+    pub const ALL: [Scope; 6] = [
         Scope::Exec,
         Scope::FsRead,
         Scope::FsWrite,
         Scope::Snapshot,
         Scope::Forward,
+        Scope::Preview,
     ];
 
     /// The scope's name in tokens and error data.
@@ -35,6 +40,7 @@ impl Scope {
             Scope::FsWrite => "fs:write",
             Scope::Snapshot => "snapshot",
             Scope::Forward => "forward",
+            Scope::Preview => "preview",
         }
     }
 
@@ -52,7 +58,7 @@ impl Scope {
 pub struct Scopes(u8);
 
 impl Scopes {
-    pub const ALL: Scopes = Scopes(0b1_1111);
+    pub const ALL: Scopes = Scopes(0b11_1111);
 
     pub fn grants(self, scope: Scope) -> bool {
         self.0 & scope.bit() != 0

@@ -20,6 +20,7 @@ mod fleet;
 mod images;
 mod isolation;
 mod keys;
+mod preview;
 mod server;
 mod snapshots;
 mod template;
@@ -51,6 +52,9 @@ pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
 };
 pub use keys::{default_key_file, key_files, secret_paths};
+pub use preview::{
+    DEFAULT_MAX_CONNECTIONS_PER_SESSION, PreviewBase, PreviewConfig, PreviewKey, PreviewSettings,
+};
 pub use server::{
     AdminToken, ClientCerts, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
@@ -113,6 +117,8 @@ pub struct Config {
     pub images: ImagesConfig,
     #[serde(default)]
     pub snapshots: SnapshotsConfig,
+    #[serde(default)]
+    pub preview: PreviewConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -187,6 +193,8 @@ pub struct Settings {
     pub images: ImagesSettings,
     /// `[snapshots]`: the store of workspace snapshots and its bounds.
     pub snapshots: SnapshotsSettings,
+    /// `[preview]`: preview URLs into sessions' ports.
+    pub preview: PreviewSettings,
 }
 
 impl Settings {
@@ -327,6 +335,7 @@ impl Config {
                 .key_file
                 .iter()
                 .chain(self.snapshots.key_file.iter())
+                .chain(self.preview.key_file.iter())
                 .chain(s.admin_token_file.iter())
                 .chain(s.tls.iter().map(|t| &t.key_file))
                 .chain(s.admin_tls.iter().map(|t| &t.key_file))
@@ -417,6 +426,7 @@ impl Config {
         };
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
+        let preview = self.preview.validate(fleet.is_some())?;
         let tracing_settings =
             tracing::validate_tracing(&self.tracing, fleet.as_ref().map(|f| f.replica.as_str()))?;
         let mut executors = validate_executors(self.executors, &tenants)?;
@@ -540,6 +550,7 @@ impl Config {
             revocations: std::sync::Arc::new(revocations),
             images,
             snapshots,
+            preview,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;

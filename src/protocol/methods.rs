@@ -55,6 +55,10 @@ pub const SNAPSHOT_GET: &str = "gateway/snapshot/get";
 pub const SNAPSHOT_DELETE: &str = "gateway/snapshot/delete";
 pub const SNAPSHOT_PUSH: &str = "gateway/snapshot/push";
 pub const SNAPSHOT_PROMOTE: &str = "gateway/snapshot/promote";
+/// docs/preview.md.
+pub const PREVIEW_CREATE: &str = "gateway/preview/create";
+pub const PREVIEW_REVOKE: &str = "gateway/preview/revoke";
+pub const PREVIEW_LIST: &str = "gateway/preview/list";
 
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";

@@ -13,6 +13,7 @@ pub mod jsonrpc;
 pub mod methods;
 pub mod notify;
 pub mod path;
+pub mod preview;
 pub mod process;
 pub mod revision;
 pub mod snapshot;

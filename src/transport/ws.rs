@@ -29,8 +29,11 @@ use super::fleet::relay::RelayOrigin;
 use super::http::{response, switching_protocols};
 use super::inbound::{InboundMeter, Metered};
 use super::limits::{Conn, ConnectionLimits, Door, Guarded};
+use super::preview::Kept;
 use super::websocket::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run, server_websocket};
 use crate::gateway::Gateway;
+use crate::preview::proxy::ProxyBody;
+use http_body_util::BodyExt as _;
 
 /// Largest HTTP request head accepted.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -58,9 +61,18 @@ pub async fn serve(
         crate::task::start("http-conn", async move {
             // The handshake deadline covers the TLS handshake too.
             let io = Guarded::new(tcp, conn.clone(), Some(peer));
+            let is_tls = acceptor.is_some();
+            let kept = Arc::new(Kept::default());
             let svc = |cert: Option<Arc<CertificateDer<'static>>>| {
                 hyper::service::service_fn(move |req| {
-                    handle(req, gw.clone(), peer, conn.clone(), cert.clone())
+                    entry(
+                        req,
+                        gw.clone(),
+                        peer,
+                        conn.clone(),
+                        cert.clone(),
+                        (is_tls, kept.clone()),
+                    )
                 })
             };
             let http = hyper::server::conn::http1::Builder::new()
@@ -121,6 +133,33 @@ fn header_has_token(req: &Request<Incoming>, name: header::HeaderName, token: &s
             .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
             .unwrap_or(false)
     })
+}
+
+/// A preview request (by host name or path) goes to the preview door;
+/// anything else is the gateway's own.
+async fn entry(
+    req: Request<Incoming>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    conn: Arc<Conn>,
+    client_cert: Option<Arc<CertificateDer<'static>>>,
+    (tls, kept): (bool, Arc<Kept>),
+) -> Result<Response<ProxyBody>, Infallible> {
+    if let Some(route) = super::preview::route(&req, &gw) {
+        let client = super::preview::Client {
+            peer,
+            conn: &conn,
+            cert: client_cert.as_deref().map(|c| c.as_ref()),
+            tls,
+            kept: &kept,
+        };
+        return Ok(super::preview::serve(req, &gw, route, client).await);
+    }
+    let r = handle(req, gw, peer, conn, client_cert).await;
+    Ok(
+        r.map(|r| r.map(|b| b.map_err(|never| match never {}).boxed_unsync()))
+            .unwrap_or_else(|never| match never {}),
+    )
 }
 
 async fn handle(

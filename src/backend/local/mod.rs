@@ -487,6 +487,12 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
     let reply = match call {
         // Handled by the connection, which owns the once-per-connection state.
         Call::Initialize(_) => return Err(initialize_once()),
+        // Answered by `dispatch` from the session's own state.
+        Call::PreviewCreate(_) | Call::PreviewRevoke(_) | Call::PreviewList(_) => {
+            return Err(GatewayError::Internal(
+                "gateway/preview reached a backend".to_owned(),
+            ));
+        }
         Call::ProcessStart(p) => process::start(s, p, policy, scope.audit.clone())?,
         Call::ProcessRead(p) => return process::read(s, p, scope).await,
         Call::ProcessWrite(p) => process::write(s, p).await?,

@@ -1,0 +1,616 @@
+//! The preview door on the client listener (docs/preview.md): a request
+//! whose `Host` is a name under `[preview] base_url`, or whose path is
+//! `/preview/{session}/{port}/…`, goes to that port inside the session's
+//! network namespace, once the door has decided who may open it:
+//!
+//! 1. a signed preview URL (`?exg_preview=`, host names only) is checked
+//!    and exchanged for a host-scoped HttpOnly cookie (303 to the same
+//!    URL without it);
+//! 2. a bearer token (`Authorization` only: never a query parameter the
+//!    server inside would see) or a client certificate of the session's
+//!    tenant, with the `preview` scope;
+//! 3. the preview cookie (host names only);
+//! 4. a public port: anyone.
+//!
+//! A request that passes none is refused the same way whether or not the
+//! session exists. Each client connection keeps one connection into the
+//! session for its next request (keep-alive both sides); websocket
+//! upgrades get one of their own.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::limits::Conn;
+use crate::gateway::Gateway;
+use crate::preview::api::GRANT_PARAM;
+use crate::preview::grant::Grant;
+use crate::preview::proxy::{self, Bounds, CallerHeaders, ProxyBody, Target, Upstream, failure};
+use crate::preview::route::HostSession;
+use crate::preview::{Refusal, Via};
+use crate::session::Session;
+
+/// A preview request's destination, as its host or path says.
+pub enum Route {
+    Host {
+        port: u16,
+        session: HostSession,
+    },
+    Path {
+        session: String,
+        port: u16,
+        rest: String,
+    },
+    Bad(&'static str),
+}
+
+/// The route of `req`, if it is a preview request.
+pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Option<Route> {
+    if let Some(base) = &gw.settings.preview.base
+        && let Some(host) = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+        && let Some(r) = crate::preview::route::host(host, &base.domain)
+    {
+        return Some(match r {
+            Ok((port, session)) => Route::Host { port, session },
+            Err(why) => Route::Bad(why),
+        });
+    }
+    Some(match crate::preview::route::path(req.uri().path())? {
+        Ok((session, port, rest)) => Route::Path {
+            session: session.to_owned(),
+            port,
+            rest: rest.to_owned(),
+        },
+        Err(why) => Route::Bad(why),
+    })
+}
+
+/// The upstream connection a client connection keeps for its next
+/// request.
+#[derive(Default)]
+pub struct Kept(Mutex<Option<KeptUpstream>>);
+
+struct KeptUpstream {
+    session: String,
+    port: u16,
+    up: Upstream,
+    stop: CancellationToken,
+}
+
+/// What the door knows about the client connection.
+pub struct Client<'a> {
+    pub peer: SocketAddr,
+    pub conn: &'a Arc<Conn>,
+    pub cert: Option<&'a [u8]>,
+    pub tls: bool,
+    pub kept: &'a Arc<Kept>,
+}
+
+fn refuse(
+    gw: &Gateway,
+    client: &Client<'_>,
+    status: StatusCode,
+    why: &str,
+    tenant: Option<&str>,
+    port: u16,
+) -> Response<ProxyBody> {
+    let _ = gw;
+    crate::audit::emit(
+        "preview.refused",
+        &crate::audit::Who {
+            tenant,
+            subject: None,
+            session: None,
+        },
+        serde_json::json!({
+            "port": port,
+            "status": status.as_u16(),
+            "reason": why,
+            "peer": client.peer.to_string(),
+        }),
+    );
+    failure(status, why)
+}
+
+/// Serve one preview request.
+pub async fn serve(
+    req: Request<Incoming>,
+    gw: &Arc<Gateway>,
+    route: Route,
+    client: Client<'_>,
+) -> Response<ProxyBody> {
+    let prefix = gw
+        .fleet
+        .as_ref()
+        .map(|f| f.session_prefix())
+        .unwrap_or_default();
+    let (id, port, host_mode, path_and_query, path_prefix) = match route {
+        Route::Bad(why) => return failure(StatusCode::BAD_REQUEST, why),
+        Route::Host { port, session } => {
+            if let (Some(f), Some(r)) = (&gw.fleet, &session.replica)
+                && *r != f.replica
+            {
+                return failure(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    &format!(
+                        "this preview's session is on replica {r}; previews are served by the replica that owns the session"
+                    ),
+                );
+            }
+            let pq = req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned();
+            (session.id(&prefix), port, true, pq, None)
+        }
+        Route::Path {
+            session,
+            port,
+            rest,
+        } => {
+            let query = req
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            if rest.is_empty() {
+                // Relative links resolve under the port's own path.
+                let mut r = failure(StatusCode::PERMANENT_REDIRECT, "moved");
+                let to = format!("/preview/{session}/{port}/{query}");
+                if let Ok(v) = HeaderValue::from_str(&to) {
+                    r.headers_mut().insert(header::LOCATION, v);
+                }
+                return r;
+            }
+            if let Some(f) = &gw.fleet
+                && let crate::fleet::Owner::Peer(r) = f.owner(&session)
+            {
+                return failure(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    &format!(
+                        "this preview's session is on replica {r}; previews are served by the replica that owns the session"
+                    ),
+                );
+            }
+            let p = format!("/preview/{session}/{port}");
+            (session, port, false, format!("{rest}{query}"), Some(p))
+        }
+    };
+    // 1. A signed URL, exchanged for a cookie.
+    if host_mode && let Some((grant, kept_query)) = grant_param(&path_and_query) {
+        return exchange(gw, &client, &id, port, &grant, &path_and_query, kept_query);
+    }
+    let cookie = host_mode
+        .then(|| {
+            crate::preview::cookie_value(
+                req.headers()
+                    .get_all(header::COOKIE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok()),
+            )
+        })
+        .flatten();
+    let token = crate::auth::bearer_token(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+        None,
+    );
+    let (session, via, caller) = match admit(gw, &client, &id, port, token.as_deref(), cookie).await
+    {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Some(net) = session.tenant.net.clone() else {
+        return refuse(
+            gw,
+            &client,
+            StatusCode::CONFLICT,
+            "previews need the tenant's own network (network = \"isolated\")",
+            Some(&session.tenant.name),
+            port,
+        );
+    };
+    if client.conn.promote(&session.tenant).is_err() {
+        return refuse(
+            gw,
+            &client,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection limit reached; retry later",
+            Some(&session.tenant.name),
+            port,
+        );
+    }
+    let revoked = match session.ports.check(port, &via) {
+        Ok(r) => r,
+        Err(e) => return refusal(gw, &client, &session, port, e),
+    };
+    let target = Target {
+        path_and_query,
+        prefix: path_prefix,
+        host_mode,
+        caller,
+        peer: client.peer,
+        proto: if client.tls { "https" } else { "http" },
+        strip_authorization: token.is_some(),
+    };
+    let settings = &gw.settings.preview;
+    let is_upgrade = req.headers().contains_key(header::UPGRADE);
+    // The connection kept from an earlier request, if it goes to the
+    // same port and can take another.
+    let kept = if is_upgrade {
+        None
+    } else {
+        client.kept.0.lock().take().filter(|k| {
+            k.session == session.id && k.port == port && k.up.is_ready() && !k.stop.is_cancelled()
+        })
+    };
+    let (mut up, stop) = match kept {
+        Some(k) => (k.up, k.stop),
+        None => match connect(gw, &client, &session, &net, port, &via, revoked).await {
+            Ok(v) => v,
+            Err(r) => return *r,
+        },
+    };
+    session.tenant.metrics.preview_requests.inc();
+    let bounds = Bounds {
+        response_timeout: settings.response_timeout,
+        idle_timeout: settings.idle_timeout,
+        inbound: session.tenant.inbound.clone(),
+        outbound: session.tenant.outbound.clone(),
+        stop: stop.clone(),
+    };
+    let resp = proxy::send(&mut up, req, &target, &bounds).await;
+    if !is_upgrade {
+        *client.kept.0.lock() = Some(KeptUpstream {
+            session: session.id.clone(),
+            port,
+            up,
+            stop,
+        });
+    }
+    resp
+}
+
+/// Who may open the preview: a token or certificate with the `preview`
+/// scope, the preview cookie, or nothing for a public port.
+async fn admit(
+    gw: &Arc<Gateway>,
+    client: &Client<'_>,
+    id: &str,
+    port: u16,
+    token: Option<&str>,
+    cookie: Option<&str>,
+) -> Result<(Arc<Session>, Via, CallerHeaders), Box<Response<ProxyBody>>> {
+    let refused = |status, why: &str, tenant: Option<&str>| {
+        Box::new(refuse(gw, client, status, why, tenant, port))
+    };
+    if token.is_some() || (client.cert.is_some() && cookie.is_none()) {
+        let answer_by = client.conn.answer_by();
+        let authenticated =
+            super::authenticate::authenticate_with(gw, token, client.cert, answer_by).await;
+        match authenticated {
+            Ok(caller) => {
+                if !caller
+                    .principal()
+                    .scopes
+                    .grants(crate::auth::Scope::Preview)
+                {
+                    return Err(refused(
+                        StatusCode::FORBIDDEN,
+                        "the token lacks the preview scope",
+                        Some(&caller.tenant().name),
+                    ));
+                }
+                // Another tenant's session answers like an unknown one.
+                let Ok(session) = gw.sessions.lookup(caller.tenant(), id) else {
+                    return Err(refused(
+                        StatusCode::NOT_FOUND,
+                        "unknown session id",
+                        Some(&caller.tenant().name),
+                    ));
+                };
+                let headers = CallerHeaders {
+                    tenant: Some(caller.tenant().name.to_string()),
+                    subject: caller.principal().subject.clone(),
+                    via: "token",
+                };
+                return Ok((session, Via::Token, headers));
+            }
+            Err(e) if token.is_some() => {
+                let status =
+                    StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
+                return Err(refused(status, &e.to_string(), None));
+            }
+            // A certificate that names no tenant: the cookie or a public
+            // port may still let the request in.
+            Err(_) => {}
+        }
+    }
+    if let Some(text) = cookie
+        && let Ok(g) = Grant::verify(text, &gw.settings.preview.key.0, now_secs())
+        && g.session == id
+        && g.port == port
+        && let Some(session) = gw.sessions.get(id)
+        && *session.tenant.name == *g.tenant
+    {
+        let headers = CallerHeaders {
+            tenant: Some(g.tenant.clone()),
+            subject: g.subject.clone(),
+            via: "url",
+        };
+        return Ok((session, Via::Url { epoch: g.epoch }, headers));
+    }
+    if let Some(session) = gw.sessions.get(id)
+        && session.ports.is_public(port)
+    {
+        let headers = CallerHeaders {
+            tenant: None,
+            subject: None,
+            via: "public",
+        };
+        return Ok((session, Via::Public, headers));
+    }
+    let mut r = refuse(
+        gw,
+        client,
+        StatusCode::UNAUTHORIZED,
+        "this preview needs a token of the preview scope, a preview URL, or a public port",
+        None,
+        port,
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Err(Box::new(r))
+}
+
+fn refusal(
+    gw: &Gateway,
+    client: &Client<'_>,
+    session: &Session,
+    port: u16,
+    r: Refusal,
+) -> Response<ProxyBody> {
+    let (status, why) = match r {
+        Refusal::Revoked => (StatusCode::FORBIDDEN, "this preview URL was revoked"),
+        Refusal::NotPublic => (StatusCode::UNAUTHORIZED, "this port is no longer public"),
+        Refusal::Full => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the session's preview connections (max_connections_per_session) are all open",
+        ),
+    };
+    refuse(gw, client, status, why, Some(&session.tenant.name), port)
+}
+
+/// A new connection into the session's port: one of the session's
+/// preview connections and one of the tenant's streams, held (with the
+/// session kept alive) while it is open, which ends at `revoked` or the
+/// session's end.
+async fn connect(
+    gw: &Gateway,
+    client: &Client<'_>,
+    session: &Arc<Session>,
+    net: &Arc<crate::isolation::egress::TenantNet>,
+    port: u16,
+    via: &Via,
+    revoked: CancellationToken,
+) -> Result<(Upstream, CancellationToken), Box<Response<ProxyBody>>> {
+    let admission = session
+        .ports
+        .admit(port, via)
+        .map_err(|e| Box::new(refusal(gw, client, session, port, e)))?;
+    let Ok(permit) = session.tenant.streams.clone().try_acquire_owned() else {
+        return Err(Box::new(refuse(
+            gw,
+            client,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the tenant's streams (max_streams) are all open",
+            Some(&session.tenant.name),
+            port,
+        )));
+    };
+    let tcp = match crate::forward::connect(net, port).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::info!(tenant = %session.tenant.name, port, error = %e, "preview: connect");
+            return Err(Box::new(refuse(
+                gw,
+                client,
+                StatusCode::BAD_GATEWAY,
+                &format!("nothing accepts connections on port {port} in the session's network"),
+                Some(&session.tenant.name),
+                port,
+            )));
+        }
+    };
+    let stop = CancellationToken::new();
+    {
+        let stop = stop.clone();
+        let ended = session.ended.clone();
+        let revoked = revoked.clone();
+        crate::task::start("preview-stop", async move {
+            tokio::select! {
+                () = ended.cancelled() => {}
+                () = revoked.cancelled() => {}
+                () = stop.cancelled() => {}
+            }
+            stop.cancel();
+        });
+    }
+    let hold: proxy::Hold = Arc::new((
+        admission,
+        permit,
+        session.stream_guard(),
+        StopOnDrop(stop.clone()),
+    ));
+    let up = Upstream::handshake(tcp, hold, stop.clone())
+        .await
+        .map_err(|e| {
+            tracing::info!(error = %e, "preview: upstream handshake");
+            Box::new(failure(
+                StatusCode::BAD_GATEWAY,
+                "the server in the session did not speak HTTP",
+            ))
+        })?;
+    crate::audit::emit(
+        "preview.opened",
+        &crate::audit::Who {
+            tenant: Some(&session.tenant.name),
+            subject: None,
+            session: Some(&session.id),
+        },
+        serde_json::json!({ "port": port, "via": via.name(), "peer": client.peer.to_string() }),
+    );
+    Ok((up, stop))
+}
+
+/// Cancels its token when the connection it belongs to ends (the task
+/// that watched for the session's end then ends too).
+struct StopOnDrop(CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The grant in a query, and the query without it.
+fn grant_param(path_and_query: &str) -> Option<(String, String)> {
+    let (_, query) = path_and_query.split_once('?')?;
+    let mut grant = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((k, v)) if k == GRANT_PARAM => grant = Some(v.to_owned()),
+            _ => kept.push(pair),
+        }
+    }
+    Some((grant?, kept.join("&")))
+}
+
+/// A signed URL's first use: checked, then a 303 to the same URL without
+/// the grant, setting the host-scoped cookie.
+fn exchange(
+    gw: &Gateway,
+    client: &Client<'_>,
+    id: &str,
+    port: u16,
+    grant: &str,
+    path_and_query: &str,
+    kept_query: String,
+) -> Response<ProxyBody> {
+    let now = now_secs();
+    let checked = Grant::verify(grant, &gw.settings.preview.key.0, now);
+    let g = match checked {
+        Ok(g) if g.session == id && g.port == port => g,
+        Ok(_) => {
+            return refuse(
+                gw,
+                client,
+                StatusCode::FORBIDDEN,
+                "this preview URL is for another session or port",
+                None,
+                port,
+            );
+        }
+        Err(e) => {
+            tracing::info!(reason = e.reason(), "preview URL refused");
+            return refuse(
+                gw,
+                client,
+                StatusCode::FORBIDDEN,
+                "this preview URL is invalid or has expired",
+                None,
+                port,
+            );
+        }
+    };
+    // A URL of a session that has ended, or one revoked since, is refused
+    // here too, not only once its cookie is used.
+    let live = gw
+        .sessions
+        .get(id)
+        .filter(|s| *s.tenant.name == *g.tenant)
+        .map(|s| s.ports.check(port, &Via::Url { epoch: g.epoch }));
+    match live {
+        Some(Ok(_)) => {}
+        Some(Err(_)) => {
+            return refuse(
+                gw,
+                client,
+                StatusCode::FORBIDDEN,
+                "this preview URL was revoked",
+                Some(&g.tenant),
+                port,
+            );
+        }
+        None => {
+            return refuse(
+                gw,
+                client,
+                StatusCode::FORBIDDEN,
+                "this preview URL is invalid or has expired",
+                Some(&g.tenant),
+                port,
+            );
+        }
+    }
+    let path = path_and_query
+        .split_once('?')
+        .map_or(path_and_query, |(p, _)| p);
+    let location = if kept_query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{kept_query}")
+    };
+    let secure = gw
+        .settings
+        .preview
+        .base
+        .as_ref()
+        .is_some_and(|b| b.scheme == "https");
+    let name = if secure {
+        crate::preview::SECURE_COOKIE
+    } else {
+        crate::preview::COOKIE
+    };
+    let max_age = g.expires.saturating_sub(now);
+    let cookie = format!(
+        "{name}={grant}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{}",
+        if secure { "; Secure" } else { "" }
+    );
+    let mut r = failure(StatusCode::SEE_OTHER, "see other");
+    if let (Ok(l), Ok(c)) = (
+        HeaderValue::from_str(&location),
+        HeaderValue::from_str(&cookie),
+    ) {
+        r.headers_mut().insert(header::LOCATION, l);
+        r.headers_mut().insert(header::SET_COOKIE, c);
+    }
+    crate::audit::emit(
+        "preview.exchanged",
+        &crate::audit::Who {
+            tenant: Some(&g.tenant),
+            subject: g.subject.as_deref(),
+            session: Some(id),
+        },
+        serde_json::json!({ "port": port, "peer": client.peer.to_string() }),
+    );
+    r
+}
