@@ -11,6 +11,7 @@ mod common;
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::process::{Command, Stdio};
 
+use common::forward::gateway;
 use common::{Client, Gateway, mint};
 use futures_util::{SinkExt as _, StreamExt as _};
 use serde_json::json;
@@ -20,36 +21,6 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 const SCOPES: &str = "exec fs:read fs:write forward";
 /// The port the tenant's server listens on, inside its namespace.
 const PORT: u16 = 8000;
-
-/// Tenants `a` and `b`, each with a network namespace of its own (the
-/// default, `isolated`); none where this cannot run here (the reason
-/// printed).
-fn gateway() -> Option<Gateway> {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: forwarding needs network namespaces (root)");
-        return None;
-    }
-    for (tool, package) in [("slirp4netns", "slirp4netns"), ("nft", "nftables")] {
-        if !["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-            .iter()
-            .any(|d| std::path::Path::new(d).join(tool).is_file())
-        {
-            eprintln!("skipped: `{tool}` is not installed (Debian package {package})");
-            return None;
-        }
-    }
-    Some(Gateway::start_with(|d| {
-        for t in ["a", "b"] {
-            std::fs::create_dir_all(d.join(t)).unwrap();
-        }
-        format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
-             [tenants.a]\nroot = \"{d}/a\"\nmax_streams = 2\n\
-             [tenants.b]\nroot = \"{d}/b\"\n",
-            d = d.display(),
-        )
-    }))
-}
 
 /// A session of tenant `a` running an HTTP server on 127.0.0.1:PORT in
 /// its namespace, serving its root (which holds `hello.txt`).

@@ -11,16 +11,40 @@ use crate::client::forward::Forward;
 pub struct PortForwardArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// The session whose network to reach. Default: EXEC_GATEWAY_SESSION.
+    /// The session, as `--session` rather than first (the older form).
     #[arg(long)]
     pub session: Option<String>,
     /// The local address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: IpAddr,
-    /// `[LOCAL:]REMOTE`: listen on LOCAL (absent or 0: a free port) and
-    /// forward each connection to REMOTE on the session's loopback. The
-    /// address listened on is printed on stdout.
-    pub ports: String,
+    /// `SESSION [LOCAL:]REMOTE`: the session whose network to reach
+    /// (absent: `--session` or EXEC_GATEWAY_SESSION); listen on LOCAL
+    /// (absent or 0: a free port) and forward each connection to REMOTE on
+    /// the session's loopback. The address listened on is printed on
+    /// stdout.
+    #[arg(value_names = ["SESSION", "[LOCAL:]REMOTE"], num_args = 1..=2, required = true)]
+    pub args: Vec<String>,
+}
+
+/// The session and the ports: `SESSION PORTS`, or `PORTS` with the
+/// session from `--session` or `env_session` (EXEC_GATEWAY_SESSION).
+fn session_and_ports(
+    args: &[String],
+    flag: Option<&str>,
+    env_session: Option<String>,
+) -> Result<(String, String), String> {
+    match (args, flag) {
+        ([_, _], Some(_)) => Err(
+            "port-forward: the session named twice (first and with --session)".to_owned(),
+        ),
+        ([session, ports], None) => Ok((session.clone(), ports.clone())),
+        ([ports], Some(session)) => Ok((session.to_owned(), ports.clone())),
+        ([ports], None) => env_session.map(|s| (s, ports.clone())).ok_or_else(|| {
+            "port-forward: name a session: port-forward SESSION [LOCAL:]REMOTE (or EXEC_GATEWAY_SESSION)"
+                .to_owned()
+        }),
+        _ => Err("port-forward: expected SESSION [LOCAL:]REMOTE".to_owned()),
+    }
 }
 
 /// `LOCAL:REMOTE` or `REMOTE`.
@@ -41,17 +65,18 @@ fn parse_ports(s: &str) -> Result<(u16, u16), String> {
 
 /// `exec-gateway port-forward`: runs until interrupted.
 pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
-    let Some(session) = args
-        .session
-        .clone()
-        .or_else(|| env_nonempty("EXEC_GATEWAY_SESSION"))
-    else {
-        return fail("port-forward: name a session with --session or EXEC_GATEWAY_SESSION");
+    let (session, ports) = match session_and_ports(
+        &args.args,
+        args.session.as_deref(),
+        env_nonempty("EXEC_GATEWAY_SESSION"),
+    ) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
     };
     if args.client.grpc {
         return fail("port-forward: over a ws:// or wss:// gateway URL (not --grpc)");
     }
-    let (local, remote) = match parse_ports(&args.ports) {
+    let (local, remote) = match parse_ports(&ports) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
@@ -105,7 +130,27 @@ pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ports;
+    use super::{parse_ports, session_and_ports};
+
+    #[test]
+    fn the_session_comes_first_or_from_the_flag_or_the_environment() {
+        let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let ok = |s: &str, p: &str| Ok((s.to_owned(), p.to_owned()));
+        assert_eq!(
+            session_and_ports(&v(&["s", "80"]), None, None),
+            ok("s", "80")
+        );
+        assert_eq!(
+            session_and_ports(&v(&["80"]), Some("f"), Some("e".into())),
+            ok("f", "80")
+        );
+        assert_eq!(
+            session_and_ports(&v(&["80"]), None, Some("e".into())),
+            ok("e", "80")
+        );
+        assert!(session_and_ports(&v(&["80"]), None, None).is_err());
+        assert!(session_and_ports(&v(&["s", "80"]), Some("f"), None).is_err());
+    }
 
     #[test]
     fn ports_are_local_and_remote_or_remote_alone() {

@@ -9,13 +9,16 @@
 //!   namespace of its own (network `host`) has nothing to forward into.
 //! - `pump`: the bytes both ways over a websocket (`GET
 //!   /forward/{session}/{port}`), bounded: binary messages of at most
-//!   [`MAX_CHUNK_BYTES`], an idle timeout, and [`MAX_FORWARDS_PER_TENANT`]
-//!   streams at once per tenant.
+//!   [`MAX_CHUNK_BYTES`], an idle timeout ([`Activity`]), and
+//!   [`MAX_FORWARDS_PER_TENANT`] streams at once per tenant.
 //!
-//! Its seam into the rest: the websocket door (`transport::ws`)
-//! authenticates the caller, checks the `forward` scope and that the
-//! session is the caller tenant's, then hands the upgraded connection and
-//! the tenant's namespace to [`serve`].
+//! Its seam into the rest: both doors, the websocket one
+//! (`transport::forward`) and gRPC's `ForwardPort`
+//! (`transport::grpc::forward_port`), authenticate the caller and pass
+//! the same checks (`transport::forward::admit`: the `forward` scope, the
+//! caller tenant's session, its namespace, one of its streams), which
+//! make the connection with [`connect`]; the websocket door hands it to
+//! [`serve`], the gRPC one pumps it between its two streams.
 
 mod connect;
 mod pump;
@@ -23,7 +26,7 @@ mod pump;
 use std::time::Duration;
 
 pub use connect::connect;
-pub use pump::serve;
+pub use pump::{Activity, Moved, serve};
 
 /// Streams one tenant may forward at once.
 pub const MAX_FORWARDS_PER_TENANT: usize = 64;

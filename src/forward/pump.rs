@@ -23,6 +23,49 @@ pub struct Moved {
     pub ended: &'static str,
 }
 
+/// When a forward last moved a byte either way, to end it after
+/// [`IDLE_TIMEOUT`] without one.
+pub struct Activity {
+    start: tokio::time::Instant,
+    /// Milliseconds from `start` to the last byte moved.
+    last: AtomicU64,
+}
+
+impl Activity {
+    pub fn new() -> Activity {
+        Activity {
+            start: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// A byte moved now.
+    pub fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing has moved for [`IDLE_TIMEOUT`].
+    pub async fn idle(&self) {
+        loop {
+            let since = u64::try_from(self.start.elapsed().as_millis())
+                .unwrap_or(u64::MAX)
+                .saturating_sub(self.last.load(Ordering::Relaxed));
+            let limit = u64::try_from(IDLE_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+            if since >= limit {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(limit - since)).await;
+        }
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity::new()
+    }
+}
+
 /// Carry bytes between `ws` (binary messages) and `tcp` until either side
 /// ends, nothing moves for [`IDLE_TIMEOUT`], a side holds a write back for
 /// `stall` (it stopped reading), or `stop` resolves (the session ended, the
@@ -45,12 +88,8 @@ where
     let (sink, mut stream) = ws.split();
     let sink = tokio::sync::Mutex::new(sink);
     let (mut from_server, mut to_server) = tcp.into_split();
-    let start = tokio::time::Instant::now();
-    let last = AtomicU64::new(0);
-    let touch = || {
-        let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        last.store(ms, Ordering::Relaxed);
-    };
+    let activity = Activity::new();
+    let touch = || activity.touch();
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
     let upward = async {
@@ -98,16 +137,8 @@ where
         }
     };
     let idle = async {
-        loop {
-            let since = u64::try_from(start.elapsed().as_millis())
-                .unwrap_or(u64::MAX)
-                .saturating_sub(last.load(Ordering::Relaxed));
-            let limit = u64::try_from(IDLE_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
-            if since >= limit {
-                return (1001, "idle");
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(limit - since)).await;
-        }
+        activity.idle().await;
+        (1001, "idle")
     };
     let (code, ended) = tokio::select! {
         why = upward => why,

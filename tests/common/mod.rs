@@ -884,6 +884,7 @@ pub fn rsa_jwk(pub_pem: &str, kid: &str) -> Value {
 /// gRPC helpers shared by the gRPC and fleet tests.
 pub mod direct;
 pub mod fleet;
+pub mod forward;
 pub mod oci;
 pub mod pki;
 

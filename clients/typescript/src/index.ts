@@ -19,6 +19,12 @@ export {
 } from "./client/session.js";
 export { Process, type EventsOptions } from "./client/process.js";
 export {
+  FORWARD_CHUNK_BYTES,
+  PortConnection,
+  PortForward,
+  type PortForwardOptions,
+} from "./client/forward.js";
+export {
   Files,
   type CopyOptions,
   type MkdirOptions,

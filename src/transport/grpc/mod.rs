@@ -11,6 +11,7 @@
 mod convert;
 mod files;
 pub(crate) mod forward;
+mod forward_port;
 mod inbound;
 mod io;
 mod services;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::pb;
 use super::services::{GrpcApi, caller, status, unexpected};
@@ -15,6 +15,16 @@ use crate::session::Session;
 
 #[tonic::async_trait]
 impl pb::session_service_server::SessionService for GrpcApi {
+    type ForwardPortStream = super::services::EventStream<pb::ForwardPortResponse>;
+
+    /// Port forwarding's gRPC door (module `forward_port`).
+    async fn forward_port(
+        &self,
+        req: Request<Streaming<pb::ForwardPortRequest>>,
+    ) -> Result<Response<Self::ForwardPortStream>, Status> {
+        super::forward_port::forward_port(&self.gw, req).await
+    }
+
     async fn create_session(
         &self,
         req: Request<pb::CreateSessionRequest>,

@@ -20,6 +20,7 @@ from ._errors import (Aborted, AlreadyExists, CommandTimeout, ConnectionLost,
                       SessionAttached, ShuttingDown, StdinClosed, Unauthenticated, Unavailable,
                       Unimplemented)
 from ._files import Files
+from ._forward import FORWARD_CHUNK_BYTES, PortConnection, PortForward
 from ._link import DEFAULT_RESUME_WITHIN, FILE_CHUNK_BYTES
 from ._process import Process
 from ._types import (Closed, DirEntry, EnvironmentInfo, Event, Exited, ExitStatus, Metadata,
@@ -29,7 +30,7 @@ from ._types import (Closed, DirEntry, EnvironmentInfo, Event, Exited, ExitStatu
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "Client", "Session", "Process", "Files",
+    "connect", "Client", "Session", "Process", "Files", "PortConnection", "PortForward",
     "Event", "Output", "Exited", "Closed", "OutputLost", "ExitStatus", "Result",
     "ProcessInfo", "DirEntry", "Metadata", "WalkEntry", "WalkError", "WalkResult",
     "EnvironmentInfo", "SignalName", "StreamName", "Snapshot",
@@ -38,5 +39,5 @@ __all__ = [
     "Overloaded", "RateLimited", "ShuttingDown", "OwnerUnavailable", "ExecutorUnavailable",
     "QuotaExceeded", "DeadlineExceeded", "Aborted", "Unimplemented", "Internal",
     "StdinClosed", "CommandTimeout", "OutputLimitExceeded",
-    "DEFAULT_RESUME_WITHIN", "FILE_CHUNK_BYTES", "SESSION_KEEPALIVE_INTERVAL",
+    "DEFAULT_RESUME_WITHIN", "FILE_CHUNK_BYTES", "FORWARD_CHUNK_BYTES", "SESSION_KEEPALIVE_INTERVAL",
 ]

@@ -10,6 +10,7 @@ import grpc
 
 from ._errors import CommandTimeout, ExecGatewayError, OutputLimitExceeded, Unauthenticated
 from ._files import Files
+from ._forward import PortConnection, PortForward, connect_port, port_forward
 from ._link import DEFAULT_RESUME_WITHIN, Link, PemSource, Token
 from ._process import Process, launch, new_process_id, spec
 from ._types import (EnvironmentInfo, Exited, Output, OutputLost, ProcessInfo, Result,
@@ -362,6 +363,21 @@ class Session:
     async def environment_info(self) -> EnvironmentInfo:
         """Where the session runs: shell, cwd, home, platform, capabilities."""
         return await _environment_info(self.client.link, self.id)
+
+    async def connect_port(self, port: int) -> PortConnection:
+        """A TCP stream to `port` on the session's own loopback, made by the
+        gateway inside the tenant's network (docs/forward.md): `send` and
+        `receive` bytes, `close_write`, `close`. Needs the `forward` scope."""
+        return await connect_port(self.client.link, self.id, port)
+
+    async def port_forward(self, port: int, *, local_port: int = 0,
+                           local_host: str = "127.0.0.1") -> PortForward:
+        """Listens on `local_host:local_port` (default: a free port on
+        127.0.0.1; its `address` says which); each connection accepted
+        becomes a stream to `port` on the session's loopback. `close()` (or
+        `async with`) stops it. A refusal is raised here, before listening."""
+        return await port_forward(self.client.link, self.id, port, local_port=local_port,
+                                  local_host=local_host)
 
     async def snapshot(self, name: Optional[str] = None,
                        labels: Optional[dict[str, str]] = None) -> Snapshot:

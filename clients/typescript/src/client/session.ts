@@ -6,6 +6,7 @@ import { EnvInherit, type ProcessSpec } from "../gen/exec_gateway/v1/process.js"
 import { bind, withDeadline, type CallOptions, type Caller } from "./calls.js";
 import { NotFound } from "./errors.js";
 import { Files, type Resolve } from "./files.js";
+import { connectPort, portForward, type PortConnection, type PortForward, type PortForwardOptions } from "./forward.js";
 import { launch } from "./launch.js";
 import { Process } from "./process.js";
 import { runCommand } from "./run.js";
@@ -231,6 +232,25 @@ export class Session {
     );
     if (!r.snapshot) throw new TypeError("the gateway answered CreateSnapshot without a snapshot");
     return toSnapshot(r.snapshot);
+  }
+
+  /**
+   * A TCP stream to `port` on the session's own loopback, made by the
+   * gateway inside the tenant's network (docs/forward.md): `send` and
+   * `receive` bytes, `end` (half-close), `close`. Needs the `forward` scope.
+   */
+  connectPort(port: number): Promise<PortConnection> {
+    return connectPort(this.#caller, this.id, port);
+  }
+
+  /**
+   * Listen on a local port (default: a free one on 127.0.0.1; `address`
+   * says which); each connection accepted becomes a stream to `port` on
+   * the session's loopback. `close()` stops it. A refusal rejects here,
+   * before listening.
+   */
+  portForward(port: number, opts: PortForwardOptions = {}): Promise<PortForward> {
+    return portForward(this.#caller, this.id, port, opts);
   }
 
   /** The session's processes. */

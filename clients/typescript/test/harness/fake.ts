@@ -56,6 +56,7 @@ export class FakeGateway {
       pushSnapshot: (_call, cb) => cb(unimplemented()),
       promoteSnapshot: (_call, cb) => cb(unimplemented()),
       forkSessions: (_call, cb) => cb(unimplemented()),
+      forwardPort: (call) => call.emit("error", unimplemented()),
     } satisfies session.SessionServiceServer);
     server.addService(environment.EnvironmentServiceService, {
       getInfo: (_call, cb) => cb(null, environment.GetInfoResponse.fromPartial({ cwd: FAKE_ROOT })),
