@@ -40,6 +40,9 @@ fn session_field(path: &str) -> Option<u64> {
     if path.starts_with("/exec_gateway.v1.ProcessService/")
         || path == "/exec_gateway.v1.SessionService/ResumeSession"
         || path == "/exec_gateway.v1.SessionService/CloseSession"
+        || path == "/exec_gateway.v1.SessionService/CreatePreview"
+        || path == "/exec_gateway.v1.SessionService/RevokePreview"
+        || path == "/exec_gateway.v1.SessionService/ListPreviews"
     {
         Some(1)
     } else if path.starts_with("/exec_gateway.v1.FileService/")

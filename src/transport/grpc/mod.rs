@@ -14,6 +14,7 @@ pub(crate) mod forward;
 mod forward_port;
 mod inbound;
 mod io;
+mod previews;
 mod services;
 mod sessions;
 

@@ -25,6 +25,27 @@ impl pb::session_service_server::SessionService for GrpcApi {
         super::forward_port::forward_port(&self.gw, req).await
     }
 
+    async fn create_preview(
+        &self,
+        req: Request<pb::CreatePreviewRequest>,
+    ) -> Result<Response<pb::CreatePreviewResponse>, Status> {
+        super::previews::create(self, req).await
+    }
+
+    async fn revoke_preview(
+        &self,
+        req: Request<pb::RevokePreviewRequest>,
+    ) -> Result<Response<pb::RevokePreviewResponse>, Status> {
+        super::previews::revoke(self, req).await
+    }
+
+    async fn list_previews(
+        &self,
+        req: Request<pb::ListPreviewsRequest>,
+    ) -> Result<Response<pb::ListPreviewsResponse>, Status> {
+        super::previews::list(self, req).await
+    }
+
     async fn create_session(
         &self,
         req: Request<pb::CreateSessionRequest>,

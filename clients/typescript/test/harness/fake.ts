@@ -57,6 +57,9 @@ export class FakeGateway {
       promoteSnapshot: (_call, cb) => cb(unimplemented()),
       forkSessions: (_call, cb) => cb(unimplemented()),
       forwardPort: (call) => call.emit("error", unimplemented()),
+      createPreview: (_call, cb) => cb(unimplemented()),
+      revokePreview: (_call, cb) => cb(unimplemented()),
+      listPreviews: (_call, cb) => cb(unimplemented()),
     } satisfies session.SessionServiceServer);
     server.addService(environment.EnvironmentServiceService, {
       getInfo: (_call, cb) => cb(null, environment.GetInfoResponse.fromPartial({ cwd: FAKE_ROOT })),
