@@ -12,6 +12,7 @@ export type { ConnectOptions, Pem, TokenSource } from "./client/connection.js";
 export type { CallOptions } from "./client/calls.js";
 export {
   Session,
+  type PreviewOptions,
   type RunOptions,
   type SnapshotOptions,
   type SpawnOptions,
@@ -43,6 +44,9 @@ export {
   type FileStat,
   type OutputEvent,
   type OutputLostEvent,
+  type Preview,
+  type PreviewPort,
+  type Previews,
   type ProcessEvent,
   type ProcessInfo,
   type ProcessStateName,

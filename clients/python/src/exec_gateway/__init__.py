@@ -24,8 +24,8 @@ from ._forward import FORWARD_CHUNK_BYTES, PortConnection, PortForward
 from ._link import DEFAULT_RESUME_WITHIN, FILE_CHUNK_BYTES
 from ._process import Process
 from ._types import (Closed, DirEntry, EnvironmentInfo, Event, Exited, ExitStatus, Metadata,
-                     Output, OutputLost, ProcessInfo, Result, SignalName, Snapshot,
-                     StreamName, WalkEntry, WalkError, WalkResult)
+                     Output, OutputLost, Preview, PreviewPort, Previews, ProcessInfo, Result,
+                     SignalName, Snapshot, StreamName, WalkEntry, WalkError, WalkResult)
 
 __version__ = "0.1.0"
 
@@ -33,7 +33,8 @@ __all__ = [
     "connect", "Client", "Session", "Process", "Files", "PortConnection", "PortForward",
     "Event", "Output", "Exited", "Closed", "OutputLost", "ExitStatus", "Result",
     "ProcessInfo", "DirEntry", "Metadata", "WalkEntry", "WalkError", "WalkResult",
-    "EnvironmentInfo", "SignalName", "StreamName", "Snapshot",
+    "EnvironmentInfo", "SignalName", "StreamName", "Snapshot", "Preview", "PreviewPort",
+    "Previews",
     "ExecGatewayError", "ConnectionLost", "Unauthenticated", "Forbidden", "NotFound",
     "OwnerRestarted", "AlreadyExists", "InvalidArgument", "SessionAttached", "Unavailable",
     "Overloaded", "RateLimited", "ShuttingDown", "OwnerUnavailable", "ExecutorUnavailable",

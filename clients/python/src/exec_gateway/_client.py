@@ -13,8 +13,8 @@ from ._files import Files
 from ._forward import PortConnection, PortForward, connect_port, port_forward
 from ._link import DEFAULT_RESUME_WITHIN, Link, PemSource, Token
 from ._process import Process, launch, new_process_id, spec
-from ._types import (EnvironmentInfo, Exited, Output, OutputLost, ProcessInfo, Result,
-                     Snapshot)
+from ._types import (EnvironmentInfo, Exited, Output, OutputLost, Preview, PreviewPort,
+                     Previews, ProcessInfo, Result, Snapshot)
 from .v1 import environment_pb2
 from .v1 import process_pb2 as ppb
 from .v1 import session_pb2 as spb
@@ -378,6 +378,44 @@ class Session:
         `async with`) stops it. A refusal is raised here, before listening."""
         return await port_forward(self.client.link, self.id, port, local_port=local_port,
                                   local_host=local_host)
+
+    async def create_preview(self, port: int, public: bool = False,
+                             expires_in_secs: Optional[int] = None) -> Preview:
+        """Previews `port` on the session's own loopback over HTTP
+        (docs/preview.md): a signed URL (`url`, a credential: anyone holding
+        it opens the port until it expires, `expires_in_secs` or the
+        gateway's `url_ttl`, or is revoked), or with `public` the port open
+        to anyone until `revoke_preview`. `path` is the preview's path on the
+        gateway's client listener, for token holders. Needs the `preview`
+        scope; `InvalidArgument` for a port of 0, an expiry past the
+        gateway's `max_url_ttl` or on a public preview, or a signed URL from
+        a gateway without `[preview] base_url`."""
+        link = self.client.link
+        # A retry mints another URL at worst: the lost answer's is never seen.
+        resp = await link.call(lambda: link.sessions.CreatePreview(
+            spb.CreatePreviewRequest(session_id=self.id, port=port, public=public,
+                                     expires_in_secs=expires_in_secs or 0),
+            metadata=link.metadata()))
+        p = resp.preview
+        return Preview(port=p.port, url=p.url or None, path=p.path, public=p.public,
+                       expires_at_ms=p.expires_at_ms or None)
+
+    async def revoke_preview(self, port: int) -> None:
+        """Ends every URL minted for `port` so far and its public state, and
+        closes the connections they let in (a URL minted after it works)."""
+        link = self.client.link
+        await link.call(lambda: link.sessions.RevokePreview(
+            spb.RevokePreviewRequest(session_id=self.id, port=port),
+            metadata=link.metadata()))
+
+    async def list_previews(self) -> Previews:
+        """The session's ports with preview state, and the connections open
+        into them through previews."""
+        link = self.client.link
+        resp = await link.call(lambda: link.sessions.ListPreviews(
+            spb.ListPreviewsRequest(session_id=self.id), metadata=link.metadata()))
+        return Previews(ports=[PreviewPort(p.port, p.public) for p in resp.ports],
+                        open_connections=resp.open_connections)
 
     async def snapshot(self, name: Optional[str] = None,
                        labels: Optional[dict[str, str]] = None) -> Snapshot:

@@ -146,3 +146,35 @@ class Snapshot:
     expires_at_ms: Optional[int]
     #: Where it was pushed (`registry/repository@sha256:…`), if it was.
     pushed: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A preview of one of a session's ports (`Session.create_preview`):
+    HTTP into it from outside (the gateway's docs/preview.md)."""
+    port: int
+    #: The host-name URL (with its grant, for a signed one: a credential);
+    #: None without the gateway's `[preview] base_url`.
+    url: Optional[str]
+    #: `/preview/{session}/{port}/` on the gateway's client listener, for
+    #: token holders (`preview` scope), and anyone while public.
+    path: str
+    public: bool
+    #: When a signed URL stops working (ms since the epoch); None for a
+    #: public preview.
+    expires_at_ms: Optional[int]
+
+
+@dataclass(frozen=True)
+class PreviewPort:
+    """A port with preview state: public, or with signed URLs minted."""
+    port: int
+    public: bool
+
+
+@dataclass(frozen=True)
+class Previews:
+    """What `Session.list_previews` returns."""
+    ports: list[PreviewPort]
+    #: Connections open into the session's ports through previews now.
+    open_connections: int

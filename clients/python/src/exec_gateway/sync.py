@@ -24,8 +24,8 @@ from ._files import Files as _AsyncFiles
 from ._files import PathLike
 from ._link import DEFAULT_RESUME_WITHIN, PemSource, Token
 from ._process import Process as _AsyncProcess
-from ._types import (DirEntry, EnvironmentInfo, Event, ExitStatus, Metadata, ProcessInfo,
-                     Result, SignalName, Snapshot, WalkResult)
+from ._types import (DirEntry, EnvironmentInfo, Event, ExitStatus, Metadata, Preview,
+                     Previews, ProcessInfo, Result, SignalName, Snapshot, WalkResult)
 
 T = TypeVar("T")
 
@@ -209,6 +209,16 @@ class Session:
     def snapshot(self, name: Optional[str] = None,
                  labels: Optional[dict[str, str]] = None) -> Snapshot:
         return self._loop.run(self._inner.snapshot(name, labels))
+
+    def create_preview(self, port: int, public: bool = False,
+                       expires_in_secs: Optional[int] = None) -> Preview:
+        return self._loop.run(self._inner.create_preview(port, public, expires_in_secs))
+
+    def revoke_preview(self, port: int) -> None:
+        self._loop.run(self._inner.revoke_preview(port))
+
+    def list_previews(self) -> Previews:
+        return self._loop.run(self._inner.list_previews())
 
     def detach(self) -> None:
         self._loop.loop.call_soon_threadsafe(self._inner.detach)

@@ -12,9 +12,13 @@ import { Process } from "./process.js";
 import { runCommand } from "./run.js";
 import {
   toEnvironmentInfo,
+  toPreview,
+  toPreviews,
   toProcessInfo,
   toSnapshot,
   type EnvironmentInfo,
+  type Preview,
+  type Previews,
   type ProcessInfo,
   type RunResult,
   type Snapshot,
@@ -25,6 +29,13 @@ export interface SnapshotOptions extends CallOptions {
   name?: string;
   /** At most 32; keys of 1-63 letters, digits and `-_./`. */
   labels?: Record<string, string>;
+}
+
+export interface PreviewOptions extends CallOptions {
+  /** Open the port to anyone until `revokePreview`, instead of a signed URL. */
+  public?: boolean;
+  /** How long a signed URL lasts (default: the gateway's `url_ttl`, 1 h; at most its `max_url_ttl`). */
+  expiresInSecs?: number;
 }
 
 export interface SpawnOptions {
@@ -251,6 +262,48 @@ export class Session {
    */
   portForward(port: number, opts: PortForwardOptions = {}): Promise<PortForward> {
     return portForward(this.#caller, this.id, port, opts);
+  }
+
+  /**
+   * Preview `port` on the session's own loopback over HTTP (docs/preview.md):
+   * a signed URL (`url`, a credential: anyone holding it opens the port until
+   * it expires or is revoked), or with `public` the port open to anyone until
+   * `revokePreview`. `path` is the preview's path on the gateway's client
+   * listener, for token holders. Needs the `preview` scope; InvalidArgument
+   * for a port of 0, an expiry past the gateway's `max_url_ttl` or on a
+   * public preview, or a signed URL from a gateway without `[preview] base_url`.
+   */
+  async createPreview(port: number, opts: PreviewOptions = {}): Promise<Preview> {
+    const { sessions } = this.#caller.conn;
+    // A retry mints another URL at worst: the lost answer's is never seen.
+    const r = await this.#caller.unary(
+      opts,
+      true,
+      bind(sessions.createPreview, sessions, {
+        sessionId: this.id,
+        port,
+        public: opts.public ?? false,
+        expiresInSecs: opts.expiresInSecs ?? 0,
+      }),
+    );
+    if (!r.preview) throw new TypeError("the gateway answered CreatePreview without a preview");
+    return toPreview(r.preview);
+  }
+
+  /**
+   * End every URL minted for `port` so far and its public state, and close
+   * the connections they let in (a URL minted after it works).
+   */
+  async revokePreview(port: number, opts?: CallOptions): Promise<void> {
+    const { sessions } = this.#caller.conn;
+    await this.#caller.unary(opts, true, bind(sessions.revokePreview, sessions, { sessionId: this.id, port }));
+  }
+
+  /** The session's ports with preview state, and the connections open into them through previews. */
+  async listPreviews(opts?: CallOptions): Promise<Previews> {
+    const { sessions } = this.#caller.conn;
+    const r = await this.#caller.unary(opts, true, bind(sessions.listPreviews, sessions, { sessionId: this.id }));
+    return toPreviews(r);
   }
 
   /** The session's processes. */

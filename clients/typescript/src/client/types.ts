@@ -13,7 +13,11 @@ import type {
   WalkResponse,
 } from "../gen/exec_gateway/v1/file.js";
 import { WalkEntryKind } from "../gen/exec_gateway/v1/file.js";
-import type { Snapshot as PbSnapshot } from "../gen/exec_gateway/v1/session.js";
+import type {
+  ListPreviewsResponse,
+  Preview as PbPreview,
+  Snapshot as PbSnapshot,
+} from "../gen/exec_gateway/v1/session.js";
 
 /** A saved workspace (`session.snapshot()`), to fork sessions from. */
 export interface Snapshot {
@@ -48,6 +52,51 @@ export function toSnapshot(s: PbSnapshot): Snapshot {
     createdAtMs: Number(s.createdAtMs),
     expiresAtMs: Number(s.expiresAtMs) || null,
     pushed: s.pushed || null,
+  };
+}
+
+/** A preview of one of a session's ports (`session.createPreview`): HTTP into it from outside (docs/preview.md). */
+export interface Preview {
+  port: number;
+  /**
+   * The host-name URL (with its grant, for a signed one: a credential);
+   * null without the gateway's `[preview] base_url`.
+   */
+  url: string | null;
+  /** `/preview/{session}/{port}/` on the gateway's client listener, for token holders (and anyone, while public). */
+  path: string;
+  public: boolean;
+  /** When a signed URL stops working (ms since the epoch); null for a public preview. */
+  expiresAtMs: number | null;
+}
+
+/** A port with preview state: public, or with signed URLs minted. */
+export interface PreviewPort {
+  port: number;
+  public: boolean;
+}
+
+/** What `session.listPreviews()` returns. */
+export interface Previews {
+  ports: PreviewPort[];
+  /** Connections open into the session's ports through previews now. */
+  openConnections: number;
+}
+
+export function toPreview(p: PbPreview): Preview {
+  return {
+    port: p.port,
+    url: p.url || null,
+    path: p.path,
+    public: p.public,
+    expiresAtMs: Number(p.expiresAtMs) || null,
+  };
+}
+
+export function toPreviews(r: ListPreviewsResponse): Previews {
+  return {
+    ports: r.ports.map((p) => ({ port: p.port, public: p.public })),
+    openConnections: Number(r.openConnections),
   };
 }
 

@@ -61,6 +61,8 @@ export class Gateway {
     readonly target: string,
     /** `127.0.0.1:PORT`. */
     readonly address: string,
+    /** The client listener (websocket, previews): `ws://127.0.0.1:PORT`. */
+    readonly listenUrl: string,
     private readonly child: ChildProcess,
     private readonly stderr: string[],
   ) {}
@@ -142,6 +144,7 @@ export class Gateway {
       if (stderr.length > 200) stderr.splice(0, stderr.length - 200);
     });
     const lines = createInterface({ input: child.stdout! });
+    let listenLine = "";
     const grpcLine = await new Promise<string>((resolve, reject) => {
       let seen = 0;
       const onExit = (code: number | null): void =>
@@ -150,6 +153,7 @@ export class Gateway {
       child.once("error", reject);
       lines.on("line", (line) => {
         seen += 1;
+        if (seen === 1) listenLine = line.trim();
         if (seen === 2) {
           child.off("exit", onExit);
           resolve(line.trim());
@@ -158,7 +162,7 @@ export class Gateway {
     });
     const m = /^(grpcs?):\/\/(127\.0\.0\.1:\d+)$/.exec(grpcLine);
     if (!m) throw new Error(`unexpected second line from exec-gateway: ${grpcLine}`);
-    return new Gateway(dir, roots, secret, grpcLine, m[2]!, child, stderr);
+    return new Gateway(dir, roots, secret, grpcLine, m[2]!, listenLine, child, stderr);
   }
 
   /** A root path of `tenant`'s as the gateway made it. */
