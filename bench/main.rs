@@ -24,6 +24,7 @@ mod edges;
 mod executors;
 mod fleet;
 mod images;
+mod previews;
 mod reliability;
 mod snapshots;
 mod soak;
@@ -99,6 +100,11 @@ pub struct BenchArgs {
     /// `skopeo copy`).
     #[arg(long)]
     pub snapshots_only: bool,
+    /// Only the preview and port-forward figures (nginx inside a tenant
+    /// through a path preview and `port-forward`, against the same nginx
+    /// reached directly).
+    #[arg(long)]
+    pub previews_only: bool,
     /// Only the tenant-scale figures (start-up with many tenants, idle
     /// and cold tenants, many tenants with a live session).
     #[arg(long)]
@@ -1146,6 +1152,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
     }
     if args.snapshots_only {
         let rows = snapshots::figures(&exe, &dir, &secret).await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    if args.previews_only {
+        let rows = previews::figures(&exe, &dir, &secret).await?;
         report(&rows, false, args.json);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());

@@ -36,8 +36,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 type UpBody = Watched<Incoming>;
 
-/// Largest response head the server inside may send.
-pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 << 10;
+/// Largest response head the server inside may send; also the most a
+/// read from it takes at once (the body arrives in chunks of up to this).
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 1 << 20;
 
 /// The headers the gateway sets for the server inside; any the client
 /// sent under these names is dropped.
