@@ -369,7 +369,7 @@ async fn a_signed_url_becomes_a_cookie_and_revocation_ends_it() {
         .filter(|(n, _)| n == "set-cookie")
         .map(|(_, v)| v.as_str())
         .collect();
-    assert_eq!(sets, ["app=1; Path=/"]);
+    assert_eq!(sets, ["app=1; Path=/", "spaced=1; Path=/"]);
 
     // The grant of one port opens no other, nor another session.
     let other_port = host.replacen(&format!("{PORT}-"), "8001-", 1);
@@ -716,4 +716,170 @@ async fn previews_are_minted_and_revoked_over_grpc_too() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+}
+
+#[tokio::test]
+async fn a_hostile_page_or_client_cannot_borrow_a_preview() {
+    let Some(gw) = gateway("") else {
+        return;
+    };
+    let (mut c, sid) = serving(&gw, "a").await;
+    let p = create(&mut c, json!({"port": PORT})).await;
+    let url = p["url"].as_str().unwrap().to_owned();
+    let host = host_of(&url);
+    let a = curl(&gw, Some(&host), &path_of(&url), &[]);
+    let cookie = a
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let own = format!("http://{host}");
+
+    // Another preview's page (the same site to a browser) cannot open a
+    // websocket or post with the cookie; the preview's own page can.
+    let ws = |origin: &str| {
+        curl(
+            &gw,
+            Some(&host),
+            "/ws",
+            &[
+                "-H",
+                &format!("Cookie: {cookie}"),
+                "-H",
+                &format!("Origin: {origin}"),
+                "-H",
+                "Connection: Upgrade",
+                "-H",
+                "Upgrade: websocket",
+                "-H",
+                "Sec-WebSocket-Version: 13",
+                "-H",
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+                "--max-time",
+                "5",
+            ],
+        )
+    };
+    let evil = ws(&format!("http://8000-{}.{DOMAIN}", "0".repeat(32)));
+    assert_eq!(evil.status, 403, "{}", evil.body);
+    let post = curl(
+        &gw,
+        Some(&host),
+        "/upload",
+        &[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-H",
+            "Origin: http://evil.example",
+            "--data",
+            "x",
+        ],
+    );
+    assert_eq!(post.status, 403, "{}", post.body);
+    let post = curl(
+        &gw,
+        Some(&host),
+        "/upload",
+        &[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-H",
+            &format!("Origin: {own}"),
+            "--data",
+            "x",
+        ],
+    );
+    assert_eq!(post.status, 200, "{}", post.body);
+
+    // A planted cookie before the real one does not lock the user out.
+    let a = curl(
+        &gw,
+        Some(&host),
+        "/headers",
+        &["-H", &format!("Cookie: exg_preview=junk; {cookie}")],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+
+    // Headers spelled with `_` (one name to CGI and WSGI servers) are
+    // dropped like the `-` spellings.
+    let a = curl(
+        &gw,
+        Some(&host),
+        "/headers",
+        &[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-H",
+            "X-Exec-Gateway_Tenant: spoofed",
+            "-H",
+            "X_Forwarded_For: 6.6.6.6",
+        ],
+    );
+    let h = &a.json()["headers"];
+    let spoofed: Vec<&String> = h
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| {
+            v.as_str()
+                .is_some_and(|v| v.contains("spoofed") || v.contains("6.6.6.6"))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    assert!(spoofed.is_empty(), "{h}");
+
+    // Two Host headers, a port with a leading zero, a replica part outside
+    // a fleet: refused.
+    {
+        use std::io::{Read as _, Write as _};
+        let mut t = std::net::TcpStream::connect(&gw.addr).unwrap();
+        write!(
+            t,
+            "GET /headers HTTP/1.1\r\nHost: {host}\r\nHost: other\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        t.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    }
+    let token = mint(&gw.secret, "a", SCOPES);
+    let a = curl(
+        &gw,
+        None,
+        &format!("/preview/{sid}/0{PORT}/headers"),
+        &["-H", &bearer(&token)],
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    let a = curl(
+        &gw,
+        Some(&host.replacen(&format!(".{DOMAIN}"), &format!("-x.{DOMAIN}"), 1)),
+        "/",
+        &[],
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    // The exchange never redirects to another site.
+    let grant = url.split("exg_preview=").nth(1).unwrap();
+    let a = curl(
+        &gw,
+        Some(&host),
+        &format!("//evil.example/x?exg_preview={grant}"),
+        &[],
+    );
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(a.header("location"), Some("/evil.example/x"));
+
+    // On a public port, an Authorization the gateway does not know is the
+    // app's own, passed on.
+    create(&mut c, json!({"port": PORT, "public": true})).await;
+    let a = curl(
+        &gw,
+        None,
+        &format!("/preview/{sid}/{PORT}/headers"),
+        &["-H", "Authorization: Bearer app-own-token"],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["headers"]["authorization"], "Bearer app-own-token");
+    assert_eq!(a.json()["headers"]["x-exec-gateway-via"], "public");
 }

@@ -48,7 +48,9 @@ pub fn route(path: &str) -> Option<Result<(&str, u16), &'static str>> {
         return Some(Err("expected /forward/{session}/{port}"));
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Some(Ok((session, p))),
+        Ok(p) if p > 0 && !port.starts_with('0') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(Ok((session, p)))
+        }
         _ => Some(Err("the port must be 1 to 65535")),
     }
 }

@@ -39,11 +39,19 @@ pub fn is_preview_cookie(pair: &str) -> bool {
     name == COOKIE || name == SECURE_COOKIE
 }
 
-/// The preview cookie's value among a request's `Cookie` headers.
-pub fn cookie_value<'a>(cookies: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+/// Every value of the preview cookie among a request's `Cookie` headers
+/// (a page of another preview may have planted more than one: each is
+/// tried). Over HTTPS only the `__Host-` name counts, which no other host
+/// name can set.
+pub fn cookie_values<'a>(cookies: impl Iterator<Item = &'a str>, secure: bool) -> Vec<&'a str> {
     cookies
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(n, _)| *n == COOKIE || *n == SECURE_COOKIE)
+        .filter(|(n, _)| *n == SECURE_COOKIE || (!secure && *n == COOKIE))
         .map(|(_, v)| v)
+        .take(MAX_COOKIES_TRIED)
+        .collect()
 }
+
+/// Preview cookies of one request checked at most.
+pub const MAX_COOKIES_TRIED: usize = 8;

@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PreviewSettings;
 
 /// Ports of one session with preview state (public, revoked) at once.
-pub const MAX_PORTS_PER_SESSION: usize = 64;
+/// A port keeps its state once revoked (its epoch keeps earlier URLs
+/// dead), so this counts every port ever previewed.
+pub const MAX_PORTS_PER_SESSION: usize = 1024;
 
 /// How a preview request was let in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +100,7 @@ impl Ports {
         let mut ports = self.ports.lock();
         if !ports.contains_key(&port) && ports.len() >= MAX_PORTS_PER_SESSION {
             return Err(format!(
-                "a session keeps preview state for at most {MAX_PORTS_PER_SESSION} ports; revoke one first"
+                "a session keeps preview state for at most {MAX_PORTS_PER_SESSION} ports (revoked ones included)"
             ));
         }
         Ok(f(ports.entry(port).or_insert_with(PortState::new)))
@@ -137,7 +139,15 @@ impl Ports {
     /// Let a connection into `port`, let in by `via`.
     pub fn admit(&self, port: u16, via: &Via) -> Result<Admission, Refusal> {
         let revoked = self.check(port, via)?;
-        self.slot(revoked)
+        // Anyone may open a public port: half the session's connections
+        // stay for those with a credential.
+        let max = self.settings.max_connections_per_session;
+        let limit = if *via == Via::Public {
+            max.div_ceil(2)
+        } else {
+            max
+        };
+        self.slot(revoked, limit)
     }
 
     /// Whether `via` still lets a request into `port` (a connection made
@@ -166,8 +176,7 @@ impl Ports {
         }
     }
 
-    fn slot(&self, revoked: CancellationToken) -> Result<Admission, Refusal> {
-        let max = self.settings.max_connections_per_session;
+    fn slot(&self, revoked: CancellationToken, max: usize) -> Result<Admission, Refusal> {
         let taken = self
             .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -241,6 +250,22 @@ mod tests {
         drop(a);
         assert!(ports.admit(1, &Via::Token).is_ok());
         assert_eq!(ports.open(), 1);
+    }
+
+    #[test]
+    fn a_public_port_leaves_half_the_connections_for_credentials() {
+        let settings = PreviewSettings {
+            max_connections_per_session: 4,
+            ..PreviewSettings::default()
+        };
+        let ports = Ports::new(Arc::new(settings));
+        ports.publish(1).unwrap();
+        let _a = ports.admit(1, &Via::Public).unwrap();
+        let _b = ports.admit(1, &Via::Public).unwrap();
+        assert!(matches!(ports.admit(1, &Via::Public), Err(Refusal::Full)));
+        let _c = ports.admit(1, &Via::Token).unwrap();
+        let _d = ports.admit(1, &Via::Token).unwrap();
+        assert!(matches!(ports.admit(1, &Via::Token), Err(Refusal::Full)));
     }
 
     #[test]

@@ -270,7 +270,9 @@ fn request_headers(
 ) {
     let hop = hop_by_hop(from);
     for (name, value) in from {
-        let n = name.as_str();
+        // Servers that map header names to variables (CGI, WSGI) take
+        // `_` and `-` alike: `X-Exec-Gateway_Tenant` must go too.
+        let n = name.as_str().replace('_', "-");
         if hop.contains(name)
             || n.starts_with(CALLER_HEADER_PREFIX)
             || n.starts_with("x-forwarded-")
@@ -325,7 +327,13 @@ fn request_headers(
 
 fn response_headers(from: &HeaderMap, to: &mut HeaderMap, host_mode: bool, switching: bool) {
     let hop = hop_by_hop(from);
+    // A body the server framed with both: the chunks were decoded, its
+    // length would be a lie.
+    let chunked = from.contains_key(header::TRANSFER_ENCODING);
     for (name, value) in from {
+        if chunked && name == header::CONTENT_LENGTH {
+            continue;
+        }
         let keep_for_upgrade = switching && (name == header::CONNECTION || name == header::UPGRADE);
         if hop.contains(name) && !keep_for_upgrade {
             continue;
@@ -352,11 +360,10 @@ fn host_only_cookie(v: &HeaderValue) -> Option<HeaderValue> {
         return None;
     }
     let kept: Vec<&str> = std::iter::once(first)
-        .chain(
-            parts
-                .map(str::trim)
-                .filter(|a| !a.to_ascii_lowercase().starts_with("domain=")),
-        )
+        .chain(parts.map(str::trim).filter(|a| {
+            let key = a.split_once('=').map_or(*a, |(k, _)| k);
+            !key.trim().eq_ignore_ascii_case("domain")
+        }))
         .collect();
     HeaderValue::from_str(&kept.join("; ")).ok()
 }

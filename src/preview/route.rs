@@ -28,7 +28,7 @@ pub fn path(path: &str) -> Option<Result<(&str, u16, &str), &'static str>> {
 
 fn parse_port(s: &str) -> Result<u16, &'static str> {
     match s.parse::<u16>() {
-        Ok(p) if p > 0 && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        Ok(p) if p > 0 && !s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
         _ => Err("the port must be 1 to 65535"),
     }
 }
@@ -77,7 +77,7 @@ pub fn host(host: &str, domain: &str) -> Option<Result<(u16, HostSession), &'sta
     if hex.len() != 32 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return Some(Err(BAD));
     }
-    if replica.is_some_and(|r| r.is_empty() || r.len() > 63) {
+    if replica.is_some_and(|r| !crate::config::is_replica_id(r)) {
         return Some(Err(BAD));
     }
     let uuid = format!(

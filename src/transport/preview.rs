@@ -133,8 +133,19 @@ pub async fn serve(
         .as_ref()
         .map(|f| f.session_prefix())
         .unwrap_or_default();
+    // Two Host headers (RFC 9112 3.2: a 400): the app must not see one
+    // the gateway did not route by.
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return failure(StatusCode::BAD_REQUEST, "more than one Host header");
+    }
     let (id, port, host_mode, path_and_query, path_prefix) = match route {
         Route::Bad(why) => return failure(StatusCode::BAD_REQUEST, why),
+        Route::Host { session, .. } if gw.fleet.is_none() && session.replica.is_some() => {
+            return failure(
+                StatusCode::BAD_REQUEST,
+                "a preview host name is {port}-{session}.{domain}",
+            );
+        }
         Route::Host { port, session } => {
             if let (Some(f), Some(r)) = (&gw.fleet, &session.replica)
                 && *r != f.replica
@@ -190,27 +201,56 @@ pub async fn serve(
     if host_mode && let Some((grant, kept_query)) = grant_param(&path_and_query) {
         return exchange(gw, &client, &id, port, &grant, &path_and_query, kept_query);
     }
-    let cookie = host_mode
-        .then(|| {
-            crate::preview::cookie_value(
-                req.headers()
-                    .get_all(header::COOKIE)
-                    .iter()
-                    .filter_map(|v| v.to_str().ok()),
-            )
-        })
-        .flatten();
+    let secure = gw
+        .settings
+        .preview
+        .base
+        .as_ref()
+        .is_some_and(|b| b.scheme == "https");
+    let cookies = if host_mode {
+        crate::preview::cookie_values(
+            req.headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+            secure,
+        )
+    } else {
+        Vec::new()
+    };
     let token = crate::auth::bearer_token(
         req.headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok()),
         None,
     );
-    let (session, via, caller) = match admit(gw, &client, &id, port, token.as_deref(), cookie).await
+    let (session, via, caller) =
+        match admit(gw, &client, &id, port, token.as_deref(), &cookies).await {
+            Ok(v) => v,
+            Err(r) => return *r,
+        };
+    // A page of another preview (every preview host name is one site to
+    // a browser, so SameSite lets the cookie go) must not open a websocket
+    // or send a form with the victim's cookie: those need the preview's
+    // own origin.
+    if via != Via::Token
+        && via != Via::Public
+        && !same_origin(&req, secure)
+        && (req.headers().contains_key(header::UPGRADE)
+            || !matches!(
+                *req.method(),
+                hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS
+            ))
     {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+        return refuse(
+            gw,
+            &client,
+            StatusCode::FORBIDDEN,
+            "a request from another origin may not use this preview's cookie",
+            Some(&session.tenant.name),
+            port,
+        );
+    }
     let Some(net) = session.tenant.net.clone() else {
         return refuse(
             gw,
@@ -242,7 +282,7 @@ pub async fn serve(
         caller,
         peer: client.peer,
         proto: if client.tls { "https" } else { "http" },
-        strip_authorization: token.is_some(),
+        strip_authorization: via == Via::Token,
     };
     let settings = &gw.settings.preview;
     let is_upgrade = req.headers().contains_key(header::UPGRADE);
@@ -283,19 +323,22 @@ pub async fn serve(
 }
 
 /// Who may open the preview: a token or certificate with the `preview`
-/// scope, the preview cookie, or nothing for a public port.
+/// scope, the preview cookie, or nothing for a public port. A token that
+/// does not verify is refused only if nothing else lets the request in
+/// (on a public port an `Authorization` header may be the app's own).
 async fn admit(
     gw: &Arc<Gateway>,
     client: &Client<'_>,
     id: &str,
     port: u16,
     token: Option<&str>,
-    cookie: Option<&str>,
+    cookies: &[&str],
 ) -> Result<(Arc<Session>, Via, CallerHeaders), Box<Response<ProxyBody>>> {
     let refused = |status, why: &str, tenant: Option<&str>| {
         Box::new(refuse(gw, client, status, why, tenant, port))
     };
-    if token.is_some() || (client.cert.is_some() && cookie.is_none()) {
+    let mut token_error = None;
+    if token.is_some() || (client.cert.is_some() && cookies.is_empty()) {
         let answer_by = client.conn.answer_by();
         let authenticated =
             super::authenticate::authenticate_with(gw, token, client.cert, answer_by).await;
@@ -327,29 +370,28 @@ async fn admit(
                 };
                 return Ok((session, Via::Token, headers));
             }
-            Err(e) if token.is_some() => {
-                let status =
-                    StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
-                return Err(refused(status, &e.to_string(), None));
-            }
-            // A certificate that names no tenant: the cookie or a public
-            // port may still let the request in.
+            Err(e) if token.is_some() => token_error = Some(e),
+            // A certificate that names no tenant: a public port may still
+            // let the request in.
             Err(_) => {}
         }
     }
-    if let Some(text) = cookie
-        && let Ok(g) = Grant::verify(text, &gw.settings.preview.key.0, now_secs())
-        && g.session == id
-        && g.port == port
-        && let Some(session) = gw.sessions.get(id)
-        && *session.tenant.name == *g.tenant
-    {
-        let headers = CallerHeaders {
-            tenant: Some(g.tenant.clone()),
-            subject: g.subject.clone(),
-            via: "url",
-        };
-        return Ok((session, Via::Url { epoch: g.epoch }, headers));
+    let key = &gw.settings.preview.key.0;
+    let now = now_secs();
+    for text in cookies {
+        if let Ok(g) = Grant::verify(text, key, now)
+            && g.session == id
+            && g.port == port
+            && let Some(session) = gw.sessions.get(id)
+            && *session.tenant.name == *g.tenant
+        {
+            let headers = CallerHeaders {
+                tenant: Some(g.tenant.clone()),
+                subject: g.subject.clone(),
+                via: "url",
+            };
+            return Ok((session, Via::Url { epoch: g.epoch }, headers));
+        }
     }
     if let Some(session) = gw.sessions.get(id)
         && session.ports.is_public(port)
@@ -360,6 +402,10 @@ async fn admit(
             via: "public",
         };
         return Ok((session, Via::Public, headers));
+    }
+    if let Some(e) = token_error {
+        let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
+        return Err(refused(status, &e.to_string(), None));
     }
     let mut r = refuse(
         gw,
@@ -372,6 +418,27 @@ async fn admit(
     r.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     Err(Box::new(r))
+}
+
+/// Whether a request comes from the preview's own origin: its `Origin`
+/// names the host it was sent to, or (no `Origin`) its `Sec-Fetch-Site`
+/// says same-origin or none; a request with neither is not a browser
+/// page's.
+fn same_origin(req: &Request<Incoming>, secure: bool) -> bool {
+    let h = req.headers();
+    let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
+    if let Some(origin) = h.get(header::ORIGIN) {
+        let scheme = if secure { "https" } else { "http" };
+        return host.is_some_and(|host| {
+            origin
+                .to_str()
+                .is_ok_and(|o| o.eq_ignore_ascii_case(&format!("{scheme}://{host}")))
+        });
+    }
+    match h.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        Some(site) => matches!(site, "same-origin" | "none"),
+        None => true,
+    }
 }
 
 fn refusal(
@@ -409,7 +476,20 @@ async fn connect(
         .ports
         .admit(port, via)
         .map_err(|e| Box::new(refusal(gw, client, session, port, e)))?;
-    let Ok(permit) = session.tenant.streams.clone().try_acquire_owned() else {
+    // Anyone's connections into a public port leave a quarter of the
+    // tenant's streams to its own callers.
+    let reserve = if *via == Via::Public {
+        session.tenant.settings.max_streams / 4
+    } else {
+        0
+    };
+    let streams = &session.tenant.streams;
+    let permit = if streams.available_permits() > reserve {
+        streams.clone().try_acquire_owned().ok()
+    } else {
+        None
+    };
+    let Some(permit) = permit else {
         return Err(Box::new(refuse(
             gw,
             client,
@@ -447,12 +527,10 @@ async fn connect(
             stop.cancel();
         });
     }
-    let hold: proxy::Hold = Arc::new((
-        admission,
-        permit,
-        session.stream_guard(),
-        StopOnDrop(stop.clone()),
-    ));
+    // A token holder's connection keeps the session alive, like an
+    // attached stream; anyone's (a public port, a URL) does not.
+    let keep = (*via == Via::Token).then(|| session.stream_guard());
+    let hold: proxy::Hold = Arc::new((admission, permit, keep, StopOnDrop(stop.clone())));
     let up = Upstream::handshake(tcp, hold, stop.clone())
         .await
         .map_err(|e| {
@@ -574,8 +652,10 @@ fn exchange(
     let path = path_and_query
         .split_once('?')
         .map_or(path_and_query, |(p, _)| p);
+    // `//host/…` would be another site to the browser.
+    let path = format!("/{}", path.trim_start_matches('/'));
     let location = if kept_query.is_empty() {
-        path.to_owned()
+        path
     } else {
         format!("{path}?{kept_query}")
     };

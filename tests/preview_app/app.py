@@ -55,6 +55,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif path == "/cookie":
             self.send(200, b"set", extra=[
                 ("Set-Cookie", "app=1; Domain=preview.test; Path=/"),
+                ("Set-Cookie", "spaced=1; Path=/; Domain =preview.test"),
                 ("Set-Cookie", "exg_preview=planted; Path=/"),
             ])
         elif path == "/wait":
