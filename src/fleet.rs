@@ -338,6 +338,15 @@ impl Fleet {
     }
 }
 
+/// Generated code of the fleet's relay protocol
+/// (`proto/exec_gateway/fleet/v1/relay.proto`): the peer listener serves
+/// it (`transport::fleet`), and previews relay through it
+/// (`transport::preview`).
+pub mod pb {
+    #![allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+    tonic::include_proto!("exec_gateway.fleet.v1");
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -95,11 +95,14 @@ pub struct Upstream {
 impl Upstream {
     /// Speak HTTP/1 over `tcp`; the connection runs in a task of its own
     /// that holds `hold` and ends at `stop`.
-    pub async fn handshake(
-        tcp: tokio::net::TcpStream,
+    pub async fn handshake<T>(
+        tcp: T,
         hold: Hold,
         stop: CancellationToken,
-    ) -> Result<Upstream, hyper::Error> {
+    ) -> Result<Upstream, hyper::Error>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (send, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(MAX_RESPONSE_HEAD_BYTES)
             .handshake(TokioIo::new(tcp))

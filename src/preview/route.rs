@@ -4,9 +4,9 @@
 //!
 //! A host name is one DNS label under the domain (a wildcard certificate
 //! covers one label), so the session's id is written compactly: its UUID
-//! as 32 hex digits, and in a fleet `-{replica}` after it (the boot part
-//! of a fleet id is left out: the owner knows its own, and an id of an
-//! earlier boot names a session that is gone anyway).
+//! as 32 hex digits, and in a fleet `-{boot}-{replica}` after it (a fleet
+//! id is `{replica}.{boot}.{uuid}`): at most 63 bytes, so a replica id of
+//! at most 15 characters.
 
 /// A path preview: the session, the port, and the rest of the path
 /// (empty, or starting with `/`).
@@ -38,15 +38,17 @@ fn parse_port(s: &str) -> Result<u16, &'static str> {
 pub struct HostSession {
     /// The session's UUID, in its usual dashed form.
     pub uuid: String,
-    /// The replica that owns it, in a fleet.
-    pub replica: Option<String>,
+    /// The replica that owns it and its boot, in a fleet.
+    pub replica: Option<(String, String)>,
 }
 
 impl HostSession {
-    /// The full session id, given the owner's id prefix (`replica.boot.`
-    /// in a fleet, empty outside one).
-    pub fn id(&self, prefix: &str) -> String {
-        format!("{prefix}{}", self.uuid)
+    /// The full session id.
+    pub fn id(&self) -> String {
+        match &self.replica {
+            Some((r, b)) => format!("{r}.{b}.{}", self.uuid),
+            None => self.uuid.clone(),
+        }
     }
 }
 
@@ -70,14 +72,19 @@ pub fn host(host: &str, domain: &str) -> Option<Result<(u16, HostSession), &'sta
         Ok(p) => p,
         Err(e) => return Some(Err(e)),
     };
+    let is_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     let (hex, replica) = match rest.split_once('-') {
-        Some((h, r)) => (h, Some(r)),
+        Some((h, r)) => match r.split_once('-') {
+            Some((boot, replica))
+                if boot.len() == 8 && is_hex(boot) && crate::config::is_replica_id(replica) =>
+            {
+                (h, Some((replica.to_owned(), boot.to_owned())))
+            }
+            _ => return Some(Err(BAD)),
+        },
         None => (rest, None),
     };
-    if hex.len() != 32 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return Some(Err(BAD));
-    }
-    if replica.is_some_and(|r| !crate::config::is_replica_id(r)) {
+    if hex.len() != 32 || !is_hex(hex) {
         return Some(Err(BAD));
     }
     let uuid = format!(
@@ -88,13 +95,7 @@ pub fn host(host: &str, domain: &str) -> Option<Result<(u16, HostSession), &'sta
         &hex[16..20],
         &hex[20..]
     );
-    Some(Ok((
-        port,
-        HostSession {
-            uuid,
-            replica: replica.map(str::to_owned),
-        },
-    )))
+    Some(Ok((port, HostSession { uuid, replica })))
 }
 
 /// The host name label of `port` of session `id`, if the id has a form
@@ -103,7 +104,7 @@ pub fn host(host: &str, domain: &str) -> Option<Result<(u16, HostSession), &'sta
 pub fn host_label(id: &str, port: u16) -> Option<String> {
     let (replica, uuid) = match crate::fleet::parse_owner(id) {
         Some((replica, boot)) => (
-            Some(replica),
+            Some((replica, boot)),
             id.strip_prefix(replica)?.get(boot.len() + 2..)?,
         ),
         None => (None, id),
@@ -113,9 +114,8 @@ pub fn host_label(id: &str, port: u16) -> Option<String> {
         return None;
     }
     let mut label = format!("{port}-{}", parsed.simple());
-    if let Some(r) = replica {
-        label.push('-');
-        label.push_str(r);
+    if let Some((r, boot)) = replica {
+        label.push_str(&format!("-{boot}-{r}"));
     }
     (label.len() <= 63).then_some(label)
 }
@@ -155,12 +155,12 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!((port, s.id(""), s.replica), (3000, id.to_owned(), None));
+        assert_eq!((port, s.id(), s.replica), (3000, id.to_owned(), None));
         let fleet = format!("r1.0a0b0c0d.{id}");
         let label = host_label(&fleet, 80).unwrap();
         let (_, s) = host(&format!("{label}.p.test"), "p.test").unwrap().unwrap();
-        assert_eq!(s.replica.as_deref(), Some("r1"));
-        assert_eq!(s.id("r1.0a0b0c0d."), fleet);
+        assert_eq!(label, "80-0b8a4f8e2b1c4c3d9e5f0123456789ab-0a0b0c0d-r1");
+        assert_eq!(s.id(), fleet);
         // Not one of ours, or not a preview.
         assert_eq!(host("p.test", "p.test"), None);
         assert_eq!(host("evil-p.test", "p.test"), None);

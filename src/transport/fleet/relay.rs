@@ -31,11 +31,8 @@ use crate::outbound::{OutFrame, Outbound};
 use crate::protocol::jsonrpc::{self, RequestId};
 use crate::transport::inbound::Charge;
 
-/// Generated code of the fleet's relay protocol.
-pub mod pb {
-    #![allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
-    tonic::include_proto!("exec_gateway.fleet.v1");
-}
+/// Generated code of the fleet's relay protocol (`crate::fleet::pb`).
+pub use crate::fleet::pb;
 
 use pb::open_response::Frame;
 use pb::relay_service_client::RelayServiceClient;
@@ -269,6 +266,16 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<OpenResponse, Status>> + 
 #[tonic::async_trait]
 impl RelayService for RelayApi {
     type OpenStream = ResponseStream;
+    type DialStream = crate::transport::preview::DialStream;
+
+    /// A preview's connection into a session of this replica
+    /// (`transport::preview::relay`).
+    async fn dial(
+        &self,
+        req: Request<Streaming<pb::DialRequest>>,
+    ) -> Result<Response<Self::DialStream>, Status> {
+        crate::transport::preview::serve_dial(&self.gw, req).await
+    }
 
     async fn open(
         &self,

@@ -45,7 +45,15 @@ pub mod pb {
 
 /// Path prefixes served without a token: health checks (load balancers)
 /// and reflection (the public schema).
-const PUBLIC_PREFIXES: &[&str] = &["/grpc.health.v1.", "/grpc.reflection."];
+const PUBLIC_PREFIXES: &[&str] = &[
+    "/grpc.health.v1.",
+    "/grpc.reflection.",
+    // A preview relayed by a peer replica (only on the peer listener,
+    // behind the fleet credential): the owner decides who may open it
+    // from the token, cookies or public port the dial carries
+    // (`transport::preview::relay`).
+    "/exec_gateway.fleet.v1.RelayService/Dial",
+];
 
 /// Admits every call before it reaches a service (see the module docs).
 #[derive(Clone)]

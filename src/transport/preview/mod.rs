@@ -36,6 +36,10 @@ use crate::preview::route::HostSession;
 use crate::preview::{Refusal, Via};
 use crate::session::Session;
 
+mod relay;
+
+pub use relay::{DialStream, serve_dial};
+
 /// A preview request's destination, as its host or path says.
 pub enum Route {
     Host {
@@ -79,11 +83,15 @@ pub fn route(req: &Request<Incoming>, gw: &Gateway) -> Option<Route> {
 #[derive(Default)]
 pub struct Kept(Mutex<Option<KeptUpstream>>);
 
-struct KeptUpstream {
+pub(super) struct KeptUpstream {
     session: String,
     port: u16,
-    up: Upstream,
-    stop: CancellationToken,
+    pub(super) up: Upstream,
+    pub(super) stop: CancellationToken,
+    credentials: String,
+    /// A relayed connection: who its owner let in, and the session's
+    /// tenant.
+    pub(super) relayed: Option<(Via, String, CallerHeaders)>,
 }
 
 /// What the door knows about the client connection.
@@ -95,9 +103,9 @@ pub struct Client<'a> {
     pub kept: &'a Arc<Kept>,
 }
 
-fn refuse(
+pub(super) fn refuse(
     gw: &Gateway,
-    client: &Client<'_>,
+    peer: SocketAddr,
     status: StatusCode,
     why: &str,
     tenant: Option<&str>,
@@ -115,7 +123,7 @@ fn refuse(
             "port": port,
             "status": status.as_u16(),
             "reason": why,
-            "peer": client.peer.to_string(),
+            "peer": peer.to_string(),
         }),
     );
     failure(status, why)
@@ -128,11 +136,6 @@ pub async fn serve(
     route: Route,
     client: Client<'_>,
 ) -> Response<ProxyBody> {
-    let prefix = gw
-        .fleet
-        .as_ref()
-        .map(|f| f.session_prefix())
-        .unwrap_or_default();
     // Two Host headers (RFC 9112 3.2: a 400): the app must not see one
     // the gateway did not route by.
     if req.headers().get_all(header::HOST).iter().count() > 1 {
@@ -147,22 +150,12 @@ pub async fn serve(
             );
         }
         Route::Host { port, session } => {
-            if let (Some(f), Some(r)) = (&gw.fleet, &session.replica)
-                && *r != f.replica
-            {
-                return failure(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    &format!(
-                        "this preview's session is on replica {r}; previews are served by the replica that owns the session"
-                    ),
-                );
-            }
             let pq = req
                 .uri()
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_owned();
-            (session.id(&prefix), port, true, pq, None)
+            (session.id(), port, true, pq, None)
         }
         Route::Path {
             session,
@@ -183,23 +176,27 @@ pub async fn serve(
                 }
                 return r;
             }
-            if let Some(f) = &gw.fleet
-                && let crate::fleet::Owner::Peer(r) = f.owner(&session)
-            {
-                return failure(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    &format!(
-                        "this preview's session is on replica {r}; previews are served by the replica that owns the session"
-                    ),
-                );
-            }
             let p = format!("/preview/{session}/{port}");
             (session, port, false, format!("{rest}{query}"), Some(p))
         }
     };
+    let owner = match &gw.fleet {
+        Some(f) => match f.owner(&id) {
+            crate::fleet::Owner::Peer(r) => Some(r.to_owned()),
+            _ => None,
+        },
+        None => None,
+    };
     // 1. A signed URL, exchanged for a cookie.
     if host_mode && let Some((grant, kept_query)) = grant_param(&path_and_query) {
-        return exchange(gw, &client, &id, port, &grant, &path_and_query, kept_query);
+        return exchange(
+            gw,
+            &client,
+            (&id, port, owner.is_some()),
+            &grant,
+            &path_and_query,
+            kept_query,
+        );
     }
     let secure = gw
         .settings
@@ -207,7 +204,7 @@ pub async fn serve(
         .base
         .as_ref()
         .is_some_and(|b| b.scheme == "https");
-    let cookies = if host_mode {
+    let cookies: Vec<String> = if host_mode {
         crate::preview::cookie_values(
             req.headers()
                 .get_all(header::COOKIE)
@@ -215,6 +212,9 @@ pub async fn serve(
                 .filter_map(|v| v.to_str().ok()),
             secure,
         )
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
     } else {
         Vec::new()
     };
@@ -224,57 +224,80 @@ pub async fn serve(
             .and_then(|v| v.to_str().ok()),
         None,
     );
-    let (session, via, caller) =
-        match admit(gw, &client, &id, port, token.as_deref(), &cookies).await {
-            Ok(v) => v,
-            Err(r) => return *r,
-        };
+    let is_upgrade = req.headers().contains_key(header::UPGRADE);
     // A page of another preview (every preview host name is one site to
     // a browser, so SameSite lets the cookie go) must not open a websocket
     // or send a form with the victim's cookie: those need the preview's
     // own origin.
-    if via != Via::Token
-        && via != Via::Public
-        && !same_origin(&req, secure)
-        && (req.headers().contains_key(header::UPGRADE)
-            || !matches!(
-                *req.method(),
-                hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS
-            ))
-    {
-        return refuse(
-            gw,
-            &client,
-            StatusCode::FORBIDDEN,
-            "a request from another origin may not use this preview's cookie",
-            Some(&session.tenant.name),
-            port,
-        );
-    }
-    let Some(net) = session.tenant.net.clone() else {
-        return refuse(
-            gw,
-            &client,
-            StatusCode::CONFLICT,
-            "previews need the tenant's own network (network = \"isolated\")",
-            Some(&session.tenant.name),
-            port,
-        );
+    let cross_site = (is_upgrade
+        || !matches!(
+            *req.method(),
+            hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS
+        ))
+        && !same_origin(&req, secure);
+    // What the kept connection was let in with: a relayed one is used
+    // again only for the same credentials (its owner checked those).
+    let credentials = format!("{token:?}{cookies:?}");
+    let kept = if is_upgrade {
+        None
+    } else {
+        client.kept.0.lock().take().filter(|k| {
+            k.session == id
+                && k.port == port
+                && k.up.is_ready()
+                && !k.stop.is_cancelled()
+                && (owner.is_none() || k.credentials == credentials)
+        })
     };
-    if client.conn.promote(&session.tenant).is_err() {
+    let opened = match &owner {
+        None => {
+            local(
+                gw,
+                &client,
+                (&id, port),
+                token.as_deref(),
+                &cookies,
+                cross_site,
+                kept,
+            )
+            .await
+        }
+        Some(replica) => {
+            relay::dial(
+                gw,
+                &client,
+                replica,
+                (&id, port),
+                (token.as_deref(), &cookies),
+                cross_site,
+                kept,
+            )
+            .await
+        }
+    };
+    let Opened {
+        mut up,
+        stop,
+        via,
+        caller,
+        tenant,
+    } = match opened {
+        Ok(o) => o,
+        Err(r) => return *r,
+    };
+    let relayed = owner
+        .is_some()
+        .then(|| (via.clone(), tenant.name.to_string(), caller.clone()));
+    if client.conn.promote(&tenant).is_err() {
         return refuse(
             gw,
-            &client,
+            client.peer,
             StatusCode::SERVICE_UNAVAILABLE,
             "connection limit reached; retry later",
-            Some(&session.tenant.name),
+            Some(&tenant.name),
             port,
         );
     }
-    let revoked = match session.ports.check(port, &via) {
-        Ok(r) => r,
-        Err(e) => return refusal(gw, &client, &session, port, e),
-    };
     let target = Target {
         path_and_query,
         prefix: path_prefix,
@@ -285,63 +308,125 @@ pub async fn serve(
         strip_authorization: via == Via::Token,
     };
     let settings = &gw.settings.preview;
-    let is_upgrade = req.headers().contains_key(header::UPGRADE);
-    // The connection kept from an earlier request, if it goes to the
-    // same port and can take another.
-    let kept = if is_upgrade {
-        None
-    } else {
-        client.kept.0.lock().take().filter(|k| {
-            k.session == session.id && k.port == port && k.up.is_ready() && !k.stop.is_cancelled()
-        })
-    };
-    let (mut up, stop) = match kept {
-        Some(k) => (k.up, k.stop),
-        None => match connect(gw, &client, &session, &net, port, &via, revoked).await {
-            Ok(v) => v,
-            Err(r) => return *r,
-        },
-    };
-    session.tenant.metrics.preview_requests.inc();
+    tenant.metrics.preview_requests.inc();
     let bounds = Bounds {
         response_timeout: settings.response_timeout,
         idle_timeout: settings.idle_timeout,
-        inbound: session.tenant.inbound.clone(),
-        outbound: session.tenant.outbound.clone(),
+        inbound: tenant.inbound.clone(),
+        outbound: tenant.outbound.clone(),
         stop: stop.clone(),
     };
     let resp = proxy::send(&mut up, req, &target, &bounds).await;
     if !is_upgrade {
         *client.kept.0.lock() = Some(KeptUpstream {
-            session: session.id.clone(),
+            session: id,
             port,
             up,
             stop,
+            credentials,
+            relayed,
         });
     }
     resp
+}
+
+/// A connection into the session's port, and who it let in.
+pub(super) struct Opened {
+    pub up: Upstream,
+    pub stop: CancellationToken,
+    pub via: Via,
+    pub caller: CallerHeaders,
+    /// The session's tenant: its connection slots and byte budgets.
+    pub tenant: Arc<crate::tenant::Tenant>,
+}
+
+/// The refusal of a cookie's request from another origin.
+pub(super) const CROSS_SITE: &str =
+    "a request from another origin may not use this preview's cookie";
+
+/// A preview of a session of this replica: who may open it decided here,
+/// the kept connection used again or a new one made.
+async fn local(
+    gw: &Arc<Gateway>,
+    client: &Client<'_>,
+    (id, port): (&str, u16),
+    token: Option<&str>,
+    cookies: &[String],
+    cross_site: bool,
+    kept: Option<KeptUpstream>,
+) -> Result<Opened, Box<Response<ProxyBody>>> {
+    let cookies: Vec<&str> = cookies.iter().map(String::as_str).collect();
+    let cert = client.cert;
+    let (session, via, caller) = admit(
+        gw,
+        client.peer,
+        cert,
+        client.conn.answer_by(),
+        (id, port),
+        token,
+        &cookies,
+    )
+    .await?;
+    if cross_site && matches!(via, Via::Url { .. }) {
+        return Err(Box::new(refuse(
+            gw,
+            client.peer,
+            StatusCode::FORBIDDEN,
+            CROSS_SITE,
+            Some(&session.tenant.name),
+            port,
+        )));
+    }
+    let revoked = session
+        .ports
+        .check(port, &via)
+        .map_err(|e| Box::new(refusal(gw, client.peer, &session, port, e)))?;
+    let (up, stop) = match kept {
+        Some(k) => (k.up, k.stop),
+        None => {
+            let (tcp, hold, stop) =
+                connect_inside(gw, client.peer, &session, port, &via, revoked).await?;
+            let up = Upstream::handshake(tcp, hold, stop.clone())
+                .await
+                .map_err(|e| {
+                    tracing::info!(error = %e, "preview: upstream handshake");
+                    Box::new(failure(
+                        StatusCode::BAD_GATEWAY,
+                        "the server in the session did not speak HTTP",
+                    ))
+                })?;
+            (up, stop)
+        }
+    };
+    Ok(Opened {
+        up,
+        stop,
+        via,
+        caller,
+        tenant: session.tenant.clone(),
+    })
 }
 
 /// Who may open the preview: a token or certificate with the `preview`
 /// scope, the preview cookie, or nothing for a public port. A token that
 /// does not verify is refused only if nothing else lets the request in
 /// (on a public port an `Authorization` header may be the app's own).
-async fn admit(
+pub(super) async fn admit(
     gw: &Arc<Gateway>,
-    client: &Client<'_>,
-    id: &str,
-    port: u16,
+    peer: SocketAddr,
+    cert: Option<&[u8]>,
+    answer_by: Option<tokio::time::Instant>,
+    (id, port): (&str, u16),
     token: Option<&str>,
     cookies: &[&str],
 ) -> Result<(Arc<Session>, Via, CallerHeaders), Box<Response<ProxyBody>>> {
     let refused = |status, why: &str, tenant: Option<&str>| {
-        Box::new(refuse(gw, client, status, why, tenant, port))
+        Box::new(refuse(gw, peer, status, why, tenant, port))
     };
     let mut token_error = None;
-    if token.is_some() || (client.cert.is_some() && cookies.is_empty()) {
-        let answer_by = client.conn.answer_by();
+    if token.is_some() || (cert.is_some() && cookies.is_empty()) {
         let authenticated =
-            super::authenticate::authenticate_with(gw, token, client.cert, answer_by).await;
+            crate::transport::authenticate::authenticate_with(gw, token, cert, answer_by).await;
         match authenticated {
             Ok(caller) => {
                 if !caller
@@ -409,7 +494,7 @@ async fn admit(
     }
     let mut r = refuse(
         gw,
-        client,
+        peer,
         StatusCode::UNAUTHORIZED,
         "this preview needs a token of the preview scope, a preview URL, or a public port",
         None,
@@ -441,9 +526,9 @@ fn same_origin(req: &Request<Incoming>, secure: bool) -> bool {
     }
 }
 
-fn refusal(
+pub(super) fn refusal(
     gw: &Gateway,
-    client: &Client<'_>,
+    peer: SocketAddr,
     session: &Session,
     port: u16,
     r: Refusal,
@@ -456,26 +541,41 @@ fn refusal(
             "the session's preview connections (max_connections_per_session) are all open",
         ),
     };
-    refuse(gw, client, status, why, Some(&session.tenant.name), port)
+    refuse(gw, peer, status, why, Some(&session.tenant.name), port)
 }
 
 /// A new connection into the session's port: one of the session's
 /// preview connections and one of the tenant's streams, held (with the
-/// session kept alive) while it is open, which ends at `revoked` or the
-/// session's end.
-async fn connect(
+/// session kept alive, for a token holder) by whoever holds the returned
+/// [`proxy::Hold`]; its token ends at `revoked` or the session's end.
+pub(super) async fn connect_inside(
     gw: &Gateway,
-    client: &Client<'_>,
+    peer: SocketAddr,
     session: &Arc<Session>,
-    net: &Arc<crate::isolation::egress::TenantNet>,
     port: u16,
     via: &Via,
     revoked: CancellationToken,
-) -> Result<(Upstream, CancellationToken), Box<Response<ProxyBody>>> {
+) -> Result<(tokio::net::TcpStream, proxy::Hold, CancellationToken), Box<Response<ProxyBody>>> {
+    let refused = |status, why: &str| {
+        Box::new(refuse(
+            gw,
+            peer,
+            status,
+            why,
+            Some(&session.tenant.name),
+            port,
+        ))
+    };
+    let Some(net) = session.tenant.net.clone() else {
+        return Err(refused(
+            StatusCode::CONFLICT,
+            "previews need the tenant's own network (network = \"isolated\")",
+        ));
+    };
     let admission = session
         .ports
         .admit(port, via)
-        .map_err(|e| Box::new(refusal(gw, client, session, port, e)))?;
+        .map_err(|e| Box::new(refusal(gw, peer, session, port, e)))?;
     // Anyone's connections into a public port leave a quarter of the
     // tenant's streams to its own callers.
     let reserve = if *via == Via::Public {
@@ -490,27 +590,19 @@ async fn connect(
         None
     };
     let Some(permit) = permit else {
-        return Err(Box::new(refuse(
-            gw,
-            client,
+        return Err(refused(
             StatusCode::SERVICE_UNAVAILABLE,
             "the tenant's streams (max_streams) are all open",
-            Some(&session.tenant.name),
-            port,
-        )));
+        ));
     };
-    let tcp = match crate::forward::connect(net, port).await {
+    let tcp = match crate::forward::connect(&net, port).await {
         Ok(t) => t,
         Err(e) => {
             tracing::info!(tenant = %session.tenant.name, port, error = %e, "preview: connect");
-            return Err(Box::new(refuse(
-                gw,
-                client,
+            return Err(refused(
                 StatusCode::BAD_GATEWAY,
                 &format!("nothing accepts connections on port {port} in the session's network"),
-                Some(&session.tenant.name),
-                port,
-            )));
+            ));
         }
     };
     let stop = CancellationToken::new();
@@ -531,15 +623,6 @@ async fn connect(
     // attached stream; anyone's (a public port, a URL) does not.
     let keep = (*via == Via::Token).then(|| session.stream_guard());
     let hold: proxy::Hold = Arc::new((admission, permit, keep, StopOnDrop(stop.clone())));
-    let up = Upstream::handshake(tcp, hold, stop.clone())
-        .await
-        .map_err(|e| {
-            tracing::info!(error = %e, "preview: upstream handshake");
-            Box::new(failure(
-                StatusCode::BAD_GATEWAY,
-                "the server in the session did not speak HTTP",
-            ))
-        })?;
     crate::audit::emit(
         "preview.opened",
         &crate::audit::Who {
@@ -547,9 +630,9 @@ async fn connect(
             subject: None,
             session: Some(&session.id),
         },
-        serde_json::json!({ "port": port, "via": via.name(), "peer": client.peer.to_string() }),
+        serde_json::json!({ "port": port, "via": via.name(), "peer": peer.to_string() }),
     );
-    Ok((up, stop))
+    Ok((tcp, hold, stop))
 }
 
 /// Cancels its token when the connection it belongs to ends (the task
@@ -587,8 +670,7 @@ fn grant_param(path_and_query: &str) -> Option<(String, String)> {
 fn exchange(
     gw: &Gateway,
     client: &Client<'_>,
-    id: &str,
-    port: u16,
+    (id, port, remote): (&str, u16, bool),
     grant: &str,
     path_and_query: &str,
     kept_query: String,
@@ -600,7 +682,7 @@ fn exchange(
         Ok(_) => {
             return refuse(
                 gw,
-                client,
+                client.peer,
                 StatusCode::FORBIDDEN,
                 "this preview URL is for another session or port",
                 None,
@@ -611,7 +693,7 @@ fn exchange(
             tracing::info!(reason = e.reason(), "preview URL refused");
             return refuse(
                 gw,
-                client,
+                client.peer,
                 StatusCode::FORBIDDEN,
                 "this preview URL is invalid or has expired",
                 None,
@@ -628,10 +710,13 @@ fn exchange(
         .map(|s| s.ports.check(port, &Via::Url { epoch: g.epoch }));
     match live {
         Some(Ok(_)) => {}
+        // Another replica's session: its owner checks the cookie on every
+        // use (a URL revoked there is refused then).
+        None if remote => {}
         Some(Err(_)) => {
             return refuse(
                 gw,
-                client,
+                client.peer,
                 StatusCode::FORBIDDEN,
                 "this preview URL was revoked",
                 Some(&g.tenant),
@@ -641,7 +726,7 @@ fn exchange(
         None => {
             return refuse(
                 gw,
-                client,
+                client.peer,
                 StatusCode::FORBIDDEN,
                 "this preview URL is invalid or has expired",
                 Some(&g.tenant),

@@ -1,0 +1,365 @@
+//! Previews of sessions another replica owns (docs/preview.md, "Fleet"):
+//! the landing replica opens one `RelayService/Dial` stream to the owner
+//! over the peer listener per connection into the session, with the
+//! client's token (`authorization`) and preview cookies; the owner
+//! decides who may open the preview exactly as for its own clients
+//! ([`super::admit`]), connects inside the tenant's namespace and answers
+//! who it let in; then the stream carries the bytes both ways and the
+//! landing replica speaks HTTP over it as over a local connection.
+//!
+//! A kept relayed connection is used again only for the same credentials:
+//! the owner checked those; a revocation or the session's end there ends
+//! the stream, and with it the connection here.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body_util::BodyExt as _;
+use hyper::{Response, StatusCode};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request, Status, Streaming};
+
+use super::{Client, KeptUpstream, Opened};
+use crate::fleet::pb::relay_service_client::RelayServiceClient;
+use crate::fleet::pb::{
+    DialOpen, DialOpened, DialRequest, DialResponse, dial_request, dial_response,
+};
+use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
+use crate::gateway::Gateway;
+use crate::preview::Via;
+use crate::preview::proxy::{self, CallerHeaders, ProxyBody, Upstream, failure};
+
+/// Metadata of a refused dial: the HTTP status to answer.
+const HTTP_STATUS: &str = "x-exec-gateway-http-status";
+/// Most bytes of one relayed message.
+const CHUNK_BYTES: usize = 64 << 10;
+/// Messages queued each way before the other side is waited for.
+const QUEUE: usize = 8;
+/// Bytes the in-process pipe between hyper and the stream holds.
+const PIPE_BYTES: usize = 256 << 10;
+
+pub type DialStream = Pin<Box<dyn Stream<Item = Result<DialResponse, Status>> + Send>>;
+
+fn via_name(via: &Via) -> &'static str {
+    via.name()
+}
+
+/// The landing side: a connection into a session `replica` owns.
+pub(super) async fn dial(
+    gw: &Arc<Gateway>,
+    client: &Client<'_>,
+    replica: &str,
+    (id, port): (&str, u16),
+    (token, cookies): (Option<&str>, &[String]),
+    cross_site: bool,
+    kept: Option<KeptUpstream>,
+) -> Result<Opened, Box<Response<ProxyBody>>> {
+    if let Some(k) = kept {
+        return reuse(gw, k).await;
+    }
+    let bad_gateway = |why: String| {
+        tracing::info!(session = id, replica, error = %why, "preview relay");
+        Box::new(failure(
+            StatusCode::BAD_GATEWAY,
+            &format!("the replica that owns this session ({replica}) cannot be reached"),
+        ))
+    };
+    let Some(fleet) = gw.fleet.as_ref() else {
+        return Err(bad_gateway("not in a fleet".to_owned()));
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<DialRequest>(QUEUE);
+    let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let md = req.metadata_mut();
+    let value = |v: &str| v.parse::<tonic::metadata::AsciiMetadataValue>().ok();
+    let credential = fleet
+        .credential(replica)
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    if let Some(v) = value(&credential) {
+        md.insert(CREDENTIAL_HEADER, v);
+    }
+    if let Some(v) = token.and_then(|t| value(&format!("Bearer {t}"))) {
+        md.insert("authorization", v);
+    }
+    if let Some(v) = value(&client.peer.to_string()) {
+        md.insert(CLIENT_ADDR_HEADER, v);
+    }
+    let open = DialRequest {
+        msg: Some(dial_request::Msg::Open(DialOpen {
+            session_id: id.to_owned(),
+            port: u32::from(port),
+            cookies: cookies.to_vec(),
+        })),
+    };
+    let _ = tx.send(open).await;
+    let channel = fleet
+        .channel(id, replica)
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    let mut rpc = RelayServiceClient::new(channel);
+    let answered = tokio::time::timeout(fleet.dial_timeout * 2, rpc.dial(req)).await;
+    let mut responses: Streaming<DialResponse> = match answered {
+        Err(_) => return Err(bad_gateway("timed out".to_owned())),
+        Ok(Err(status)) => return Err(Box::new(refused_by_owner(&status, replica))),
+        Ok(Ok(r)) => r.into_inner(),
+    };
+    let opened = match responses.message().await {
+        Ok(Some(DialResponse {
+            msg: Some(dial_response::Msg::Opened(o)),
+        })) => o,
+        Ok(_) => return Err(bad_gateway("no answer".to_owned())),
+        Err(status) => return Err(Box::new(refused_by_owner(&status, replica))),
+    };
+    let via = match opened.via.as_str() {
+        "token" => Via::Token,
+        // The epoch was the owner's to check.
+        "url" => Via::Url { epoch: 0 },
+        _ => Via::Public,
+    };
+    if cross_site && matches!(via, Via::Url { .. }) {
+        return Err(Box::new(super::refuse(
+            gw,
+            client.peer,
+            StatusCode::FORBIDDEN,
+            super::CROSS_SITE,
+            Some(&opened.session_tenant),
+            port,
+        )));
+    }
+    let tenant = gw
+        .tenants
+        .get(&opened.session_tenant)
+        .await
+        .map_err(|e| bad_gateway(format!("tenant {}: {e}", opened.session_tenant)))?;
+    let (near, far) = tokio::io::duplex(PIPE_BYTES);
+    let stop = CancellationToken::new();
+    pump_landing(far, tx, responses, stop.clone());
+    let hold: proxy::Hold = Arc::new(super::StopOnDrop(stop.clone()));
+    let up = Upstream::handshake(near, hold, stop.clone())
+        .await
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    let non_empty = |s: String| Some(s).filter(|s| !s.is_empty());
+    Ok(Opened {
+        up,
+        stop,
+        caller: CallerHeaders {
+            tenant: non_empty(opened.caller_tenant),
+            subject: non_empty(opened.subject),
+            via: via_name(&via),
+        },
+        via,
+        tenant,
+    })
+}
+
+/// The owner's refusal as the client is told it.
+fn refused_by_owner(status: &Status, replica: &str) -> Response<ProxyBody> {
+    let http = status
+        .metadata()
+        .get(HTTP_STATUS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok());
+    match http {
+        Some(code) => failure(code, status.message().trim_end()),
+        None => {
+            tracing::info!(replica, status = %status, "preview relay refused");
+            failure(
+                StatusCode::BAD_GATEWAY,
+                &format!("the replica that owns this session ({replica}) refused the relay"),
+            )
+        }
+    }
+}
+
+/// Bytes between the pipe's far end and the stream, until either ends or
+/// `stop`.
+fn pump_landing(
+    far: tokio::io::DuplexStream,
+    tx: tokio::sync::mpsc::Sender<DialRequest>,
+    mut responses: Streaming<DialResponse>,
+    stop: CancellationToken,
+) {
+    crate::task::start("preview-relay", async move {
+        let (mut r, mut w) = tokio::io::split(far);
+        let up = async {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let m = DialRequest {
+                    msg: Some(dial_request::Msg::Data(Bytes::copy_from_slice(&buf[..n]))),
+                };
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let down = async {
+            while let Ok(Some(m)) = responses.message().await {
+                if let Some(dial_response::Msg::Data(b)) = m.msg
+                    && w.write_all(&b).await.is_err()
+                {
+                    return;
+                }
+            }
+            let _ = w.shutdown().await;
+        };
+        tokio::select! {
+            () = async { tokio::join!(up, down); } => {}
+            () = stop.cancelled() => {}
+        }
+        stop.cancel();
+    });
+}
+
+/// The owner's side of `RelayService/Dial`.
+pub async fn serve_dial(
+    gw: &Arc<Gateway>,
+    req: Request<Streaming<DialRequest>>,
+) -> Result<tonic::Response<DialStream>, Status> {
+    let peer: SocketAddr = req
+        .metadata()
+        .get(CLIENT_ADDR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let token = crate::auth::bearer_token(
+        req.metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok()),
+        None,
+    );
+    let mut requests = req.into_inner();
+    let open = match requests.message().await? {
+        Some(DialRequest {
+            msg: Some(dial_request::Msg::Open(o)),
+        }) => o,
+        _ => return Err(Status::invalid_argument("the first message must be `open`")),
+    };
+    let port = u16::try_from(open.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| Status::invalid_argument("port must be 1 to 65535"))?;
+    let cookies: Vec<&str> = open
+        .cookies
+        .iter()
+        .take(crate::preview::MAX_COOKIES_TRIED)
+        .map(String::as_str)
+        .collect();
+    let id = open.session_id.as_str();
+    let admitted = super::admit(gw, peer, None, None, (id, port), token.as_deref(), &cookies).await;
+    let (session, via, caller) = match admitted {
+        Ok(v) => v,
+        Err(r) => return Err(to_status(*r).await),
+    };
+    let revoked = match session.ports.check(port, &via) {
+        Ok(r) => r,
+        Err(e) => return Err(to_status(super::refusal(gw, peer, &session, port, e)).await),
+    };
+    let (tcp, hold, stop) =
+        match super::connect_inside(gw, peer, &session, port, &via, revoked).await {
+            Ok(v) => v,
+            Err(r) => return Err(to_status(*r).await),
+        };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<DialResponse, Status>>(QUEUE);
+    let opened = DialResponse {
+        msg: Some(dial_response::Msg::Opened(DialOpened {
+            via: via.name().to_owned(),
+            session_tenant: session.tenant.name.to_string(),
+            caller_tenant: caller.tenant.unwrap_or_default(),
+            subject: caller.subject.unwrap_or_default(),
+        })),
+    };
+    let _ = tx.send(Ok(opened)).await;
+    let idle = gw.settings.preview.idle_timeout;
+    crate::task::start("preview-dial", async move {
+        let _hold = hold;
+        let (mut r, mut w) = tcp.into_split();
+        let up = async {
+            while let Ok(Some(m)) = requests.message().await {
+                if let Some(dial_request::Msg::Data(b)) = m.msg
+                    && w.write_all(&b).await.is_err()
+                {
+                    return;
+                }
+            }
+            let _ = w.shutdown().await;
+        };
+        let down = async {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            loop {
+                let n = match tokio::time::timeout(idle, r.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+                    Ok(Ok(n)) => n,
+                };
+                let m = DialResponse {
+                    msg: Some(dial_response::Msg::Data(Bytes::copy_from_slice(&buf[..n]))),
+                };
+                if tx.send(Ok(m)).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = async { tokio::join!(up, down); } => {}
+            () = stop.cancelled() => {}
+        }
+    });
+    Ok(tonic::Response::new(Box::pin(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    )))
+}
+
+/// A refusal the door built, as a status the landing replica turns back
+/// into the same HTTP answer.
+async fn to_status(r: Response<ProxyBody>) -> Status {
+    let code = r.status();
+    let body = r
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    let grpc = match code.as_u16() {
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::FailedPrecondition,
+        503 => Code::ResourceExhausted,
+        _ => Code::Unavailable,
+    };
+    let mut s = Status::new(grpc, body);
+    if let Ok(v) = code.as_u16().to_string().parse() {
+        s.metadata_mut().insert(HTTP_STATUS, v);
+    }
+    s
+}
+
+/// A kept relayed connection, used again for the same credentials: who it
+/// let in is what it said when it was dialled.
+async fn reuse(gw: &Arc<Gateway>, k: KeptUpstream) -> Result<Opened, Box<Response<ProxyBody>>> {
+    let Some(relayed) = k.relayed else {
+        return Err(Box::new(failure(
+            StatusCode::BAD_GATEWAY,
+            "the kept connection was not relayed",
+        )));
+    };
+    let tenant = gw.tenants.get(&relayed.1).await.map_err(|e| {
+        Box::new(failure(
+            StatusCode::BAD_GATEWAY,
+            &format!("tenant {}: {e}", relayed.1),
+        ))
+    })?;
+    Ok(Opened {
+        up: k.up,
+        stop: k.stop,
+        via: relayed.0.clone(),
+        caller: relayed.2.clone(),
+        tenant,
+    })
+}

@@ -1,0 +1,195 @@
+//! Previews through any replica of a fleet (docs/preview.md, "Fleet"): a
+//! session of `gw-0` previewed through `gw-1`, by path with a token, by
+//! host name with a signed URL and its cookie, on a public port and over
+//! a websocket; its owner decides who may open it, and a revocation there
+//! holds here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+
+use common::{Client, mint};
+use serde_json::{Value, json};
+
+const SCOPES: &str = "exec fs:read fs:write preview";
+const PORT: u16 = 8000;
+const APP: &str = include_str!("preview_app/app.py");
+const DOMAIN: &str = "preview.test";
+
+/// curl on `addr` as `host`: status, the `set-cookie` header, body.
+fn curl(
+    addr: &str,
+    host: Option<&str>,
+    path: &str,
+    args: &[&str],
+) -> (u16, Option<String>, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-i", "--max-time", "30"]);
+    if let Some(h) = host {
+        cmd.args(["-H", &format!("Host: {h}")]);
+    }
+    let out = cmd
+        .args(args)
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let cookie = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .map(|c| c.split(';').next().unwrap().to_owned());
+    (status, cookie, body.to_owned())
+}
+
+#[tokio::test]
+async fn a_session_of_one_replica_is_previewed_through_another() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: previews need network namespaces (root)");
+        return;
+    }
+    for tool in ["slirp4netns", "nft", "curl"] {
+        if !["/usr/sbin", "/usr/bin"]
+            .iter()
+            .any(|d| std::path::Path::new(d).join(tool).is_file())
+        {
+            eprintln!("skipped: `{tool}` is not installed");
+            return;
+        }
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("preview.key");
+    std::fs::write(&key, [0x42u8; 32]).unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    for t in ["a", "b"] {
+        std::fs::create_dir_all(roots.path().join(t)).unwrap();
+    }
+    let r = common::fleet::launch(2, |d| {
+        format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+             [tenants.a]\nroot = \"{r}/a\"\n[tenants.b]\nroot = \"{r}/b\"\n\
+             [preview]\nbase_url = \"http://{DOMAIN}\"\nkey_file = \"{k}\"\n",
+            d = d.display(),
+            r = roots.path().display(),
+            k = key.display(),
+        )
+    });
+    let (gw0, gw1) = (
+        r.replicas[0].as_ref().unwrap(),
+        r.replicas[1].as_ref().unwrap(),
+    );
+    let token = mint(&r.secret, "a", SCOPES);
+    let root = roots.path().join("a");
+    std::fs::write(root.join("app.py"), APP).unwrap();
+    let mut c = Client::connect(&gw0.url, &token).await;
+    let sid = c.initialize().await;
+    assert!(sid.starts_with("gw-0."), "{sid}");
+    c.call(
+        "process/start",
+        json!({"processId": "app", "argv": ["python3", "app.py", PORT.to_string()],
+               "cwd": root, "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+    )
+    .await;
+    let (out, code) = c
+        .sh(
+            "wait",
+            root.to_str().unwrap(),
+            &format!(
+                "for i in $(seq 200); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {PORT}))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1"
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+
+    // By path with a token, through the other replica.
+    let path = format!("/preview/{sid}/{PORT}/headers");
+    let auth = format!("Authorization: Bearer {token}");
+    let (status, _, body) = curl(&gw1.addr, None, &path, &["-H", &auth]);
+    assert_eq!(status, 200, "{body}");
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["headers"]["x-exec-gateway-via"], "token");
+    assert_eq!(seen["headers"]["x-exec-gateway-tenant"], "a");
+    assert!(seen["headers"].get("authorization").is_none());
+    // Two requests on one connection (the relayed connection kept).
+    let out = Command::new("curl")
+        .args(["-sS", "-H", &auth])
+        .arg(format!("http://{}{path}", gw1.addr))
+        .arg(format!("http://{}{path}", gw1.addr))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("\"x-exec-gateway-via\": \"token\"")
+            .count(),
+        2
+    );
+    // Another tenant's token: unknown, as on the owner; none: 401.
+    let b = mint(&r.secret, "b", SCOPES);
+    let (status, _, _) = curl(
+        &gw1.addr,
+        None,
+        &path,
+        &["-H", &format!("Authorization: Bearer {b}")],
+    );
+    assert_eq!(status, 404);
+    let (status, _, _) = curl(&gw1.addr, None, &path, &[]);
+    assert_eq!(status, 401);
+
+    // A signed URL minted on the owner, exchanged and used on the other.
+    let p = c
+        .call("gateway/preview/create", json!({"port": PORT}))
+        .await;
+    let url = p["url"].as_str().unwrap();
+    let rest = url.trim_start_matches("http://");
+    let (host, grant_path) = rest.split_at(rest.find('/').unwrap());
+    assert!(host.ends_with(&format!("-gw-0.{DOMAIN}")), "{host}");
+    let (status, cookie, body) = curl(&gw1.addr, Some(host), grant_path, &[]);
+    assert_eq!(status, 303, "{body}");
+    let cookie = cookie.unwrap();
+    let with_cookie = ["-H".to_owned(), format!("Cookie: {cookie}")];
+    let args: Vec<&str> = with_cookie.iter().map(String::as_str).collect();
+    let (status, _, body) = curl(&gw1.addr, Some(host), "/headers", &args);
+    assert_eq!(status, 200, "{body}");
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["headers"]["x-exec-gateway-via"], "url");
+    assert!(seen["headers"].get("cookie").is_none());
+    // A websocket through the other replica.
+    {
+        use futures_util::{SinkExt as _, StreamExt as _};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let mut req = format!("ws://{}/preview/{sid}/{PORT}/ws", gw1.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("authorization", auth[15..].parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws.send(Message::Text("ping".into())).await.unwrap();
+        let m = ws.next().await.unwrap().unwrap();
+        assert_eq!(m.into_text().unwrap().as_str(), "pong:ping");
+    }
+    // Revoked on the owner: refused through the other replica too.
+    c.call("gateway/preview/revoke", json!({"port": PORT}))
+        .await;
+    let (status, _, body) = curl(&gw1.addr, Some(host), "/headers", &args);
+    assert_eq!(status, 403, "{body}");
+    // Public, then revoked.
+    c.call(
+        "gateway/preview/create",
+        json!({"port": PORT, "public": true}),
+    )
+    .await;
+    let (status, _, body) = curl(&gw1.addr, None, &path, &[]);
+    assert_eq!(status, 200, "{body}");
+    c.call("gateway/preview/revoke", json!({"port": PORT}))
+        .await;
+    let (status, _, _) = curl(&gw1.addr, None, &path, &[]);
+    assert_eq!(status, 401);
+}
