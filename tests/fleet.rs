@@ -800,6 +800,47 @@ async fn balancer_suite(kind: &str) {
         .collect();
     assert!(owners.len() >= 2, "{kind}: sessions spread: {owners:?}");
 
+    // A preview through the balancer (docs/preview.md, "Fleet"): wherever
+    // each request lands, the owner's server answers, relayed by the
+    // replicas that do not own the session.
+    let preview_token = mint(&fleet.secret, "t1", "exec preview");
+    let mut web = Client::connect(&lb.ws, &preview_token).await;
+    let web_sid = web.initialize().await;
+    web.start(
+        "web",
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    let lb_addr = lb.ws.trim_start_matches("ws://").trim_end_matches('/');
+    let get = || {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("Authorization: Bearer {preview_token}"))
+            .arg(format!("http://{lb_addr}/preview/{web_sid}/8000/"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut listening = false;
+    for _ in 0..200 {
+        if get() == "200" {
+            listening = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(listening, "{kind}: the preview never answered");
+    for _ in 0..6 {
+        assert_eq!(get(), "200", "{kind}: a preview through the balancer");
+    }
+
     // Started over websocket, attached over gRPC, one seq cursor.
     let mut c = Client::connect(&lb.ws, &token).await;
     let sid = c.initialize().await;
