@@ -9,6 +9,27 @@ use std::time::Duration;
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// The secret key in `path` (`field` names it in errors), trailing
+/// whitespace dropped, at least `min` bytes: what a fleet, snapshot or
+/// preview key file holds.
+pub(super) fn key_file(
+    field: &str,
+    path: &std::path::Path,
+    min: usize,
+) -> Result<Vec<u8>, ConfigError> {
+    let mut key = std::fs::read(path)
+        .map_err(|e| ConfigError(format!("{field}: cannot read {}: {e}", path.display())))?;
+    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        key.pop();
+    }
+    if key.len() < min {
+        return Err(ConfigError(format!(
+            "{field}: a key needs at least {min} bytes"
+        )));
+    }
+    Ok(key)
+}
+
 pub(super) fn duration(
     name: &str,
     value: Option<&str>,

@@ -151,20 +151,7 @@ pub(super) fn validate_fleet(f: FleetConfig) -> Result<Option<FleetSettings>, Co
                 .to_owned(),
         )
     })?;
-    let mut key = std::fs::read(&key_file).map_err(|e| {
-        ConfigError(format!(
-            "fleet.key_file: cannot read {}: {e}",
-            key_file.display()
-        ))
-    })?;
-    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        key.pop();
-    }
-    if key.len() < MIN_FLEET_KEY_BYTES {
-        return Err(ConfigError(format!(
-            "fleet.key_file: a fleet key needs at least {MIN_FLEET_KEY_BYTES} bytes"
-        )));
-    }
+    let key = super::common::key_file("fleet.key_file", &key_file, MIN_FLEET_KEY_BYTES)?;
     let listen_text = f.listen.as_deref().unwrap_or(DEFAULT_FLEET_LISTEN);
     let listen: SocketAddr = listen_text.parse().map_err(|_| {
         ConfigError(format!(

@@ -198,21 +198,7 @@ fn base(url: &str) -> Result<PreviewBase, ConfigError> {
 }
 
 fn key(path: &std::path::Path) -> Result<PreviewKey, ConfigError> {
-    let mut key = std::fs::read(path).map_err(|e| {
-        ConfigError(format!(
-            "preview.key_file: cannot read {}: {e}",
-            path.display()
-        ))
-    })?;
-    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        key.pop();
-    }
-    if key.len() < MIN_PREVIEW_KEY_BYTES {
-        return Err(ConfigError(format!(
-            "preview.key_file: a signing key needs at least {MIN_PREVIEW_KEY_BYTES} bytes"
-        )));
-    }
-    Ok(PreviewKey(key))
+    super::common::key_file("preview.key_file", path, MIN_PREVIEW_KEY_BYTES).map(PreviewKey)
 }
 
 #[cfg(test)]

@@ -145,21 +145,7 @@ impl SnapshotsConfig {
 
 /// The signing key in `path`, trailing whitespace dropped.
 fn key(path: &std::path::Path) -> Result<SnapshotKey, ConfigError> {
-    let mut key = std::fs::read(path).map_err(|e| {
-        ConfigError(format!(
-            "snapshots.key_file: cannot read {}: {e}",
-            path.display()
-        ))
-    })?;
-    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        key.pop();
-    }
-    if key.len() < MIN_SNAPSHOT_KEY_BYTES {
-        return Err(ConfigError(format!(
-            "snapshots.key_file: a signing key needs at least {MIN_SNAPSHOT_KEY_BYTES} bytes"
-        )));
-    }
-    Ok(SnapshotKey(key))
+    super::common::key_file("snapshots.key_file", path, MIN_SNAPSHOT_KEY_BYTES).map(SnapshotKey)
 }
 
 /// `[snapshots] registry`: a repository on a named registry host, without

@@ -198,12 +198,7 @@ pub async fn serve(
             kept_query,
         );
     }
-    let secure = gw
-        .settings
-        .preview
-        .base
-        .as_ref()
-        .is_some_and(|b| b.scheme == "https");
+    let secure = is_https(gw);
     let cookies: Vec<String> = if host_mode {
         crate::preview::cookie_values(
             req.headers()
@@ -645,6 +640,16 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// Whether preview host names are served over HTTPS (`[preview]
+/// base_url`): the cookie is then `__Host-` and `Secure`.
+fn is_https(gw: &Gateway) -> bool {
+    gw.settings
+        .preview
+        .base
+        .as_ref()
+        .is_some_and(|b| b.scheme == "https")
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -744,12 +749,7 @@ fn exchange(
     } else {
         format!("{path}?{kept_query}")
     };
-    let secure = gw
-        .settings
-        .preview
-        .base
-        .as_ref()
-        .is_some_and(|b| b.scheme == "https");
+    let secure = is_https(gw);
     let name = if secure {
         crate::preview::SECURE_COOKIE
     } else {
