@@ -840,6 +840,10 @@ async fn balancer_suite(kind: &str) {
     for _ in 0..6 {
         assert_eq!(get(), "200", "{kind}: a preview through the balancer");
     }
+    // The server ends (a replica's drain below waits for its processes).
+    web.call("process/terminate", json!({"processId": "web"}))
+        .await;
+    read_all(&mut web, "web").await;
 
     // Started over websocket, attached over gRPC, one seq cursor.
     let mut c = Client::connect(&lb.ws, &token).await;

@@ -870,6 +870,42 @@ async fn a_hostile_page_or_client_cannot_borrow_a_preview() {
     assert_eq!(a.status, 303, "{}", a.body);
     assert_eq!(a.header("location"), Some("/evil.example/x"));
 
+    // A GET with a body (which the app would read as a next request with
+    // headers of the client's choosing) and a backslash redirect: refused.
+    let a = curl(
+        &gw,
+        Some(&host),
+        "/headers",
+        &[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-X",
+            "GET",
+            "--data",
+            "GET /x HTTP/1.1",
+        ],
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    let a = curl(
+        &gw,
+        Some(&host),
+        &format!("/%5Cevil.example/?exg_preview={grant}"),
+        &[],
+    );
+    assert_ne!(a.header("location"), Some("/\\evil.example/"));
+    {
+        use std::io::{Read as _, Write as _};
+        let mut t = std::net::TcpStream::connect(&gw.addr).unwrap();
+        write!(
+            t,
+            "GET /\\evil.example/?exg_preview={grant} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        t.read_to_string(&mut answer).unwrap();
+        assert!(!answer.contains("location: /\\"), "{answer}");
+    }
+
     // On a public port, an Authorization the gateway does not know is the
     // app's own, passed on.
     create(&mut c, json!({"port": PORT, "public": true})).await;

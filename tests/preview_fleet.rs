@@ -175,6 +175,77 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
         let m = ws.next().await.unwrap().unwrap();
         assert_eq!(m.into_text().unwrap().as_str(), "pong:ping");
     }
+    // A kept relayed connection checks each request's origin: a GET, then
+    // a cross-origin POST with the same cookie on the same connection.
+    {
+        use std::io::{Read as _, Write as _};
+        let mut t = std::net::TcpStream::connect(&gw1.addr).unwrap();
+        write!(
+            t,
+            "GET /headers HTTP/1.1\r\nHost: {host}\r\nCookie: {cookie}\r\n\r\n\
+             POST /upload HTTP/1.1\r\nHost: {host}\r\nCookie: {cookie}\r\n\
+             Origin: http://evil.{DOMAIN}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        t.read_to_string(&mut answer).unwrap();
+        let statuses: Vec<&str> = answer
+            .match_indices("HTTP/1.1 ")
+            .map(|(i, _)| &answer[i + 9..i + 12])
+            .collect();
+        assert_eq!(statuses, ["200", "403"], "{answer}");
+    }
+    // A host name naming a replica the fleet does not know is an unknown
+    // session, never dialled.
+    let stranger = host.replace("-gw-0.", "-gw-9.");
+    let (status, _, _) = curl(&gw1.addr, Some(&stranger), "/headers", &args);
+    assert_eq!(status, 401);
+    // A port forward of gw-0's session through gw-1.
+    {
+        use futures_util::{SinkExt as _, StreamExt as _};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let forward_token = mint(&r.secret, "a", "exec forward");
+        let mut req = format!("ws://{}/forward/{sid}/{PORT}", gw1.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {forward_token}").parse().unwrap(),
+        );
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws.send(Message::Binary(
+            b"GET /headers HTTP/1.0\r\nHost: x\r\n\r\n".to_vec().into(),
+        ))
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        while let Some(Ok(m)) = ws.next().await {
+            match m {
+                Message::Binary(b) => got.extend_from_slice(&b),
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let got = String::from_utf8_lossy(&got);
+        assert!(
+            got.starts_with("HTTP/1.1 200") && got.ends_with("\"host\": \"x\"}}"),
+            "{got}"
+        );
+        // Another tenant's token: unknown, as on the owner.
+        let b_forward = mint(&r.secret, "b", "exec forward");
+        let mut req = format!("ws://{}/forward/{sid}/{PORT}", gw1.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {b_forward}").parse().unwrap(),
+        );
+        match tokio_tungstenite::connect_async(req).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 404),
+            other => panic!("another tenant's forward through gw-1: {other:?}"),
+        }
+    }
     // Revoked on the owner: refused through the other replica too.
     c.call("gateway/preview/revoke", json!({"port": PORT}))
         .await;

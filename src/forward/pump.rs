@@ -75,19 +75,20 @@ impl Default for Activity {
 /// 1002 a protocol error, 1003 a text message, 1008 a side stopped reading,
 /// 1009 a message over [`MAX_CHUNK_BYTES`], 1011 the server's connection
 /// failed (a reset: what was cut off is not complete), or `stop`'s.
-pub async fn serve<S>(
+pub async fn serve<S, T>(
     ws: WebSocketStream<S>,
-    tcp: tokio::net::TcpStream,
+    tcp: T,
     stall: std::time::Duration,
     stop: impl std::future::Future<Output = (u16, &'static str)>,
 ) -> Moved
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
+    T: AsyncRead + AsyncWrite + Send,
 {
     use tokio_tungstenite::tungstenite::Error as WsError;
     let (sink, mut stream) = ws.split();
     let sink = tokio::sync::Mutex::new(sink);
-    let (mut from_server, mut to_server) = tcp.into_split();
+    let (mut from_server, mut to_server) = tokio::io::split(tcp);
     let activity = Activity::new();
     let touch = || activity.touch();
     let up = Arc::new(AtomicU64::new(0));

@@ -153,6 +153,29 @@ pub async fn send(
     target: &Target,
     bounds: &Bounds,
 ) -> Response<ProxyBody> {
+    // A body on a method whose servers often do not read one would be
+    // read by the server as the next request, with headers the gateway
+    // never checked: refused (GET, HEAD, TRACE), or the connection closes
+    // after it (any other method a server may leave unread).
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let m = req.method();
+    if has_body
+        && (m == hyper::Method::GET || m == hyper::Method::HEAD || m == hyper::Method::TRACE)
+    {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "a GET, HEAD or TRACE request with a body",
+        );
+    }
+    let close_after = has_body
+        && !matches!(
+            *m,
+            hyper::Method::POST | hyper::Method::PUT | hyper::Method::PATCH
+        );
     let upgrade = upgrade_of(req.headers());
     let downstream_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
@@ -167,6 +190,9 @@ pub async fn send(
         return failure(StatusCode::BAD_REQUEST, "bad request");
     };
     request_headers(&parts.headers, headers, target, upgrade.as_ref());
+    if close_after && upgrade.is_none() {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let body = Watched::new(
         body,
         bounds.inbound.clone(),
@@ -280,6 +306,7 @@ fn request_headers(
             || n.starts_with(CALLER_HEADER_PREFIX)
             || n.starts_with("x-forwarded-")
             || n == "forwarded"
+            || n == "x-real-ip"
             || (n == "authorization" && target.strip_authorization)
             || n == "cookie"
         {
@@ -311,6 +338,7 @@ fn request_headers(
         }
     };
     set(to, "x-forwarded-for", &target.peer.ip().to_string());
+    set(to, "x-real-ip", &target.peer.ip().to_string());
     set(to, "x-forwarded-proto", target.proto);
     if let Some(h) = from.get(header::HOST).and_then(|h| h.to_str().ok()) {
         set(to, "x-forwarded-host", h);

@@ -62,7 +62,7 @@ pub fn host(host: &str, domain: &str) -> Option<Result<(u16, HostSession), &'sta
     let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     let label = name.strip_suffix(domain)?.strip_suffix('.')?;
     const BAD: &str = "a preview host name is {port}-{session}.{domain}";
-    if label.contains('.') {
+    if label.contains('.') || label.len() > 63 {
         return Some(Err(BAD));
     }
     let Some((port, rest)) = label.split_once('-') else {

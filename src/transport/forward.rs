@@ -53,7 +53,7 @@ impl Refusal {
         }
     }
 
-    fn http_status(&self) -> StatusCode {
+    pub(crate) fn http_status(&self) -> StatusCode {
         match self {
             Refusal::Scope => StatusCode::FORBIDDEN,
             Refusal::UnknownSession(_) => StatusCode::NOT_FOUND,
@@ -204,12 +204,25 @@ pub(super) async fn open(
     caller: Caller,
     route: Result<(&str, u16), &'static str>,
     accept: &str,
-    peer: SocketAddr,
+    (peer, token): (SocketAddr, Option<&str>),
 ) -> Response<Full<Bytes>> {
     let (session_id, port) = match route {
         Ok(r) => r,
         Err(why) => return response(StatusCode::BAD_REQUEST, format!("{why}\n")),
     };
+    if let Some(f) = &gw.fleet
+        && let crate::fleet::Owner::Peer(replica) = f.owner(session_id)
+    {
+        return relayed(
+            req,
+            &gw,
+            &caller,
+            (replica, session_id, port),
+            accept,
+            (peer, token),
+        )
+        .await;
+    }
     let origin = Origin {
         door: "websocket",
         peer: Some(peer),
@@ -292,4 +305,85 @@ pub(crate) fn ends(
             () = aged => (1001, "the connection reached its maximum age"),
         }
     }
+}
+
+/// A forward of a session another replica owns: the owner admits it (its
+/// own checks, on the client's token) and the bytes go over the peer
+/// listener (`transport::preview::dial_forward`); here it ends, like any
+/// forward, with the token or the connection's age.
+async fn relayed(
+    mut req: Request<Incoming>,
+    gw: &Arc<Gateway>,
+    caller: &Caller,
+    (replica, session_id, port): (&str, &str, u16),
+    accept: &str,
+    (peer, token): (SocketAddr, Option<&str>),
+) -> Response<Full<Bytes>> {
+    let io = match super::preview::dial_forward(gw, replica, (session_id, port), token, peer).await
+    {
+        Ok(io) => io,
+        Err((status, why)) => return response(status, format!("{why}\n")),
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    let stop = ends(gw, caller, tokio_util::sync::CancellationToken::new());
+    let stall = gw.settings.slow_client_timeout;
+    crate::task::start("forward-relayed", async move {
+        let Ok(upgraded) = upgrade.await else {
+            return;
+        };
+        let ws = super::websocket::server_websocket(
+            TokioIo::new(upgraded),
+            crate::forward::MAX_CHUNK_BYTES,
+            super::websocket::WS_MAX_WRITE_BUFFER_BYTES,
+        )
+        .await;
+        crate::forward::serve(ws, io, stall, stop).await;
+    });
+    switching_protocols(accept)
+}
+
+/// The owner's side of a port forward relayed by another replica
+/// (`RelayService/Dial` with `forward`): [`admit`] on the client's token,
+/// as the websocket door would, then the bytes.
+pub(crate) async fn serve_dial(
+    gw: &Arc<Gateway>,
+    d: super::preview::DialIn,
+) -> Result<tonic::Response<super::preview::DialStream>, tonic::Status> {
+    let port = super::preview::dial_port(&d.open)?;
+    let authenticated =
+        super::authenticate::authenticate_with(gw, d.token.as_deref(), None, None).await;
+    let caller = authenticated.map_err(|e| {
+        let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
+        super::preview::http_refusal(status, &e.to_string())
+    })?;
+    let origin = Origin {
+        door: "relay",
+        peer: Some(d.peer),
+    };
+    let admitted = admit(gw, &caller, &d.open.session_id, port, origin)
+        .await
+        .map_err(|why| super::preview::http_refusal(why.http_status(), &why.reason()))?;
+    let Admitted {
+        tcp,
+        session,
+        permit,
+        hold,
+    } = admitted;
+    let opened = crate::fleet::pb::DialOpened {
+        via: "token".to_owned(),
+        session_tenant: session.tenant.name.to_string(),
+        caller_tenant: caller.tenant().name.to_string(),
+        subject: caller.principal().subject.clone().unwrap_or_default(),
+    };
+    // It ends with the session; the landing replica ends it with the
+    // token and the connection's age.
+    let stop = session.ended.clone();
+    Ok(tonic::Response::new(super::preview::pump_owner(
+        tcp,
+        (permit, hold),
+        d.requests,
+        opened,
+        stop,
+        crate::forward::IDLE_TIMEOUT,
+    )))
 }

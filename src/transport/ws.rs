@@ -304,7 +304,9 @@ async fn handle(
     }
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     if let Some(route) = crate::forward::route(&path) {
-        return Ok(super::forward::open(req, gw, caller, route, &accept, peer).await);
+        return Ok(
+            super::forward::open(req, gw, caller, route, &accept, (peer, token.as_deref())).await,
+        );
     }
     let mut req = req;
     let upgrade = hyper::upgrade::on(&mut req);

@@ -274,7 +274,12 @@ impl RelayService for RelayApi {
         &self,
         req: Request<Streaming<pb::DialRequest>>,
     ) -> Result<Response<Self::DialStream>, Status> {
-        crate::transport::preview::serve_dial(&self.gw, req).await
+        let d = crate::transport::preview::read_open(req).await?;
+        if d.open.forward {
+            crate::transport::forward::serve_dial(&self.gw, d).await
+        } else {
+            crate::transport::preview::serve_dial(&self.gw, d).await
+        }
     }
 
     async fn open(

@@ -61,56 +61,18 @@ pub(super) async fn dial(
     if let Some(k) = kept {
         return reuse(gw, k).await;
     }
-    let bad_gateway = |why: String| {
-        tracing::info!(session = id, replica, error = %why, "preview relay");
-        Box::new(failure(
-            StatusCode::BAD_GATEWAY,
-            &format!("the replica that owns this session ({replica}) cannot be reached"),
-        ))
-    };
-    let Some(fleet) = gw.fleet.as_ref() else {
-        return Err(bad_gateway("not in a fleet".to_owned()));
-    };
-    let (tx, rx) = tokio::sync::mpsc::channel::<DialRequest>(QUEUE);
-    let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let md = req.metadata_mut();
-    let value = |v: &str| v.parse::<tonic::metadata::AsciiMetadataValue>().ok();
-    let credential = fleet
-        .credential(replica)
-        .map_err(|e| bad_gateway(e.to_string()))?;
-    if let Some(v) = value(&credential) {
-        md.insert(CREDENTIAL_HEADER, v);
-    }
-    if let Some(v) = token.and_then(|t| value(&format!("Bearer {t}"))) {
-        md.insert("authorization", v);
-    }
-    if let Some(v) = value(&client.peer.to_string()) {
-        md.insert(CLIENT_ADDR_HEADER, v);
-    }
-    let open = DialRequest {
-        msg: Some(dial_request::Msg::Open(DialOpen {
-            session_id: id.to_owned(),
-            port: u32::from(port),
-            cookies: cookies.to_vec(),
-        })),
-    };
-    let _ = tx.send(open).await;
-    let channel = fleet
-        .channel(id, replica)
-        .map_err(|e| bad_gateway(e.to_string()))?;
-    let mut rpc = RelayServiceClient::new(channel);
-    let answered = tokio::time::timeout(fleet.dial_timeout * 2, rpc.dial(req)).await;
-    let mut responses: Streaming<DialResponse> = match answered {
-        Err(_) => return Err(bad_gateway("timed out".to_owned())),
-        Ok(Err(status)) => return Err(Box::new(refused_by_owner(&status, replica))),
-        Ok(Ok(r)) => r.into_inner(),
-    };
-    let opened = match responses.message().await {
-        Ok(Some(DialResponse {
-            msg: Some(dial_response::Msg::Opened(o)),
-        })) => o,
-        Ok(_) => return Err(bad_gateway("no answer".to_owned())),
-        Err(status) => return Err(Box::new(refused_by_owner(&status, replica))),
+    let (tx, responses, opened) = match start_dial(
+        gw,
+        replica,
+        (id, port),
+        (token, cookies),
+        false,
+        client.peer,
+    )
+    .await
+    {
+        Ok(v) => v,
+        Err((status, why)) => return Err(Box::new(failure(status, &why))),
     };
     let via = match opened.via.as_str() {
         "token" => Via::Token,
@@ -128,6 +90,10 @@ pub(super) async fn dial(
             port,
         )));
     }
+    let bad_gateway = |why: String| {
+        tracing::info!(session = id, replica, error = %why, "preview relay");
+        Box::new(failure(StatusCode::BAD_GATEWAY, &unreachable(replica)))
+    };
     let tenant = gw
         .tenants
         .get(&opened.session_tenant)
@@ -154,8 +120,99 @@ pub(super) async fn dial(
     })
 }
 
+fn unreachable(replica: &str) -> String {
+    format!("the replica that owns this session ({replica}) cannot be reached")
+}
+
+/// A refused or failed dial: the HTTP status and the words to answer.
+type DialFailure = (StatusCode, String);
+
+/// Open a dial to `replica` and wait for its answer: the stream's two
+/// ends and who the owner let in.
+async fn start_dial(
+    gw: &Gateway,
+    replica: &str,
+    (id, port): (&str, u16),
+    (token, cookies): (Option<&str>, &[String]),
+    forward: bool,
+    peer: SocketAddr,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<DialRequest>,
+        Streaming<DialResponse>,
+        DialOpened,
+    ),
+    DialFailure,
+> {
+    let bad_gateway = |why: String| {
+        tracing::info!(session = id, replica, error = %why, "relay dial");
+        (StatusCode::BAD_GATEWAY, unreachable(replica))
+    };
+    let Some(fleet) = gw.fleet.as_ref() else {
+        return Err(bad_gateway("not in a fleet".to_owned()));
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<DialRequest>(QUEUE);
+    let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let md = req.metadata_mut();
+    let value = |v: &str| v.parse::<tonic::metadata::AsciiMetadataValue>().ok();
+    let credential = fleet
+        .credential(replica)
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    if let Some(v) = value(&credential) {
+        md.insert(CREDENTIAL_HEADER, v);
+    }
+    if let Some(v) = token.and_then(|t| value(&format!("Bearer {t}"))) {
+        md.insert("authorization", v);
+    }
+    if let Some(v) = value(&peer.to_string()) {
+        md.insert(CLIENT_ADDR_HEADER, v);
+    }
+    let open = DialRequest {
+        msg: Some(dial_request::Msg::Open(DialOpen {
+            session_id: id.to_owned(),
+            port: u32::from(port),
+            cookies: cookies.to_vec(),
+            forward,
+        })),
+    };
+    let _ = tx.send(open).await;
+    let channel = fleet
+        .channel(id, replica)
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    let mut rpc = RelayServiceClient::new(channel);
+    let answered = tokio::time::timeout(fleet.dial_timeout * 2, rpc.dial(req)).await;
+    let mut responses: Streaming<DialResponse> = match answered {
+        Err(_) => return Err(bad_gateway("timed out".to_owned())),
+        Ok(Err(status)) => return Err(refused_by_owner(&status, replica)),
+        Ok(Ok(r)) => r.into_inner(),
+    };
+    match responses.message().await {
+        Ok(Some(DialResponse {
+            msg: Some(dial_response::Msg::Opened(o)),
+        })) => Ok((tx, responses, o)),
+        Ok(_) => Err(bad_gateway("no answer".to_owned())),
+        Err(status) => Err(refused_by_owner(&status, replica)),
+    }
+}
+
+/// The landing side of a port forward of a session `replica` owns: the
+/// bytes of the connection the owner made, as a stream.
+pub async fn dial_forward(
+    gw: &Gateway,
+    replica: &str,
+    (id, port): (&str, u16),
+    token: Option<&str>,
+    peer: SocketAddr,
+) -> Result<tokio::io::DuplexStream, DialFailure> {
+    let (tx, responses, _) = start_dial(gw, replica, (id, port), (token, &[]), true, peer).await?;
+    let (near, far) = tokio::io::duplex(PIPE_BYTES);
+    let stop = CancellationToken::new();
+    pump_landing(far, tx, responses, stop);
+    Ok(near)
+}
+
 /// The owner's refusal as the client is told it.
-fn refused_by_owner(status: &Status, replica: &str) -> Response<ProxyBody> {
+fn refused_by_owner(status: &Status, replica: &str) -> DialFailure {
     let http = status
         .metadata()
         .get(HTTP_STATUS)
@@ -163,12 +220,12 @@ fn refused_by_owner(status: &Status, replica: &str) -> Response<ProxyBody> {
         .and_then(|v| v.parse::<u16>().ok())
         .and_then(|v| StatusCode::from_u16(v).ok());
     match http {
-        Some(code) => failure(code, status.message().trim_end()),
+        Some(code) => (code, status.message().trim_end().to_owned()),
         None => {
-            tracing::info!(replica, status = %status, "preview relay refused");
-            failure(
+            tracing::info!(replica, status = %status, "relay refused");
+            (
                 StatusCode::BAD_GATEWAY,
-                &format!("the replica that owns this session ({replica}) refused the relay"),
+                format!("the replica that owns this session ({replica}) refused the relay"),
             )
         }
     }
@@ -184,7 +241,8 @@ fn pump_landing(
 ) {
     crate::task::start("preview-relay", async move {
         let (mut r, mut w) = tokio::io::split(far);
-        let up = async {
+        // Owning `tx`: when the client's side ends, so does the stream.
+        let up = async move {
             let mut buf = vec![0u8; CHUNK_BYTES];
             loop {
                 let n = match r.read(&mut buf).await {
@@ -217,11 +275,16 @@ fn pump_landing(
     });
 }
 
-/// The owner's side of `RelayService/Dial`.
-pub async fn serve_dial(
-    gw: &Arc<Gateway>,
-    req: Request<Streaming<DialRequest>>,
-) -> Result<tonic::Response<DialStream>, Status> {
+/// The first message of a dial, the client's token and address.
+pub struct DialIn {
+    pub open: DialOpen,
+    pub token: Option<String>,
+    pub peer: SocketAddr,
+    pub requests: Streaming<DialRequest>,
+}
+
+/// Read a dial's first message (`open`).
+pub async fn read_open(req: Request<Streaming<DialRequest>>) -> Result<DialIn, Status> {
     let peer: SocketAddr = req
         .metadata()
         .get(CLIENT_ADDR_HEADER)
@@ -241,18 +304,47 @@ pub async fn serve_dial(
         }) => o,
         _ => return Err(Status::invalid_argument("the first message must be `open`")),
     };
-    let port = u16::try_from(open.port)
+    Ok(DialIn {
+        open,
+        token,
+        peer,
+        requests,
+    })
+}
+
+/// The port a dial names.
+pub fn dial_port(open: &DialOpen) -> Result<u16, Status> {
+    u16::try_from(open.port)
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| Status::invalid_argument("port must be 1 to 65535"))?;
-    let cookies: Vec<&str> = open
+        .ok_or_else(|| Status::invalid_argument("port must be 1 to 65535"))
+}
+
+/// The owner's side of a preview's `RelayService/Dial`.
+pub async fn serve_dial(
+    gw: &Arc<Gateway>,
+    d: DialIn,
+) -> Result<tonic::Response<DialStream>, Status> {
+    let port = dial_port(&d.open)?;
+    let peer = d.peer;
+    let cookies: Vec<&str> = d
+        .open
         .cookies
         .iter()
         .take(crate::preview::MAX_COOKIES_TRIED)
         .map(String::as_str)
         .collect();
-    let id = open.session_id.as_str();
-    let admitted = super::admit(gw, peer, None, None, (id, port), token.as_deref(), &cookies).await;
+    let id = d.open.session_id.as_str();
+    let admitted = super::admit(
+        gw,
+        peer,
+        None,
+        None,
+        (id, port),
+        d.token.as_deref(),
+        &cookies,
+    )
+    .await;
     let (session, via, caller) = match admitted {
         Ok(v) => v,
         Err(r) => return Err(to_status(*r).await),
@@ -266,20 +358,43 @@ pub async fn serve_dial(
             Ok(v) => v,
             Err(r) => return Err(to_status(*r).await),
         };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<DialResponse, Status>>(QUEUE);
-    let opened = DialResponse {
-        msg: Some(dial_response::Msg::Opened(DialOpened {
-            via: via.name().to_owned(),
-            session_tenant: session.tenant.name.to_string(),
-            caller_tenant: caller.tenant.unwrap_or_default(),
-            subject: caller.subject.unwrap_or_default(),
-        })),
+    let opened = DialOpened {
+        via: via.name().to_owned(),
+        session_tenant: session.tenant.name.to_string(),
+        caller_tenant: caller.tenant.unwrap_or_default(),
+        subject: caller.subject.unwrap_or_default(),
     };
-    let _ = tx.send(Ok(opened)).await;
     let idle = gw.settings.preview.idle_timeout;
-    crate::task::start("preview-dial", async move {
+    Ok(tonic::Response::new(pump_owner(
+        tcp, hold, d.requests, opened, stop, idle,
+    )))
+}
+
+/// The owner's pump: `opened` first, then the connection's bytes both
+/// ways until either side ends, nothing comes from the server for `idle`,
+/// or `stop`; `hold` is held until then.
+pub fn pump_owner<T, H>(
+    io: T,
+    hold: H,
+    mut requests: Streaming<DialRequest>,
+    opened: DialOpened,
+    stop: CancellationToken,
+    idle: std::time::Duration,
+) -> DialStream
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    H: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<DialResponse, Status>>(QUEUE);
+    let first = DialResponse {
+        msg: Some(dial_response::Msg::Opened(opened)),
+    };
+    crate::task::start("relay-dial", async move {
         let _hold = hold;
-        let (mut r, mut w) = tcp.into_split();
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let (mut r, mut w) = tokio::io::split(io);
         let up = async {
             while let Ok(Some(m)) = requests.message().await {
                 if let Some(dial_request::Msg::Data(b)) = m.msg
@@ -290,7 +405,9 @@ pub async fn serve_dial(
             }
             let _ = w.shutdown().await;
         };
-        let down = async {
+        // Owning `tx`: when the server's side ends, so does the stream
+        // (the landing replica's client sees the close).
+        let down = async move {
             let mut buf = vec![0u8; CHUNK_BYTES];
             loop {
                 let n = match tokio::time::timeout(idle, r.read(&mut buf)).await {
@@ -305,14 +422,33 @@ pub async fn serve_dial(
                 }
             }
         };
+        // Either side's end ends it: the landing replica's (its client
+        // went away), or the server's (what it sent is delivered first).
         tokio::select! {
-            () = async { tokio::join!(up, down); } => {}
+            () = up => {}
+            () = down => {}
             () = stop.cancelled() => {}
         }
     });
-    Ok(tonic::Response::new(Box::pin(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-    )))
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A refusal as a status the landing replica turns back into the same
+/// HTTP answer.
+pub fn http_refusal(code: StatusCode, why: &str) -> Status {
+    let grpc = match code.as_u16() {
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::FailedPrecondition,
+        503 => Code::ResourceExhausted,
+        _ => Code::Unavailable,
+    };
+    let mut s = Status::new(grpc, why.to_owned());
+    if let Ok(v) = code.as_u16().to_string().parse() {
+        s.metadata_mut().insert(HTTP_STATUS, v);
+    }
+    s
 }
 
 /// A refusal the door built, as a status the landing replica turns back
@@ -325,41 +461,29 @@ async fn to_status(r: Response<ProxyBody>) -> Status {
         .await
         .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
         .unwrap_or_default();
-    let grpc = match code.as_u16() {
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::FailedPrecondition,
-        503 => Code::ResourceExhausted,
-        _ => Code::Unavailable,
-    };
-    let mut s = Status::new(grpc, body);
-    if let Ok(v) = code.as_u16().to_string().parse() {
-        s.metadata_mut().insert(HTTP_STATUS, v);
-    }
-    s
+    http_refusal(code, body.trim_end())
 }
 
 /// A kept relayed connection, used again for the same credentials: who it
 /// let in is what it said when it was dialled.
 async fn reuse(gw: &Arc<Gateway>, k: KeptUpstream) -> Result<Opened, Box<Response<ProxyBody>>> {
-    let Some(relayed) = k.relayed else {
+    let Some((via, tenant, caller)) = k.relayed else {
         return Err(Box::new(failure(
             StatusCode::BAD_GATEWAY,
             "the kept connection was not relayed",
         )));
     };
-    let tenant = gw.tenants.get(&relayed.1).await.map_err(|e| {
+    let tenant = gw.tenants.get(&tenant).await.map_err(|e| {
         Box::new(failure(
             StatusCode::BAD_GATEWAY,
-            &format!("tenant {}: {e}", relayed.1),
+            &format!("tenant {tenant}: {e}"),
         ))
     })?;
     Ok(Opened {
         up: k.up,
         stop: k.stop,
-        via: relayed.0.clone(),
-        caller: relayed.2.clone(),
+        via,
+        caller,
         tenant,
     })
 }
