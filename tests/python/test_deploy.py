@@ -156,7 +156,14 @@ def test_production_ingresses_route_to_the_client_ports():
             for rule in ing["spec"]["rules"]
             for p in rule["http"]["paths"]
         ]
-        assert backends == [{"name": "exec-gateway", "port": {"name": port}}], name
+        assert backends, name
+        assert all(b == {"name": "exec-gateway", "port": {"name": port}} for b in backends), name
+    # Previews by host name go to the client port under a wildcard host
+    # with a certificate of its own (docs/preview.md).
+    ws = ingresses["exec-gateway-ws"]["spec"]
+    wildcard = [r["host"] for r in ws["rules"] if r["host"].startswith("*.")]
+    assert wildcard, "no preview host rule"
+    assert any(wildcard[0] in t["hosts"] for t in ws["tls"]), "no preview certificate"
     assert ingresses["exec-gateway-grpc"]["metadata"]["annotations"][
         prefix + "backend-protocol"] == "GRPC"
     # A token may travel as ?access_token=: no access log of request lines.
