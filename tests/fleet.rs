@@ -612,6 +612,17 @@ async fn a_draining_replica_serves_its_sessions_and_takes_no_new_ones() {
     drop(direct);
     let r = resume(&mut relayed, &sid).await;
     assert!(r.get("result").is_some(), "{r}");
+    // A read before the job ends tells the draining gateway that this
+    // client reads with `process/read` (docs/operations.md, "Shutdown"):
+    // one it has not seen read follows notifications and is closed (1012)
+    // once they are all queued, which could come before this client's
+    // first read reached the owner (it did, once, on a loaded CI machine).
+    relayed
+        .call(
+            "process/read",
+            json!({"processId": "job", "afterSeq": 0, "waitMs": 0}),
+        )
+        .await;
     std::fs::write(&marker, "").unwrap();
     let (text, _) = read_all(&mut relayed, "job").await;
     assert_eq!(text, "started\nfinished\n");
