@@ -161,8 +161,8 @@ impl Gateway {
         let text = config(dir.path());
         let config = dir.path().join("gateway.toml");
         std::fs::write(&config, text).expect("write config");
-        let mut child = Command::new(binary)
-            .arg("serve")
+        let mut cmd = Command::new(binary);
+        cmd.arg("serve")
             .arg("--listen")
             .arg("ws://127.0.0.1:0")
             .arg("--grpc-listen")
@@ -176,9 +176,21 @@ impl Gateway {
             // concurrent tests must not share one.
             .env("XDG_STATE_HOME", dir.path().join("state"))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn gateway");
+            .stderr(Stdio::inherit());
+        // A binary (or wrapper script) another test just wrote is still
+        // open for writing in any child forked meanwhile, until that child
+        // execs: exec fails with ETXTBSY for that moment (a test that
+        // writes its own wrapper, tests/kernel.rs, met it). Tried again.
+        let mut tries = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.expect("spawn gateway"),
+            }
+        };
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
