@@ -251,18 +251,7 @@ pub async fn serve(
         })
     };
     let opened = match &owner {
-        None => {
-            local(
-                gw,
-                &client,
-                (&id, port),
-                token.as_deref(),
-                &cookies,
-                cross_site,
-                kept,
-            )
-            .await
-        }
+        None => local(gw, &client, (&id, port), token.as_deref(), &cookies, kept).await,
         Some(replica) => {
             relay::dial(
                 gw,
@@ -270,7 +259,6 @@ pub async fn serve(
                 replica,
                 (&id, port),
                 (token.as_deref(), &cookies),
-                cross_site,
                 kept,
             )
             .await
@@ -286,7 +274,8 @@ pub async fn serve(
         Ok(o) => o,
         Err(r) => return *r,
     };
-    // Checked for every request, a kept connection's included.
+    // The one check of a cookie's origin: for every request, a kept
+    // connection's and a relayed one's included.
     if cross_site && matches!(via, Via::Url { .. }) {
         return refuse(
             gw,
@@ -364,7 +353,6 @@ async fn local(
     (id, port): (&str, u16),
     token: Option<&str>,
     cookies: &[String],
-    cross_site: bool,
     kept: Option<KeptUpstream>,
 ) -> Result<Opened, Box<Response<ProxyBody>>> {
     let cookies: Vec<&str> = cookies.iter().map(String::as_str).collect();
@@ -379,16 +367,6 @@ async fn local(
         &cookies,
     )
     .await?;
-    if cross_site && matches!(via, Via::Url { .. }) {
-        return Err(Box::new(refuse(
-            gw,
-            client.peer,
-            StatusCode::FORBIDDEN,
-            CROSS_SITE,
-            Some(&session.tenant.name),
-            port,
-        )));
-    }
     let revoked = session
         .ports
         .check(port, &via)

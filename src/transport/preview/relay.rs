@@ -44,10 +44,6 @@ const PIPE_BYTES: usize = 256 << 10;
 
 pub type DialStream = Pin<Box<dyn Stream<Item = Result<DialResponse, Status>> + Send>>;
 
-fn via_name(via: &Via) -> &'static str {
-    via.name()
-}
-
 /// The landing side: a connection into a session `replica` owns.
 pub(super) async fn dial(
     gw: &Arc<Gateway>,
@@ -55,7 +51,6 @@ pub(super) async fn dial(
     replica: &str,
     (id, port): (&str, u16),
     (token, cookies): (Option<&str>, &[String]),
-    cross_site: bool,
     kept: Option<KeptUpstream>,
 ) -> Result<Opened, Box<Response<ProxyBody>>> {
     if let Some(k) = kept {
@@ -80,16 +75,6 @@ pub(super) async fn dial(
         "url" => Via::Url { epoch: 0 },
         _ => Via::Public,
     };
-    if cross_site && matches!(via, Via::Url { .. }) {
-        return Err(Box::new(super::refuse(
-            gw,
-            client.peer,
-            StatusCode::FORBIDDEN,
-            super::CROSS_SITE,
-            Some(&opened.session_tenant),
-            port,
-        )));
-    }
     let bad_gateway = |why: String| {
         tracing::info!(session = id, replica, error = %why, "preview relay");
         Box::new(failure(StatusCode::BAD_GATEWAY, &unreachable(replica)))
@@ -113,7 +98,7 @@ pub(super) async fn dial(
         caller: CallerHeaders {
             tenant: non_empty(opened.caller_tenant),
             subject: non_empty(opened.subject),
-            via: via_name(&via),
+            via: via.name(),
         },
         via,
         tenant,
