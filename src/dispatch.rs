@@ -74,6 +74,25 @@ impl tower::Service<RpcRequest> for Dispatch {
                 let done = crate::preview::api::call(&session.ports, &caller, call);
                 Box::pin(async move { done.map(Outcome::Reply) })
             }
+            _ if matches!(&op, Op::Call(c) if crate::egress::api::is_egress(c)) => {
+                let Op::Call(call) = op else {
+                    return Box::pin(async {
+                        Err(GatewayError::Internal("not a call".to_owned()))
+                    });
+                };
+                let t = &ctx.tenant;
+                let done = crate::egress::api::call(
+                    &t.settings.egress,
+                    t.egress.as_deref(),
+                    &crate::audit::Who {
+                        tenant: Some(&t.name),
+                        subject: ctx.principal.subject.as_deref(),
+                        session: ctx.session.as_ref().map(|s| &*s.id),
+                    },
+                    call,
+                );
+                Box::pin(async move { done.map(Outcome::Reply) })
+            }
             Some(session) => {
                 let audit = crate::audit::enabled().then(|| {
                     Arc::new(crate::audit::Tag {

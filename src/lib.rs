@@ -26,6 +26,8 @@
 //! - [`tenant`]: configured tenants, their limits and backends.
 //! - [`backend`]: where a session runs: [`backend::local`] (the tenant's
 //!   workers) or [`backend::remote`] (an executor of its pool).
+//! - [`egress`]: egress by name: a tenant's resolver and proxy in its
+//!   network namespace, deciding its connections out by host name.
 //! - [`process`]: a session's processes: tables, output logs, pumps
 //!   (spawning goes through [`spawn`]; tasks start through [`task`]).
 //! - [`worker`]: per-tenant worker processes (link, client, the worker's main).
@@ -56,6 +58,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod dispatch;
+pub mod egress;
 pub mod error;
 pub mod fleet;
 pub mod forward;

@@ -97,6 +97,8 @@ pub struct Metrics {
     pub snapshot_bytes: Family<TenantLabel, Gauge>,
     pub forks: Family<TenantLabel, Gauge>,
     pub preview_requests: Family<TenantLabel, Counter>,
+    pub egress_allowed: Family<TenantLabel, Counter>,
+    pub egress_denied: Family<TenantLabel, Counter>,
     pub outbound_waiting: Family<TenantLabel, Gauge>,
     pub connections: Family<ConnectionLabels, Gauge>,
     pub connections_refused: Family<ConnectionRefusedLabels, Counter>,
@@ -348,6 +350,18 @@ impl Metrics {
         let snapshot_bytes = Family::<TenantLabel, Gauge>::default();
         let forks = Family::<TenantLabel, Gauge>::default();
         let preview_requests = Family::<TenantLabel, Counter>::default();
+        let egress_allowed = Family::<TenantLabel, Counter>::default();
+        let egress_denied = Family::<TenantLabel, Counter>::default();
+        r.register(
+            "egress_allowed",
+            "Connections and DNS queries the tenant's egress_names allowed (docs/isolation.md, Egress by name)",
+            egress_allowed.clone(),
+        );
+        r.register(
+            "egress_denied",
+            "Connections and DNS queries the tenant's egress_names refused",
+            egress_denied.clone(),
+        );
         r.register(
             "preview_requests",
             "HTTP requests passed into the tenant's sessions through previews (docs/preview.md)",
@@ -503,6 +517,8 @@ impl Metrics {
             snapshot_bytes,
             forks,
             preview_requests,
+            egress_allowed,
+            egress_denied,
             connections,
             connections_refused,
             jwks_fetches,
@@ -537,6 +553,8 @@ impl Metrics {
             snapshot_bytes: self.snapshot_bytes.get_or_create(&l).clone(),
             forks: self.forks.get_or_create(&l).clone(),
             preview_requests: self.preview_requests.get_or_create(&l).clone(),
+            egress_allowed: self.egress_allowed.get_or_create(&l).clone(),
+            egress_denied: self.egress_denied.get_or_create(&l).clone(),
         }
     }
 
@@ -566,6 +584,8 @@ impl Metrics {
         self.snapshot_bytes.remove(&l);
         self.forks.remove(&l);
         self.preview_requests.remove(&l);
+        self.egress_allowed.remove(&l);
+        self.egress_denied.remove(&l);
         let more = self.tenant_series.lock().remove(tenant).unwrap_or_default();
         for r in more {
             match r {
@@ -648,6 +668,8 @@ pub struct TenantMetrics {
     pub snapshot_bytes: Gauge,
     pub forks: Gauge,
     pub preview_requests: Counter,
+    pub egress_allowed: Counter,
+    pub egress_denied: Counter,
 }
 
 impl TenantMetrics {
@@ -676,6 +698,8 @@ impl TenantMetrics {
             snapshot_bytes: Gauge::default(),
             forks: Gauge::default(),
             preview_requests: Counter::default(),
+            egress_allowed: Counter::default(),
+            egress_denied: Counter::default(),
         }
     }
 }

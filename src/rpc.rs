@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::auth::Scope;
 use crate::error::GatewayError;
 use crate::protocol::Empty;
+use crate::protocol::egress::{Policy as EgressPolicy, SetParams as EgressSetParams};
 use crate::protocol::environment::{
     ConfigReadParams, ConfigReadResponse, DiscoverParams, DiscoverResponse, EnvironmentInfo,
     RootsParams, RootsResponse, StatusResponse,
@@ -82,6 +83,7 @@ pub enum MethodFamily {
     CapabilityDiscovery,
     Snapshot,
     Preview,
+    Egress,
 }
 
 impl MethodFamily {
@@ -98,6 +100,7 @@ impl MethodFamily {
             MethodFamily::CapabilityDiscovery => "capability discovery",
             MethodFamily::Snapshot => "snapshot",
             MethodFamily::Preview => "preview",
+            MethodFamily::Egress => "egress",
         }
     }
 }
@@ -220,6 +223,9 @@ method_table! {
     PreviewCreate(PreviewCreateParams) = m::PREVIEW_CREATE, Preview, Some(Scope::Preview);
     PreviewRevoke(PreviewPortParams) = m::PREVIEW_REVOKE, Preview, Some(Scope::Preview);
     PreviewList(NoParams) = m::PREVIEW_LIST, Preview, Some(Scope::Preview);
+    // Answered by the gateway from the tenant's egress (`dispatch`).
+    EgressGet(NoParams) = m::EGRESS_GET, Egress, Some(Scope::Egress);
+    EgressSet(EgressSetParams) = m::EGRESS_SET, Egress, Some(Scope::Egress);
 }
 
 impl Call {
@@ -317,6 +323,7 @@ pub enum Reply {
     SnapshotList(SnapshotListResponse),
     Preview(Preview),
     PreviewList(PreviewListResponse),
+    Egress(EgressPolicy),
     Empty(Empty),
 }
 

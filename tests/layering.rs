@@ -31,6 +31,7 @@ const ORDER: &[&str] = &[
     "preview",
     "tenant",
     "backend",
+    "egress",
     "process",
     "worker",
     "registry",

@@ -19,17 +19,21 @@ pub enum Scope {
     /// `gateway/preview/*` methods that mint and revoke preview URLs
     /// (docs/preview.md).
     Preview,
+    /// `egress`: read and change the tenant's egress names
+    /// (`gateway/egress/*`; docs/isolation.md, "Egress by name").
+    Egress,
 }
 
 impl Scope {
     /// Every scope, in the order tokens list them.
-    pub const ALL: [Scope; 6] = [
+    pub const ALL: [Scope; 7] = [
         Scope::Exec,
         Scope::FsRead,
         Scope::FsWrite,
         Scope::Snapshot,
         Scope::Forward,
         Scope::Preview,
+        Scope::Egress,
     ];
 
     /// The scope's name in tokens and error data.
@@ -41,6 +45,7 @@ impl Scope {
             Scope::Snapshot => "snapshot",
             Scope::Forward => "forward",
             Scope::Preview => "preview",
+            Scope::Egress => "egress",
         }
     }
 
@@ -58,7 +63,7 @@ impl Scope {
 pub struct Scopes(u8);
 
 impl Scopes {
-    pub const ALL: Scopes = Scopes(0b11_1111);
+    pub const ALL: Scopes = Scopes(0b111_1111);
 
     pub fn grants(self, scope: Scope) -> bool {
         self.0 & scope.bit() != 0

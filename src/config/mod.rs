@@ -13,6 +13,7 @@
 mod audit;
 mod auth;
 mod common;
+mod egress;
 mod exec;
 mod executors;
 mod fds;
@@ -35,6 +36,7 @@ pub use auth::{
     MIN_HMAC_SECRET_BYTES, check_jwks_url,
 };
 pub use common::{ConfigError, state_dir};
+pub use egress::{EgressNames, MAX_EGRESS_NAMES, NamePattern, normalize as normalize_host};
 pub use exec::ExecConfig;
 pub use executors::{
     AccessKey, ExecutorsConfig, ExecutorsSettings, MAX_EXECUTOR_ID_BYTES, PoolConfig, PoolSettings,

@@ -93,6 +93,14 @@ pub struct TenantConfig {
     /// (private ranges allowed), which may include `"internet"`. The
     /// gateway host's own addresses are never reachable.
     pub egress: Option<EgressConfig>,
+    /// Host names an `isolated` tenant's processes may reach
+    /// (`github.com`, `*.githubusercontent.com`, `pypi.org:443`), on top
+    /// of `egress`'s addresses; with it, `egress` may not say
+    /// `"internet"`. Decided on the name a connection carries (TLS SNI,
+    /// HTTP `Host`) or, without one, the name the address was resolved
+    /// from (docs/isolation.md, "Egress by name"). Default: none (addresses
+    /// only).
+    pub egress_names: Option<Vec<String>>,
     /// Connections (TCP and UDP flows, DNS included) an `isolated`
     /// tenant may hold open outside its namespace at once; the next is
     /// refused (EHOSTUNREACH). Default: [`DEFAULT_MAX_EGRESS_CONNECTIONS`].
@@ -134,6 +142,9 @@ pub struct Egress {
     pub allow: Vec<ipnet::IpNet>,
     /// Connections open at once (`max_egress_connections`).
     pub max_connections: u32,
+    /// Names reached through the gateway's egress proxy
+    /// (`egress_names`); `None`: addresses alone decide.
+    pub names: Option<super::egress::EgressNames>,
 }
 
 impl Default for Egress {
@@ -142,6 +153,7 @@ impl Default for Egress {
             internet: false,
             allow: Vec::new(),
             max_connections: DEFAULT_MAX_EGRESS_CONNECTIONS,
+            names: None,
         }
     }
 }
@@ -151,6 +163,12 @@ impl Egress {
         Egress::default()
     }
 
+    /// Whether anything outside the namespace may be reached (it needs a
+    /// way out).
+    pub fn reaches(&self) -> bool {
+        self.internet || !self.allow.is_empty() || self.names.is_some()
+    }
+
     /// Short form for logs and `/readyz`.
     pub fn describe(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
@@ -158,6 +176,9 @@ impl Egress {
             parts.push("internet".to_owned());
         }
         parts.extend(self.allow.iter().map(|n| n.to_string()));
+        if let Some(n) = &self.names {
+            parts.push(format!("{} names", n.entries().len()));
+        }
         if parts.is_empty() {
             "none".to_owned()
         } else {
@@ -524,6 +545,7 @@ pub(super) fn validate_tenant_at(
                     "tenants.{name}.egress applies to network = \"isolated\" only"
                 )));
             }
+            let egress_written = t.egress.is_some();
             let mut e = validate_egress(name, t.egress)?;
             if let Some(n) = t.max_egress_connections {
                 if matches!(t.network, Some(Network::Host | Network::None)) {
@@ -537,6 +559,21 @@ pub(super) fn validate_tenant_at(
                     )));
                 }
                 e.max_connections = n;
+            }
+            if let Some(names) = &t.egress_names {
+                if matches!(t.network, Some(Network::Host | Network::None)) {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.egress_names applies to network = \"isolated\" only"
+                    )));
+                }
+                if e.internet && egress_written {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}: egress = \"internet\" already allows every public address, so egress_names would narrow nothing: keep one of them"
+                    )));
+                }
+                // Names replace the default "internet".
+                e.internet = false;
+                e.names = Some(super::egress::validate_names(name, names)?);
             }
             e
         },

@@ -59,6 +59,9 @@ pub const SNAPSHOT_PROMOTE: &str = "gateway/snapshot/promote";
 pub const PREVIEW_CREATE: &str = "gateway/preview/create";
 pub const PREVIEW_REVOKE: &str = "gateway/preview/revoke";
 pub const PREVIEW_LIST: &str = "gateway/preview/list";
+/// docs/isolation.md, "Egress by name".
+pub const EGRESS_GET: &str = "gateway/egress/get";
+pub const EGRESS_SET: &str = "gateway/egress/set";
 
 /// The older v0 `command/exec` API (docs/protocol.md, "v0").
 pub const COMMAND_EXEC: &str = "command/exec";

@@ -7,6 +7,7 @@
 //! it; unknown param fields are ignored (newer clients add fields); every
 //! struct is camelCase.
 
+pub mod egress;
 pub mod environment;
 pub mod fs;
 pub mod jsonrpc;

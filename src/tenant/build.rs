@@ -203,6 +203,18 @@ pub(super) fn build(
         match (built, configured) {
             (Ok(mut tenant), Ok(())) => {
                 tenant.net = net.as_ref().map(|(n, _)| n.clone());
+                if let (Some((n, _)), Some(names)) = (&net, &t.egress.names) {
+                    match start_egress(name, n, names, t, &tenant) {
+                        Ok(eg) => tenant.egress = Some(eg),
+                        Err(e) => {
+                            tenant.backend.retire();
+                            if let Some(cg) = &tenant.cgroup {
+                                cg.remove();
+                            }
+                            return Err(ConfigError(format!("tenants.{name}: egress: {e}")));
+                        }
+                    }
+                }
                 tracing::debug!(tenant = name, egress = %t.egress.describe(), "tenant network");
                 Ok(tenant)
             }
@@ -220,6 +232,25 @@ pub(super) fn build(
             (Err(e), _) => Err(e),
         }
     })
+}
+
+/// Start the tenant's egress by name in its namespace (on the gateway's
+/// runtime: `build` runs on one of its blocking threads).
+fn start_egress(
+    name: &str,
+    net: &Arc<TenantNet>,
+    names: &crate::config::EgressNames,
+    t: &TenantSettings,
+    tenant: &Tenant,
+) -> std::io::Result<Arc<crate::egress::TenantEgress>> {
+    let rt = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+    rt.block_on(crate::egress::TenantEgress::start(
+        name,
+        net,
+        names.clone(),
+        t.egress.max_connections,
+        tenant.metrics.clone(),
+    ))
 }
 
 /// The rest of [`build`], from the sandbox on.

@@ -79,6 +79,9 @@ pub struct Tenant {
     pub cgroup: Option<Arc<TenantCgroup>>,
     /// Its own network namespace, where it has one.
     pub net: Option<Arc<crate::isolation::egress::TenantNet>>,
+    /// Its egress by name (resolver and proxy in its namespace), where its
+    /// settings name hosts.
+    pub egress: Option<Arc<crate::egress::TenantEgress>>,
     /// The image its processes see as `/` (the view stays mounted while
     /// the activation lives).
     pub image: Option<Arc<crate::image::View>>,
@@ -140,6 +143,7 @@ impl Tenant {
             root_quota: None,
             cgroup: None,
             net: None,
+            egress: None,
             image: None,
             snapshots: None,
             image_pulls: Arc::new(Semaphore::new(1)),
@@ -210,11 +214,32 @@ impl Tenant {
         in_place.cgroup_limits = new.cgroup_limits.clone();
         // Its namespace's rules: tightened egress reaches its live
         // sessions at once, not only a new activation's.
+        // (Into or out of names: a new activation starts or ends the proxy.)
         if now.egress != new.egress
+            && now.egress.names.is_some() == new.egress.names.is_some()
             && let Some(net) = &self.net
         {
             match net.set_egress(&new.egress) {
-                Ok(true) => in_place.egress = new.egress.clone(),
+                Ok(true) => {
+                    if let (Some(eg), Some(names)) = (&self.egress, &new.egress.names)
+                        && now.egress.names.as_ref() != Some(names)
+                    {
+                        let closed = eg.set_names(names.clone());
+                        crate::audit::emit(
+                            "egress.changed",
+                            &crate::audit::Who {
+                                tenant: Some(&self.name),
+                                ..Default::default()
+                            },
+                            serde_json::json!({
+                                "names": crate::audit::clip_list(names.entries().iter().map(String::as_str)),
+                                "closed": closed,
+                                "by": "reload",
+                            }),
+                        );
+                    }
+                    in_place.egress = new.egress.clone();
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(tenant = %self.name, error = %e, "reload: cannot change the live tenant's egress rules; new sessions get them through a new activation");

@@ -488,7 +488,11 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         // Handled by the connection, which owns the once-per-connection state.
         Call::Initialize(_) => return Err(initialize_once()),
         // Answered by `dispatch` from the session's own state.
-        Call::PreviewCreate(_) | Call::PreviewRevoke(_) | Call::PreviewList(_) => {
+        Call::PreviewCreate(_)
+        | Call::PreviewRevoke(_)
+        | Call::PreviewList(_)
+        | Call::EgressGet(_)
+        | Call::EgressSet(_) => {
             return Err(GatewayError::Internal(
                 "gateway/preview reached a backend".to_owned(),
             ));

@@ -40,9 +40,25 @@ use super::cgroup::ProcessCgroup;
 use super::reaper::Reaper;
 use crate::config::Egress;
 
+mod rules;
+pub use rules::ruleset;
+
 /// Where a tenant's processes send DNS queries: slirp4netns forwards
 /// them (UDP and TCP port 53) to the host's resolver.
 pub const DNS_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// Where, on the namespace's loopback, a tenant with `egress_names` has its
+/// connections out redirected: the gateway's egress proxy
+/// (the top-level `egress` module). Below 1024, which no tenant process may bind (they
+/// hold no capability in the namespace).
+pub const PROXY_PORT: u16 = 1019;
+/// Where its DNS queries are redirected: the gateway's resolver, which
+/// answers only names the tenant may reach.
+pub const RESOLVER_PORT: u16 = 53;
+/// The mark (`SO_MARK`, which needs `CAP_NET_ADMIN` in the namespace: no
+/// tenant process can set it) on the gateway's own sockets in a tenant's
+/// namespace: the proxy's connections out and the resolver's queries.
+/// They are not redirected, and only they leave by name.
+pub const GATEWAY_MARK: u32 = 0x6567_7721;
 /// slirp4netns's gateway address (the host's loopback when not disabled).
 const SLIRP_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
@@ -179,7 +195,7 @@ impl TenantNet {
         let host = host_addresses()?;
         let egress = self.egress.lock().clone();
         load_ruleset(&tools.nft, &self.netns, &ruleset(&egress, &host))?;
-        if egress.internet || !egress.allow.is_empty() {
+        if egress.reaches() {
             self.start_slirp(&tools.slirp)?;
         }
         watch_host_addresses(self, host);
@@ -361,7 +377,7 @@ impl TenantNet {
     /// way out this namespace was made without (slirp4netns starts with
     /// the namespace or not at all): then a new activation takes it.
     pub fn set_egress(&self, egress: &Egress) -> io::Result<bool> {
-        let reaches = egress.internet || !egress.allow.is_empty();
+        let reaches = egress.reaches();
         if reaches && self.slirp.lock().is_none() {
             return Ok(false);
         }
@@ -568,78 +584,6 @@ fn local_routes(trie: &str) -> Vec<IpNet> {
     out
 }
 
-/// What a refused destination gets: an ICMP "administratively
-/// prohibited" answered inside the namespace, so `connect` fails at once
-/// (EHOSTUNREACH, "No route to host") instead of timing out.
-const REFUSE: &str = "reject with icmpx type admin-prohibited";
-
-/// IPv4 items and IPv6 items, apart.
-fn by_family(items: impl Iterator<Item = (bool, String)>) -> (Vec<String>, Vec<String>) {
-    let (v4, v6): (Vec<_>, Vec<_>) = items.partition(|(v4, _)| *v4);
-    (
-        v4.into_iter().map(|(_, s)| s).collect(),
-        v6.into_iter().map(|(_, s)| s).collect(),
-    )
-}
-
-/// The tenant namespace's nftables ruleset.
-pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
-    // Sets take no overlapping elements: merged first.
-    let (host4, host6) = by_family(
-        IpNet::aggregate(&host.to_vec())
-            .iter()
-            .map(|n| (matches!(n, IpNet::V4(_)), n.to_string())),
-    );
-    let (allow4, allow6) = by_family(
-        IpNet::aggregate(&egress.allow)
-            .iter()
-            .map(|n| (matches!(n, IpNet::V4(_)), n.to_string())),
-    );
-    let (np4, np6) = by_family(
-        NON_PUBLIC
-            .iter()
-            .map(|n| (!n.contains(':'), (*n).to_owned())),
-    );
-    let mut rules = vec![
-        "flush ruleset".to_owned(),
-        "table inet exec_gateway {".to_owned(),
-        "  chain output {".to_owned(),
-        "    type filter hook output priority 0; policy drop;".to_owned(),
-        "    oifname \"lo\" accept".to_owned(),
-        // Every flow out of the namespace counts, DNS included: past the
-        // cap a new one is refused until one ends.
-        format!(
-            "    ct state new ct count over {} {REFUSE}",
-            egress.max_connections
-        ),
-        format!("    ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept"),
-        format!("    ip daddr {SLIRP_GATEWAY} {REFUSE}"),
-    ];
-    // One rule per family and verdict, over a set (none when it is empty).
-    let mut rule = |family: &str, items: Vec<String>, verdict: &str| {
-        if !items.is_empty() {
-            rules.push(format!(
-                "    {family} daddr {{ {} }} {verdict}",
-                items.join(", ")
-            ));
-        }
-    };
-    rule("ip", host4, REFUSE);
-    rule("ip6", host6, REFUSE);
-    rule("ip", allow4, "accept");
-    rule("ip6", allow6, "accept");
-    if egress.internet {
-        rule("ip", np4, REFUSE);
-        rule("ip6", np6, REFUSE);
-        rules.push("    accept".to_owned());
-    } else {
-        rules.push(format!("    {REFUSE}"));
-    }
-    rules.push("  }".to_owned());
-    rules.push("}".to_owned());
-    rules.join("\n") + "\n"
-}
-
 /// Load `rules` into the namespace with `nft -f -`, run inside it.
 fn load_ruleset(nft: &Path, netns: &OwnedFd, rules: &str) -> io::Result<()> {
     let ns = netns.as_raw_fd();
@@ -735,62 +679,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_host_is_refused_before_the_allowlist_and_the_allowlist_before_private_ranges() {
-        let e = Egress {
-            internet: true,
-            allow: vec!["10.1.2.0/24".parse().unwrap()],
-            ..Egress::default()
-        };
-        let r = ruleset(&e, &["10.1.2.3/32".parse().unwrap()]);
-        let host = r
-            .find("ip daddr { 10.1.2.3/32 } reject")
-            .expect("host rule");
-        let allow = r
-            .find("ip daddr { 10.1.2.0/24 } accept")
-            .expect("allow rule");
-        let private = r.find("10.0.0.0/8").expect("private rule");
-        assert!(host < allow && allow < private, "{r}");
-        assert!(r.contains("policy drop"));
-        assert!(r.trim_end().ends_with("accept\n  }\n}"), "{r}");
-    }
-
-    #[test]
     fn local_routes_are_read_from_the_fib_trie() {
         let trie = "Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 93.184.217.0\n        /24 host LOCAL\n     \
                     |-- 127.255.255.255\n           /32 link BROADCAST\n     |-- 10.0.0.5\n        /32 host LOCAL\n";
         let got: Vec<String> = local_routes(trie).iter().map(ToString::to_string).collect();
         assert_eq!(got, ["93.184.217.0/24", "10.0.0.5/32"]);
-    }
-
-    #[test]
-    fn overlapping_entries_are_merged_before_they_reach_a_set() {
-        let e = Egress {
-            internet: false,
-            allow: vec![
-                "10.0.0.0/8".parse().unwrap(),
-                "10.1.0.0/16".parse().unwrap(),
-            ],
-            ..Egress::default()
-        };
-        let r = ruleset(
-            &e,
-            &[
-                "127.0.0.0/8".parse().unwrap(),
-                "127.0.0.1/32".parse().unwrap(),
-            ],
-        );
-        assert!(r.contains("ip daddr { 127.0.0.0/8 } reject"), "{r}");
-        assert!(r.contains("ip daddr { 10.0.0.0/8 } accept"), "{r}");
-    }
-
-    #[test]
-    fn no_egress_accepts_only_loopback_and_dns() {
-        let r = ruleset(&Egress::none(), &[]);
-        assert!(!r.contains("    accept\n"), "{r}");
-        assert!(
-            r.contains("    reject with icmpx type admin-prohibited\n  }"),
-            "{r}"
-        );
-        assert!(r.contains("oifname \"lo\" accept"));
     }
 }

@@ -1,0 +1,779 @@
+//! Egress by name (`tenants.NAME.egress_names`), proven against a small
+//! world the test builds, as tests/network.rs does: the gateway runs in a
+//! network namespace of its own whose only way out is a veth to an
+//! "outside" namespace. There, dnsmasq is the resolver the gateway's host
+//! uses (10.77.0.53, also on a "public resolver" address, 93.184.215.53),
+//! and Python servers (tests/egress_world/servers.py) answer HTTPS, HTTP,
+//! a raw banner protocol, TLS, UDP and a git repository at public test
+//! addresses, each with a certificate of a test CA (made with openssl at
+//! test time) that the tenants trust through a file in their root.
+//!
+//! From inside each tenant: names it lists resolve and are reached (a
+//! wildcard covers subdomains, not the apex; a `:port` only that port);
+//! unlisted names never reach the resolver; every bypass (an IP literal, a
+//! mismatched SNI or Host, a CNAME into an unlisted name, a shared address,
+//! DNS over TLS, HTTPS or UDP straight to a resolver, IPv6, QUIC) fails,
+//! while the same attempt from the gateway's host succeeds (so the failure
+//! is the gateway's doing); a change at run time applies to new connections
+//! and closes open ones; decisions are audited.
+//!
+//! Needs root, `ip`, `slirp4netns`, `nft`, `dnsmasq`, `openssl`, `git` and
+//! `curl`; skipped with the reason otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{Client, Gateway};
+use serde_json::{Value, json};
+
+const WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/egress_world");
+/// Run in tenants with `python3 -c`, on the host from its path.
+const PROBE: &str = include_str!("egress_world/probe.py");
+const PROBE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/egress_world/probe.py");
+const HOLD: &str = include_str!("egress_world/hold.py");
+const DNSMASQ: &str = "/usr/sbin/dnsmasq";
+
+/// The namespaces, the servers and dnsmasq in them, `/etc/netns/<gw>`
+/// and the world's files (CA, certificates, repository, query log); all
+/// removed on drop.
+struct World {
+    gw: String,
+    net: String,
+    children: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in [&self.gw, &self.net] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.gw));
+    }
+}
+
+impl World {
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("pki/ca.pem")
+    }
+
+    /// dnsmasq's query log.
+    fn queries(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("dns.log")).unwrap_or_default()
+    }
+
+    /// `argv` run on the gateway's host (its namespace and resolver), as
+    /// root: the control that shows what the tenant is refused exists.
+    fn host(&self, argv: &[String]) -> Out {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.gw])
+            .args(argv)
+            .env("SSL_CERT_FILE", self.ca())
+            .output()
+            .unwrap();
+        Out {
+            code: o.status.code().map_or(-1, i64::from),
+            out: String::from_utf8_lossy(&o.stdout).into_owned(),
+            err: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// Why this host cannot run the test, if it cannot.
+fn missing() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root (network namespaces)".to_owned());
+    }
+    if !Path::new("/proc/sys/net/ipv6").is_dir() {
+        return Some("needs IPv6 in the kernel (the IPv6 bypass)".to_owned());
+    }
+    // The tenants' PATH is /usr/bin:/bin.
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("slirp4netns", "slirp4netns"),
+        ("nft", "nftables"),
+        ("dnsmasq", "dnsmasq-base"),
+        ("openssl", "openssl"),
+        ("git", "git"),
+        ("curl", "curl"),
+        ("python3", "python3"),
+    ] {
+        let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(tool).is_file());
+        if !found || (tool == "dnsmasq" && !Path::new(DNSMASQ).is_file()) {
+            return Some(format!("`{tool}` not installed (Debian package {package})"));
+        }
+    }
+    None
+}
+
+/// The world's servers (servers.py) in `ns`, once they serve.
+fn serve_in(ns: &str, args: &[&str]) -> Child {
+    use std::io::BufRead as _;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "python3"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("servers");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+/// A script of tests/egress_world, to its end.
+fn sh(script: &str, args: &[&str]) {
+    let out = Command::new("sh")
+        .arg(format!("{WORLD}/{script}"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn world() -> World {
+    // Tests run in parallel in one process: a world of each its own.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let id = format!(
+        "{}{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut w = World {
+        gw: format!("egn-gw-{id}"),
+        net: format!("egn-net-{id}"),
+        children: Vec::new(),
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let (vg, vn) = (format!("ng{id}"), format!("nn{id}"));
+    sh("netns.sh", &[w.gw.as_str(), w.net.as_str(), &vg, &vn]);
+    let dir = w.dir.path().to_owned();
+    let (pki, repo) = (dir.join("pki"), dir.join("repo"));
+    for (script, d) in [("pki.sh", &pki), ("repo.sh", &repo)] {
+        std::fs::create_dir_all(d).unwrap();
+        sh(script, &[d.to_str().unwrap()]);
+    }
+    let dnsmasq = Command::new("ip")
+        .args(["netns", "exec", &w.net, DNSMASQ, "--keep-in-foreground"])
+        .arg(format!("--conf-file={WORLD}/dnsmasq.conf"))
+        .args(["--user=root", "--listen-address=10.77.0.53,93.184.215.53"])
+        .arg(format!("--pid-file={}", dir.join("dnsmasq.pid").display()))
+        .arg(format!("--log-facility={}", dir.join("dns.log").display()))
+        .arg("--log-queries")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("dnsmasq");
+    w.children.push(dnsmasq);
+    let deadline = std::time::Instant::now() + common::event_timeout();
+    loop {
+        let o = w.host(&probe_argv(false, "dns,d,10.77.0.53,ready.test"));
+        if o.out.contains("d=answer:") {
+            break;
+        }
+        let exited = w.children[0].try_wait().unwrap();
+        assert!(exited.is_none(), "dnsmasq exited: {}", w.queries());
+        assert!(std::time::Instant::now() < deadline, "dnsmasq: {o:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let servers = format!("{WORLD}/servers.py");
+    let argv = [
+        servers.as_str(),
+        pki.to_str().unwrap(),
+        repo.to_str().unwrap(),
+    ];
+    w.children.push(serve_in(&w.net, &argv));
+    w
+}
+
+/// The probe with `steps` (whitespace-separated): its text given to
+/// `python3 -c` in a tenant (which cannot read the checkout), its path on
+/// the host.
+fn probe_argv(inline: bool, steps: &str) -> Vec<String> {
+    let mut argv = words("python3");
+    if inline {
+        argv.extend(["-c".to_owned(), PROBE.to_owned()]);
+    } else {
+        argv.push(PROBE_PATH.to_owned());
+    }
+    argv.extend(words(steps));
+    argv
+}
+
+/// curl trusting `ca` only, bounded, with the status after the body.
+fn curl_argv(ca: &Path, args: &[&str]) -> Vec<String> {
+    let mut argv = words("curl -sS --connect-timeout 5 --max-time 10 -w");
+    argv.push("\nstatus=%{http_code}\n".to_owned());
+    argv.extend(["--cacert".to_owned(), ca.display().to_string()]);
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_owned).collect()
+}
+
+fn split(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
+/// Enter `ns` on this thread (the test's runtime is single-threaded, so
+/// every socket the test opens is made here).
+fn enter(ns: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    // SAFETY: setns on this thread with a descriptor we hold.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+}
+
+/// A gateway in the world's gateway namespace (with its resolver), one
+/// isolated tenant per `(name, toml)` rooted at `scratch/name` holding
+/// the world's CA as `ca.pem`; audited to `audit.jsonl` in its dir.
+fn launch(w: &World, scratch: &Path, tenants: &[(&str, &str)]) -> Gateway {
+    enter(&w.gw);
+    let bin = scratch.join("gateway-in-netns");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
+            w.gw,
+            env!("CARGO_BIN_EXE_exec-gateway")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut text = String::new();
+    for (name, toml) in tenants {
+        let root = scratch.join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::copy(w.ca(), root.join("ca.pem")).unwrap();
+        text += &format!("[tenants.{name}]\nroot = \"{}\"\n{toml}\n", root.display());
+    }
+    Gateway::launch(&bin, None, &[], |dir| {
+        format!(
+            "[isolation]\nnetwork = \"required\"\n[audit]\nfile = \"{0}/audit.jsonl\"\n\
+             [[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{0}/hs256.key\"\n{text}",
+            dir.display()
+        )
+    })
+}
+
+/// A scratch directory others may pass (the tenants' roots are in it).
+fn scratch() -> tempfile::TempDir {
+    let s = common::scratch();
+    std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    s
+}
+
+/// What a process printed and how it ended.
+#[derive(Debug)]
+struct Out {
+    code: i64,
+    out: String,
+    err: String,
+}
+
+impl Out {
+    /// The first word of the body: which server answered ("server-10").
+    fn server(&self) -> &str {
+        let body = self.out.lines().next().unwrap_or("");
+        body.split_whitespace().next().unwrap_or("")
+    }
+
+    fn status(&self) -> &str {
+        self.out
+            .lines()
+            .find_map(|l| l.strip_prefix("status="))
+            .unwrap_or("")
+    }
+
+    /// A probe step's result.
+    fn field(&self, label: &str) -> &str {
+        self.out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{label}=")))
+            .unwrap_or_else(|| panic!("no {label} in {self:?}"))
+    }
+}
+
+/// A session of a tenant, running processes in its root.
+struct Tenant {
+    c: Client,
+    /// The token its session was opened with.
+    token: String,
+    root: PathBuf,
+    n: u32,
+}
+
+impl Tenant {
+    async fn of(gw: &Gateway, scratch: &Path, name: &str) -> Tenant {
+        let token = gw.token(name);
+        let mut c = Client::connect(&gw.url, &token).await;
+        c.initialize().await;
+        Tenant {
+            c,
+            token,
+            root: scratch.join(name),
+            n: 0,
+        }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.root.join("ca.pem")
+    }
+
+    async fn start(&mut self, argv: &[String]) -> String {
+        self.n += 1;
+        let id = format!("p{}", self.n);
+        let (root, ca) = (&self.root, self.ca());
+        self.c
+            .call(
+                "process/start",
+                json!({"processId": id, "argv": argv, "cwd": root, "tty": false,
+                       "env": {"PATH": "/usr/bin:/bin", "HOME": root, "SSL_CERT_FILE": ca,
+                               "GIT_SSL_CAINFO": ca, "GIT_CONFIG_NOSYSTEM": "1"}}),
+            )
+            .await;
+        id
+    }
+
+    async fn collect(&mut self, id: &str) -> Out {
+        let o = self.c.collect(id).await;
+        Out {
+            code: o.exit_code.unwrap_or(-1),
+            out: String::from_utf8_lossy(&o.stdout).into_owned(),
+            err: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    async fn run(&mut self, argv: &[String]) -> Out {
+        let id = self.start(argv).await;
+        self.collect(&id).await
+    }
+
+    async fn curl(&mut self, args: &[&str]) -> Out {
+        self.run(&curl_argv(&self.ca(), args)).await
+    }
+
+    async fn probe(&mut self, steps: &str) -> Out {
+        self.run(&probe_argv(true, steps)).await
+    }
+}
+
+/// `egress = "internet"` beside `egress_names` would narrow nothing: the
+/// gateway refuses to start, naming `egress_names`.
+#[test]
+fn internet_beside_names_is_refused() {
+    let dir = common::scratch();
+    let root = dir.path().join("r");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.path().join("k"), "0123456789abcdef0123456789abcdef").unwrap();
+    let config = common::write_file(
+        dir.path(),
+        "c.toml",
+        &format!(
+            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{}/k\"\n\
+             [tenants.a]\nroot = \"{}\"\negress = \"internet\"\negress_names = [\"allowed.test\"]\n",
+            dir.path().display(),
+            root.display()
+        ),
+    );
+    let out = common::serve_expecting_refusal(&config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("egress_names"), "{err}");
+}
+
+/// Listed names resolve and are reached (a wildcard's subdomains, not its
+/// apex; `git.test:443` on 443 only); unlisted ones are NXDOMAIN without a
+/// query reaching the resolver; a non-TLS, non-HTTP protocol reaches an
+/// address only once a listed name resolved to it; the CIDR list keeps
+/// working beside names; another tenant has its own names only.
+#[tokio::test]
+async fn names_decide_what_a_tenant_reaches() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let w = world();
+    let s = scratch();
+    let a_names = "egress_names = [\"allowed.test\", \"*.cdn.test\", \"git.test:443\"]\n\
+                   egress = [\"10.77.0.1/32\"]";
+    let b_names = "egress_names = [\"other.test\"]";
+    let gw = launch(&w, s.path(), &[("a", a_names), ("b", b_names)]);
+    let mut a = Tenant::of(&gw, s.path(), "a").await;
+
+    // Before any name resolved to it, the banner port is out of reach.
+    let out = a.probe("connect,before,93.184.215.10,2222").await;
+    assert!(!out.field("before").starts_with("ok:"), "{out:?}");
+
+    // Unlisted names first, then listed ones (dnsmasq logs in order).
+    let out = a
+        .probe(
+            "resolve,other,other.test resolve,shared,shared.test resolve,doh,doh.test \
+             resolve,alias,alias.test resolve,apex,cdn.test resolve,allowed,allowed.test \
+             resolve,cdn,a.cdn.test resolve,git,git.test connect,banner,93.184.215.10,2222 \
+             connect,banner11,93.184.215.11,2222 connect,private,10.77.0.1,8080",
+        )
+        .await;
+    for name in ["other", "shared", "doh", "alias", "apex"] {
+        let nx = out.field(name);
+        assert!(nx.starts_with("nx:gaierror"), "{name}: {out:?}");
+    }
+    assert_eq!(out.field("allowed"), "93.184.215.10", "{out:?}");
+    assert_eq!(out.field("cdn"), "93.184.215.12", "{out:?}");
+    assert_eq!(out.field("git"), "93.184.215.13", "{out:?}");
+    // The address is attributed to the name the tenant resolved.
+    assert_eq!(out.field("banner"), "ok:ssh-like", "{out:?}");
+    assert!(!out.field("banner11").starts_with("ok:"), "{out:?}");
+    // `egress`'s CIDRs, beside the names.
+    assert_eq!(out.field("private"), "ok:private", "{out:?}");
+
+    let nx = a.run(&words("getent hosts other.test")).await;
+    assert_eq!((nx.code, nx.out.as_str()), (2, ""), "{nx:?}");
+    let ok = a.run(&words("getent ahostsv4 allowed.test")).await;
+    assert!(ok.code == 0 && ok.out.contains("93.184.215.10"), "{ok:?}");
+
+    // The resolver saw the listed names and none of the others.
+    let deadline = std::time::Instant::now() + common::event_timeout();
+    while !w.queries().contains("] allowed.test from") {
+        assert!(std::time::Instant::now() < deadline, "{}", w.queries());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let log = w.queries();
+    for name in split("other.test shared.test doh.test alias.test cdn.test") {
+        assert!(!log.contains(&format!("] {name} from")), "{name}: {log}");
+    }
+
+    let o = a.curl(&["https://allowed.test/"]).await;
+    assert_eq!((o.server(), o.status()), ("server-10", "200"), "{o:?}");
+    assert!(o.out.contains("host=allowed.test"), "{o:?}");
+    for sub in ["a", "b"] {
+        let o = a.curl(&[&format!("https://{sub}.cdn.test/")]).await;
+        assert_eq!((o.server(), o.status()), ("server-12", "200"), "{o:?}");
+    }
+    let o = a.curl(&["https://cdn.test/"]).await;
+    assert!(o.code != 0 && o.server().is_empty(), "the apex: {o:?}");
+    let o = a.curl(&["http://allowed.test/"]).await;
+    assert_eq!((o.server(), o.status()), ("server-10", "200"), "{o:?}");
+    // git.test is listed on 443 only.
+    let o = a.curl(&["http://git.test/"]).await;
+    assert_ne!(o.server(), "server-13", "git.test:80: {o:?}");
+
+    let o = a
+        .run(&words("git clone -q https://git.test/repo.git clone"))
+        .await;
+    assert_eq!(o.code, 0, "git clone: {}", o.err);
+    let hello = std::fs::read_to_string(a.root.join("clone/hello.txt")).unwrap();
+    assert_eq!(hello, "hello from git.test\n");
+
+    // b: its own name, not a's, and not a's CIDRs.
+    let mut b = Tenant::of(&gw, s.path(), "b").await;
+    let out = b
+        .probe(
+            "resolve,allowed,allowed.test resolve,other,other.test \
+             connect,private,10.77.0.1,8080",
+        )
+        .await;
+    assert!(out.field("allowed").starts_with("nx:"), "{out:?}");
+    assert_eq!(out.field("other"), "93.184.215.11", "{out:?}");
+    assert!(!out.field("private").starts_with("ok:"), "{out:?}");
+    let o = b.curl(&["https://other.test/"]).await;
+    assert_eq!(o.server(), "server-11", "{o:?}");
+    let o = b.curl(&["https://allowed.test/"]).await;
+    assert!(o.code != 0 && o.server().is_empty(), "{o:?}");
+}
+
+/// Every way around the names fails from the tenant, and succeeds from
+/// the gateway's host (the world's control); an SNI naming a listed name
+/// is connected to where that name resolves, not to the address the
+/// process picked.
+#[tokio::test]
+async fn bypasses_are_refused() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let w = world();
+    let s = scratch();
+    let gw = launch(&w, s.path(), &[("a", "egress_names = [\"allowed.test\"]")]);
+    let mut a = Tenant::of(&gw, s.path(), "a").await;
+    // Resolved first: its address is the tenant's by that name only.
+    let out = a.probe("resolve,allowed,allowed.test").await;
+    assert_eq!(out.field("allowed"), "93.184.215.10", "{out:?}");
+
+    // (what, curl's arguments, the server the host reaches)
+    let curls = [
+        ("an IP literal", "-k https://93.184.215.11/", "server-11"),
+        (
+            "the listed name's address",
+            "-k https://93.184.215.10/",
+            "server-10",
+        ),
+        (
+            "an unlisted SNI to the listed name's address",
+            "--resolve other.test:443:93.184.215.10 https://other.test/",
+            "server-10",
+        ),
+        (
+            "a CNAME into an unlisted name",
+            "--resolve alias.test:443:93.184.215.11 https://alias.test/",
+            "server-11",
+        ),
+        (
+            "an unlisted name sharing the listed name's address",
+            "--resolve shared.test:443:93.184.215.10 https://shared.test/",
+            "server-10",
+        ),
+        (
+            "DNS over HTTPS by address",
+            "-k https://93.184.215.53/",
+            "doh",
+        ),
+        (
+            "DNS over HTTPS by name",
+            "--resolve doh.test:443:93.184.215.53 https://doh.test/",
+            "doh",
+        ),
+        ("IPv6", "-g https://[2001:db8::10]/", "server-10"),
+    ];
+    for (what, args, server) in curls {
+        let host = w.host(&curl_argv(&w.ca(), &split(args)));
+        assert_eq!(host.server(), server, "control, {what}: {host:?}");
+        let o = a.curl(&split(args)).await;
+        let refused = o.code != 0 && o.server().is_empty();
+        assert!(refused, "{what} was not refused: {o:?}");
+    }
+
+    // An SNI of the listed name sent to another address: connected to
+    // where allowed.test resolves.
+    let args = split("--resolve allowed.test:443:93.184.215.11 https://allowed.test/");
+    assert_eq!(w.host(&curl_argv(&w.ca(), &args)).server(), "server-11");
+    let o = a.curl(&args).await;
+    assert_eq!((o.code, o.server()), (0, "server-10"), "{o:?}");
+
+    // A Host header naming an unlisted name: refused by the gateway.
+    let args = ["-H", "Host: other.test", "http://93.184.215.10/"];
+    assert_eq!(w.host(&curl_argv(&w.ca(), &args)).server(), "server-10");
+    let o = a.curl(&args).await;
+    assert_eq!(o.status(), "403", "{o:?}");
+    assert!(o.out.contains("egress"), "{o:?}");
+    assert_ne!(o.server(), "server-10", "{o:?}");
+
+    // (step, what the host gets, what the tenant must not get). The
+    // host's DNS control asks another name than the tenant's.
+    let steps = [
+        ("connect,raw,93.184.215.11,2222", "ok:ssh-like-11", "ok:"),
+        ("tls,dot,93.184.215.53,853,doh.test", "ok:", "ok:"),
+        (
+            "tls,v6,2001:db8::10,443,allowed.test",
+            "ok:server-10",
+            "ok:",
+        ),
+        ("aaaa,aaaa,allowed.test", "usable:", "usable:"),
+        ("udp,quic,93.184.215.10,443", "reply:quic:", "reply:"),
+        ("dns,dns53,93.184.215.53,direct.test", "answer:", "answer:"),
+        ("dns,dns77,10.77.0.53,direct.test", "answer:", "answer:"),
+    ];
+    let all = steps.map(|(s, ..)| s).join(" ");
+    let host = w.host(&probe_argv(
+        false,
+        &all.replace("direct.test", "control.test"),
+    ));
+    let tenant = a.probe(&all).await;
+    for (step, control, refused) in steps {
+        let label = step.split(',').nth(1).unwrap();
+        let (h, t) = (host.field(label), tenant.field(label));
+        assert!(h.starts_with(control), "control {label}: {host:?}");
+        assert!(
+            !t.starts_with(refused),
+            "{label} was not refused: {tenant:?}"
+        );
+    }
+    // Neither DNS query straight to a resolver arrived.
+    let log = w.queries();
+    assert!(log.contains("] control.test from"), "{log}");
+    assert!(!log.contains("] direct.test from"), "{log}");
+}
+
+/// The names of `v` (a `gateway/egress/get` result), sorted.
+fn names(v: &Value) -> Vec<&str> {
+    let list = v["names"].as_array();
+    let mut n: Vec<&str> = list
+        .unwrap_or_else(|| panic!("no names in {v}"))
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    n.sort_unstable();
+    n
+}
+
+/// `gateway/egress/get` and `set` (scope `egress`): a set applies to the
+/// tenant's next connections and closes its open ones to names it no
+/// longer lists; a token without the scope cannot set; another tenant's
+/// names stay.
+#[tokio::test]
+async fn a_runtime_change_applies_to_new_connections_and_closes_open_ones() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let w = world();
+    let s = scratch();
+    let allowed = "egress_names = [\"allowed.test\"]";
+    let gw = launch(&w, s.path(), &[("a", allowed), ("b", allowed)]);
+    let mut a = Tenant::of(&gw, s.path(), "a").await;
+    // A keep-alive connection to allowed.test, asked again once `trigger`
+    // exists.
+    let trigger = a.root.join("trigger").display().to_string();
+    let mut hold = words("python3 -c");
+    hold.extend([HOLD.to_owned(), "allowed.test".to_owned(), trigger.clone()]);
+    let held = a.start(&hold).await;
+    let first = a.c.first_line(&held).await;
+    assert!(first.starts_with("first=server-10"), "{first}");
+
+    let scoped = |t: &str| common::mint(&gw.secret, t, "exec fs:read fs:write egress");
+    let mut admin = Client::connect(&gw.url, &scoped("a")).await;
+    admin.initialize().await;
+    let got = admin.call("gateway/egress/get", json!({})).await;
+    assert_eq!(names(&got), ["allowed.test"], "{got}");
+    let both = json!({"names": ["allowed.test", "other.test"]});
+
+    // Without the scope: an error, and nothing changes.
+    let mut plain = Client::connect(&gw.url, &gw.token("a")).await;
+    plain.initialize().await;
+    let r = plain.call_raw("gateway/egress/set", both.clone()).await;
+    assert!(r.get("error").is_some(), "{r}");
+    let got = admin.call("gateway/egress/get", json!({})).await;
+    assert_eq!(names(&got), ["allowed.test"], "{got}");
+    let o = a.curl(&["https://other.test/"]).await;
+    assert!(o.code != 0 && o.server().is_empty(), "{o:?}");
+
+    admin.call("gateway/egress/set", both).await;
+    let got = admin.call("gateway/egress/get", json!({})).await;
+    assert_eq!(names(&got), ["allowed.test", "other.test"], "{got}");
+    let o = a.curl(&["https://other.test/"]).await;
+    assert_eq!((o.server(), o.status()), ("server-11", "200"), "{o:?}");
+
+    let only_other = json!({"names": ["other.test"]});
+    admin.call("gateway/egress/set", only_other).await;
+    let o = a.curl(&["https://allowed.test/"]).await;
+    assert!(o.code != 0 && o.server().is_empty(), "{o:?}");
+    let o = a.curl(&["https://other.test/"]).await;
+    assert_eq!(o.server(), "server-11", "{o:?}");
+    // The connection opened before the change was closed by it.
+    std::fs::write(&trigger, "").unwrap();
+    let o = a.collect(&held).await;
+    assert!(o.out.contains("second=closed:"), "{o:?}");
+
+    // b's names are its own.
+    let mut b_admin = Client::connect(&gw.url, &scoped("b")).await;
+    b_admin.initialize().await;
+    let got = b_admin.call("gateway/egress/get", json!({})).await;
+    assert_eq!(names(&got), ["allowed.test"], "{got}");
+    let mut b = Tenant::of(&gw, s.path(), "b").await;
+    let o = b.curl(&["https://allowed.test/"]).await;
+    assert_eq!(o.server(), "server-10", "{o:?}");
+    let o = b.curl(&["https://other.test/"]).await;
+    assert!(o.code != 0 && o.server().is_empty(), "{o:?}");
+}
+
+/// Whether `all` holds a `kind` event of `tenant` for `target` (its name,
+/// or its address when it has none) and `port`.
+fn holds(all: &[Value], (kind, tenant, target, port): (&str, &str, &str, u16)) -> bool {
+    all.iter().any(|e| {
+        e["event"] == kind
+            && e["tenant"] == tenant
+            && e["port"] == port
+            && (e["name"] == target || e["address"] == target)
+    })
+}
+
+/// Each decision is an `egress.allowed` or `egress.denied` event naming
+/// the tenant, the name (the address when there is none) and the port;
+/// no header value or token is in the trail.
+#[tokio::test]
+async fn decisions_are_audited() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let w = world();
+    let s = scratch();
+    let (a_names, b_names) = (
+        "egress_names = [\"allowed.test\"]",
+        "egress_names = [\"other.test\"]",
+    );
+    let gw = launch(&w, s.path(), &[("a", a_names), ("b", b_names)]);
+    let mut a = Tenant::of(&gw, s.path(), "a").await;
+    let o = a.curl(&["https://allowed.test/"]).await;
+    assert_eq!(o.server(), "server-10", "{o:?}");
+    let o = a.curl(&["http://allowed.test/"]).await;
+    assert_eq!(o.server(), "server-10", "{o:?}");
+    let sni = "--resolve other.test:443:93.184.215.10 https://other.test/";
+    for args in [sni, "-k https://93.184.215.11/"] {
+        let o = a.curl(&split(args)).await;
+        assert!(o.code != 0, "{o:?}");
+    }
+    let mut b = Tenant::of(&gw, s.path(), "b").await;
+    let o = b.curl(&["https://other.test/"]).await;
+    assert_eq!(o.server(), "server-11", "{o:?}");
+
+    let trail = gw.dir.path().join("audit.jsonl");
+    let read = || -> Vec<Value> {
+        let text = std::fs::read_to_string(&trail).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let want = [
+        ("egress.allowed", "a", "allowed.test", 443),
+        ("egress.allowed", "a", "allowed.test", 80),
+        ("egress.denied", "a", "other.test", 443),
+        ("egress.denied", "a", "93.184.215.11", 443),
+        ("egress.allowed", "b", "other.test", 443),
+    ];
+    let deadline = tokio::time::Instant::now() + common::event_timeout();
+    let all = loop {
+        let all = read();
+        let absent: Vec<_> = want.iter().filter(|w| !holds(&all, **w)).collect();
+        if absent.is_empty() {
+            break all;
+        }
+        let late = tokio::time::Instant::now() >= deadline;
+        assert!(!late, "missing {absent:?} in {all:#?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // Nothing allowed that was refused, and no tenant in another's events.
+    assert!(
+        !holds(&all, ("egress.allowed", "a", "other.test", 443)),
+        "{all:#?}"
+    );
+    assert!(
+        !holds(&all, ("egress.allowed", "b", "allowed.test", 443)),
+        "{all:#?}"
+    );
+    let raw = std::fs::read_to_string(&trail).unwrap();
+    // (A process's argv is in the trail by design: `process.started`.)
+    for secret in [&a.token, &b.token] {
+        assert!(!raw.contains(secret), "the trail holds a secret");
+    }
+}
