@@ -9,6 +9,7 @@
 //! slow websocket client.
 
 mod convert;
+mod egress;
 mod files;
 pub(crate) mod forward;
 mod forward_port;

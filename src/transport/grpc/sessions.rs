@@ -46,6 +46,20 @@ impl pb::session_service_server::SessionService for GrpcApi {
         super::previews::list(self, req).await
     }
 
+    async fn get_egress(
+        &self,
+        req: Request<pb::GetEgressRequest>,
+    ) -> Result<Response<pb::EgressPolicy>, Status> {
+        super::egress::get(self, req).await
+    }
+
+    async fn set_egress(
+        &self,
+        req: Request<pb::SetEgressRequest>,
+    ) -> Result<Response<pb::EgressPolicy>, Status> {
+        super::egress::set(self, req).await
+    }
+
     async fn create_session(
         &self,
         req: Request<pb::CreateSessionRequest>,

@@ -60,6 +60,8 @@ export class FakeGateway {
       createPreview: (_call, cb) => cb(unimplemented()),
       revokePreview: (_call, cb) => cb(unimplemented()),
       listPreviews: (_call, cb) => cb(unimplemented()),
+      getEgress: (_call, cb) => cb(unimplemented()),
+      setEgress: (_call, cb) => cb(unimplemented()),
     } satisfies session.SessionServiceServer);
     server.addService(environment.EnvironmentServiceService, {
       getInfo: (_call, cb) => cb(null, environment.GetInfoResponse.fromPartial({ cwd: FAKE_ROOT })),
