@@ -23,9 +23,9 @@ from ._files import Files
 from ._forward import FORWARD_CHUNK_BYTES, PortConnection, PortForward
 from ._link import DEFAULT_RESUME_WITHIN, FILE_CHUNK_BYTES
 from ._process import Process
-from ._types import (Closed, DirEntry, EnvironmentInfo, Event, Exited, ExitStatus, Metadata,
-                     Output, OutputLost, Preview, PreviewPort, Previews, ProcessInfo, Result,
-                     SignalName, Snapshot, StreamName, WalkEntry, WalkError, WalkResult)
+from ._types import (Closed, DirEntry, EgressPolicy, EnvironmentInfo, Event, Exited, ExitStatus,
+                     Metadata, Output, OutputLost, Preview, PreviewPort, Previews, ProcessInfo,
+                     Result, SignalName, Snapshot, StreamName, WalkEntry, WalkError, WalkResult)
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,7 @@ __all__ = [
     "Event", "Output", "Exited", "Closed", "OutputLost", "ExitStatus", "Result",
     "ProcessInfo", "DirEntry", "Metadata", "WalkEntry", "WalkError", "WalkResult",
     "EnvironmentInfo", "SignalName", "StreamName", "Snapshot", "Preview", "PreviewPort",
-    "Previews",
+    "Previews", "EgressPolicy",
     "ExecGatewayError", "ConnectionLost", "Unauthenticated", "Forbidden", "NotFound",
     "OwnerRestarted", "AlreadyExists", "InvalidArgument", "SessionAttached", "Unavailable",
     "Overloaded", "RateLimited", "ShuttingDown", "OwnerUnavailable", "ExecutorUnavailable",

@@ -13,8 +13,8 @@ from ._files import Files
 from ._forward import PortConnection, PortForward, connect_port, port_forward
 from ._link import DEFAULT_RESUME_WITHIN, Link, PemSource, Token
 from ._process import Process, launch, new_process_id, spec
-from ._types import (EnvironmentInfo, Exited, Output, OutputLost, Preview, PreviewPort,
-                     Previews, ProcessInfo, Result, Snapshot)
+from ._types import (EgressPolicy, EnvironmentInfo, Exited, Output, OutputLost, Preview,
+                     PreviewPort, Previews, ProcessInfo, Result, Snapshot)
 from .v1 import environment_pb2
 from .v1 import process_pb2 as ppb
 from .v1 import session_pb2 as spb
@@ -162,6 +162,29 @@ class Client:
         return _snapshot((await link.call(lambda: link.sessions.PromoteSnapshot(
             spb.PromoteSnapshotRequest(snapshot_id=_snapshot_id(snapshot)),
             metadata=link.metadata()))).snapshot)
+
+    async def get_egress(self) -> EgressPolicy:
+        """The tenant's egress: the host names its processes may reach
+        (None: decided by addresses alone), beside its CIDRs. Needs the
+        `egress` scope (`Forbidden`)."""
+        link = self.link
+        return _egress(await link.call(lambda: link.sessions.GetEgress(
+            spb.GetEgressRequest(), metadata=link.metadata())))
+
+    async def set_egress(self, names: list[str]) -> EgressPolicy:
+        """Replaces the tenant's host names: new connections take them at
+        once, and open connections to names they no longer allow are closed
+        (`closed` counts them). Needs the `egress` scope (`Forbidden`);
+        `InvalidArgument` for a name that is not a host name, `*.` wildcard
+        or `NAME:PORT`, or a tenant without `egress_names` in its
+        configuration (the names in force then stay)."""
+        if isinstance(names, str):
+            raise TypeError("names is a list of names, not one string")
+        link = self.link
+        # Retried: the same list again changes nothing (though a retry's
+        # `closed` counts only what it closed itself).
+        return _egress(await link.call(lambda: link.sessions.SetEgress(
+            spb.SetEgressRequest(names=list(names)), metadata=link.metadata())))
 
     async def environment_info(self) -> EnvironmentInfo:
         """Where calls without a session run: the tenant's root."""
@@ -476,3 +499,9 @@ def _snapshot(s: "spb.Snapshot") -> Snapshot:
                     digest=s.digest, bytes=s.bytes, entries=s.entries, skipped=s.skipped,
                     created_at_ms=s.created_at_ms, expires_at_ms=s.expires_at_ms or None,
                     pushed=s.pushed or None)
+
+
+def _egress(p: "spb.EgressPolicy") -> EgressPolicy:
+    return EgressPolicy(names=list(p.names) if p.names_set else None, cidrs=list(p.cidrs),
+                        internet=p.internet,
+                        closed=p.closed if p.HasField("closed") else None)

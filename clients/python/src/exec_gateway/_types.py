@@ -178,3 +178,20 @@ class Previews:
     ports: list[PreviewPort]
     #: Connections open into the session's ports through previews now.
     open_connections: int
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """The tenant's egress (`Client.get_egress`, `set_egress`): what its
+    processes may reach outside its network namespace (the gateway's
+    docs/isolation.md, "Egress by name")."""
+    #: The host names in force (`github.com`, `*.example.org`,
+    #: `pypi.org:443`); None for a tenant whose egress is decided by
+    #: addresses alone (no `egress_names` in its configuration).
+    names: Optional[list[str]]
+    #: The addresses (CIDRs) its `egress` allows directly.
+    cidrs: list[str]
+    #: Every public address is allowed (`egress = "internet"`).
+    internet: bool
+    #: `set_egress` only: the open connections the new names closed.
+    closed: Optional[int] = None

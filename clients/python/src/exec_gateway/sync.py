@@ -24,8 +24,8 @@ from ._files import Files as _AsyncFiles
 from ._files import PathLike
 from ._link import DEFAULT_RESUME_WITHIN, PemSource, Token
 from ._process import Process as _AsyncProcess
-from ._types import (DirEntry, EnvironmentInfo, Event, ExitStatus, Metadata, Preview,
-                     Previews, ProcessInfo, Result, SignalName, Snapshot, WalkResult)
+from ._types import (DirEntry, EgressPolicy, EnvironmentInfo, Event, ExitStatus, Metadata,
+                     Preview, Previews, ProcessInfo, Result, SignalName, Snapshot, WalkResult)
 
 T = TypeVar("T")
 
@@ -155,6 +155,12 @@ class Client:
 
     def promote_snapshot(self, snapshot: Union[str, Snapshot]) -> Snapshot:
         return self._loop.run(self._inner.promote_snapshot(snapshot))
+
+    def get_egress(self) -> EgressPolicy:
+        return self._loop.run(self._inner.get_egress())
+
+    def set_egress(self, names: list[str]) -> EgressPolicy:
+        return self._loop.run(self._inner.set_egress(names))
 
     def environment_info(self) -> EnvironmentInfo:
         return self._loop.run(self._inner.environment_info())
