@@ -38,6 +38,7 @@ export {
   RunResult,
   type ClosedEvent,
   type DirEntry,
+  type EgressPolicy,
   type EnvironmentInfo,
   type ExitStatus,
   type ExitedEvent,

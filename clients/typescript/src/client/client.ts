@@ -5,7 +5,14 @@ import { bind, Caller, unaryOnce, type CallOptions } from "./calls.js";
 import { Connection, type ConnectOptions } from "./connection.js";
 import { Files } from "./files.js";
 import { RootResolver, Session } from "./session.js";
-import { toEnvironmentInfo, toSnapshot, type EnvironmentInfo, type Snapshot } from "./types.js";
+import {
+  toEgressPolicy,
+  toEnvironmentInfo,
+  toSnapshot,
+  type EgressPolicy,
+  type EnvironmentInfo,
+  type Snapshot,
+} from "./types.js";
 
 export interface SessionOptions extends CallOptions {
   /** Resume this session (one of this tenant's) instead of creating one. */
@@ -145,6 +152,33 @@ export class Client {
     );
     if (!r.snapshot) throw new TypeError("the gateway answered PromoteSnapshot without a snapshot");
     return toSnapshot(r.snapshot);
+  }
+
+  /**
+   * The tenant's egress: the host names its processes may reach (null:
+   * decided by addresses alone), beside its CIDRs. Needs the `egress` scope
+   * (`Forbidden`).
+   */
+  async getEgress(opts?: CallOptions): Promise<EgressPolicy> {
+    const { sessions } = this.#caller.conn;
+    return toEgressPolicy(await this.#caller.unary(opts, true, bind(sessions.getEgress, sessions, {})));
+  }
+
+  /**
+   * Replace the tenant's host names: new connections take them at once, and
+   * open connections to names they no longer allow are closed (`closed`
+   * counts them). Needs the `egress` scope (`Forbidden`); `InvalidArgument`
+   * for a name that is not a host name, `*.` wildcard or `NAME:PORT`, or a
+   * tenant without `egress_names` in its configuration (the names in force
+   * then stay).
+   */
+  async setEgress(names: readonly string[], opts?: CallOptions): Promise<EgressPolicy> {
+    if (typeof names === "string") throw new TypeError("names is an array of names, not one string");
+    const { sessions } = this.#caller.conn;
+    // Retried: the same list again changes nothing (though a retry's
+    // `closed` counts only what it closed itself).
+    const r = await this.#caller.unary(opts, true, bind(sessions.setEgress, sessions, { names: [...names] }));
+    return toEgressPolicy(r);
   }
 
   private track(s: Session): Session {

@@ -14,6 +14,7 @@ import type {
 } from "../gen/exec_gateway/v1/file.js";
 import { WalkEntryKind } from "../gen/exec_gateway/v1/file.js";
 import type {
+  EgressPolicy as PbEgressPolicy,
   ListPreviewsResponse,
   Preview as PbPreview,
   Snapshot as PbSnapshot,
@@ -97,6 +98,35 @@ export function toPreviews(r: ListPreviewsResponse): Previews {
   return {
     ports: r.ports.map((p) => ({ port: p.port, public: p.public })),
     openConnections: Number(r.openConnections),
+  };
+}
+
+/**
+ * The tenant's egress (`client.getEgress()`, `setEgress`): what its
+ * processes may reach outside its network namespace (docs/isolation.md,
+ * "Egress by name").
+ */
+export interface EgressPolicy {
+  /**
+   * The host names in force (`github.com`, `*.example.org`, `pypi.org:443`);
+   * null for a tenant whose egress is decided by addresses alone (no
+   * `egress_names` in its configuration).
+   */
+  names: string[] | null;
+  /** The addresses (CIDRs) its `egress` allows directly. */
+  cidrs: string[];
+  /** Every public address is allowed (`egress = "internet"`). */
+  internet: boolean;
+  /** `setEgress` only: the open connections the new names closed; null otherwise. */
+  closed: number | null;
+}
+
+export function toEgressPolicy(p: PbEgressPolicy): EgressPolicy {
+  return {
+    names: p.namesSet ? [...p.names] : null,
+    cidrs: [...p.cidrs],
+    internet: p.internet,
+    closed: p.closed ?? null,
   };
 }
 
