@@ -105,14 +105,13 @@ impl Binding {
             return Ok(None);
         };
         let scopes = match &k.scopes {
-            None => Scopes::ALL,
+            None => Scopes::DEFAULT,
             Some(names) => {
                 let mut s = Scopes::default();
                 for n in names {
                     if Scope::parse(n).is_none() {
-                        return Err(format!(
-                            "unknown scope `{n}` (exec, fs:read, fs:write, snapshot)"
-                        ));
+                        let known: Vec<&str> = Scope::ALL.iter().map(|s| s.name()).collect();
+                        return Err(format!("unknown scope `{n}` ({})", known.join(", ")));
                     }
                     s.add(n);
                 }

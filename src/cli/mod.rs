@@ -623,7 +623,11 @@ fn token(args: &TokenArgs) -> ExitCode {
         ));
     };
     let scopes = if args.scopes.is_empty() {
-        Scope::ALL.iter().map(|s| s.name().to_owned()).collect()
+        Scope::ALL
+            .iter()
+            .filter(|s| crate::auth::Scopes::DEFAULT.grants(**s))
+            .map(|s| s.name().to_owned())
+            .collect()
     } else {
         args.scopes.clone()
     };

@@ -66,7 +66,7 @@ pub async fn executor_caller(gw: &Gateway, tenant: &str) -> Option<Caller> {
         principal: Arc::new(Principal {
             tenant: tenant.name.clone(),
             subject: Some("executor-link".to_owned()),
-            scopes: crate::auth::Scopes::ALL,
+            scopes: crate::auth::Scopes::DEFAULT,
             expires_at: None,
             key: crate::auth::KeyLife::default(),
             image: None,
