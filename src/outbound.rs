@@ -380,6 +380,33 @@ impl Drop for WaitingGuard<'_> {
 #[derive(Debug, Default)]
 pub struct Attachment {
     current: Mutex<Option<Attached>>,
+    /// Requests sent to the client, waiting for its answer.
+    asked: Mutex<Asked>,
+}
+
+/// Requests the gateway sent to its client (`network/policyRequest`) and
+/// not yet answered: ids from 1, as the reference numbers them.
+#[derive(Debug, Default)]
+struct Asked {
+    next: u64,
+    pending: std::collections::HashMap<u64, tokio::sync::oneshot::Sender<Option<String>>>,
+}
+
+/// Requests one session may have waiting on its client at once (the
+/// reference's `MAX_IN_FLIGHT_SERVER_CALLS`); past it one fails at once.
+pub const MAX_PENDING_CLIENT_REQUESTS: usize = 256;
+
+/// How a request to the client ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientAnswer {
+    /// Its `result`, as sent.
+    Result(String),
+    /// An error response.
+    Error,
+    /// No client attached, it left, or it did not answer in time.
+    NoAnswer,
+    /// Too many requests waiting already.
+    Busy,
 }
 
 #[derive(Debug, Clone)]
@@ -423,9 +450,59 @@ impl Attachment {
         let mut cur = self.current.lock();
         if cur.as_ref().is_some_and(|a| a.generation == generation) {
             *cur = None;
+            drop(cur);
+            // Its client will not answer: what it was asked gets no answer.
+            self.asked.lock().pending.clear();
             true
         } else {
             false
+        }
+    }
+
+    /// Send the attached client the request `method` with `params` and
+    /// wait at most `wait` for its answer.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        wait: std::time::Duration,
+    ) -> ClientAnswer {
+        let Some(out) = self.current.lock().as_ref().map(|a| a.outbound.clone()) else {
+            return ClientAnswer::NoAnswer;
+        };
+        let (id, rx) = {
+            let mut asked = self.asked.lock();
+            if asked.pending.len() >= MAX_PENDING_CLIENT_REQUESTS {
+                return ClientAnswer::Busy;
+            }
+            asked.next += 1;
+            let id = asked.next;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            asked.pending.insert(id, tx);
+            (id, rx)
+        };
+        let text = serde_json::json!({ "id": id, "method": method, "params": params }).to_string();
+        // The wait covers the send too: a client that reads nothing fills
+        // its queue and is not waited for past it.
+        let asked = async move {
+            out.send(text).await;
+            rx.await
+        };
+        let answer = match tokio::time::timeout(wait, asked).await {
+            Ok(Ok(Some(result))) => ClientAnswer::Result(result),
+            Ok(Ok(None)) => ClientAnswer::Error,
+            Ok(Err(_)) | Err(_) => ClientAnswer::NoAnswer,
+        };
+        self.asked.lock().pending.remove(&id);
+        answer
+    }
+
+    /// The client's answer to request `id` (`None`: an error). False if no
+    /// such request waits (answered late, or never asked).
+    pub fn answer(&self, id: u64, result: Option<String>) -> bool {
+        match self.asked.lock().pending.remove(&id) {
+            Some(tx) => tx.send(result).is_ok(),
+            None => false,
         }
     }
 
@@ -469,6 +546,7 @@ impl Attachment {
         if let Some(a) = self.current.lock().take() {
             a.evicted.cancel();
         }
+        self.asked.lock().pending.clear();
     }
 }
 
@@ -476,6 +554,71 @@ impl Attachment {
 mod budget_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A request to the client: answered by its id, or nothing past the
+    /// wait, when detached, or past the bound.
+    #[tokio::test]
+    async fn requests_to_the_client_are_answered_by_id_and_bounded() {
+        let tenant = ByteBudget::new(
+            1 << 30,
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        );
+        let a = Arc::new(Attachment::default());
+        let wait = std::time::Duration::from_secs(30);
+        assert_eq!(
+            a.request("m", serde_json::json!({}), wait).await,
+            ClientAnswer::NoAnswer,
+            "no client attached"
+        );
+        let (out, mut rx) = Outbound::channel(tenant);
+        let token = a.attach(1, out);
+        let asked = crate::task::start("test", {
+            let a = a.clone();
+            async move { a.request("m", serde_json::json!({"x": 1}), wait).await }
+        });
+        let OutFrame::Text(frame) = rx.recv().await.unwrap() else {
+            panic!("not a message")
+        };
+        let sent: serde_json::Value = serde_json::from_str(&frame.text).unwrap();
+        assert_eq!(sent["id"], 1);
+        assert_eq!(sent["params"]["x"], 1);
+        assert!(!a.answer(2, Some("{}".into())), "never asked");
+        assert!(a.answer(1, Some("{\"ok\":true}".into())));
+        assert_eq!(
+            asked.await.unwrap(),
+            ClientAnswer::Result("{\"ok\":true}".into())
+        );
+        // Unanswered: nothing once the wait is over.
+        let short = std::time::Duration::from_millis(10);
+        assert_eq!(
+            a.request("m", serde_json::json!({}), short).await,
+            ClientAnswer::NoAnswer
+        );
+        // Past the bound, at once.
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_PENDING_CLIENT_REQUESTS {
+            let a = a.clone();
+            waiting.push(crate::task::start("test", async move {
+                a.request("m", serde_json::json!({}), wait).await
+            }));
+        }
+        while a.asked.lock().pending.len() < MAX_PENDING_CLIENT_REQUESTS {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            a.request("m", serde_json::json!({}), wait).await,
+            ClientAnswer::Busy
+        );
+        // The client leaves (its connection's queue goes with it): every
+        // waiting request ends with no answer.
+        drop(rx);
+        a.detach(token.generation);
+        for w in waiting {
+            assert_eq!(w.await.unwrap(), ClientAnswer::NoAnswer);
+        }
+    }
 
     #[tokio::test]
     async fn frames_hold_their_bytes_until_written_and_big_ones_go_alone() {

@@ -34,6 +34,7 @@ use crate::protocol::fs::{
     ReadFileResponse, RemoveParams, WalkParams, WalkResponse, WatchMissingParams,
     WatchMissingResponse, WriteBlockParams, WriteFileParams,
 };
+use crate::protocol::http::{HttpRequestParams, Response as HttpResponse};
 use crate::protocol::jsonrpc::decode_params;
 use crate::protocol::methods as m;
 use crate::protocol::path::{PathField, WirePath};
@@ -194,8 +195,8 @@ method_table! {
     FsReadDirectory(PathParams) = m::FS_READ_DIRECTORY, Filesystem, Some(Scope::FsRead);
     FsRemove(RemoveParams) = m::FS_REMOVE, Filesystem, Some(Scope::FsWrite);
     FsCopy(CopyParams) = m::FS_COPY, Filesystem, Some(Scope::FsWrite);
-    // Executor-side HTTP would run on the executor like a process.
-    HttpRequest(NoParams) = m::HTTP_REQUEST, Http, Some(Scope::Exec);
+    // Executor-side HTTP, performed inside the tenant's network.
+    HttpRequest(HttpRequestParams) = m::HTTP_REQUEST, Http, Some(Scope::Exec);
     CommandExec(CommandExecParams) = m::COMMAND_EXEC, Exec, Some(Scope::Exec);
     CommandExecWrite(CommandExecWriteParams) = m::COMMAND_EXEC_WRITE, Exec, Some(Scope::Exec);
     CommandExecTerminate(ProcessIdParams) = m::COMMAND_EXEC_TERMINATE, Exec, Some(Scope::Exec);
@@ -324,6 +325,7 @@ pub enum Reply {
     Preview(Preview),
     PreviewList(PreviewListResponse),
     Egress(EgressPolicy),
+    Http(HttpResponse),
     Empty(Empty),
 }
 

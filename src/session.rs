@@ -57,6 +57,18 @@ pub struct ChosenImage {
 }
 
 impl Session {
+    /// The client's answer to a request the gateway sent it.
+    pub fn answer_client(&self, id: u64, result: Option<String>) {
+        if !self.attachment.answer(id, result) {
+            tracing::debug!(session = %self.id, id, "an answer to no pending request");
+        }
+    }
+
+    /// The connection the session's notifications go to.
+    pub fn attachment(&self) -> &Arc<Attachment> {
+        &self.attachment
+    }
+
     /// Whether a token whose `image` claim is `claimed` may use this
     /// session: the claim names the only image the token may run, so it
     /// must name the one the session runs (as it was chosen).

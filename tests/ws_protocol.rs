@@ -314,18 +314,32 @@ async fn health_and_readiness_endpoints() {
     assert_eq!(gw.http_get("/nope").await.0, 404);
 }
 
+/// `http/request` runs inside the tenant's network, never the gateway
+/// host's: a server on the host's loopback is not reached (the tenant's
+/// loopback has nothing there); without a network of its own the tenant
+/// is refused outright.
 #[tokio::test]
-async fn http_request_is_disabled_with_a_clear_error() {
+async fn http_request_never_reaches_the_gateway_hosts_loopback() {
     let gw = Gateway::start("");
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/", host.local_addr().unwrap());
     let (mut c, _) = gw.session().await;
     let (code, msg) = c
         .call_err(
             "http/request",
-            json!({"method":"GET","url":"http://127.0.0.1/","requestId":"r"}),
+            json!({"method":"GET","url": url,"requestId":"r"}),
         )
         .await;
-    assert_eq!(code, -32003);
-    assert!(msg.contains("disabled"), "{msg}");
+    match code {
+        -32003 => assert!(msg.contains("disabled"), "{msg}"),
+        -32603 => assert_eq!(
+            msg,
+            format!("http/request failed: error sending request for url ({url})")
+        ),
+        other => panic!("{other}: {msg}"),
+    }
+    assert!(host.accept().is_err(), "the host's loopback was reached");
 }
 
 #[tokio::test]

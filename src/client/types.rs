@@ -150,6 +150,7 @@ impl ProcessSpec {
                 include_only: Vec::new(),
             }),
             sandbox: None,
+            network_proxy: None,
         }
     }
 }

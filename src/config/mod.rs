@@ -22,6 +22,7 @@ mod images;
 mod isolation;
 mod keys;
 mod preview;
+mod secrets;
 mod server;
 mod snapshots;
 mod template;
@@ -57,6 +58,7 @@ pub use keys::{default_key_file, key_files, secret_paths};
 pub use preview::{
     DEFAULT_MAX_CONNECTIONS_PER_SESSION, PreviewBase, PreviewConfig, PreviewKey, PreviewSettings,
 };
+pub use secrets::{MAX_SECRET_BYTES, MAX_SECRETS_PER_TENANT, SecretConfig, TenantSecret};
 pub use server::{
     AdminToken, ClientCerts, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GRPC_RECEIVE_WINDOW_BYTES,
     MIN_ADMIN_TOKEN_BYTES, ServerConfig, TlsFiles, TlsSection, parse_listen,
@@ -353,7 +355,19 @@ impl Config {
                         .flat_map(|t| [&t.cert_file, &t.ca_file]),
                 )
                 .map(PathBuf::as_path)
-                .chain(executors::executor_secret_files(&self.executors)),
+                .chain(executors::executor_secret_files(&self.executors))
+                // The tenants' own secrets (http/request headers): no
+                // tenant sees any, its own included.
+                .chain(
+                    tenants
+                        .values()
+                        .flat_map(|t| t.secrets.iter().map(|s| s.file.as_path())),
+                )
+                .chain(
+                    template
+                        .iter()
+                        .flat_map(|t| t.example.secrets.iter().map(|s| s.file.as_path())),
+                ),
         ));
         // The audit trail names every tenant's command lines: hidden too,
         // but not a configuration input (it changes all the time).

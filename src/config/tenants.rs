@@ -101,6 +101,19 @@ pub struct TenantConfig {
     /// from (docs/isolation.md, "Egress by name"). Default: none (addresses
     /// only).
     pub egress_names: Option<Vec<String>>,
+    /// What a connection to a name `egress_names` does not list meets:
+    /// `"deny"` (the default), or `"ask"`: a process started with Codex's
+    /// `networkProxy` (and `policyDecisionTimeoutMs`) has its client
+    /// asked with `network/policyRequest`. Needs `egress_names`.
+    pub egress_unlisted: Option<Unlisted>,
+    /// Values for `http/request` headers (`valueEnvVar`), each read from a
+    /// file the tenant cannot see and sent only to the hosts it names.
+    /// Default: none.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, super::secrets::SecretConfig>,
+    /// Extra trust anchors (PEM) for the tenant's `http/request` HTTPS
+    /// servers, beside the Mozilla roots. Default: none.
+    pub http_ca_file: Option<PathBuf>,
     /// Connections (TCP and UDP flows, DNS included) an `isolated`
     /// tenant may hold open outside its namespace at once; the next is
     /// refused (EHOSTUNREACH). Default: [`DEFAULT_MAX_EGRESS_CONNECTIONS`].
@@ -145,6 +158,16 @@ pub struct Egress {
     /// Names reached through the gateway's egress proxy
     /// (`egress_names`); `None`: addresses alone decide.
     pub names: Option<super::egress::EgressNames>,
+    /// `egress_unlisted = "ask"`.
+    pub ask: bool,
+}
+
+/// `tenants.NAME.egress_unlisted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unlisted {
+    Deny,
+    Ask,
 }
 
 impl Default for Egress {
@@ -154,6 +177,7 @@ impl Default for Egress {
             allow: Vec::new(),
             max_connections: DEFAULT_MAX_EGRESS_CONNECTIONS,
             names: None,
+            ask: false,
         }
     }
 }
@@ -332,6 +356,10 @@ pub struct TenantSettings {
     /// active, else the host's.
     pub network: Option<Network>,
     pub egress: Egress,
+    /// `http/request` header values and the hosts each goes to.
+    pub secrets: Vec<super::secrets::TenantSecret>,
+    /// Extra trust anchors for `http/request`.
+    pub http_ca_file: Option<PathBuf>,
     pub pool: Option<String>,
     pub pool_labels: BTreeMap<String, String>,
     pub placement: Placement,
@@ -539,6 +567,15 @@ pub(super) fn validate_tenant_at(
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
         network: t.network,
+        secrets: super::secrets::validate_secrets(name, t.secrets)?,
+        http_ca_file: match t.http_ca_file {
+            Some(p) if !p.is_absolute() => {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.http_ca_file must be an absolute path"
+                )));
+            }
+            other => other,
+        },
         egress: {
             if t.egress.is_some() && matches!(t.network, Some(Network::Host | Network::None)) {
                 return Err(ConfigError(format!(
@@ -574,6 +611,14 @@ pub(super) fn validate_tenant_at(
                 // Names replace the default "internet".
                 e.internet = false;
                 e.names = Some(super::egress::validate_names(name, names)?);
+            }
+            if t.egress_unlisted == Some(Unlisted::Ask) {
+                if e.names.is_none() {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.egress_unlisted = \"ask\" needs egress_names (what is listed is not asked)"
+                    )));
+                }
+                e.ask = true;
             }
             e
         },

@@ -14,6 +14,7 @@ use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use super::sockets::Sockets;
 use super::{Decision, Shared};
 use crate::isolation::egress::DNS_ADDR;
 
@@ -160,9 +161,21 @@ fn a_records(m: &Message) -> (Vec<Ipv4Addr>, Duration) {
 /// Send `query` to slirp4netns's resolver from a marked socket, over UDP
 /// (two tries; a truncated answer is asked again over TCP) or TCP.
 async fn upstream(shared: &Shared, query: &[u8], tcp: bool) -> std::io::Result<Vec<u8>> {
+    ask(&shared.sockets, true, query, tcp).await
+}
+
+/// Send `query` to the namespace's DNS address from a socket of the
+/// gateway's: `marked` past the redirection (the resolver's own), or not
+/// (then asked as the tenant's processes ask: under names, of the
+/// resolver, with its policy).
+async fn ask(sockets: &Sockets, marked: bool, query: &[u8], tcp: bool) -> std::io::Result<Vec<u8>> {
     let dns = SocketAddr::V4(SocketAddrV4::new(DNS_ADDR, 53));
     if !tcp {
-        let sock = shared.sockets.udp_out().await?;
+        let sock = if marked {
+            sockets.udp_out().await?
+        } else {
+            sockets.udp_plain().await?
+        };
         sock.connect(dns).await?;
         let mut buf = vec![0u8; 4096];
         for _ in 0..2 {
@@ -182,7 +195,11 @@ async fn upstream(shared: &Shared, query: &[u8], tcp: bool) -> std::io::Result<V
             break;
         }
     }
-    let sock = shared.sockets.tcp_out().await?;
+    let sock = if marked {
+        sockets.tcp_out().await?
+    } else {
+        sockets.tcp_plain().await?
+    };
     let mut conn = tokio::time::timeout(UPSTREAM_TIMEOUT, sock.connect(dns))
         .await
         .map_err(|_| std::io::Error::other("resolver connect timed out"))??;
@@ -206,13 +223,25 @@ pub async fn resolve(shared: &Shared, name: &str) -> std::io::Result<Vec<Ipv4Add
     if let Some(a) = shared.resolved.fresh(name) {
         return Ok(a);
     }
-    let qname = Name::from_ascii(format!("{name}."))
+    let (addrs, ttl) = lookup(&shared.sockets, true, name).await?;
+    shared.resolved.record(name, &addrs, ttl);
+    Ok(addrs)
+}
+
+/// `name`'s IPv4 addresses and their TTL, asked from the namespace's DNS
+/// address (`marked`: see [`ask`]).
+pub async fn lookup(
+    sockets: &Sockets,
+    marked: bool,
+    name: &str,
+) -> std::io::Result<(Vec<Ipv4Addr>, Duration)> {
+    let qname = Name::from_ascii(format!("{}.", name.trim_end_matches('.')))
         .map_err(|e| std::io::Error::other(format!("{name}: {e}")))?;
     let mut q = Message::query();
     q.metadata.recursion_desired = true;
     q.add_query(Query::query(qname, RecordType::A));
     let bytes = q.to_vec().map_err(std::io::Error::other)?;
-    let answer = upstream(shared, &bytes, false).await?;
+    let answer = ask(sockets, marked, &bytes, false).await?;
     let m = Message::from_vec(&answer).map_err(std::io::Error::other)?;
     let (addrs, ttl) = a_records(&m);
     if addrs.is_empty() {
@@ -221,6 +250,5 @@ pub async fn resolve(shared: &Shared, name: &str) -> std::io::Result<Vec<Ipv4Add
             m.metadata.response_code
         )));
     }
-    shared.resolved.record(name, &addrs, ttl);
-    Ok(addrs)
+    Ok((addrs, ttl))
 }

@@ -22,12 +22,17 @@
 //! new list no longer allows.
 
 pub mod api;
+pub mod ask;
 mod dns;
+pub mod http;
 mod live;
 mod proxy;
 mod resolved;
 mod sniff;
 mod sockets;
+
+pub use http::HttpEgress;
+pub use sockets::Sockets;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -36,7 +41,7 @@ use arc_swap::ArcSwap;
 use serde_json::json;
 
 use crate::config::EgressNames;
-use crate::isolation::egress::{PROXY_PORT, RESOLVER_PORT, TenantNet};
+use crate::isolation::egress::{PROXY_PORT, RESOLVER_PORT};
 use crate::metrics::TenantMetrics;
 
 pub use live::Live;
@@ -49,12 +54,15 @@ pub struct Shared {
     tenant: String,
     names: ArcSwap<EgressNames>,
     resolved: resolved::Resolved,
-    sockets: sockets::Sockets,
+    sockets: Arc<sockets::Sockets>,
     /// The tenant's proxied connections at once (its
     /// `max_egress_connections`).
     slots: Arc<tokio::sync::Semaphore>,
     live: Live,
     metrics: TenantMetrics,
+    /// `egress_unlisted = "ask"`: a process started with Codex's
+    /// `networkProxy` may have its client asked.
+    ask: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -107,6 +115,8 @@ pub enum Via {
     Http,
     /// The address, resolved from the name earlier.
     Address,
+    /// A process's own proxy (Codex's `networkProxy`).
+    Proxy,
 }
 
 impl Via {
@@ -123,6 +133,7 @@ impl Via {
             Via::Tls => "tls",
             Via::Http => "http",
             Via::Address => "address",
+            Via::Proxy => "proxy",
         }
     }
 }
@@ -200,12 +211,12 @@ impl TenantEgress {
     /// (its tasks run on it).
     pub async fn start(
         tenant: &str,
-        net: &TenantNet,
+        sockets: Arc<sockets::Sockets>,
         names: EgressNames,
+        ask: bool,
         max_connections: u32,
         metrics: TenantMetrics,
     ) -> std::io::Result<Arc<TenantEgress>> {
-        let sockets = sockets::Sockets::start(net)?;
         let proxy = sockets.listener(PROXY_PORT).await?;
         let dns_udp = sockets.udp_bound(RESOLVER_PORT).await?;
         let dns_tcp = sockets.listener(RESOLVER_PORT).await?;
@@ -217,6 +228,7 @@ impl TenantEgress {
             slots: Arc::new(tokio::sync::Semaphore::new(max_connections as usize)),
             live: Live::default(),
             metrics,
+            ask: std::sync::atomic::AtomicBool::new(ask),
         });
         let tasks = vec![
             crate::task::start("egress-proxy", proxy::serve(proxy, shared.clone())).abort_handle(),
@@ -231,6 +243,13 @@ impl TenantEgress {
     /// The names in force.
     pub fn names(&self) -> Arc<EgressNames> {
         self.shared.names()
+    }
+
+    /// Whether unlisted names may be asked of clients.
+    pub fn set_ask(&self, ask: bool) {
+        self.shared
+            .ask
+            .store(ask, std::sync::atomic::Ordering::Release);
     }
 
     /// Take `names` for every new connection and query at once; open

@@ -211,6 +211,17 @@ async fn handle(mut client: TcpStream, shared: &Shared) {
             }
         }
     };
+    if target.is_loopback() || target.is_unspecified() {
+        shared.decide(&Decision::denied(
+            Some(&name),
+            Some(target),
+            port,
+            via,
+            "resolves to loopback",
+        ));
+        reset(client);
+        return;
+    }
     let upstream = match early {
         Some(up) if target == addr => Ok(up),
         _ => connect(shared, SocketAddrV4::new(target, port)).await,
@@ -231,6 +242,11 @@ async fn handle(mut client: TcpStream, shared: &Shared) {
     };
     shared.decide(&Decision::allowed(&name, target, port, via, &rule));
     let live = shared.live.open(&name, port);
+    // One request per plain HTTP connection: a next one could name
+    // another host (pipelined, or after a keep-alive).
+    if via == Via::Http {
+        first = close_after_first(&first);
+    }
     if !first.is_empty() && upstream.write_all(&first).await.is_err() {
         return;
     }
@@ -305,4 +321,53 @@ async fn connect(shared: &Shared, to: SocketAddrV4) -> std::io::Result<TcpStream
         .map_err(|_| std::io::Error::other("timed out"))??;
     conn.set_nodelay(true)?;
     Ok(conn)
+}
+
+/// `first`, an HTTP request head and what followed it, with its
+/// `Connection` made `close` (its `Keep-Alive` dropped), so the server
+/// answers it alone; a request to upgrade the connection is left as it is.
+fn close_after_first(first: &[u8]) -> Vec<u8> {
+    let Some(end) = first.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return first.to_vec();
+    };
+    let head = &first[..end];
+    let named = |line: &[u8], name: &str| {
+        line.iter()
+            .position(|b| *b == b':')
+            .is_some_and(|i| line[..i].trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+    };
+    let lines: Vec<&[u8]> = head.split(|b| *b == b'\n').collect();
+    if lines.iter().any(|l| named(l, "upgrade")) {
+        return first.to_vec();
+    }
+    let mut out = Vec::with_capacity(first.len() + 19);
+    for l in lines {
+        if named(l, "connection") || named(l, "keep-alive") || named(l, "proxy-connection") {
+            continue;
+        }
+        out.extend_from_slice(l.strip_suffix(b"\r").unwrap_or(l));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(&first[end + 4..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_http_request_asks_the_server_to_close_after_it() {
+        let r = close_after_first(
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\n\r\nGET / HTTP/1.1\r\nHost: b.test\r\n\r\n",
+        );
+        assert_eq!(
+            String::from_utf8(r).unwrap(),
+            "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\nHost: b.test\r\n\r\n"
+        );
+        let up =
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+        assert_eq!(close_after_first(up), up.to_vec());
+    }
 }

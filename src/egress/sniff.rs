@@ -174,6 +174,12 @@ fn http(buf: &[u8]) -> Sniff {
             Sniff::More
         }
         Ok(httparse::Status::Complete(_)) => {
+            // A proxy's request (CONNECT, or an absolute URL a server may
+            // route by instead of `Host`) is not a server's.
+            let path = req.path.unwrap_or("");
+            if req.method == Some("CONNECT") || !path.starts_with('/') && path != "*" {
+                return Sniff::Malformed(Proto::Http);
+            }
             let mut hosts = req
                 .headers
                 .iter()
@@ -293,6 +299,12 @@ mod tests {
             Sniff::Nameless(Proto::Http)
         );
         assert_eq!(sniff(b"SSH-2.0-OpenSSH\r\n"), Sniff::Opaque);
+        for proxy in [
+            &b"GET http://other.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n"[..],
+            b"CONNECT other.test:80 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        ] {
+            assert_eq!(sniff(proxy), Sniff::Malformed(Proto::Http));
+        }
         assert_eq!(sniff(b"\x00\x01binary"), Sniff::Opaque);
     }
 }

@@ -97,6 +97,21 @@ impl Sockets {
         ))
     }
 
+    /// An unmarked TCP socket: its connections meet the tenant's rules as
+    /// its processes' do (redirected to the proxy under names).
+    pub async fn tcp_plain(&self) -> io::Result<tokio::net::TcpSocket> {
+        let fd = self.make(SockType::Stream).await?;
+        Ok(tokio::net::TcpSocket::from_std_stream(
+            std::net::TcpStream::from(fd),
+        ))
+    }
+
+    /// An unmarked UDP socket (a DNS query as the tenant's processes ask).
+    pub async fn udp_plain(&self) -> io::Result<tokio::net::UdpSocket> {
+        let fd = self.make(SockType::Datagram).await?;
+        tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
+    }
+
     /// A marked UDP socket, for the resolver's queries out.
     pub async fn udp_out(&self) -> io::Result<tokio::net::UdpSocket> {
         let fd = self.make(SockType::Datagram).await?;

@@ -678,6 +678,7 @@ mod tests {
             arg0: None,
             env_policy: None,
             sandbox: None,
+            network_proxy: None,
         }
     }
 

@@ -48,8 +48,14 @@ pub enum Inbound<'a> {
         /// 0.169.0 refuses it.
         bad_id: bool,
     },
-    /// A response or error sent by the client: ignored and logged.
-    ClientResponse,
+    /// A response or error sent by the client: to a request the gateway
+    /// sent (`network/policyRequest`) when its id is one, else ignored.
+    ClientResponse {
+        /// The id, when it is a non-negative integer (the gateway's ids are).
+        id: Option<u64>,
+        /// The `result`, as sent; `None` for an error.
+        result: Option<String>,
+    },
 }
 
 #[derive(Deserialize)]
@@ -135,7 +141,13 @@ pub fn decode(text: &str) -> Result<Inbound<'_>, MalformedMessage> {
             bad_id: raw.id.is_some(),
         }),
         (None, _) if raw.id.is_some() && (raw.result.is_some() || raw.error.is_some()) => {
-            Ok(Inbound::ClientResponse)
+            Ok(Inbound::ClientResponse {
+                id: raw.id.and_then(|v| v.get().parse::<u64>().ok()),
+                result: match raw.error {
+                    Some(_) => None,
+                    None => raw.result.map(|r| r.get().to_owned()),
+                },
+            })
         }
         (None, _) => Err(MalformedMessage::NoVariant {
             current: if bad_id {
@@ -433,7 +445,7 @@ mod tests {
         assert!(decode(r#"{"foo":1}"#).is_err());
         assert!(matches!(
             decode(r#"{"id":1,"result":{}}"#).unwrap(),
-            Inbound::ClientResponse
+            Inbound::ClientResponse { id: Some(1), .. }
         ));
     }
 

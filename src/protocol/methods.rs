@@ -47,6 +47,10 @@ pub const CAPABILITIES_DISCOVER_V2: &str = "capabilities/discoverV2";
 pub const CAPABILITY_ROOTS_DISCOVER_V1: &str = "capabilityRoots/discoverV1";
 
 pub const HTTP_REQUEST: &str = "http/request";
+pub const HTTP_REQUEST_BODY_DELTA: &str = "http/request/bodyDelta";
+/// Server → client (0.169.0): asked of the client, and its audit.
+pub const NETWORK_POLICY_REQUEST: &str = "network/policyRequest";
+pub const NETWORK_POLICY_DECISION: &str = "network/policyDecision";
 
 /// Extensions under the gateway's own prefix (docs/snapshots.md).
 pub const SNAPSHOT_CREATE: &str = "gateway/snapshot/create";

@@ -10,6 +10,7 @@
 pub mod egress;
 pub mod environment;
 pub mod fs;
+pub mod http;
 pub mod jsonrpc;
 pub mod methods;
 pub mod notify;

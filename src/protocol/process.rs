@@ -62,6 +62,23 @@ pub struct ExecParams {
     /// used: the tenant's confinement applies either way).
     #[serde(default)]
     pub sandbox: Option<serde_json::Value>,
+    /// 0.169.0: Codex's managed network for this process (a proxy of its
+    /// own; docs/isolation.md, "Asking the client").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_proxy: Option<NetworkProxyLaunch>,
+}
+
+/// `networkProxy` of `process/start`: what the gateway reads of it (the
+/// rest is the client's own policy, which the tenant's replaces).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkProxyLaunch {
+    #[serde(default)]
+    pub proxy: Option<serde_json::Value>,
+    /// Ask the client about names the tenant does not list, waiting this
+    /// long (plus 5 s); none: never asked.
+    #[serde(default)]
+    pub policy_decision_timeout_ms: Option<u64>,
 }
 
 /// Codex shell-environment policy. Every field is required when present.

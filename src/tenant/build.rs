@@ -203,9 +203,14 @@ pub(super) fn build(
         match (built, configured) {
             (Ok(mut tenant), Ok(())) => {
                 tenant.net = net.as_ref().map(|(n, _)| n.clone());
-                if let (Some((n, _)), Some(names)) = (&net, &t.egress.names) {
-                    match start_egress(name, n, names, t, &tenant) {
-                        Ok(eg) => tenant.egress = Some(eg),
+                if let (Some(sockets), Some(names)) = (&tenant.sockets, &t.egress.names) {
+                    match start_egress(name, sockets.clone(), names, t, &tenant) {
+                        Ok(eg) => {
+                            if let Some(slot) = &tenant.egress_slot {
+                                let _ = slot.set(eg.clone());
+                            }
+                            tenant.egress = Some(eg);
+                        }
                         Err(e) => {
                             tenant.backend.retire();
                             if let Some(cg) = &tenant.cgroup {
@@ -238,7 +243,7 @@ pub(super) fn build(
 /// runtime: `build` runs on one of its blocking threads).
 fn start_egress(
     name: &str,
-    net: &Arc<TenantNet>,
+    sockets: Arc<crate::egress::Sockets>,
     names: &crate::config::EgressNames,
     t: &TenantSettings,
     tenant: &Tenant,
@@ -246,8 +251,9 @@ fn start_egress(
     let rt = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
     rt.block_on(crate::egress::TenantEgress::start(
         name,
-        net,
+        sockets,
         names.clone(),
+        t.egress.ask,
         t.egress.max_connections,
         tenant.metrics.clone(),
     ))
@@ -286,7 +292,15 @@ fn build_rest(
             "tenants.{name}.image needs the namespaces and workers layers (on and available on this host) and a root other than /"
         )));
     }
-    let spec = sandbox_spec(instance, t, layers, &ctx.secret_files, &hide, idmap, net)?;
+    let spec = sandbox_spec(
+        instance,
+        t,
+        layers,
+        &ctx.secret_files,
+        &hide,
+        idmap,
+        net.clone(),
+    )?;
     phases.mark("tmp");
     let tmp = spec
         .namespace
@@ -420,6 +434,25 @@ fn build_rest(
     if let Some(s) = &snapshots {
         backend = backend.with_snapshots(s.clone());
     }
+    // Sockets of the gateway's own in the tenant's namespace: its
+    // `http/request` client's, and its egress by name's.
+    let sockets = match &net {
+        Some(n) => {
+            Some(Arc::new(crate::egress::Sockets::start(n).map_err(|e| {
+                ConfigError(format!("tenants.{name}: network: {e}"))
+            })?))
+        }
+        None => None,
+    };
+    if let Some(sockets) = &sockets {
+        let http = crate::egress::HttpEgress::new(
+            sockets.clone(),
+            t.secrets.clone(),
+            t.http_ca_file.as_deref(),
+        )
+        .map_err(|e| ConfigError(format!("tenants.{name}.http_ca_file: {e}")))?;
+        backend = backend.with_http(Arc::new(http));
+    }
     let remote = match (&t.pool, &ctx.executors) {
         (Some(pool), Some(registry)) => {
             let pool = registry
@@ -441,7 +474,9 @@ fn build_rest(
         }
         _ => None,
     };
+    let egress_slot = backend.egress_slot();
     let mut tenant = Tenant::assemble(name, t.clone(), Arc::new(backend), tm);
+    tenant.egress_slot = Some(egress_slot);
     tenant.instance = Arc::from(instance);
     tenant.remote = remote;
     tenant.tmp = tmp;
@@ -449,6 +484,7 @@ fn build_rest(
     tenant.cgroup = cgroup;
     tenant.image = image;
     tenant.snapshots = snapshots;
+    tenant.sockets = sockets;
     Ok(tenant)
 }
 

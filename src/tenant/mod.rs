@@ -82,6 +82,10 @@ pub struct Tenant {
     /// Its egress by name (resolver and proxy in its namespace), where its
     /// settings name hosts.
     pub egress: Option<Arc<crate::egress::TenantEgress>>,
+    /// The maker of the gateway's sockets in its namespace.
+    pub sockets: Option<Arc<crate::egress::Sockets>>,
+    /// Where its local backend finds its egress by name once it runs.
+    pub egress_slot: Option<crate::backend::local::EgressSlot>,
     /// The image its processes see as `/` (the view stays mounted while
     /// the activation lives).
     pub image: Option<Arc<crate::image::View>>,
@@ -144,6 +148,8 @@ impl Tenant {
             cgroup: None,
             net: None,
             egress: None,
+            sockets: None,
+            egress_slot: None,
             image: None,
             snapshots: None,
             image_pulls: Arc::new(Semaphore::new(1)),
@@ -221,6 +227,9 @@ impl Tenant {
         {
             match net.set_egress(&new.egress) {
                 Ok(true) => {
+                    if let Some(eg) = &self.egress {
+                        eg.set_ask(new.egress.ask);
+                    }
                     if let (Some(eg), Some(names)) = (&self.egress, &new.egress.names)
                         && now.egress.names.as_ref() != Some(names)
                     {

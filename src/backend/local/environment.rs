@@ -40,12 +40,14 @@ pub(super) fn describe(shared: &Shared, policy: &Policy) -> EnvironmentInfo {
         ("environmentConfigRead", true),
         ("fileWriteStreaming", true),
         ("sandboxedFileStreaming", false),
-        ("networkProxyLaunch", false),
+        // A process proxy of the tenant's egress by name (`egress::ask`).
+        ("networkProxyLaunch", shared.egress.get().is_some()),
         ("networkProxyReviewDomains", false),
         ("credentialMasking", false),
         ("credentialMaskingCustomProviders", false),
         ("capabilityDiscoverySandbox", false),
-        ("httpHeaderEnvVars", false),
+        // `valueEnvVar` from the tenant's secrets, where it has http/request.
+        ("httpHeaderEnvVars", shared.http.is_some()),
         ("shellSnapshotV2", false),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", false),

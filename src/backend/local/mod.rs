@@ -11,6 +11,7 @@
 mod environment;
 mod files;
 mod handles;
+mod http;
 mod process;
 mod snapshot;
 mod watch;
@@ -106,7 +107,15 @@ struct Shared {
     fork: Option<Arc<crate::snapshot::Workspace>>,
     /// The image reference its sessions were chosen by (snapshots record it).
     image: Option<String>,
+    /// Its `http/request` client, inside its network (none without a
+    /// network of its own: then refused).
+    http: Option<Arc<crate::egress::HttpEgress>>,
+    /// Its egress by name, once started (after the backend is built).
+    egress: EgressSlot,
 }
+
+/// Where a tenant's `TenantEgress` is put once it runs.
+pub type EgressSlot = Arc<std::sync::OnceLock<Arc<crate::egress::TenantEgress>>>;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -140,6 +149,8 @@ impl LocalBackend {
                 open_files: Arc::new(tokio::sync::Semaphore::new(max_open_files)),
                 fork: None,
                 image: None,
+                http: None,
+                egress: EgressSlot::default(),
             }),
         }
     }
@@ -181,6 +192,21 @@ impl LocalBackend {
             images.insert(&v.image.digest, v.image.bytes);
         }
         images.values().sum()
+    }
+
+    /// Sessions' `http/request` goes through `http` (inside the tenant's
+    /// network).
+    pub fn with_http(mut self, http: Arc<crate::egress::HttpEgress>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.http = Some(http);
+        }
+        self
+    }
+
+    /// The slot the tenant's egress by name is put in once it runs
+    /// (processes started with Codex's `networkProxy` get a proxy of it).
+    pub fn egress_slot(&self) -> EgressSlot {
+        self.shared.egress.clone()
     }
 
     /// Sessions can snapshot and fork through `snapshots`.
@@ -254,6 +280,8 @@ impl LocalBackend {
             open_files: base.open_files.clone(),
             fork: None,
             image: None,
+            http: base.http.clone(),
+            egress: base.egress.clone(),
         }
     }
 
@@ -378,6 +406,10 @@ impl Backend for LocalBackend {
             attachment,
             handles: Mutex::new(HashMap::new()),
             watch: Mutex::new(None),
+            http_streams: http::Streams::default(),
+            proxies: Mutex::new(HashMap::new()),
+            remembered: crate::egress::ask::Remembered::default(),
+            http_stop: tokio_util::sync::CancellationToken::new(),
         }))
     }
 
@@ -473,6 +505,14 @@ struct LocalSession {
     attachment: Arc<Attachment>,
     handles: Mutex<HashMap<String, handles::Handle>>,
     watch: Mutex<Option<watch::Watch>>,
+    /// `http/request` ids whose bodies are streaming.
+    http_streams: http::Streams,
+    /// Ends the streaming bodies with the session.
+    http_stop: tokio_util::sync::CancellationToken,
+    /// The proxies of processes started with `networkProxy`, by process.
+    proxies: Mutex<HashMap<String, crate::egress::ask::ProcessProxy>>,
+    /// Hosts its client decided for the whole session.
+    remembered: crate::egress::ask::Remembered,
 }
 
 /// Every method of the table, to its handler: one line each.
@@ -497,6 +537,9 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
                 "gateway/preview reached a backend".to_owned(),
             ));
         }
+        Call::ProcessStart(p) if p.network_proxy.is_some() => {
+            process::start_managed(s, p, policy, scope.audit.clone()).await?
+        }
         Call::ProcessStart(p) => process::start(s, p, policy, scope.audit.clone())?,
         Call::ProcessRead(p) => return process::read(s, p, scope).await,
         Call::ProcessWrite(p) => process::write(s, p).await?,
@@ -505,7 +548,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::ProcessResize(p) => process::resize(s, &p)?,
         Call::ProcessCloseStdin(p) => process::close_stdin(s, &p).await?,
         Call::ProcessList(_) => process::list(s),
-        Call::HttpRequest(_) => return Err(http_disabled()),
+        Call::HttpRequest(p) => return http::request(s, p, scope).await,
         Call::CommandExec(p) => process::command_exec(s, p, scope.audit.clone())?,
         Call::CommandExecWrite(p) => process::command_exec_write(s, &p).await?,
         Call::FsOpen(p) => handles::open(s, p, policy).await?,
@@ -556,6 +599,8 @@ impl SessionBackend for LocalSession {
 
     fn kill_all(&self, why: crate::audit::KilledBy) {
         self.table.kill_all(why);
+        self.http_stop.cancel();
+        self.proxies.lock().clear();
         self.watch.lock().take();
         self.handles.lock().clear();
     }

@@ -46,6 +46,87 @@ pub(super) fn start(
     }))
 }
 
+/// Proxies of processes one session keeps at once.
+pub const MAX_PROCESS_PROXIES: usize = 64;
+
+/// `process/start` with Codex's `networkProxy`: the process gets a proxy
+/// of its own (`egress::ask`) in its environment, checked as the
+/// reference checks the launch. A tenant without egress by name starts it
+/// as any other (its addresses decide; `networkProxyLaunch` is false).
+pub(super) async fn start_managed(
+    s: &LocalSession,
+    mut p: ExecParams,
+    policy: &Policy,
+    audit: Option<Arc<crate::audit::Tag>>,
+) -> Result<Reply, GatewayError> {
+    let Some(np) = p.network_proxy.take() else {
+        return start(s, p, policy, audit);
+    };
+    let invalid = |m: &str| GatewayError::InvalidParams(m.to_owned());
+    if np.policy_decision_timeout_ms == Some(0) {
+        return Err(invalid(
+            "network policy decision callback timeout must be nonzero",
+        ));
+    }
+    if np.policy_decision_timeout_ms.is_some()
+        && (p.process_id.is_empty() || p.process_id.len() > 256)
+    {
+        return Err(invalid(
+            "callback-enabled process ID must be non-empty and at most 256 bytes",
+        ));
+    }
+    let enabled = np
+        .proxy
+        .as_ref()
+        .and_then(|v| v.get("enabled"))
+        .and_then(serde_json::Value::as_bool);
+    if enabled == Some(false) {
+        return Err(invalid(
+            "invalid network proxy config: executor-local network proxy launch requires an enabled proxy",
+        ));
+    }
+    let Some(egress) = s.shared.egress.get().cloned() else {
+        return start(s, p, policy, audit);
+    };
+    s.shared.check_cwd(&p.cwd)?;
+    {
+        let mut proxies = s.proxies.lock();
+        proxies.retain(|id, _| s.table.events(id).is_ok());
+        if proxies.contains_key(&p.process_id) {
+            return Err(GatewayError::AlreadyExists(format!(
+                "process {} already exists",
+                p.process_id
+            )));
+        }
+        if proxies.len() >= MAX_PROCESS_PROXIES {
+            return Err(GatewayError::InvalidRequest(format!(
+                "at most {MAX_PROCESS_PROXIES} processes with networkProxy at once per session"
+            )));
+        }
+    }
+    let proxy = egress
+        .process_proxy(crate::egress::ask::Asker {
+            process_id: p.process_id.clone(),
+            attachment: s.attachment.clone(),
+            timeout: np
+                .policy_decision_timeout_ms
+                .map(std::time::Duration::from_millis),
+            remembered: s.remembered.clone(),
+        })
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the process's network proxy: {e}")))?;
+    for (k, v) in crate::egress::ask::proxy_env(proxy.port) {
+        if let Some(ep) = p.env_policy.as_mut() {
+            ep.set.insert(k.clone(), v.clone());
+        }
+        p.env.insert(k, v);
+    }
+    let id = p.process_id.clone();
+    let reply = start(s, p, policy, audit)?;
+    s.proxies.lock().insert(id, proxy);
+    Ok(reply)
+}
+
 /// `process/read`. Over a JSON-RPC connection the reply's bytes are
 /// reserved before it is built, and it is sent from here.
 pub(super) async fn read(
@@ -116,6 +197,7 @@ pub(super) fn command_exec(
         arg0: p.arg0,
         env_policy: None,
         sandbox: None,
+        network_proxy: None,
     };
     s.table.start(
         exec,

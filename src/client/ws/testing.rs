@@ -90,7 +90,7 @@ where
                         assert!(!bad_id);
                         seen.lock().push((method, Value::Null, text.to_owned()));
                     }
-                    Inbound::ClientResponse => panic!("the client answered: {text}"),
+                    Inbound::ClientResponse { .. } => panic!("the client answered: {text}"),
                 }
             }
         });

@@ -68,12 +68,24 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
     rules.extend([
         "  chain output {".to_owned(),
         "    type filter hook output priority 0; policy drop;".to_owned(),
-        "    oifname \"lo\" accept".to_owned(),
     ]);
+    let dns = format!("ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept");
+    if by_name {
+        // The gateway's own sockets never reach the namespace's loopback
+        // (a name resolving to 127.0.0.1 reaches nothing).
+        rules.push(format!(
+            "    meta mark {GATEWAY_MARK:#x} oifname \"lo\" {REFUSE}"
+        ));
+    }
+    rules.push("    oifname \"lo\" accept".to_owned());
     if by_name {
         // Redirected to the proxy or resolver (the hook still names the
         // device the packet was first routed to).
         rules.push("    ct status dnat accept".to_owned());
+        // Only the gateway's resolver asks slirp4netns's, and its queries
+        // are not the tenant's connections (each UDP query would hold a
+        // slot of the cap for conntrack's 30 s).
+        rules.push(format!("    meta mark {GATEWAY_MARK:#x} {dns}"));
     }
     // Every flow out of the namespace counts, DNS included: past the
     // cap a new one is refused until one ends.
@@ -81,13 +93,9 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
         "    ct state new ct count over {} {REFUSE}",
         egress.max_connections
     ));
-    let dns = format!("ip daddr {DNS_ADDR} meta l4proto {{ tcp, udp }} th dport 53 accept");
-    rules.push(if by_name {
-        // Only the gateway's resolver asks slirp4netns's.
-        format!("    meta mark {GATEWAY_MARK:#x} {dns}")
-    } else {
-        format!("    {dns}")
-    });
+    if !by_name {
+        rules.push(format!("    {dns}"));
+    }
     rules.push(format!("    ip daddr {SLIRP_GATEWAY} {REFUSE}"));
     // One rule per family and verdict, over a set (none when it is empty).
     let mut rule = |family: &str, items: Vec<String>, verdict: &str| {
@@ -194,8 +202,16 @@ mod tests {
         let tcp = r.find("meta l4proto tcp redirect to :1019").expect("tcp");
         assert!(mark < allow && allow < dns && dns < tcp, "{r}");
         assert!(r.contains("ct status dnat accept"), "{r}");
+        let dns = r
+            .find("    meta mark 0x65677721 ip daddr 10.0.2.3")
+            .expect("dns");
+        let count = r.find("ct count over").expect("count");
+        assert!(dns < count, "the resolver's queries are not counted: {r}");
+        let lo = r
+            .find("meta mark 0x65677721 oifname \"lo\" reject")
+            .expect("lo");
         assert!(
-            r.contains("    meta mark 0x65677721 ip daddr 10.0.2.3"),
+            lo < r.find("    oifname \"lo\" accept").expect("lo accept"),
             "{r}"
         );
         let private = r.find("10.0.0.0/8").expect("private");

@@ -63,6 +63,9 @@ pub enum Action {
     },
     /// `session/close`: end the session, answer, close the connection.
     CloseSession { id: RequestId },
+    /// The client answered a request the gateway sent it (`result`
+    /// `None` for an error).
+    ClientAnswer { id: u64, result: Option<String> },
 }
 
 /// What the machine needs of the session a connection holds.
@@ -144,9 +147,14 @@ impl<H: Held> Machine<H> {
                 };
                 return unknown_error(&self.malformed(&detail));
             }
-            Ok(Inbound::ClientResponse) => {
-                tracing::debug!("ignoring a response sent by the client");
-                return Action::Nothing;
+            Ok(Inbound::ClientResponse { id, result }) => {
+                return match (id, &self.phase) {
+                    (Some(id), Phase::Attached { .. }) => Action::ClientAnswer { id, result },
+                    _ => {
+                        tracing::debug!("ignoring a response sent by the client");
+                        Action::Nothing
+                    }
+                };
             }
             Ok(Inbound::Notification { bad_id: true, .. }) if current => {
                 return unknown_error(&self.malformed(jsonrpc::BAD_REQUEST_ID));

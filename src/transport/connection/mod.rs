@@ -266,6 +266,11 @@ where
     let (gw, out) = (&calls.gw, &calls.out);
     match conn.on_frame(frame) {
         Action::Nothing => {}
+        Action::ClientAnswer { id, result } => {
+            if let Some(held) = conn.held() {
+                held.session.answer_client(id, result);
+            }
+        }
         Action::Send(text) => {
             out.send(text).await;
         }

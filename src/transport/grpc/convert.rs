@@ -38,6 +38,7 @@ pub fn spec_to_params(spec: Option<pb::ProcessSpec>) -> Result<ExecParams, Statu
         arg0: spec.arg0,
         env_policy,
         sandbox: None,
+        network_proxy: None,
     })
 }
 
