@@ -144,6 +144,36 @@ async fn an_unlisted_name_is_asked_of_the_client_and_its_answer_decides() {
     let out = a.curl(&["https://other.test/"]).await;
     assert!(out.code != 0 && out.server().is_empty(), "{out:?}");
 
+    // The proxy is the process's: another process of the tenant that
+    // finds its port is refused (407) without the token in its URL.
+    a.n += 1;
+    let holder = format!("m{}", a.n);
+    a.c.call(
+        "process/start",
+        json!({"processId": holder, "argv": ["sh", "-c", "echo \"$HTTPS_PROXY\"; exec sleep 60"],
+               "cwd": a.root, "tty": false, "env": {"PATH": "/usr/bin:/bin"},
+               "networkProxy": {"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 60000}}),
+    )
+    .await;
+    let line =
+        a.c.wait_for("the proxy's URL", |v| {
+            v["method"] == "process/output" && v["params"]["processId"] == holder.as_str()
+        })
+        .await;
+    let url = String::from_utf8(common::unb64(line["params"]["chunk"].as_str().unwrap())).unwrap();
+    let url = url.trim();
+    let (creds, port) = url
+        .strip_prefix("http://")
+        .and_then(|r| r.split_once('@'))
+        .expect("credentials in the proxy's URL");
+    assert!(creds.starts_with("exg:") && creds.len() > 20, "{url}");
+    let bare = format!("http://{port}");
+    let out = a.curl(&["-x", &bare, "https://allowed.test/"]).await;
+    assert!(out.code != 0 && out.server().is_empty(), "{out:?}");
+    assert!(out.err.contains("407"), "{out:?}");
+    a.c.call("process/terminate", json!({"processId": holder}))
+        .await;
+
     // Answers to requests never sent are ignored; the session goes on.
     a.c.send(&json!({"id": 9999, "result": {"decision": {"type": "allow"}}}))
         .await;

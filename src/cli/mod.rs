@@ -109,7 +109,7 @@ pub struct TokenArgs {
     /// register with it).
     #[arg(long)]
     pub executor_pool: Option<String>,
-    /// Scopes (repeatable): exec, fs:read, fs:write, snapshot, forward. Default: all.
+    /// Scopes (repeatable): exec, fs:read, fs:write, snapshot, forward, preview, egress. Default: all but egress.
     #[arg(long = "scope")]
     pub scopes: Vec<String>,
     /// Lifetime, e.g. 1h, 30m.

@@ -28,6 +28,8 @@ use crate::outbound::{Attachment, ClientAnswer};
 pub const DECISION_MARGIN: Duration = Duration::from_secs(5);
 /// Hosts a session remembers a decision for (`"scope": "session"`).
 pub const MAX_REMEMBERED: usize = 1024;
+/// The user name in a process's proxy URL (its password is its token).
+const PROXY_USER: &str = "exg";
 /// A request head read at most.
 const MAX_HEAD_BYTES: usize = 16 << 10;
 /// How long a client may take to send its request head.
@@ -54,7 +56,11 @@ impl Drop for ProcessProxy {
 /// Who asks, and how long the answer may take.
 #[derive(Clone)]
 pub struct Asker {
+    pub session: String,
     pub process_id: String,
+    /// What the process's proxy URL carries: a request without it is
+    /// another process's, refused (407).
+    pub token: String,
     pub attachment: Arc<Attachment>,
     /// `policyDecisionTimeoutMs`; `None`: never asked.
     pub timeout: Option<Duration>,
@@ -63,8 +69,8 @@ pub struct Asker {
 
 /// The environment that points a process at its proxy (the reference's
 /// names).
-pub fn proxy_env(port: u16) -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{port}");
+pub fn proxy_env(port: u16, token: &str) -> Vec<(String, String)> {
+    let url = format!("http://{PROXY_USER}:{token}@127.0.0.1:{port}");
     let mut env: Vec<(String, String)> = [
         "HTTP_PROXY",
         "HTTPS_PROXY",
@@ -131,7 +137,7 @@ struct Target {
 
 async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &Asker) {
     let mut buf = Vec::new();
-    let Some(target) = read_head(&mut conn, &mut buf).await else {
+    let Some(target) = read_head(&mut conn, &mut buf, &asker.token).await else {
         let _ = conn
             .write_all(
                 b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
@@ -146,14 +152,11 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
         .rule_for(&target.host, Some(target.port))
         .map(ToString::to_string)
         .unwrap_or_else(|| format!("asked: {source}"));
+    let ctx = Some((asker.session.as_str(), asker.process_id.as_str()));
     if allowed.is_none() {
-        shared.decide(&Decision::denied(
-            Some(&target.host),
-            None,
-            target.port,
-            Via::Proxy,
-            &reason,
-        ));
+        let mut d = Decision::denied(Some(&target.host), None, target.port, Via::Proxy, &reason);
+        d.process = ctx;
+        shared.decide(&d);
         let decision = if reason == "ask" { "ask" } else { "deny" };
         let body = json!({
             "status": "blocked", "host": target.host, "reason": reason, "decision": decision,
@@ -171,23 +174,16 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
     }
     let up = match connect(shared, &target.host, target.port).await {
         Ok((up, addr)) => {
-            shared.decide(&Decision::allowed(
-                &target.host,
-                addr,
-                target.port,
-                Via::Proxy,
-                &rule,
-            ));
+            let mut d = Decision::allowed(&target.host, addr, target.port, Via::Proxy, &rule);
+            d.process = ctx;
+            shared.decide(&d);
             up
         }
         Err(e) => {
-            shared.decide(&Decision::denied(
-                Some(&target.host),
-                None,
-                target.port,
-                Via::Proxy,
-                &format!("connect: {e}"),
-            ));
+            let why = format!("connect: {e}");
+            let mut d = Decision::denied(Some(&target.host), None, target.port, Via::Proxy, &why);
+            d.process = ctx;
+            shared.decide(&d);
             let _ = conn
                 .write_all(
                     b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
@@ -296,14 +292,17 @@ fn parse_decision(result: &str) -> Option<(&'static str, String, bool)> {
         _ => return None,
     };
     let session = d.get("scope").and_then(|s| s.as_str()) == Some("session");
-    if kind == "allow" {
-        return Some((kind, String::new(), session));
-    }
-    let reason = d.get("reason")?.as_str()?;
+    // A reason, where there is one, is well formed (whatever the type:
+    // a garbled allow is no allow).
+    let reason = match d.get("reason") {
+        None | Some(serde_json::Value::Null) if kind == "allow" => String::new(),
+        None | Some(serde_json::Value::Null) => return None,
+        Some(r) => r.as_str()?.to_owned(),
+    };
     if reason.len() > 1024 || reason.chars().any(char::is_control) {
         return None;
     }
-    Some((kind, reason.to_owned(), session))
+    Some((kind, reason, session))
 }
 
 /// `network/policyDecision`, the reference's audit notification to the
@@ -341,7 +340,7 @@ fn notify_decision(
 
 /// Read a proxy request's head: `CONNECT host:port` or an absolute-form
 /// `http://` request.
-async fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Target> {
+async fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>, token: &str) -> Option<Target> {
     let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
     let mut chunk = [0u8; 4096];
     let head_len = loop {
@@ -365,6 +364,22 @@ async fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Target> {
     let httparse::Status::Complete(_) = req.parse(&buf[..head_len]).ok()? else {
         return None;
     };
+    use base64::Engine as _;
+    let want = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{PROXY_USER}:{token}"))
+    );
+    let authorized = req
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("proxy-authorization") && h.value == want.as_bytes());
+    if !authorized {
+        let _ = conn
+            .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"exec-gateway\"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            .await;
+        let _ = conn.shutdown().await;
+        return None;
+    }
     let method = req.method?.to_owned();
     let path = req.path?;
     if method == "CONNECT" {
@@ -412,8 +427,15 @@ async fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Target> {
     })
 }
 
+/// `host:port`, strictly: no user, path, query or fragment, one colon.
 fn split_authority(a: &str) -> Option<(String, u16)> {
-    let (h, p) = a.rsplit_once(':')?;
+    if a.contains(['@', '/', '?', '#', '[', '\\']) || a.matches(':').count() != 1 {
+        return None;
+    }
+    let (h, p) = a.split_once(':')?;
+    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let port = p.parse().ok()?;
     let url = url::Url::parse(&format!("http://{h}/")).ok()?;
     Some((host_of(&url)?, port))

@@ -196,7 +196,7 @@ async fn ask(sockets: &Sockets, marked: bool, query: &[u8], tcp: bool) -> std::i
         }
     }
     let sock = if marked {
-        sockets.tcp_out().await?
+        sockets.resolver_tcp().await?
     } else {
         sockets.tcp_plain().await?
     };

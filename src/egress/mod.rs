@@ -98,8 +98,12 @@ impl Shared {
         if let Some(r) = d.reason {
             fields["reason"] = crate::audit::clip(r);
         }
+        if let Some((_, process)) = d.process {
+            fields["process"] = crate::audit::clip(process);
+        }
         let who = crate::audit::Who {
             tenant: Some(&self.tenant),
+            session: d.process.map(|(s, _)| s),
             ..Default::default()
         };
         crate::audit::emit(event, &who, fields);
@@ -148,6 +152,8 @@ struct Decision<'a> {
     via: Via,
     rule: Option<String>,
     reason: Option<&'a str>,
+    /// For a process's own proxy: its session and process.
+    process: Option<(&'a str, &'a str)>,
 }
 
 impl<'a> Decision<'a> {
@@ -160,6 +166,7 @@ impl<'a> Decision<'a> {
             via,
             rule: Some(rule.to_owned()),
             reason: None,
+            process: None,
         }
     }
 
@@ -178,6 +185,7 @@ impl<'a> Decision<'a> {
             via,
             rule: None,
             reason: Some(reason),
+            process: None,
         }
     }
 
@@ -190,6 +198,7 @@ impl<'a> Decision<'a> {
             via: Via::Dns,
             rule: names.rule_for(name, None).map(ToString::to_string),
             reason: None,
+            process: None,
         }
     }
 

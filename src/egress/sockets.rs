@@ -10,7 +10,7 @@ use std::sync::mpsc;
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrIn, sockopt};
 
-use crate::isolation::egress::{GATEWAY_MARK, TenantNet};
+use crate::isolation::egress::{GATEWAY_MARK, RESOLVER_MARK, TenantNet};
 
 /// Requests for sockets waiting at once; past it a request fails at once
 /// (the tenant's connections are bounded before they get here: this is
@@ -97,6 +97,15 @@ impl Sockets {
         ))
     }
 
+    /// A resolver-marked TCP socket (DNS over TCP to slirp4netns's).
+    pub async fn resolver_tcp(&self) -> io::Result<tokio::net::TcpSocket> {
+        let fd = self.make(SockType::Stream).await?;
+        socket::setsockopt(&fd, sockopt::Mark, &RESOLVER_MARK)?;
+        Ok(tokio::net::TcpSocket::from_std_stream(
+            std::net::TcpStream::from(fd),
+        ))
+    }
+
     /// An unmarked TCP socket: its connections meet the tenant's rules as
     /// its processes' do (redirected to the proxy under names).
     pub async fn tcp_plain(&self) -> io::Result<tokio::net::TcpSocket> {
@@ -112,10 +121,10 @@ impl Sockets {
         tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
     }
 
-    /// A marked UDP socket, for the resolver's queries out.
+    /// A resolver-marked UDP socket, for the resolver's queries out.
     pub async fn udp_out(&self) -> io::Result<tokio::net::UdpSocket> {
         let fd = self.make(SockType::Datagram).await?;
-        socket::setsockopt(&fd, sockopt::Mark, &GATEWAY_MARK)?;
+        socket::setsockopt(&fd, sockopt::Mark, &RESOLVER_MARK)?;
         tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
     }
 }

@@ -668,18 +668,10 @@ mod tests {
     }
 
     fn params(id: &str, script: &str) -> ExecParams {
-        ExecParams {
-            process_id: id.to_owned(),
-            argv: vec!["sh".into(), "-c".into(), script.into()],
-            cwd: crate::protocol::path::WirePath::plain("/"),
-            env: HashMap::new(),
-            tty: false,
-            pipe_stdin: false,
-            arg0: None,
-            env_policy: None,
-            sandbox: None,
-            network_proxy: None,
-        }
+        let argv = ["sh", "-c", script];
+        let p =
+            serde_json::json!({"processId": id, "argv": argv, "cwd": "/", "env": {}, "tty": false});
+        serde_json::from_value(p).unwrap()
     }
 
     const PROCESS: StartOptions = StartOptions {

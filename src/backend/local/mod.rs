@@ -407,7 +407,7 @@ impl Backend for LocalBackend {
             handles: Mutex::new(HashMap::new()),
             watch: Mutex::new(None),
             http_streams: http::Streams::default(),
-            proxies: Mutex::new(HashMap::new()),
+            proxies: Arc::default(),
             remembered: crate::egress::ask::Remembered::default(),
             http_stop: tokio_util::sync::CancellationToken::new(),
         }))
@@ -509,8 +509,8 @@ struct LocalSession {
     http_streams: http::Streams,
     /// Ends the streaming bodies with the session.
     http_stop: tokio_util::sync::CancellationToken,
-    /// The proxies of processes started with `networkProxy`, by process.
-    proxies: Mutex<HashMap<String, crate::egress::ask::ProcessProxy>>,
+    /// How many of its processes have a proxy of their own (`networkProxy`).
+    proxies: Arc<std::sync::atomic::AtomicUsize>,
     /// Hosts its client decided for the whole session.
     remembered: crate::egress::ask::Remembered,
 }
@@ -600,7 +600,6 @@ impl SessionBackend for LocalSession {
     fn kill_all(&self, why: crate::audit::KilledBy) {
         self.table.kill_all(why);
         self.http_stop.cancel();
-        self.proxies.lock().clear();
         self.watch.lock().take();
         self.handles.lock().clear();
     }

@@ -89,23 +89,22 @@ pub(super) async fn start_managed(
         return start(s, p, policy, audit);
     };
     s.shared.check_cwd(&p.cwd)?;
-    {
-        let mut proxies = s.proxies.lock();
-        proxies.retain(|id, _| s.table.events(id).is_ok());
-        if proxies.contains_key(&p.process_id) {
-            return Err(GatewayError::AlreadyExists(format!(
-                "process {} already exists",
-                p.process_id
-            )));
-        }
-        if proxies.len() >= MAX_PROCESS_PROXIES {
-            return Err(GatewayError::InvalidRequest(format!(
-                "at most {MAX_PROCESS_PROXIES} processes with networkProxy at once per session"
-            )));
-        }
-    }
+    // One of the session's proxies, given back when the process closes.
+    let slot = Slot::take(&s.proxies).ok_or_else(|| {
+        GatewayError::InvalidRequest(format!(
+            "at most {MAX_PROCESS_PROXIES} processes with networkProxy at once per session"
+        ))
+    })?;
+    let mut token = [0u8; 16];
+    getrandom::fill(&mut token).map_err(|e| GatewayError::Internal(format!("randomness: {e}")))?;
+    let token: String = token.iter().map(|b| format!("{b:02x}")).collect();
     let proxy = egress
         .process_proxy(crate::egress::ask::Asker {
+            session: audit
+                .as_ref()
+                .map(|t| t.session.clone())
+                .unwrap_or_default(),
+            token: token.clone(),
             process_id: p.process_id.clone(),
             attachment: s.attachment.clone(),
             timeout: np
@@ -115,7 +114,7 @@ pub(super) async fn start_managed(
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("the process's network proxy: {e}")))?;
-    for (k, v) in crate::egress::ask::proxy_env(proxy.port) {
+    for (k, v) in crate::egress::ask::proxy_env(proxy.port, &token) {
         if let Some(ep) = p.env_policy.as_mut() {
             ep.set.insert(k.clone(), v.clone());
         }
@@ -123,8 +122,38 @@ pub(super) async fn start_managed(
     }
     let id = p.process_id.clone();
     let reply = start(s, p, policy, audit)?;
-    s.proxies.lock().insert(id, proxy);
+    // The proxy lives as long as the process: until its events end
+    // (closed, or the session killed it).
+    if let Ok(events) = s.table.events(&id) {
+        let (_, mut rx) = events.subscribe(u64::MAX);
+        crate::task::start("egress-process-proxy-life", async move {
+            while rx.recv().await.is_some() {}
+            drop(proxy);
+            drop(slot);
+        });
+    }
     Ok(reply)
+}
+
+/// One of a session's [`MAX_PROCESS_PROXIES`]; given back when dropped.
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Slot {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Slot> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_PROCESS_PROXIES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(count.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// `process/read`. Over a JSON-RPC connection the reply's bytes are

@@ -59,6 +59,10 @@ pub const RESOLVER_PORT: u16 = 53;
 /// namespace: the proxy's connections out and the resolver's queries.
 /// They are not redirected, and only they leave by name.
 pub const GATEWAY_MARK: u32 = 0x6567_7721;
+/// The mark on the gateway's resolver's queries to slirp4netns's DNS
+/// address: the only marked traffic that may go there (a connection the
+/// proxy makes for a client, however asked, may not).
+pub const RESOLVER_MARK: u32 = 0x6567_7722;
 /// slirp4netns's gateway address (the host's loopback when not disabled).
 const SLIRP_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 

@@ -5,7 +5,9 @@
 
 use ipnet::IpNet;
 
-use super::{DNS_ADDR, GATEWAY_MARK, NON_PUBLIC, PROXY_PORT, RESOLVER_PORT, SLIRP_GATEWAY};
+use super::{
+    DNS_ADDR, GATEWAY_MARK, NON_PUBLIC, PROXY_PORT, RESOLVER_MARK, RESOLVER_PORT, SLIRP_GATEWAY,
+};
 use crate::config::Egress;
 
 /// What a refused destination gets: an ICMP "administratively
@@ -52,7 +54,9 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
         // addresses `egress` allows.
         rules.push("  chain to_gateway {".to_owned());
         rules.push("    type nat hook output priority -100; policy accept;".to_owned());
-        rules.push(format!("    meta mark {GATEWAY_MARK:#x} return"));
+        rules.push(format!(
+            "    meta mark {{ {GATEWAY_MARK:#x}, {RESOLVER_MARK:#x} }} return"
+        ));
         rules.push("    oifname \"lo\" return".to_owned());
         if !allow4.is_empty() {
             rules.push(format!("    ip daddr {{ {} }} return", allow4.join(", ")));
@@ -74,7 +78,7 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
         // The gateway's own sockets never reach the namespace's loopback
         // (a name resolving to 127.0.0.1 reaches nothing).
         rules.push(format!(
-            "    meta mark {GATEWAY_MARK:#x} oifname \"lo\" {REFUSE}"
+            "    meta mark {{ {GATEWAY_MARK:#x}, {RESOLVER_MARK:#x} }} oifname \"lo\" {REFUSE}"
         ));
     }
     rules.push("    oifname \"lo\" accept".to_owned());
@@ -85,7 +89,7 @@ pub fn ruleset(egress: &Egress, host: &[IpNet]) -> String {
         // Only the gateway's resolver asks slirp4netns's, and its queries
         // are not the tenant's connections (each UDP query would hold a
         // slot of the cap for conntrack's 30 s).
-        rules.push(format!("    meta mark {GATEWAY_MARK:#x} {dns}"));
+        rules.push(format!("    meta mark {RESOLVER_MARK:#x} {dns}"));
     }
     // Every flow out of the namespace counts, DNS included: past the
     // cap a new one is refused until one ends.
@@ -196,19 +200,21 @@ mod tests {
             ..Egress::default()
         };
         let r = ruleset(&e, &[]);
-        let mark = r.find("meta mark 0x65677721 return").expect("mark");
+        let mark = r
+            .find("meta mark { 0x65677721, 0x65677722 } return")
+            .expect("mark");
         let allow = r.find("ip daddr { 10.1.2.0/24 } return").expect("allow");
         let dns = r.find("th dport 53 redirect to :53").expect("dns");
         let tcp = r.find("meta l4proto tcp redirect to :1019").expect("tcp");
         assert!(mark < allow && allow < dns && dns < tcp, "{r}");
         assert!(r.contains("ct status dnat accept"), "{r}");
         let dns = r
-            .find("    meta mark 0x65677721 ip daddr 10.0.2.3")
+            .find("    meta mark 0x65677722 ip daddr 10.0.2.3")
             .expect("dns");
         let count = r.find("ct count over").expect("count");
         assert!(dns < count, "the resolver's queries are not counted: {r}");
         let lo = r
-            .find("meta mark 0x65677721 oifname \"lo\" reject")
+            .find("meta mark { 0x65677721, 0x65677722 } oifname \"lo\" reject")
             .expect("lo");
         assert!(
             lo < r.find("    oifname \"lo\" accept").expect("lo accept"),
@@ -217,6 +223,7 @@ mod tests {
         let private = r.find("10.0.0.0/8").expect("private");
         let marked = r.find("    meta mark 0x65677721 accept").expect("marked");
         assert!(private < marked, "{r}");
+        assert!(!r.contains("0x65677721 ip daddr 10.0.2.3"), "{r}");
         assert!(r.trim_end().ends_with("admin-prohibited\n  }\n}"), "{r}");
     }
 }
