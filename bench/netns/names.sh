@@ -88,6 +88,11 @@ egress = ["93.184.215.10/32"]
 root = "$dir/names"
 egress_names = ["big.test"]
 TOML
+# The server and resolver answer before the gateway starts.
+for _ in $(seq 100); do
+  ip netns exec "$gw" curl -sf --cacert "$dir/ca.pem" https://big.test/ >/dev/null && break
+  sleep 0.1
+done
 ip netns exec "$gw" "$BIN" serve --config "$dir/gw.toml" 2>"$dir/gw.log" & GW=$!
 for _ in $(seq 100); do
   ip netns exec "$gw" curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break
