@@ -25,19 +25,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "egress_world/world.rs"]
+mod world;
 
 use std::io::BufRead as _;
-use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use common::{Client, Gateway};
 use serde_json::{Value, json};
+use world::{World, enter, missing, resolved_world, scratch, serve_in};
 
-const EGRESS_WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/egress_world");
 const SERVERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/http_world/servers.py");
-const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 /// The requests compared with the reference: `[what, params, the
 /// reference's status or error code]`.
 const CASES: &str = include_str!("http_world/cases.json");
@@ -52,156 +52,29 @@ const ANY_PORT: u16 = 18778;
 const TOKEN: &str = "tok-0169-same";
 
 /// The namespaces, dnsmasq and the servers; removed on drop.
-struct World {
-    gw: String,
-    net: String,
-    children: Vec<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for ns in [&self.gw, &self.net] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.gw));
-    }
-}
-
-impl World {
-    fn ca(&self) -> PathBuf {
-        self.dir.path().join("pki/ca.pem")
-    }
-
-    /// `argv` on the gateway's host, as root: a control.
-    fn host(&self, argv: &[&str]) -> std::process::Output {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.gw]).args(argv);
-        cmd.output().unwrap()
-    }
-}
-
-/// Why this host cannot run the tests, if it cannot.
-fn missing() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("needs root (network namespaces)".to_owned());
-    }
-    // tool:Debian package
-    let tools = "ip:iproute2 slirp4netns:slirp4netns nft:nftables dnsmasq:dnsmasq-base \
-                 openssl:openssl python3:python3 getent:libc-bin curl:curl";
-    for (tool, package) in tools.split_whitespace().filter_map(|t| t.split_once(':')) {
-        let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-            .iter()
-            .any(|d| Path::new(d).join(tool).is_file());
-        if !found || (tool == "dnsmasq" && !Path::new(DNSMASQ).is_file()) {
-            return Some(format!("`{tool}` not installed (Debian package {package})"));
-        }
-    }
-    None
-}
-
-/// `python3 servers.py args` in `ns`, once it serves.
-fn serve_in(ns: &str, args: &[&str]) -> Child {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "python3", SERVERS])
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("servers");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    child
-}
-
-fn sh(script: &str, args: &[&str]) {
-    let out = Command::new("sh")
-        .arg(format!("{EGRESS_WORLD}/{script}"))
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{script}: {err}");
-}
-
+/// The egress tests' world (tests/egress_world/world.rs) with this
+/// file's servers: HTTP and HTTPS in the outside namespace, and on the
+/// gateway's host its loopback and every address.
 fn world() -> World {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!("{}{n}", std::process::id());
-    let mut w = World {
-        gw: format!("htr-gw-{id}"),
-        net: format!("htr-net-{id}"),
-        children: Vec::new(),
-        dir: tempfile::tempdir().unwrap(),
-    };
-    sh(
-        "netns.sh",
-        &[&w.gw, &w.net, &format!("hg{id}"), &format!("hn{id}")],
-    );
-    let dir = w.dir.path().to_owned();
-    let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki).unwrap();
-    sh("pki.sh", &[pki.to_str().unwrap()]);
-    let dnsmasq = Command::new("ip")
-        .args(["netns", "exec", &w.net, DNSMASQ, "--keep-in-foreground"])
-        .arg(format!("--conf-file={EGRESS_WORLD}/dnsmasq.conf"))
-        .args(["--user=root", "--listen-address=10.77.0.53,93.184.215.53"])
-        .arg(format!("--pid-file={}", dir.join("dnsmasq.pid").display()))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("dnsmasq");
-    w.children.push(dnsmasq);
-    let deadline = std::time::Instant::now() + common::event_timeout();
-    while !w
-        .host(&["getent", "hosts", "allowed.test"])
-        .status
-        .success()
-    {
-        assert!(
-            w.children[0].try_wait().unwrap().is_none(),
-            "dnsmasq exited"
-        );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "dnsmasq never answered"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let servers = serve_in(&w.net, &[pki.to_str().unwrap()]);
-    w.children.push(servers);
+    let mut w = resolved_world();
+    let pki = w.dir.path().join("pki");
+    w.children
+        .push(serve_in(&w.net, &[SERVERS, pki.to_str().unwrap()]));
     let (lo, any) = (
         format!("127.0.0.1:{LOOPBACK_PORT}"),
         format!("0.0.0.0:{ANY_PORT}"),
     );
-    let host_servers = serve_in(&w.gw, &["-", &lo, &any]);
-    w.children.push(host_servers);
+    w.children.push(serve_in(&w.gw, &[SERVERS, "-", &lo, &any]));
     w
 }
 
-/// Enter `ns` on this thread (the test's runtime has only this one).
-fn enter(ns: &str) {
-    let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-    // SAFETY: setns on this thread with a descriptor we hold.
-    #[allow(unsafe_code)]
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+/// `argv` on the gateway's host, as root: a control.
+fn host(w: &World, argv: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &w.gw]).args(argv);
+    cmd.output().unwrap()
 }
 
-/// A scratch directory others may pass (the tenants' roots are in it).
-fn scratch() -> tempfile::TempDir {
-    let s = common::scratch();
-    std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    s
-}
-
-/// A secret's file, outside every tenant root, readable by anyone (the
-/// gateway must be what keeps it from the tenants); its path.
 fn secret_file(scratch: &Path, name: &str, value: &str) -> String {
     let dir = scratch.join("secrets");
     std::fs::create_dir_all(&dir).unwrap();
@@ -624,7 +497,10 @@ async fn only_the_tenants_network_is_reached() {
         // The control: the gateway's host reaches each (an HTTP answer),
         // but slirp's gateway address (the tenant's view of the host).
         if !url.contains("10.0.2.2") {
-            let o = w.host(&["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url]);
+            let o = host(
+                &w,
+                &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url],
+            );
             let code = String::from_utf8_lossy(&o.stdout).into_owned();
             assert_ne!(code, "000", "the host's control, {url}");
         }

@@ -130,7 +130,27 @@ pub fn sh(script: &str, args: &[&str]) {
     );
 }
 
+/// The world with the egress tests' servers (servers.py, a git repo).
 pub fn world() -> World {
+    let w = resolved_world();
+    let dir = w.dir.path().to_owned();
+    let (pki, repo) = (dir.join("pki"), dir.join("repo"));
+    std::fs::create_dir_all(&repo).unwrap();
+    sh("repo.sh", &[repo.to_str().unwrap()]);
+    let servers = format!("{WORLD}/servers.py");
+    let argv = [
+        servers.as_str(),
+        pki.to_str().unwrap(),
+        repo.to_str().unwrap(),
+    ];
+    let mut w = w;
+    w.children.push(serve_in(&w.net, &argv));
+    w
+}
+
+/// The namespaces, the test CA (`dir/pki`) and dnsmasq answering, no
+/// servers yet.
+pub fn resolved_world() -> World {
     // Tests run in parallel in one process: a world of each its own.
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let id = format!(
@@ -147,11 +167,9 @@ pub fn world() -> World {
     let (vg, vn) = (format!("ng{id}"), format!("nn{id}"));
     sh("netns.sh", &[w.gw.as_str(), w.net.as_str(), &vg, &vn]);
     let dir = w.dir.path().to_owned();
-    let (pki, repo) = (dir.join("pki"), dir.join("repo"));
-    for (script, d) in [("pki.sh", &pki), ("repo.sh", &repo)] {
-        std::fs::create_dir_all(d).unwrap();
-        sh(script, &[d.to_str().unwrap()]);
-    }
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    sh("pki.sh", &[pki.to_str().unwrap()]);
     let dnsmasq = Command::new("ip")
         .args(["netns", "exec", &w.net, DNSMASQ, "--keep-in-foreground"])
         .arg(format!("--conf-file={WORLD}/dnsmasq.conf"))
@@ -174,13 +192,6 @@ pub fn world() -> World {
         assert!(std::time::Instant::now() < deadline, "dnsmasq: {o:?}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let servers = format!("{WORLD}/servers.py");
-    let argv = [
-        servers.as_str(),
-        pki.to_str().unwrap(),
-        repo.to_str().unwrap(),
-    ];
-    w.children.push(serve_in(&w.net, &argv));
     w
 }
 
