@@ -63,6 +63,8 @@ async fn get(s: &mut SessionServiceClient<Channel>, token: &str) -> pb::EgressPo
         .await
         .unwrap()
         .into_inner()
+        .policy
+        .unwrap()
 }
 
 async fn set(
@@ -73,7 +75,7 @@ async fn set(
     let names = names.iter().map(|n| (*n).to_owned()).collect();
     s.set_egress(authed(pb::SetEgressRequest { names }, token))
         .await
-        .map(tonic::Response::into_inner)
+        .map(|r| r.into_inner().policy.unwrap_or_default())
 }
 
 fn sorted(p: &pb::EgressPolicy) -> Vec<&str> {

@@ -12,26 +12,31 @@ use crate::rpc::{Call, NoParams, Reply};
 pub(super) async fn get(
     api: &GrpcApi,
     req: Request<pb::GetEgressRequest>,
-) -> Result<Response<pb::EgressPolicy>, Status> {
+) -> Result<Response<pb::GetEgressResponse>, Status> {
     let caller = caller(&req)?;
-    answer(api.call(&caller, None, Call::EgressGet(NoParams)).await?)
+    let policy = answer(api.call(&caller, None, Call::EgressGet(NoParams)).await?)?;
+    Ok(Response::new(pb::GetEgressResponse {
+        policy: Some(policy),
+    }))
 }
 
 pub(super) async fn set(
     api: &GrpcApi,
     req: Request<pb::SetEgressRequest>,
-) -> Result<Response<pb::EgressPolicy>, Status> {
+) -> Result<Response<pb::SetEgressResponse>, Status> {
     let caller = caller(&req)?;
     let names = req.into_inner().names;
-    answer(
-        api.call(&caller, None, Call::EgressSet(SetParams { names }))
-            .await?,
-    )
+    let reply = api
+        .call(&caller, None, Call::EgressSet(SetParams { names }))
+        .await?;
+    Ok(Response::new(pb::SetEgressResponse {
+        policy: Some(answer(reply)?),
+    }))
 }
 
-fn answer(reply: Reply) -> Result<Response<pb::EgressPolicy>, Status> {
+fn answer(reply: Reply) -> Result<pb::EgressPolicy, Status> {
     match reply {
-        Reply::Egress(p) => Ok(Response::new(to_pb(p))),
+        Reply::Egress(p) => Ok(to_pb(p)),
         _ => Err(unexpected()),
     }
 }

@@ -49,14 +49,14 @@ impl pb::session_service_server::SessionService for GrpcApi {
     async fn get_egress(
         &self,
         req: Request<pb::GetEgressRequest>,
-    ) -> Result<Response<pb::EgressPolicy>, Status> {
+    ) -> Result<Response<pb::GetEgressResponse>, Status> {
         super::egress::get(self, req).await
     }
 
     async fn set_egress(
         &self,
         req: Request<pb::SetEgressRequest>,
-    ) -> Result<Response<pb::EgressPolicy>, Status> {
+    ) -> Result<Response<pb::SetEgressResponse>, Status> {
         super::egress::set(self, req).await
     }
 

@@ -168,8 +168,8 @@ class Client:
         (None: decided by addresses alone), beside its CIDRs. Needs the
         `egress` scope (`Forbidden`)."""
         link = self.link
-        return _egress(await link.call(lambda: link.sessions.GetEgress(
-            spb.GetEgressRequest(), metadata=link.metadata())))
+        return _egress((await link.call(lambda: link.sessions.GetEgress(
+            spb.GetEgressRequest(), metadata=link.metadata()))).policy)
 
     async def set_egress(self, names: list[str]) -> EgressPolicy:
         """Replaces the tenant's host names: new connections take them at
@@ -183,8 +183,8 @@ class Client:
         link = self.link
         # Retried: the same list again changes nothing (though a retry's
         # `closed` counts only what it closed itself).
-        return _egress(await link.call(lambda: link.sessions.SetEgress(
-            spb.SetEgressRequest(names=list(names)), metadata=link.metadata())))
+        return _egress((await link.call(lambda: link.sessions.SetEgress(
+            spb.SetEgressRequest(names=list(names)), metadata=link.metadata()))).policy)
 
     async def environment_info(self) -> EnvironmentInfo:
         """Where calls without a session run: the tenant's root."""

@@ -161,7 +161,8 @@ export class Client {
    */
   async getEgress(opts?: CallOptions): Promise<EgressPolicy> {
     const { sessions } = this.#caller.conn;
-    return toEgressPolicy(await this.#caller.unary(opts, true, bind(sessions.getEgress, sessions, {})));
+    const r = await this.#caller.unary(opts, true, bind(sessions.getEgress, sessions, {}));
+    return toEgressPolicy(r.policy);
   }
 
   /**
@@ -178,7 +179,7 @@ export class Client {
     // Retried: the same list again changes nothing (though a retry's
     // `closed` counts only what it closed itself).
     const r = await this.#caller.unary(opts, true, bind(sessions.setEgress, sessions, { names: [...names] }));
-    return toEgressPolicy(r);
+    return toEgressPolicy(r.policy);
   }
 
   private track(s: Session): Session {

@@ -121,7 +121,8 @@ export interface EgressPolicy {
   closed: number | null;
 }
 
-export function toEgressPolicy(p: PbEgressPolicy): EgressPolicy {
+export function toEgressPolicy(p: PbEgressPolicy | undefined): EgressPolicy {
+  if (p === undefined) throw new Error("the gateway answered without an egress policy");
   return {
     names: p.namesSet ? [...p.names] : null,
     cidrs: [...p.cidrs],
