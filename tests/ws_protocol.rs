@@ -58,7 +58,12 @@ async fn pre_init_errors_use_the_reference_messages() {
         msg,
         "client must call initialize before using filesystem methods"
     );
-    let (_, msg) = c.call_err("http/request", json!({})).await;
+    // Params are decoded first, as the references do (`{}` is -32602
+    // ``missing field `method` `` there too).
+    let (code, msg) = c.call_err("http/request", json!({})).await;
+    assert_eq!((code, msg.as_str()), (-32602, "missing field `method`"));
+    let get = json!({"method": "GET", "url": "http://x/", "requestId": "r"});
+    let (_, msg) = c.call_err("http/request", get).await;
     assert_eq!(msg, "client must call initialize before using http methods");
     let r = c.call("initialize", json!({"clientName":"t"})).await;
     assert!(
