@@ -65,7 +65,7 @@ pub struct Scopes(u8);
 impl Scopes {
     pub const ALL: Scopes = Scopes(0b111_1111);
     /// What a token without a scope claim gets from a key bound to its
-    /// tenant (and `exec-gateway mint` without `--scope`): every scope
+    /// tenant (and `exec-gateway token` without `--scope`): every scope
     /// but `egress`, which changes what the tenant's network may reach and
     /// is granted only by name.
     pub const DEFAULT: Scopes = Scopes(0b011_1111);
