@@ -56,6 +56,12 @@ impl NamePattern {
         })
     }
 
+    /// The name a CA's DNS name constraint permits for this pattern (it
+    /// and the names under it).
+    pub fn subtree(&self) -> &str {
+        &self.name
+    }
+
     /// Whether `name` (already normalized) on `port` matches.
     pub fn matches(&self, name: &str, port: Option<u16>) -> bool {
         if let (Some(want), Some(got)) = (self.port, port)
@@ -152,6 +158,10 @@ impl EgressNames {
 
     pub fn is_empty(&self) -> bool {
         self.patterns.is_empty()
+    }
+
+    pub fn patterns(&self) -> &[NamePattern] {
+        &self.patterns
     }
 }
 

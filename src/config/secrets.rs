@@ -26,6 +26,13 @@ pub struct SecretConfig {
     /// The hosts the value may be sent to (names, `*.` wildcards, an
     /// optional `:PORT`, as in `egress_names`). Required.
     pub hosts: Vec<String>,
+    /// Also for the tenant's own processes: they see a placeholder in
+    /// this variable, and the egress proxy puts the value in its place in
+    /// the headers of HTTPS requests to `hosts`, which it intercepts with
+    /// the tenant's own CA (docs/isolation.md, "Secrets for the tenant's
+    /// processes"). Needs `egress_names`. Off: only `http/request` uses it.
+    #[serde(default)]
+    pub substitute: bool,
 }
 
 /// One validated secret.
@@ -34,6 +41,8 @@ pub struct TenantSecret {
     pub name: String,
     pub file: PathBuf,
     pub hosts: EgressNames,
+    /// Substituted in the tenant's processes' requests too.
+    pub substitute: bool,
 }
 
 /// Validate a tenant's `secrets`.
@@ -75,6 +84,7 @@ pub(super) fn validate_secrets(
                 name,
                 file: c.file,
                 hosts,
+                substitute: c.substitute,
             })
         })
         .collect()

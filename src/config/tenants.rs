@@ -567,7 +567,7 @@ pub(super) fn validate_tenant_at(
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
         network: t.network,
-        secrets: super::secrets::validate_secrets(name, t.secrets)?,
+        secrets: super::secrets::validate_secrets(name, t.secrets.clone())?,
         http_ca_file: match t.http_ca_file {
             Some(p) if !p.is_absolute() => {
                 return Err(ConfigError(format!(
@@ -611,6 +611,14 @@ pub(super) fn validate_tenant_at(
                 // Names replace the default "internet".
                 e.internet = false;
                 e.names = Some(super::egress::validate_names(name, names)?);
+            }
+            if e.names.is_none()
+                && let Some(s) = t.secrets.iter().find(|(_, s)| s.substitute)
+            {
+                return Err(ConfigError(format!(
+                    "tenants.{name}.secrets.{}.substitute needs egress_names (the value is put in by the egress proxy)",
+                    s.0
+                )));
             }
             if t.egress_unlisted == Some(Unlisted::Ask) {
                 if e.names.is_none() {

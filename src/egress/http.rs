@@ -79,6 +79,35 @@ fn sending(url: &url::Url) -> GatewayError {
     failed(format!("error sending request for url ({url})"))
 }
 
+/// The TLS client of a tenant's connections out (its `http/request`, its
+/// intercepted ones): the public roots and the tenant's `http_ca_file`;
+/// HTTP/1.1.
+pub(super) fn client_tls(
+    ca_file: Option<&std::path::Path>,
+) -> std::io::Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)?;
+        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+            let cert: rustls::pki_types::CertificateDer<'static> =
+                cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+        }
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
 impl HttpEgress {
     /// The client of a tenant whose namespace `sockets` makes sockets in.
     pub fn new(
@@ -86,30 +115,11 @@ impl HttpEgress {
         secrets: Vec<TenantSecret>,
         ca_file: Option<&std::path::Path>,
     ) -> std::io::Result<HttpEgress> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        if let Some(path) = ca_file {
-            let pem = std::fs::read(path)?;
-            for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
-                let cert: rustls::pki_types::CertificateDer<'static> =
-                    cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-            }
-        }
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(std::io::Error::other)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tls = client_tls(ca_file)?;
         Ok(HttpEgress {
             sockets,
             secrets,
-            tls: Arc::new(tls),
+            tls,
         })
     }
 

@@ -9,6 +9,8 @@
 //! - `dns`: the resolver. Answers only names the policy allows (NXDOMAIN
 //!   for the rest, which never leave the gateway), forwarding allowed ones
 //!   to slirp4netns's resolver, and records their answers (`resolved`).
+//! - `substitute`: secrets for the tenant's processes, put into their
+//!   HTTPS requests to bound hosts by intercepting them.
 //! - `proxy`: each connection is decided by the name its first bytes carry
 //!   (`sniff`: TLS SNI, HTTP `Host`) or, without one, by the allowed name
 //!   its address was resolved from; then the gateway connects from its own
@@ -30,9 +32,11 @@ mod proxy;
 mod resolved;
 mod sniff;
 mod sockets;
+mod substitute;
 
 pub use http::HttpEgress;
 pub use sockets::Sockets;
+pub use substitute::{MAX_INTERCEPTED_NAMES, Substitution};
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -63,6 +67,8 @@ pub struct Shared {
     /// `egress_unlisted = "ask"`: a process started with Codex's
     /// `networkProxy` may have its client asked.
     ask: std::sync::atomic::AtomicBool,
+    /// Secrets put into the tenant's processes' requests (`substitute`).
+    substitution: Option<Arc<Substitution>>,
 }
 
 impl Shared {
@@ -225,6 +231,7 @@ impl TenantEgress {
         ask: bool,
         max_connections: u32,
         metrics: TenantMetrics,
+        substitution: Option<Arc<Substitution>>,
     ) -> std::io::Result<Arc<TenantEgress>> {
         let proxy = sockets.listener(PROXY_PORT).await?;
         let dns_udp = sockets.udp_bound(RESOLVER_PORT).await?;
@@ -238,6 +245,7 @@ impl TenantEgress {
             live: Live::default(),
             metrics,
             ask: std::sync::atomic::AtomicBool::new(ask),
+            substitution,
         });
         let tasks = vec![
             crate::task::start("egress-proxy", proxy::serve(proxy, shared.clone())).abort_handle(),

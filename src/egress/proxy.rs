@@ -242,6 +242,16 @@ async fn handle(mut client: TcpStream, shared: &Shared) {
     };
     shared.decide(&Decision::allowed(&name, target, port, via, &rule));
     let live = shared.live.open(&name, port);
+    if via == Via::Tls
+        && let Some(sub) = &shared.substitution
+        && sub.intercepts(&name, port)
+    {
+        super::substitute::intercept::serve(
+            client, first, upstream, &name, port, sub, shared, live,
+        )
+        .await;
+        return;
+    }
     // One request per plain HTTP connection: a next one could name
     // another host (pipelined, or after a keep-alive).
     if via == Via::Http {
@@ -287,6 +297,11 @@ fn sniff_final(buf: &[u8]) -> Sniff {
         Some(0x16) => Sniff::Malformed(Proto::Tls),
         _ => Sniff::Opaque,
     }
+}
+
+/// Refuse a TLS client (a fatal `access_denied` alert) and close.
+pub(super) async fn refuse_tls(client: TcpStream) {
+    refuse(client, Some(Proto::Tls), None).await;
 }
 
 /// Tell a refused client why, in its protocol, and close.

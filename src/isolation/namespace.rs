@@ -195,6 +195,8 @@ pub struct Namespace {
     net: NetSpec,
     /// The tenant's `resolv.conf` (joined networks), held `O_PATH`.
     resolv_conf: Option<OwnedFd>,
+    /// Its CA bundle (an intercepting egress), held `O_PATH`.
+    ca_bundle: Option<OwnedFd>,
     /// Mounts of the host's under what the namespace hides or replaces
     /// (other tenants' `/tmp` tmpfs, other gateways' mounts): detached in
     /// the namespace, so its mountinfo does not name them.
@@ -293,6 +295,13 @@ impl Namespace {
             NetSpec::Joined(net) => Some(open_path(net.resolv_conf(), libc::O_NOFOLLOW)?),
             _ => None,
         };
+        let ca_bundle = match &spec.net {
+            NetSpec::Joined(net) => net
+                .ca_bundle()
+                .map(|b| open_path(b, libc::O_NOFOLLOW))
+                .transpose()?,
+            _ => None,
+        };
         if spec.pid {
             flags |= libc::CLONE_NEWPID;
         }
@@ -311,6 +320,7 @@ impl Namespace {
             root,
             net: spec.net.clone(),
             resolv_conf,
+            ca_bundle,
             detach: {
                 let mut under: Vec<&Path> = spec.hide_dirs.iter().map(PathBuf::as_path).collect();
                 if spec.tmp.is_some() {
@@ -428,6 +438,10 @@ impl Namespace {
                 Some(fd) => Some(clone(fd.as_raw_fd(), 0)?),
                 None => None,
             };
+            let bundle_tree = match &self.ca_bundle {
+                Some(fd) => Some(clone(fd.as_raw_fd(), 0)?),
+                None => None,
+            };
             if let NetSpec::Joined(net) = &self.net {
                 check(libc::setns(net.netns().as_raw_fd(), libc::CLONE_NEWNET).into())?;
             }
@@ -481,6 +495,20 @@ impl Namespace {
                 if let Some(tree) = resolv_tree {
                     attach(tree, c"etc/resolv.conf")?;
                 }
+                if let Some(tree) = bundle_tree {
+                    // Only over a file the image has: an image without one
+                    // there (or with a link) keeps its own, and its TLS to
+                    // intercepted hosts fails, as it should.
+                    libc::syscall(
+                        libc::SYS_move_mount,
+                        tree,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        c"etc/ssl/certs/ca-certificates.crt".as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    );
+                    libc::close(tree);
+                }
                 if let Some(tree) = tmp_tree {
                     attach(tree, c"tmp")?;
                 }
@@ -489,10 +517,10 @@ impl Namespace {
                 // namespace's init when there is one: its parent, left
                 // outside, still execs this binary from the host's root.
             }
-            let (resolv_tree, tmp_tree) = if self.image.is_some() {
-                (None, None)
+            let (resolv_tree, tmp_tree, bundle_tree) = if self.image.is_some() {
+                (None, None, None)
             } else {
-                (resolv_tree, tmp_tree)
+                (resolv_tree, tmp_tree, bundle_tree)
             };
             for m in self.detach.iter().filter(|_| self.image.is_none()) {
                 libc::umount2(m.as_ptr(), libc::MNT_DETACH);
@@ -535,6 +563,20 @@ impl Namespace {
                     c"".as_ptr(),
                     libc::AT_FDCWD,
                     c"/etc/resolv.conf".as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS,
+                );
+                hidden(r as libc::c_int)?;
+                libc::close(tree);
+            }
+            if let Some(tree) = bundle_tree {
+                // Over the host's bundle (a link there: the file it names),
+                // in this namespace only.
+                let r = libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    c"/etc/ssl/certs/ca-certificates.crt".as_ptr(),
                     MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS,
                 );
                 hidden(r as libc::c_int)?;

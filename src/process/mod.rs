@@ -78,6 +78,10 @@ pub struct ExecSettings {
     /// Whether processes are spawned by a worker already inside the
     /// tenant's cgroups (each joins only its own) or by the gateway.
     pub spawned_in_worker: bool,
+    /// Set in every process's environment where its client set no value:
+    /// the placeholders of secrets substituted by the egress proxy and the
+    /// tenant's CA bundle (module `egress::substitute`).
+    pub added_env: Vec<(String, String)>,
 }
 
 impl ExecSettings {
@@ -100,6 +104,7 @@ impl ExecSettings {
             subscriber_timeout: Duration::from_secs(30),
             cgroup: None,
             spawned_in_worker: false,
+            added_env: Vec::new(),
         }
     }
 }

@@ -221,7 +221,14 @@ impl ProcessTable {
         };
         params_env_names.sort_unstable();
         let spec = SpawnSpec {
-            env: env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env),
+            env: {
+                let mut env =
+                    env::child_env(&params.env, params.env_policy.as_ref(), &settings.base_env);
+                for (k, v) in &settings.added_env {
+                    env.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                env
+            },
             argv: params.argv,
             // The directory the cwd check resolved (lexically normalised),
             // not the raw string: the kernel follows a symlink before `..`,

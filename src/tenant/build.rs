@@ -166,6 +166,20 @@ pub(super) fn build(
     } else {
         None
     };
+    // Secrets substituted in its processes' requests: their CA is in the
+    // bundle bound into its namespace, so made before its sandbox is.
+    let substitution = match (&net, &t.egress.names) {
+        (Some((n, _)), Some(_)) => {
+            let sub = crate::egress::Substitution::new(name, &t.secrets, t.http_ca_file.as_deref())
+                .map_err(|e| ConfigError(format!("tenants.{name}.secrets: {e}")))?;
+            if let Some(sub) = &sub {
+                n.trust(sub.ca_pem())
+                    .map_err(|e| ConfigError(format!("tenants.{name}: CA bundle: {e}")))?;
+            }
+            sub
+        }
+        _ => None,
+    };
     // Its ruleset and slirp4netns are set up while the rest is (the
     // slowest two steps, together 14 ms here); joined before the tenant
     // can run anything.
@@ -184,6 +198,7 @@ pub(super) fn build(
             hide,
             phases,
             image,
+            substitution.as_ref().map(|s| s.env()).unwrap_or_default(),
         );
         let configured = match configuring {
             None => Ok(()),
@@ -204,7 +219,7 @@ pub(super) fn build(
             (Ok(mut tenant), Ok(())) => {
                 tenant.net = net.as_ref().map(|(n, _)| n.clone());
                 if let (Some(sockets), Some(names)) = (&tenant.sockets, &t.egress.names) {
-                    match start_egress(name, sockets.clone(), names, t, &tenant) {
+                    match start_egress(name, sockets.clone(), names, t, &tenant, substitution) {
                         Ok(eg) => {
                             if let Some(slot) = &tenant.egress_slot {
                                 let _ = slot.set(eg.clone());
@@ -247,6 +262,7 @@ fn start_egress(
     names: &crate::config::EgressNames,
     t: &TenantSettings,
     tenant: &Tenant,
+    substitution: Option<Arc<crate::egress::Substitution>>,
 ) -> std::io::Result<Arc<crate::egress::TenantEgress>> {
     let rt = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
     rt.block_on(crate::egress::TenantEgress::start(
@@ -256,6 +272,7 @@ fn start_egress(
         t.egress.ask,
         t.egress.max_connections,
         tenant.metrics.clone(),
+        substitution,
     ))
 }
 
@@ -272,6 +289,7 @@ fn build_rest(
     hide: Hide,
     mut phases: Phases,
     image: Option<Arc<crate::image::View>>,
+    added_env: Vec<(String, String)>,
 ) -> Result<Tenant, ConfigError> {
     let layers = ctx.layers;
     let tm = ctx.metrics.tenant(name);
@@ -286,6 +304,7 @@ fn build_rest(
     exec.max_retained_bytes = t.max_retained_output_bytes;
     exec.metrics = tm.clone();
     exec.subscriber_timeout = ctx.slow_client_timeout;
+    exec.added_env = added_env;
     phases.mark("network");
     if image.is_some() && !images_possible(t, layers) {
         return Err(ConfigError(format!(

@@ -2,7 +2,7 @@
 //! PID and network namespaces), what its namespace covers up, its root's
 //! idmapping and its private `/tmp`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::{ConfigError, Network, TenantSettings};
@@ -133,6 +133,7 @@ pub(super) fn sandbox_spec(
     }) = &namespace
     {
         landlock_ro.push(n.resolv_conf().to_path_buf());
+        landlock_ro.extend(n.ca_bundle().map(Path::to_path_buf));
     }
     Ok(SandboxSpec {
         uid,

@@ -144,6 +144,10 @@ pub struct TenantNet {
     exit_pipe: parking_lot::Mutex<Option<OwnedFd>>,
     reaper: Option<Arc<Reaper>>,
     resolv_conf: PathBuf,
+    /// The CA bundle bound over the tenant's system bundle when its
+    /// egress intercepts (module `egress::substitute`); set before any of
+    /// its processes starts.
+    ca_bundle: std::sync::OnceLock<PathBuf>,
     /// Its rules' egress (a reload may change it in place).
     egress: parking_lot::Mutex<Egress>,
     /// The tenant's cgroup slirp4netns runs in, once it was moved there.
@@ -188,6 +192,7 @@ impl TenantNet {
             exit_pipe: parking_lot::Mutex::new(None),
             reaper,
             resolv_conf,
+            ca_bundle: std::sync::OnceLock::new(),
             egress: parking_lot::Mutex::new(egress.clone()),
             cgroup: parking_lot::Mutex::new(None),
         }))
@@ -214,6 +219,27 @@ impl TenantNet {
     /// The file bound over the tenant's `/etc/resolv.conf`.
     pub fn resolv_conf(&self) -> &Path {
         &self.resolv_conf
+    }
+
+    /// Make the tenant's processes trust `ca_pem` beside the host's public
+    /// roots: a bundle of both, written next to its `resolv.conf`, is bound
+    /// over [`TENANT_CA_BUNDLE`] in their view. Once, before any process.
+    pub fn trust(&self, ca_pem: &str) -> io::Result<()> {
+        let host = std::fs::read_to_string(TENANT_CA_BUNDLE).unwrap_or_default();
+        let path = self.resolv_conf.with_extension("ca-bundle.pem");
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{host}\n{ca_pem}"))?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+        std::fs::rename(&tmp, &path)?;
+        self.ca_bundle
+            .set(path)
+            .map_err(|_| io::Error::other("the tenant's CA bundle was set already"))
+    }
+
+    /// The bundle of [`TenantNet::trust`], if any.
+    pub fn ca_bundle(&self) -> Option<&Path> {
+        self.ca_bundle.get().map(PathBuf::as_path)
     }
 
     /// Start slirp4netns on the namespace. What it prints is dropped: a
@@ -406,8 +432,16 @@ impl Drop for TenantNet {
         // Emptied (and pooled) once slirp4netns is gone.
         drop(self.cgroup.get_mut().take());
         let _ = std::fs::remove_file(&self.resolv_conf);
+        if let Some(b) = self.ca_bundle.get() {
+            let _ = std::fs::remove_file(b);
+        }
     }
 }
+
+/// Where Debian, Ubuntu, Alpine and the images built on them keep the
+/// system's CA bundle (what OpenSSL, curl, git and Python's `ssl` read):
+/// a tenant that intercepts has its own bundle bound there.
+pub const TENANT_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// How often the host's addresses are read again: an address added to
 /// the host (DHCP, a secondary IP, a VIP) is refused to tenants within

@@ -1,0 +1,119 @@
+//! A tenant's own CA: made when the tenant is, its key only in the
+//! gateway's memory, constrained to the names its substituting secrets are
+//! bound to (a certificate it signed for any other name fails where name
+//! constraints are checked: OpenSSL, rustls, Go, browsers). It signs one
+//! certificate per intercepted name, kept for a day.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// Server configurations (one per intercepted name) kept at once; past it
+/// the cache starts again.
+pub const MAX_INTERCEPTED_NAMES: usize = 256;
+/// How long one name's certificate is used (it is valid a week).
+const LEAF_REUSE: Duration = Duration::from_secs(24 * 3600);
+const LEAF_VALIDITY_DAYS: i64 = 7;
+/// The CA's validity: it lives no longer than the tenant's activation
+/// anyway (its key is never written anywhere).
+const CA_VALIDITY_DAYS: i64 = 825;
+
+/// One tenant's CA.
+pub struct TenantCa {
+    issuer: Issuer<'static, KeyPair>,
+    der: CertificateDer<'static>,
+    pem: String,
+    configs: parking_lot::Mutex<HashMap<String, (Instant, Arc<rustls::ServerConfig>)>>,
+}
+
+impl std::fmt::Debug for TenantCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantCa").finish_non_exhaustive()
+    }
+}
+
+impl TenantCa {
+    /// A new CA for `tenant`, permitted to vouch for `subtrees` (names and
+    /// what lies under them) only.
+    pub fn new(tenant: &str, subtrees: &[String]) -> Result<TenantCa, rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(
+            DnType::CommonName,
+            format!("exec-gateway egress CA for tenant {tenant}"),
+        );
+        p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.name_constraints = Some(NameConstraints {
+            permitted_subtrees: subtrees
+                .iter()
+                .map(|s| GeneralSubtree::DnsName(s.clone()))
+                .collect(),
+            excluded_subtrees: Vec::new(),
+        });
+        (p.not_before, p.not_after) = validity(CA_VALIDITY_DAYS);
+        let cert = p.self_signed(&key)?;
+        Ok(TenantCa {
+            pem: cert.pem(),
+            der: cert.der().clone(),
+            issuer: Issuer::new(p, key),
+            configs: parking_lot::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The CA's certificate (what the tenant's processes trust).
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// The TLS server the tenant's connection to `name` meets: a
+    /// certificate for `name` signed by this CA; HTTP/1.1 only.
+    pub fn server_config(&self, name: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+        let mut configs = self.configs.lock();
+        if let Some((made, c)) = configs.get(name)
+            && made.elapsed() < LEAF_REUSE
+        {
+            return Ok(c.clone());
+        }
+        if configs.len() >= MAX_INTERCEPTED_NAMES {
+            configs.clear();
+        }
+        let key = KeyPair::generate().map_err(|e| e.to_string())?;
+        let mut p = CertificateParams::new(vec![name.to_owned()]).map_err(|e| e.to_string())?;
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        (p.not_before, p.not_after) = validity(LEAF_VALIDITY_DAYS);
+        let cert = p.signed_by(&key, &self.issuer).map_err(|e| e.to_string())?;
+        let chain = vec![cert.der().clone(), self.der.clone()];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| e.to_string())?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        configs.insert(name.to_owned(), (Instant::now(), config.clone()));
+        Ok(config)
+    }
+}
+
+/// From an hour ago (clocks differ a little) to `days` from now.
+fn validity(days: i64) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = time::OffsetDateTime::now_utc();
+    (
+        now - time::Duration::hours(1),
+        now + time::Duration::days(days),
+    )
+}
