@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A tenant's HTTPS download through egress by name (the gateway's
-# transparent proxy and resolver in its namespace) against the same
-# download with CIDR rules only (straight out through slirp4netns), and the
-# connect + TLS handshake p50 of each: the real gateway (release build),
+# transparent proxy and resolver in its namespace), and through it with a
+# substituted secret (the proxy ends TLS with the tenant's CA, puts the
+# value into the Authorization header, and makes TLS of its own to the
+# host), against the same download with CIDR rules only (straight out
+# through slirp4netns), and the connect + TLS handshake p50 of each: the real gateway (release build),
 # two tenants, a dnsmasq resolver and a Python HTTPS server in an "outside"
 # namespace, curl inside each tenant (run through `exec-gateway exec`).
 # Needs root, ip, nft, slirp4netns, dnsmasq, openssl, curl, python3.
@@ -68,10 +70,11 @@ s.serve_forever()'
 ip netns exec "$net" python3 -c "$SRV_PY" "$dir/srv.pem" "$dir/srv.key" & SRV=$!
 
 head -c 32 /dev/urandom | base64 > "$dir/hs256.key"
-for t in cidr names; do
+for t in cidr names subst; do
   mkdir -p "$dir/$t"; cp "$dir/ca.pem" "$dir/$t/ca.pem"
 done
-chmod 755 "$dir" "$dir/cidr" "$dir/names"
+echo "bench-secret-value" > "$dir/api.key"
+chmod 755 "$dir" "$dir/cidr" "$dir/names" "$dir/subst"
 cat > "$dir/gw.toml" <<TOML
 [server]
 listen = "ws://127.0.0.1:$port"
@@ -87,6 +90,14 @@ egress = ["93.184.215.10/32"]
 [tenants.names]
 root = "$dir/names"
 egress_names = ["big.test"]
+[tenants.subst]
+root = "$dir/subst"
+egress_names = ["big.test"]
+http_ca_file = "$dir/ca.pem"
+[tenants.subst.secrets.API_KEY]
+file = "$dir/api.key"
+hosts = ["big.test"]
+substitute = true
 TOML
 # The server and resolver answer before the gateway starts.
 for _ in $(seq 100); do
@@ -101,17 +112,23 @@ done
 
 run() { # tenant, curl arguments...
   local t=$1; shift
-  ip netns exec "$gw" "$BIN" exec --url "ws://127.0.0.1:$port" --token "${TOKEN[$t]}" \
-    -- curl -s -o /dev/null --cacert "$dir/$t/ca.pem" "$@"
+  if [[ $t == subst ]]; then
+    # The system bundle (the tenant CA's), the placeholder in a header.
+    ip netns exec "$gw" "$BIN" exec --url "ws://127.0.0.1:$port" --token "${TOKEN[$t]}" \
+      -- sh -c 'exec curl -s -o /dev/null -H "Authorization: Bearer $API_KEY" "$@"' sh "$@"
+  else
+    ip netns exec "$gw" "$BIN" exec --url "ws://127.0.0.1:$port" --token "${TOKEN[$t]}" \
+      -- curl -s -o /dev/null --cacert "$dir/$t/ca.pem" "$@"
+  fi
 }
 declare -A TOKEN
-for t in cidr names; do
+for t in cidr names subst; do
   TOKEN[$t]=$("$BIN" token --config "$dir/gw.toml" --tenant "$t" --scope exec | tail -1)
 done
 
 echo "exec-gateway $("$BIN" --version | awk '{print $2}'), $MIB MiB over HTTPS, $RUNS runs; $SHAKES handshakes"
 declare -A MBS P50
-for t in cidr names; do
+for t in cidr names subst; do
   run "$t" https://big.test/ >/dev/null   # warm: the tenant's activation
   speeds=()
   for _ in $(seq "$RUNS"); do
@@ -125,5 +142,7 @@ for t in cidr names; do
   P50[$t]=$(printf '%s\n' "${shakes[@]}" | sort -n | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]*1000}')
   echo "  $t: download MB/s (each run) $(printf '%s\n' "${speeds[@]}" | awk '{printf "%.0f ", $1/1e6}')-> median ${MBS[$t]}; connect+TLS p50 ${P50[$t]} ms"
 done
-awk -v c="${MBS[cidr]}" -v n="${MBS[names]}" -v pc="${P50[cidr]}" -v pn="${P50[names]}" 'BEGIN {
-  printf "names / CIDR throughput: %.0f%%; connect+TLS p50 difference: %+.3f ms\n", 100*n/c, pn-pc }'
+awk -v c="${MBS[cidr]}" -v n="${MBS[names]}" -v s="${MBS[subst]}" \
+    -v pc="${P50[cidr]}" -v pn="${P50[names]}" -v ps="${P50[subst]}" 'BEGIN {
+  printf "names / CIDR throughput: %.0f%%; connect+TLS p50 difference: %+.3f ms\n", 100*n/c, pn-pc
+  printf "names + substitution / CIDR throughput: %.0f%%; connect+TLS p50 difference: %+.3f ms\n", 100*s/c, ps-pc }'

@@ -117,3 +117,45 @@ fn validity(days: i64) -> (time::OffsetDateTime, time::OffsetDateTime) {
         now + time::Duration::days(days),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TLS handshake, in memory, of a client trusting only `ca` with the
+    /// server `ca` made for `name`.
+    async fn handshake(ca: &TenantCa, name: &str) -> Result<(), String> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der.clone()).map_err(|e| e.to_string())?;
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config(name)?);
+        let server = tokio::spawn(async move { acceptor.accept(b).await.map(|_| ()) });
+        let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+        let r = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(server_name, a)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        drop(server);
+        r
+    }
+
+    #[tokio::test]
+    async fn the_ca_vouches_for_its_bound_names_only() {
+        let ca = TenantCa::new("t", &["allowed.test".to_owned(), "cdn.test".to_owned()]).unwrap();
+        handshake(&ca, "allowed.test").await.unwrap();
+        handshake(&ca, "a.cdn.test").await.unwrap();
+        // Signed, yet refused by the client: outside the name constraints
+        // (were the key ever taken, it could not pass for another site).
+        let e = handshake(&ca, "bank.test").await.unwrap_err();
+        assert!(e.to_lowercase().contains("name"), "{e}");
+        assert!(!ca.pem().contains("PRIVATE"));
+    }
+}
