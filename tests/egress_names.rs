@@ -430,3 +430,34 @@ async fn decisions_are_audited() {
         assert!(!raw.contains(secret), "the trail holds a secret");
     }
 }
+
+/// The resolver's queries out leave from ports no tenant process can
+/// have: a tenant asking from a fresh port each time never meets one of
+/// the gateway's connection-tracking entries (which sent its query out
+/// unredirected, to be refused).
+#[tokio::test]
+async fn the_tenants_dns_never_collides_with_the_resolvers_own() {
+    if let Some(reason) = missing() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let w = resolved_world();
+    let s = scratch();
+    let gw = launch(&w, s.path(), &[("t", "egress_names = [\"allowed.test\"]")]);
+    let mut t = Tenant::of(&gw, s.path(), "t").await;
+    let py = "import socket, struct\n\
+              q = struct.pack('>HHHHHH', 7, 0x100, 1, 0, 0, 0) + b'\\x07allowed\\x04test\\x00\\x00\\x01\\x00\\x01'\n\
+              ok = bad = 0\n\
+              for i in range(600):\n\
+              \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n\
+              \x20   try:\n\
+              \x20       s.sendto(q, ('10.0.2.3', 53)); r = s.recv(512); ok += r[3] & 15 == 0\n\
+              \x20   except OSError:\n\
+              \x20       bad += 1\n\
+              \x20   s.close()\n\
+              print(ok, bad)";
+    let o = t
+        .run(&["python3".to_owned(), "-c".to_owned(), py.to_owned()])
+        .await;
+    assert_eq!(o.out.trim(), "600 0", "{o:?}");
+}

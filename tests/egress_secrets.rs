@@ -24,11 +24,11 @@ use world::*;
 
 const VALUE: &str = "sk-live-7f3e-secret-value";
 
-fn secret_file(scratch: &Path, value: &str) -> std::path::PathBuf {
+fn secret_file(scratch: &Path, name: &str, value: &str) -> std::path::PathBuf {
     let dir = scratch.join("secrets");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = dir.join("api_key");
+    let path = dir.join(name);
     std::fs::write(&path, format!("{value}\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
@@ -70,13 +70,16 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
     }
     let w = world();
     let s = scratch();
-    let file = secret_file(s.path(), VALUE);
+    let file = secret_file(s.path(), "api_key", VALUE);
+    let big = secret_file(s.path(), "big_key", &"b".repeat(8 << 10));
     let tenant = format!(
         "egress_names = [\"allowed.test\", \"a.cdn.test\", \"shared.test\"]\n\
          http_ca_file = \"{}\"\n\
-         [tenants.t.secrets.API_KEY]\nfile = \"{}\"\nhosts = [\"allowed.test\"]\nsubstitute = true\n",
+         [tenants.t.secrets.API_KEY]\nfile = \"{}\"\nhosts = [\"allowed.test\"]\nsubstitute = true\n\
+         [tenants.t.secrets.BIG_KEY]\nfile = \"{}\"\nhosts = [\"allowed.test\"]\nsubstitute = true\n",
         w.ca().display(),
-        file.display()
+        file.display(),
+        big.display()
     );
     let gw = launch(&w, s.path(), &[("t", tenant.as_str())]);
     let mut t = Tenant::of(&gw, s.path(), "t").await;
@@ -180,6 +183,46 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
     )
     .await;
     assert_eq!(o.code, 60, "{o:?}");
+
+    // A header of placeholders that the values would make into hundreds
+    // of KiB: refused (431) before anything is built.
+    let o = run_plain(
+        &mut t,
+        &sh(&format!(
+            "h=; for i in $(seq 40); do h=\"$h$BIG_KEY\"; done; \
+             {curl} -w '\\nstatus=%{{http_code}}\\n' -H \"X-Many: $h\" https://allowed.test/ 2>/dev/null"
+        )),
+    )
+    .await;
+    assert_eq!(o.status(), "431", "{o:?}");
+
+    // A process started with Codex's `networkProxy` reaches the host
+    // through its own proxy (CONNECT): intercepted there too.
+    t.n += 1;
+    let id = format!("m{}", t.n);
+    t.c.call(
+        "process/start",
+        json!({"processId": id, "argv": sh(&format!(
+                   "{curl} -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>/dev/null")),
+               "cwd": t.root, "tty": false, "env": {"PATH": "/usr/bin:/bin", "HOME": t.root},
+               "networkProxy": {"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 5000}}),
+    )
+    .await;
+    let o = t.collect(&id).await;
+    assert!(
+        o.out.contains(&format!("authorization=Bearer {VALUE}")),
+        "{o:?}"
+    );
+
+    // The gateway's own http/request to the bound host meets the same
+    // interception (and trusts the tenant's CA for it).
+    let r =
+        t.c.call_raw(
+            "http/request",
+            json!({"method": "GET", "url": "https://allowed.test/", "requestId": "h1"}),
+        )
+        .await;
+    assert_eq!(r["result"]["status"], 200, "{r}");
 
     // The value is read per connection: a rotated file is used at once.
     std::fs::write(&file, "rotated-value-2\n").unwrap();

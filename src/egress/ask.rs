@@ -204,6 +204,25 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
         return;
     }
     let live = shared.live.open(&target.host, target.port);
+    // A tunnel to a host a substituting secret is bound to is intercepted
+    // as the transparent path's connections are.
+    if target.forward.is_none()
+        && let Some(sub) = &shared.substitution
+        && sub.intercepts(&target.host, target.port)
+    {
+        super::substitute::intercept::serve(
+            conn,
+            Vec::new(),
+            up,
+            &target.host,
+            target.port,
+            sub,
+            shared,
+            live,
+        )
+        .await;
+        return;
+    }
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
         () = live.closed() => {}

@@ -80,13 +80,24 @@ fn sending(url: &url::Url) -> GatewayError {
 }
 
 /// The TLS client of a tenant's connections out (its `http/request`, its
-/// intercepted ones): the public roots and the tenant's `http_ca_file`;
+/// intercepted ones): the public roots, the tenant's `http_ca_file` and,
+/// for `http/request` of a tenant that intercepts, the tenant's own CA;
 /// HTTP/1.1.
 pub(super) fn client_tls(
     ca_file: Option<&std::path::Path>,
+    tenant_ca: Option<&str>,
 ) -> std::io::Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(pem) = tenant_ca {
+        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(pem.as_bytes()) {
+            let cert: rustls::pki_types::CertificateDer<'static> =
+                cert.map_err(|e| std::io::Error::other(format!("the tenant's CA: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| std::io::Error::other(format!("the tenant's CA: {e}")))?;
+        }
+    }
     if let Some(path) = ca_file {
         let pem = std::fs::read(path)?;
         for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
@@ -114,8 +125,9 @@ impl HttpEgress {
         sockets: Arc<Sockets>,
         secrets: Vec<TenantSecret>,
         ca_file: Option<&std::path::Path>,
+        tenant_ca: Option<&str>,
     ) -> std::io::Result<HttpEgress> {
-        let tls = client_tls(ca_file)?;
+        let tls = client_tls(ca_file, tenant_ca)?;
         Ok(HttpEgress {
             sockets,
             secrets,

@@ -121,13 +121,41 @@ impl Sockets {
         tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
     }
 
-    /// A resolver-marked UDP socket, for the resolver's queries out.
+    /// A resolver-marked UDP socket, for the resolver's queries out, from
+    /// a port in [`RESOLVER_SOURCE_PORTS`]: one no tenant process can have.
+    /// (An ephemeral port, which the tenant's queries also take, left a
+    /// connection-tracking entry behind for 30 s that a tenant query from
+    /// the same port then matched: it went out unredirected and was
+    /// refused, or the gateway's was taken for the tenant's.)
     pub async fn udp_out(&self) -> io::Result<tokio::net::UdpSocket> {
         let fd = self.make(SockType::Datagram).await?;
         socket::setsockopt(&fd, sockopt::Mark, &RESOLVER_MARK)?;
-        tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd))
+        let (lo, hi) = (*RESOLVER_SOURCE_PORTS.start(), *RESOLVER_SOURCE_PORTS.end());
+        let mut r = [0u8; 2];
+        getrandom::fill(&mut r).map_err(io::Error::other)?;
+        let first = u16::from_le_bytes(r) % (hi - lo + 1);
+        let mut last = io::Error::other("no resolver source port free");
+        for i in 0..=(hi - lo) {
+            let port = lo + (first + i) % (hi - lo + 1);
+            let at = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+            match socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &at) {
+                Ok(()) => {
+                    return tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd));
+                }
+                Err(nix::errno::Errno::EADDRINUSE) => {
+                    last = io::Error::from(nix::errno::Errno::EADDRINUSE)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last)
     }
 }
+
+/// The source ports of the resolver's queries out: below 1024, which a
+/// tenant's processes (without `CAP_NET_BIND_SERVICE`) can neither bind nor
+/// be given, and clear of the resolver's and the proxy's own.
+pub const RESOLVER_SOURCE_PORTS: std::ops::RangeInclusive<u16> = 600..=999;
 
 /// A non-blocking IPv4 socket of `kind`, in this thread's namespace.
 fn raw(kind: SockType) -> io::Result<OwnedFd> {

@@ -198,7 +198,7 @@ pub(super) fn build(
             hide,
             phases,
             image,
-            substitution.as_ref().map(|s| s.env()).unwrap_or_default(),
+            substitution.clone(),
         );
         let configured = match configuring {
             None => Ok(()),
@@ -289,7 +289,7 @@ fn build_rest(
     hide: Hide,
     mut phases: Phases,
     image: Option<Arc<crate::image::View>>,
-    added_env: Vec<(String, String)>,
+    substitution: Option<Arc<crate::egress::Substitution>>,
 ) -> Result<Tenant, ConfigError> {
     let layers = ctx.layers;
     let tm = ctx.metrics.tenant(name);
@@ -304,7 +304,7 @@ fn build_rest(
     exec.max_retained_bytes = t.max_retained_output_bytes;
     exec.metrics = tm.clone();
     exec.subscriber_timeout = ctx.slow_client_timeout;
-    exec.added_env = added_env;
+    exec.added_env = substitution.as_ref().map(|s| s.env()).unwrap_or_default();
     phases.mark("network");
     if image.is_some() && !images_possible(t, layers) {
         return Err(ConfigError(format!(
@@ -468,6 +468,9 @@ fn build_rest(
             sockets.clone(),
             t.secrets.clone(),
             t.http_ca_file.as_deref(),
+            // Its requests to a host a substituting secret is bound to
+            // meet the proxy's interception, as the processes' do.
+            substitution.as_ref().map(|s| s.ca_pem()),
         )
         .map_err(|e| ConfigError(format!("tenants.{name}.http_ca_file: {e}")))?;
         backend = backend.with_http(Arc::new(http));

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
+    BasicConstraints, CertificateParams, CidrSubnet, DnType, ExtendedKeyUsagePurpose,
+    GeneralSubtree, IsCa, Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -55,7 +55,12 @@ impl TenantCa {
                 .iter()
                 .map(|s| GeneralSubtree::DnsName(s.clone()))
                 .collect(),
-            excluded_subtrees: Vec::new(),
+            // No address either: a permitted DNS subtree alone leaves IP
+            // names unconstrained (OpenSSL would take a leaf for any).
+            excluded_subtrees: vec![
+                GeneralSubtree::IpAddress(CidrSubnet::V4([0; 4], [0; 4])),
+                GeneralSubtree::IpAddress(CidrSubnet::V6([0; 16], [0; 16])),
+            ],
         });
         (p.not_before, p.not_after) = validity(CA_VALIDITY_DAYS);
         let cert = p.self_signed(&key)?;
@@ -136,7 +141,9 @@ mod tests {
         .with_no_client_auth();
         let (a, b) = tokio::io::duplex(64 << 10);
         let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config(name)?);
-        let server = tokio::spawn(async move { acceptor.accept(b).await.map(|_| ()) });
+        let server = crate::task::start("test-acceptor", async move {
+            acceptor.accept(b).await.map(|_| ())
+        });
         let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
         let r = tokio_rustls::TlsConnector::from(Arc::new(client))
             .connect(server_name, a)
@@ -155,6 +162,8 @@ mod tests {
         // Signed, yet refused by the client: outside the name constraints
         // (were the key ever taken, it could not pass for another site).
         let e = handshake(&ca, "bank.test").await.unwrap_err();
+        assert!(e.to_lowercase().contains("name"), "{e}");
+        let e = handshake(&ca, "93.184.215.11").await.unwrap_err();
         assert!(e.to_lowercase().contains("name"), "{e}");
         assert!(!ca.pem().contains("PRIVATE"));
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper::header::{HOST, HeaderValue, UPGRADE};
+use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue, TRANSFER_ENCODING, UPGRADE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -28,8 +28,11 @@ use crate::egress::{Decision, Shared, Via};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request's head may take to arrive.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest request head read.
+/// The largest request head taken (its headers' names and values).
 const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The largest its headers may grow to with the values put in (a header
+/// of placeholders must not make the gateway build megabytes).
+pub const MAX_SUBSTITUTED_HEAD_BYTES: usize = 256 << 10;
 
 type Body = Either<Incoming, Full<Bytes>>;
 
@@ -80,6 +83,8 @@ impl AsyncWrite for Replayed {
 #[derive(Default)]
 struct Tally {
     requests: AtomicU64,
+    /// Requests naming another host (answered 421).
+    misdirected: AtomicU64,
     substituted: parking_lot::Mutex<BTreeSet<String>>,
 }
 
@@ -135,6 +140,9 @@ pub(in crate::egress) async fn serve(
             return;
         }
     };
+    // The handshake's records go out as written (Nagle would hold the
+    // last behind the client's delayed ACK: 40 ms a connection).
+    let _ = client.set_nodelay(true);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let replayed = Replayed {
         first,
@@ -167,6 +175,7 @@ pub(in crate::egress) async fn serve(
         values: sub.values(&shared.tenant, name, port),
         sender: tokio::sync::Mutex::new(sender),
         tally: Tally::default(),
+        upgrade: parking_lot::Mutex::new(None),
     });
     let service = {
         let ctx = ctx.clone();
@@ -178,14 +187,32 @@ pub(in crate::egress) async fn serve(
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES)
+        .max_buf_size(2 * MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(down), service)
         .with_upgrades();
+    // An upgraded connection (a WebSocket) is still this one: it holds
+    // the tenant's connection slot and closes with a policy change.
+    let upgraded = async {
+        let _ = served.await;
+        let upgrade = ctx.upgrade.lock().take();
+        if let Some(u) = upgrade {
+            let _ = u.await;
+        }
+    };
     tokio::select! {
-        _ = served => {}
+        () = upgraded => {}
         () = live.closed() => {}
     }
+    if let Some(u) = ctx.upgrade.lock().take() {
+        u.abort();
+    }
     upstream_conn.abort();
+    let misdirected = ctx.tally.misdirected.load(Ordering::Relaxed);
+    if misdirected > 0 {
+        deny(&format!(
+            "{misdirected} request(s) on the intercepted connection named another host (421)"
+        ));
+    }
     let used = std::mem::take(&mut *ctx.tally.substituted.lock());
     let requests = ctx.tally.requests.load(Ordering::Relaxed);
     if !used.is_empty() || ctx.tally.requests.load(Ordering::Relaxed) > 0 {
@@ -212,6 +239,8 @@ struct Forward {
     values: Vec<Value>,
     sender: tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
     tally: Tally,
+    /// The copy of an upgraded connection, once there is one.
+    upgrade: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
@@ -251,6 +280,7 @@ impl Forward {
             .chain(req.uri().authority().map(|a| a.as_str().to_owned()))
             .collect();
         if hosts.is_empty() || !hosts.iter().all(|h| self.same_host(h)) {
+            self.tally.misdirected.fetch_add(1, Ordering::Relaxed);
             return plain(
                 StatusCode::MISDIRECTED_REQUEST,
                 "this connection's requests must name its host (Host and TLS name differ)",
@@ -266,6 +296,32 @@ impl Forward {
                 Ok(u) => *req.uri_mut() = u,
                 Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target"),
             }
+        }
+        // One framing only on the way on: a body that is chunked has no
+        // length besides (the host reads what hyper framed, nothing of the
+        // body as a request of its own).
+        if req.headers().contains_key(TRANSFER_ENCODING) {
+            req.headers_mut().remove(CONTENT_LENGTH);
+        }
+        let head: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if head > MAX_HEAD_BYTES {
+            return plain(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request headers over 64 KiB",
+            );
+        }
+        // What the values would make of them, counted before anything is
+        // built.
+        let grown: usize = req.headers().values().map(|v| self.grown_len(v)).sum();
+        if head + grown > MAX_SUBSTITUTED_HEAD_BYTES {
+            return plain(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request headers over 256 KiB with the secrets' values in",
+            );
         }
         for v in req.headers_mut().values_mut() {
             if let Some(new) = self.substituted(v) {
@@ -291,14 +347,33 @@ impl Forward {
             && let Some(client_upgrade) = client_upgrade
         {
             let host_upgrade = hyper::upgrade::on(&mut resp);
-            crate::task::start("egress-intercept-upgrade", async move {
+            let copy = crate::task::start("egress-intercept-upgrade", async move {
                 if let (Ok(c), Ok(h)) = (client_upgrade.await, host_upgrade.await) {
                     let (mut c, mut h) = (TokioIo::new(c), TokioIo::new(h));
                     let _ = tokio::io::copy_bidirectional(&mut c, &mut h).await;
                 }
             });
+            *self.upgrade.lock() = Some(copy);
         }
         resp.map(Either::Left)
+    }
+
+    /// How many bytes `v` gains with its placeholders replaced.
+    fn grown_len(&self, v: &HeaderValue) -> usize {
+        let bytes = v.as_bytes();
+        self.values
+            .iter()
+            .map(|x| {
+                let p = x.placeholder.as_bytes();
+                let mut n = 0;
+                let mut at = 0;
+                while let Some(i) = bytes[at..].windows(p.len()).position(|w| w == p) {
+                    n += 1;
+                    at += i + p.len();
+                }
+                n * x.value.len().saturating_sub(p.len())
+            })
+            .sum()
     }
 
     /// `v` with every bound placeholder in it replaced by its value, if it

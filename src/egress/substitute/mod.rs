@@ -92,7 +92,7 @@ impl Substitution {
         Ok(Some(Arc::new(Substitution {
             ca,
             secrets,
-            upstream: super::http::client_tls(ca_file)?,
+            upstream: super::http::client_tls(ca_file, None)?,
         })))
     }
 
