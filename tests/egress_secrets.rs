@@ -16,23 +16,10 @@ mod common;
 #[path = "egress_world/world.rs"]
 mod world;
 
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
-
 use serde_json::json;
 use world::*;
 
 const VALUE: &str = "sk-live-7f3e-secret-value";
-
-fn secret_file(scratch: &Path, name: &str, value: &str) -> std::path::PathBuf {
-    let dir = scratch.join("secrets");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, format!("{value}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    path
-}
 
 /// `argv` in the tenant with an environment of the client's that sets
 /// neither the secret's variable nor a CA bundle (the gateway's apply).

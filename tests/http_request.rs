@@ -76,13 +76,9 @@ fn host(w: &World, argv: &[&str]) -> std::process::Output {
 }
 
 fn secret_file(scratch: &Path, name: &str, value: &str) -> String {
-    let dir = scratch.join("secrets");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, format!("{value}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    path.display().to_string()
+    world::secret_file(scratch, name, value)
+        .display()
+        .to_string()
 }
 
 /// `[tenants.T.secrets.NAME]` bound to `hosts` (TOML array text).

@@ -28,9 +28,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Each direction's copy buffer.
 const COPY_BUFFER: usize = 64 << 10;
 
-/// What a refused TLS client reads: a fatal `access_denied` alert.
-const TLS_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31];
-
 /// Accept the tenant's redirected connections until its egress ends.
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     loop {
@@ -299,18 +296,10 @@ fn sniff_final(buf: &[u8]) -> Sniff {
     }
 }
 
-/// Refuse a TLS client (a fatal `access_denied` alert) and close.
-pub(super) async fn refuse_tls(client: TcpStream) {
-    refuse(client, Some(Proto::Tls), None).await;
-}
-
 /// Tell a refused client why, in its protocol, and close.
 async fn refuse(mut client: TcpStream, proto: Option<Proto>, name: Option<&str>) {
     match proto {
-        Some(Proto::Tls) => {
-            let _ = client.write_all(&TLS_ACCESS_DENIED).await;
-            let _ = client.shutdown().await;
-        }
+        Some(Proto::Tls) => super::sniff::refuse_tls(client).await,
         Some(Proto::Http) => {
             let body = format!(
                 "exec-gateway: egress to {} is not allowed for this tenant (egress_names)\n",

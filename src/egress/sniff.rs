@@ -221,6 +221,16 @@ fn looks_like_method(buf: &[u8]) -> bool {
     (3..=10).contains(&token.len()) && buf.get(token.len()) == Some(&b' ')
 }
 
+/// What a refused TLS client reads: a fatal `access_denied` alert.
+pub const TLS_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31];
+
+/// Refuse a TLS client with [`TLS_ACCESS_DENIED`] and close.
+pub async fn refuse_tls(mut client: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+    let _ = client.shutdown().await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

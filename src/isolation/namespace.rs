@@ -553,34 +553,26 @@ impl Namespace {
                     std::ptr::null(),
                 ))?;
             }
-            if let Some(tree) = resolv_tree {
-                // Over the file a symlink there names (systemd-resolved's
-                // stub): the host's own view is untouched. A host without
-                // one has nothing to cover.
+            // The tenant's resolv.conf, and its CA bundle (an intercepting
+            // egress), over the host's: over the file a symlink there names
+            // (systemd-resolved's stub), in this namespace only; a host
+            // without one has nothing to cover.
+            for (tree, path) in [
+                (resolv_tree, c"/etc/resolv.conf"),
+                (bundle_tree, c"/etc/ssl/certs/ca-certificates.crt"),
+            ] {
+                let Some(tree) = tree else { continue };
                 let r = libc::syscall(
                     libc::SYS_move_mount,
                     tree,
                     c"".as_ptr(),
                     libc::AT_FDCWD,
-                    c"/etc/resolv.conf".as_ptr(),
+                    path.as_ptr(),
                     MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS,
                 );
-                hidden(r as libc::c_int)?;
+                let covered = hidden(r as libc::c_int);
                 libc::close(tree);
-            }
-            if let Some(tree) = bundle_tree {
-                // Over the host's bundle (a link there: the file it names),
-                // in this namespace only.
-                let r = libc::syscall(
-                    libc::SYS_move_mount,
-                    tree,
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    c"/etc/ssl/certs/ca-certificates.crt".as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS,
-                );
-                hidden(r as libc::c_int)?;
-                libc::close(tree);
+                covered?;
             }
             if let Some(tmp_tree) = tmp_tree {
                 check(libc::syscall(

@@ -369,3 +369,15 @@ impl Tenant {
         self.run(&probe_argv(true, steps)).await
     }
 }
+
+/// A secret's file `scratch/secrets/name` holding `value` and a newline,
+/// readable (the gateway hides it from tenants, not the mode).
+pub fn secret_file(scratch: &Path, name: &str, value: &str) -> PathBuf {
+    let dir = scratch.join("secrets");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{value}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    path
+}

@@ -122,12 +122,12 @@ pub(in crate::egress) async fn serve(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             deny(&format!("the host's TLS: {e}"));
-            super::super::proxy::refuse_tls(client).await;
+            super::super::sniff::refuse_tls(client).await;
             return;
         }
         Err(_) => {
             deny("the host's TLS: timed out");
-            super::super::proxy::refuse_tls(client).await;
+            super::super::sniff::refuse_tls(client).await;
             return;
         }
     };
@@ -136,7 +136,7 @@ pub(in crate::egress) async fn serve(
         Err(e) => {
             tracing::warn!(tenant = %shared.tenant, name, error = %e, "egress: cannot make the intercepting certificate");
             deny("intercepting certificate");
-            super::super::proxy::refuse_tls(client).await;
+            super::super::sniff::refuse_tls(client).await;
             return;
         }
     };
