@@ -1,5 +1,5 @@
 //! `exec-gateway-bench`: starts the gateway as a separate process and
-//! measures each figure of the README's benchmark table next to its
+//! measures each figure of the benchmark table (docs/benchmarks.md) next to its
 //! baseline, in the same run, printing the ratio. With `--reference PATH`
 //! the same client also measures `codex exec-server` (the reference) side
 //! by side.

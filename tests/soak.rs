@@ -1,5 +1,5 @@
 //! A minute of the reliability soak (`exec-gateway-bench --soak
-//! --reliability`, README "Benchmarks"): a mixed workload on both doors in
+//! --reliability`, docs/benchmarks.md): a mixed workload on both doors in
 //! three tenants while a worker is killed, every connection is reset and a
 //! client stalls. Every operation must succeed or fail exactly as the docs
 //! promise for the chaos that hit it; everything else is byte-exact.
