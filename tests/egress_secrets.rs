@@ -201,6 +201,34 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
         "{o:?}"
     );
 
+    // A tunnel to a bound host that is not TLS (a server that speaks
+    // first, as SSH) is joined as it is, not intercepted.
+    let py = "import base64, os, socket, urllib.parse as p\n\
+              u = p.urlsplit(os.environ['HTTPS_PROXY'])\n\
+              a = base64.b64encode(f'{u.username}:{u.password}'.encode()).decode()\n\
+              s = socket.create_connection((u.hostname, u.port), timeout=10)\n\
+              s.sendall(f'CONNECT allowed.test:2222 HTTP/1.1\\r\\nHost: allowed.test:2222\\r\\nProxy-Authorization: Basic {a}\\r\\n\\r\\n'.encode())\n\
+              got = b''\n\
+              while b'ssh-like' not in got:\n\
+              \x20   c = s.recv(4096)\n\
+              \x20   if not c: break\n\
+              \x20   got += c\n\
+              print(got.decode(errors='replace'))";
+    t.n += 1;
+    let id = format!("m{}", t.n);
+    t.c.call(
+        "process/start",
+        json!({"processId": id, "argv": ["python3", "-c", py],
+               "cwd": t.root, "tty": false, "env": {"PATH": "/usr/bin:/bin", "HOME": t.root},
+               "networkProxy": {"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 5000}}),
+    )
+    .await;
+    let o = t.collect(&id).await;
+    assert!(
+        o.out.contains(" 200 ") && o.out.contains("ssh-like"),
+        "{o:?}"
+    );
+
     // The gateway's own http/request to the bound host meets the same
     // interception (and trusts the tenant's CA for it).
     let r =

@@ -209,6 +209,7 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
     if target.forward.is_none()
         && let Some(sub) = &shared.substitution
         && sub.intercepts(&target.host, target.port)
+        && speaks_tls(&conn, &up).await
     {
         super::substitute::intercept::serve(
             conn,
@@ -226,6 +227,18 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
         () = live.closed() => {}
+    }
+}
+
+/// Whether a tunnel's client opens with a TLS handshake (its first byte
+/// a handshake record), read without taking it; a server that speaks
+/// first (SSH) or a client that sends something else is not TLS.
+async fn speaks_tls(conn: &TcpStream, up: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    tokio::select! {
+        r = conn.peek(&mut first) => matches!(r, Ok(1)) && first[0] == 0x16,
+        _ = up.readable() => false,
+        () = tokio::time::sleep(std::time::Duration::from_secs(10)) => false,
     }
 }
 

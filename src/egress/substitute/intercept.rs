@@ -28,8 +28,9 @@ use crate::egress::{Decision, Shared, Via};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request's head may take to arrive.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest request head taken (its headers' names and values).
-const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The largest request head taken (its headers' names and values): room
+/// for a secret of the largest size `http/request` may already have put in.
+const MAX_HEAD_BYTES: usize = 128 << 10;
 /// The largest its headers may grow to with the values put in (a header
 /// of placeholders must not make the gateway build megabytes).
 pub const MAX_SUBSTITUTED_HEAD_BYTES: usize = 256 << 10;
@@ -85,6 +86,8 @@ struct Tally {
     requests: AtomicU64,
     /// Requests naming another host (answered 421).
     misdirected: AtomicU64,
+    /// Requests whose headers were too large (answered 431).
+    refused: AtomicU64,
     substituted: parking_lot::Mutex<BTreeSet<String>>,
 }
 
@@ -213,9 +216,15 @@ pub(in crate::egress) async fn serve(
             "{misdirected} request(s) on the intercepted connection named another host (421)"
         ));
     }
+    let refused = ctx.tally.refused.load(Ordering::Relaxed);
+    if refused > 0 {
+        deny(&format!(
+            "{refused} request(s) on the intercepted connection had headers over the bounds (431)"
+        ));
+    }
     let used = std::mem::take(&mut *ctx.tally.substituted.lock());
     let requests = ctx.tally.requests.load(Ordering::Relaxed);
-    if !used.is_empty() || ctx.tally.requests.load(Ordering::Relaxed) > 0 {
+    if !used.is_empty() {
         crate::audit::emit(
             "egress.substituted",
             &crate::audit::Who {
@@ -309,15 +318,17 @@ impl Forward {
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum();
         if head > MAX_HEAD_BYTES {
+            self.tally.refused.fetch_add(1, Ordering::Relaxed);
             return plain(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request headers over 64 KiB",
+                "request headers over 128 KiB",
             );
         }
         // What the values would make of them, counted before anything is
         // built.
         let grown: usize = req.headers().values().map(|v| self.grown_len(v)).sum();
         if head + grown > MAX_SUBSTITUTED_HEAD_BYTES {
+            self.tally.refused.fetch_add(1, Ordering::Relaxed);
             return plain(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "request headers over 256 KiB with the secrets' values in",
@@ -392,14 +403,42 @@ impl Forward {
         if present.is_empty() {
             return None;
         }
-        let mut text = String::from_utf8_lossy(bytes).into_owned();
+        // Bytes, not text: what surrounds a placeholder goes on as it came.
+        let mut out = bytes.to_vec();
         let mut used = self.tally.substituted.lock();
         for x in present {
-            text = text.replace(&x.placeholder, &x.value);
+            out = replace_all(&out, x.placeholder.as_bytes(), x.value.as_bytes());
             used.insert(x.secret.clone());
         }
-        let mut out = HeaderValue::from_str(&text).ok()?;
+        let mut out = HeaderValue::from_bytes(&out).ok()?;
         out.set_sensitive(true);
         Some(out)
+    }
+}
+
+/// `hay` with every `needle` in it replaced by `with`.
+fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hay.len());
+    let mut at = 0;
+    while let Some(i) = hay[at..].windows(needle.len()).position(|w| w == needle) {
+        out.extend_from_slice(&hay[at..at + i]);
+        out.extend_from_slice(with);
+        at += i + needle.len();
+    }
+    out.extend_from_slice(&hay[at..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_all;
+
+    #[test]
+    fn only_the_placeholder_changes() {
+        assert_eq!(
+            replace_all(b"\xffBearer PH and PH\xfe", b"PH", b"value"),
+            b"\xffBearer value and value\xfe".to_vec()
+        );
+        assert_eq!(replace_all(b"none", b"PH", b"v"), b"none".to_vec());
     }
 }
