@@ -229,6 +229,62 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
         "{o:?}"
     );
 
+    // An upgraded connection (a WebSocket's handshake, substituted) goes
+    // on as a byte stream, and a policy change that drops the host closes
+    // it like any other.
+    let trigger = t.root.join("trigger").display().to_string();
+    let py = format!(
+        "import os, socket, ssl, time\n\
+         s = ssl.create_default_context().wrap_socket(socket.create_connection(('allowed.test', 8443), timeout=10), server_hostname='allowed.test')\n\
+         s.sendall(('GET / HTTP/1.1\\r\\nHost: allowed.test:8443\\r\\nConnection: Upgrade\\r\\nUpgrade: echo\\r\\nAuthorization: Bearer ' + os.environ['API_KEY'] + '\\r\\n\\r\\n').encode())\n\
+         head = b''\n\
+         while b'\\r\\n\\r\\n' not in head: head += s.recv(4096)\n\
+         s.sendall(b'ping'); got = s.recv(4096)\n\
+         print('head=' + repr(head) + ' echo=' + got.decode(), flush=True)\n\
+         while not os.path.exists('{trigger}'): time.sleep(0.05)\n\
+         try:\n\
+         \x20   s.sendall(b'pong'); got = s.recv(4096)\n\
+         \x20   print('after=' + ('closed:eof' if not got else 'ok:' + got.decode()), flush=True)\n\
+         except OSError as e:\n\
+         \x20   print('after=closed:' + e.__class__.__name__, flush=True)\n"
+    );
+    t.n += 1;
+    let id = format!("u{}", t.n);
+    t.c.call(
+        "process/start",
+        json!({"processId": id, "argv": ["python3", "-c", py], "cwd": t.root, "tty": false,
+               "env": {"PATH": "/usr/bin:/bin", "HOME": t.root}}),
+    )
+    .await;
+    let first = t.c.first_line(&id).await;
+    assert!(
+        first.contains(" 101 ")
+            && first
+                .to_lowercase()
+                .contains(&format!("x-authorization: bearer {VALUE}"))
+            && first.ends_with("echo=ping"),
+        "{first}"
+    );
+    let mut admin =
+        common::Client::connect(&gw.url, &common::mint(&gw.secret, "t", "exec egress")).await;
+    admin.initialize().await;
+    let r = admin
+        .call(
+            "gateway/egress/set",
+            json!({"names": ["a.cdn.test", "shared.test"]}),
+        )
+        .await;
+    assert!(r["closed"].as_u64().unwrap_or(0) >= 1, "{r}");
+    std::fs::write(&trigger, "").unwrap();
+    let o = t.collect(&id).await;
+    assert!(o.out.contains("after=closed"), "{o:?}");
+    admin
+        .call(
+            "gateway/egress/set",
+            json!({"names": ["allowed.test", "a.cdn.test", "shared.test"]}),
+        )
+        .await;
+
     // The gateway's own http/request to the bound host meets the same
     // interception (and trusts the tenant's CA for it).
     let r =

@@ -112,6 +112,32 @@ def tls(s, text, ctx):
         forever(one, s.accept()[0])
 
 
+def upgrade(s, ctx):
+    # Answers a request that asks to upgrade with 101 (its Authorization
+    # echoed in X-Authorization), then echoes bytes until closed.
+    def one(c):
+        try:
+            with ctx.wrap_socket(c, server_side=True) as t:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = t.recv(4096)
+                    if not chunk:
+                        return
+                    head += chunk
+                auth = "-"
+                for line in head.split(b"\r\n")[1:]:
+                    if line.lower().startswith(b"authorization:"):
+                        auth = line.split(b":", 1)[1].strip().decode()
+                t.sendall(("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                           f"Upgrade: echo\r\nX-Authorization: {auth}\r\n\r\n").encode())
+                while data := t.recv(4096):
+                    t.sendall(data)
+        except OSError:
+            c.close()
+    while True:
+        forever(one, s.accept()[0])
+
+
 def udp(s, label):
     while True:
         data, peer = s.recvfrom(2048)
@@ -132,6 +158,7 @@ WORLD = [
     "http,93.184.215.12,80,server-12",
     "http,93.184.215.13,80,server-13",
     "banner,93.184.215.10,2222,ssh-like",
+    f"upgrade,93.184.215.10,8443,-,{PKI}/s10",
     "banner,93.184.215.11,2222,ssh-like-11",
     "banner,10.77.0.1,8080,private",
     "udp,93.184.215.10,443,quic",
@@ -150,6 +177,8 @@ for spec in WORLD:
         forever(banner, listener(addr, port), arg)
     elif kind == "tls":
         forever(tls, listener(addr, port), arg, context(rest[0]))
+    elif kind == "upgrade":
+        forever(upgrade, listener(addr, port), context(rest[0]))
     elif kind == "udp":
         forever(udp, listener(addr, port, socket.SOCK_DGRAM), arg)
     else:

@@ -179,6 +179,7 @@ pub(in crate::egress) async fn serve(
         sender: tokio::sync::Mutex::new(sender),
         tally: Tally::default(),
         upgrade: parking_lot::Mutex::new(None),
+        upgrade_abort: parking_lot::Mutex::new(None),
     });
     let service = {
         let ctx = ctx.clone();
@@ -206,8 +207,10 @@ pub(in crate::egress) async fn serve(
         () = upgraded => {}
         () = live.closed() => {}
     }
-    if let Some(u) = ctx.upgrade.lock().take() {
-        u.abort();
+    // (The select may have dropped the handle it was awaiting: dropping
+    // does not stop a task, its abort handle does.)
+    if let Some(a) = ctx.upgrade_abort.lock().take() {
+        a.abort();
     }
     upstream_conn.abort();
     let misdirected = ctx.tally.misdirected.load(Ordering::Relaxed);
@@ -250,6 +253,7 @@ struct Forward {
     tally: Tally,
     /// The copy of an upgraded connection, once there is one.
     upgrade: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    upgrade_abort: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
@@ -364,6 +368,7 @@ impl Forward {
                     let _ = tokio::io::copy_bidirectional(&mut c, &mut h).await;
                 }
             });
+            *self.upgrade_abort.lock() = Some(copy.abort_handle());
             *self.upgrade.lock() = Some(copy);
         }
         resp.map(Either::Left)
