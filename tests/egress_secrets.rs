@@ -24,15 +24,33 @@ const VALUE: &str = "sk-live-7f3e-secret-value";
 /// `argv` in the tenant with an environment of the client's that sets
 /// neither the secret's variable nor a CA bundle (the gateway's apply).
 async fn run_plain(t: &mut Tenant, argv: &[String]) -> Out {
+    run_with(t, argv, false).await
+}
+
+/// `run_plain`, started with Codex's `networkProxy` when `proxied` (a
+/// proxy of its own in `HTTPS_PROXY`).
+async fn run_with(t: &mut Tenant, argv: &[String], proxied: bool) -> Out {
     t.n += 1;
     let id = format!("p{}", t.n);
-    t.c.call(
-        "process/start",
-        json!({"processId": id, "argv": argv, "cwd": t.root, "tty": false,
-               "env": {"PATH": "/usr/bin:/bin", "HOME": t.root}}),
-    )
-    .await;
+    let mut params = json!({"processId": id, "argv": argv, "cwd": t.root, "tty": false,
+                            "env": {"PATH": "/usr/bin:/bin", "HOME": t.root}});
+    if proxied {
+        params["networkProxy"] =
+            json!({"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 5000});
+    }
+    t.c.call("process/start", params).await;
     t.collect(&id).await
+}
+
+/// curl (bounded, verbose on stderr, the status after the body) in the
+/// tenant with `Authorization: Bearer $API_KEY` (the placeholder) and
+/// `args`.
+async fn curl(t: &mut Tenant, args: &str) -> Out {
+    let script = format!(
+        "curl -sS -v --connect-timeout 5 --max-time 10 -w '\\nstatus=%{{http_code}}\\n' \
+         -H \"Authorization: Bearer $API_KEY\" {args}"
+    );
+    run_plain(t, &sh(&script)).await
 }
 
 fn sh(script: &str) -> Vec<String> {
@@ -99,14 +117,7 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
 
     // curl, trusting the system bundle (no --cacert): the bound host gets
     // the value, and the certificate curl met is the tenant CA's.
-    let curl = "curl -sS -v --connect-timeout 5 --max-time 10";
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "{curl} -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>err; cat err >&2"
-        )),
-    )
-    .await;
+    let o = curl(&mut t, "https://allowed.test/").await;
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.out.starts_with("server-10 "), "{o:?}");
     assert!(
@@ -132,13 +143,7 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
 
     // Another allowed host is not intercepted: it gets the placeholder,
     // over its own certificate (the world CA's, as the tenant's file).
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "{curl} --cacert ca.pem -H \"Authorization: Bearer $API_KEY\" https://a.cdn.test/ 2>/dev/null"
-        )),
-    )
-    .await;
+    let o = curl(&mut t, "--cacert ca.pem https://a.cdn.test/").await;
     assert!(o.out.starts_with("server-12 "), "{o:?}");
     assert!(
         o.out
@@ -149,53 +154,27 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
 
     // A Host naming another site on the bound host's address (domain
     // fronting): 421, the value sent nowhere.
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "{curl} -w '\\nstatus=%{{http_code}}\\n' -H 'Host: shared.test' -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>/dev/null"
-        )),
-    )
-    .await;
+    let o = curl(&mut t, "-H 'Host: shared.test' https://allowed.test/").await;
     assert_eq!(o.status(), "421", "{o:?}");
     assert!(!o.out.contains(VALUE), "{o:?}");
 
     // A client that trusts only the host's real CA (as one pinning the
     // host's certificate would) refuses the interception: the price of
     // substitution, which is why it is per secret.
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "{curl} --cacert ca.pem -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>&1"
-        )),
-    )
-    .await;
+    let o = curl(&mut t, "--cacert ca.pem https://allowed.test/").await;
     assert_eq!(o.code, 60, "{o:?}");
 
     // A header of placeholders that the values would make into hundreds
     // of KiB: refused (431) before anything is built.
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "h=; for i in $(seq 40); do h=\"$h$BIG_KEY\"; done; \
-             {curl} -w '\\nstatus=%{{http_code}}\\n' -H \"X-Many: $h\" https://allowed.test/ 2>/dev/null"
-        )),
-    )
-    .await;
+    let many = "-H \"X-Many: $(for i in $(seq 40); do printf %s \"$BIG_KEY\"; done)\"";
+    let o = curl(&mut t, &format!("{many} https://allowed.test/")).await;
     assert_eq!(o.status(), "431", "{o:?}");
 
     // A process started with Codex's `networkProxy` reaches the host
     // through its own proxy (CONNECT): intercepted there too.
-    t.n += 1;
-    let id = format!("m{}", t.n);
-    t.c.call(
-        "process/start",
-        json!({"processId": id, "argv": sh(&format!(
-                   "{curl} -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>/dev/null")),
-               "cwd": t.root, "tty": false, "env": {"PATH": "/usr/bin:/bin", "HOME": t.root},
-               "networkProxy": {"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 5000}}),
-    )
-    .await;
-    let o = t.collect(&id).await;
+    let argv =
+        sh("curl -sS --max-time 10 -H \"Authorization: Bearer $API_KEY\" https://allowed.test/");
+    let o = run_with(&mut t, &argv, true).await;
     assert!(
         o.out.contains(&format!("authorization=Bearer {VALUE}")),
         "{o:?}"
@@ -214,16 +193,8 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
               \x20   if not c: break\n\
               \x20   got += c\n\
               print(got.decode(errors='replace'))";
-    t.n += 1;
-    let id = format!("m{}", t.n);
-    t.c.call(
-        "process/start",
-        json!({"processId": id, "argv": ["python3", "-c", py],
-               "cwd": t.root, "tty": false, "env": {"PATH": "/usr/bin:/bin", "HOME": t.root},
-               "networkProxy": {"proxy": {"enabled": true}, "policyDecisionTimeoutMs": 5000}}),
-    )
-    .await;
-    let o = t.collect(&id).await;
+    let argv = ["python3".to_owned(), "-c".to_owned(), py.to_owned()];
+    let o = run_with(&mut t, &argv, true).await;
     assert!(
         o.out.contains(" 200 ") && o.out.contains("ssh-like"),
         "{o:?}"
@@ -297,13 +268,7 @@ async fn a_placeholder_becomes_the_value_only_at_its_host() {
 
     // The value is read per connection: a rotated file is used at once.
     std::fs::write(&file, "rotated-value-2\n").unwrap();
-    let o = run_plain(
-        &mut t,
-        &sh(&format!(
-            "{curl} -H \"Authorization: Bearer $API_KEY\" https://allowed.test/ 2>/dev/null"
-        )),
-    )
-    .await;
+    let o = curl(&mut t, "https://allowed.test/").await;
     assert!(
         o.out.contains("authorization=Bearer rotated-value-2"),
         "{o:?}"

@@ -230,6 +230,10 @@ async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: &Shared, asker: &
     }
 }
 
+/// How long a tunnel to an intercepted host waits for either end's first
+/// byte before it is joined as it is.
+const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Whether a tunnel's client opens with a TLS handshake (its first byte
 /// a handshake record), read without taking it; a server that speaks
 /// first (SSH) or a client that sends something else is not TLS.
@@ -238,7 +242,7 @@ async fn speaks_tls(conn: &TcpStream, up: &TcpStream) -> bool {
     tokio::select! {
         r = conn.peek(&mut first) => matches!(r, Ok(1)) && first[0] == 0x16,
         _ = up.readable() => false,
-        () = tokio::time::sleep(std::time::Duration::from_secs(10)) => false,
+        () = tokio::time::sleep(FIRST_BYTES_TIMEOUT) => false,
     }
 }
 

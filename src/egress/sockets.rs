@@ -134,21 +134,17 @@ impl Sockets {
         let mut r = [0u8; 2];
         getrandom::fill(&mut r).map_err(io::Error::other)?;
         let first = u16::from_le_bytes(r) % (hi - lo + 1);
-        let mut last = io::Error::other("no resolver source port free");
+        // From a random one on, the first free.
         for i in 0..=(hi - lo) {
             let port = lo + (first + i) % (hi - lo + 1);
             let at = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
             match socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &at) {
-                Ok(()) => {
-                    return tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd));
-                }
-                Err(nix::errno::Errno::EADDRINUSE) => {
-                    last = io::Error::from(nix::errno::Errno::EADDRINUSE)
-                }
+                Ok(()) => return tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(fd)),
+                Err(nix::errno::Errno::EADDRINUSE) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(last)
+        Err(io::Error::from(nix::errno::Errno::EADDRINUSE))
     }
 }
 

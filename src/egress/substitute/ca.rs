@@ -80,15 +80,13 @@ impl TenantCa {
     /// The TLS server the tenant's connection to `name` meets: a
     /// certificate for `name` signed by this CA; HTTP/1.1 only.
     pub fn server_config(&self, name: &str) -> Result<Arc<rustls::ServerConfig>, String> {
-        let mut configs = self.configs.lock();
-        if let Some((made, c)) = configs.get(name)
+        if let Some((made, c)) = self.configs.lock().get(name)
             && made.elapsed() < LEAF_REUSE
         {
             return Ok(c.clone());
         }
-        if configs.len() >= MAX_INTERCEPTED_NAMES {
-            configs.clear();
-        }
+        // Made outside the lock: other names' connections do not wait on
+        // a key being generated.
         let key = KeyPair::generate().map_err(|e| e.to_string())?;
         let mut p = CertificateParams::new(vec![name.to_owned()]).map_err(|e| e.to_string())?;
         p.distinguished_name.push(DnType::CommonName, name);
@@ -109,6 +107,10 @@ impl TenantCa {
         .map_err(|e| e.to_string())?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let config = Arc::new(config);
+        let mut configs = self.configs.lock();
+        if configs.len() >= MAX_INTERCEPTED_NAMES {
+            configs.clear();
+        }
         configs.insert(name.to_owned(), (Instant::now(), config.clone()));
         Ok(config)
     }

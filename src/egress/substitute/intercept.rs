@@ -179,7 +179,6 @@ pub(in crate::egress) async fn serve(
         sender: tokio::sync::Mutex::new(sender),
         tally: Tally::default(),
         upgrade: parking_lot::Mutex::new(None),
-        upgrade_abort: parking_lot::Mutex::new(None),
     });
     let service = {
         let ctx = ctx.clone();
@@ -196,21 +195,19 @@ pub(in crate::egress) async fn serve(
         .with_upgrades();
     // An upgraded connection (a WebSocket) is still this one: it holds
     // the tenant's connection slot and closes with a policy change.
-    let upgraded = async {
-        let _ = served.await;
-        let upgrade = ctx.upgrade.lock().take();
-        if let Some(u) = upgrade {
-            let _ = u.await;
-        }
+    let closed = tokio::select! {
+        _ = served => false,
+        () = live.closed() => true,
     };
-    tokio::select! {
-        () = upgraded => {}
-        () = live.closed() => {}
-    }
-    // (The select may have dropped the handle it was awaiting: dropping
-    // does not stop a task, its abort handle does.)
-    if let Some(a) = ctx.upgrade_abort.lock().take() {
-        a.abort();
+    let upgrade = ctx.upgrade.lock().take();
+    if let Some(mut copy) = upgrade {
+        if !closed {
+            tokio::select! {
+                _ = &mut copy => {}
+                () = live.closed() => {}
+            }
+        }
+        copy.abort();
     }
     upstream_conn.abort();
     let misdirected = ctx.tally.misdirected.load(Ordering::Relaxed);
@@ -253,7 +250,6 @@ struct Forward {
     tally: Tally,
     /// The copy of an upgraded connection, once there is one.
     upgrade: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    upgrade_abort: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
@@ -368,7 +364,6 @@ impl Forward {
                     let _ = tokio::io::copy_bidirectional(&mut c, &mut h).await;
                 }
             });
-            *self.upgrade_abort.lock() = Some(copy.abort_handle());
             *self.upgrade.lock() = Some(copy);
         }
         resp.map(Either::Left)
