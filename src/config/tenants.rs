@@ -506,6 +506,12 @@ pub(super) fn validate_tenant_at(
             read_file_reply_bytes(max_read_file_bytes)
         )));
     }
+    // A secret the egress proxy puts in needs the proxy (checked below).
+    let substituting = t
+        .secrets
+        .iter()
+        .find(|(_, s)| s.substitute)
+        .map(|(n, _)| n.clone());
     Ok(TenantSettings {
         name: name.to_owned(),
         base_env: t.base_env.unwrap_or_else(|| default_base_env(&root)),
@@ -567,7 +573,7 @@ pub(super) fn validate_tenant_at(
         landlock_read: t.landlock_read,
         landlock_write: t.landlock_write,
         network: t.network,
-        secrets: super::secrets::validate_secrets(name, t.secrets.clone())?,
+        secrets: super::secrets::validate_secrets(name, t.secrets)?,
         http_ca_file: match t.http_ca_file {
             Some(p) if !p.is_absolute() => {
                 return Err(ConfigError(format!(
@@ -613,11 +619,10 @@ pub(super) fn validate_tenant_at(
                 e.names = Some(super::egress::validate_names(name, names)?);
             }
             if e.names.is_none()
-                && let Some(s) = t.secrets.iter().find(|(_, s)| s.substitute)
+                && let Some(secret) = &substituting
             {
                 return Err(ConfigError(format!(
-                    "tenants.{name}.secrets.{}.substitute needs egress_names (the value is put in by the egress proxy)",
-                    s.0
+                    "tenants.{name}.secrets.{secret}.substitute needs egress_names (the value is put in by the egress proxy)"
                 )));
             }
             if t.egress_unlisted == Some(Unlisted::Ask) {

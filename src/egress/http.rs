@@ -90,23 +90,14 @@ pub(super) fn client_tls(
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(pem) = tenant_ca {
-        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(pem.as_bytes()) {
-            let cert: rustls::pki_types::CertificateDer<'static> =
-                cert.map_err(|e| std::io::Error::other(format!("the tenant's CA: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| std::io::Error::other(format!("the tenant's CA: {e}")))?;
-        }
+        add_pem(&mut roots, pem.as_bytes(), "the tenant's CA")?;
     }
     if let Some(path) = ca_file {
-        let pem = std::fs::read(path)?;
-        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
-            let cert: rustls::pki_types::CertificateDer<'static> =
-                cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-            roots
-                .add(cert)
-                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-        }
+        add_pem(
+            &mut roots,
+            &std::fs::read(path)?,
+            &path.display().to_string(),
+        )?;
     }
     let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -117,6 +108,18 @@ pub(super) fn client_tls(
     .with_no_client_auth();
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(tls))
+}
+
+/// Every certificate of `pem` into `roots`; `what` names it in an error.
+fn add_pem(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> std::io::Result<()> {
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(pem) {
+        let cert: rustls::pki_types::CertificateDer<'static> =
+            cert.map_err(|e| std::io::Error::other(format!("{what}: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| std::io::Error::other(format!("{what}: {e}")))?;
+    }
+    Ok(())
 }
 
 impl HttpEgress {

@@ -70,10 +70,12 @@ async def test_initialize_environment_info(t):
     else:
         assert info["executorVersion"] == gateway_version()
         assert info["prependPathDirs"] == []
-        # httpHeaderEnvVars where the tenant has http/request (a network
-        # namespace of its own: valueEnvVar reads its secrets).
+        # httpHeaderEnvVars exactly where the tenant has http/request (a
+        # network namespace of its own: valueEnvVar reads its secrets).
+        ftp = {"method": "GET", "url": "ftp://127.0.0.1/x", "requestId": "cap"}
+        performs = (await c.error("http/request", ftp))["code"] != -32003
         advertised = {k for k, v in info["capabilities"].items() if v}
-        assert advertised - {"httpHeaderEnvVars"} == GATEWAY_CAPABILITIES
+        assert advertised == GATEWAY_CAPABILITIES | ({"httpHeaderEnvVars"} if performs else set())
     # Stable per environment.
     other = await t.session()
     assert other.init_result["environmentInfo"]["providerId"] == info["providerId"]
