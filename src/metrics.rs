@@ -78,6 +78,8 @@ pub struct Metrics {
     pub calls_in_flight: Gauge,
     /// Relays to sessions' owner replicas, live (fleet).
     pub relays: Gauge,
+    /// MCP sessions open on the client listener (module `mcp::http`).
+    pub mcp_sessions: Gauge,
     /// Relays started from this replica, in all.
     pub relays_started: Counter,
     /// Audit events written, and dropped (queue full or cut off).
@@ -302,6 +304,12 @@ impl Metrics {
             isolation_layer.clone(),
         );
         r.register("draining", "1 while shutting down", draining.clone());
+        let mcp_sessions = Gauge::default();
+        r.register(
+            "mcp_sessions",
+            "MCP sessions open on the client listener",
+            mcp_sessions.clone(),
+        );
         r.register(
             "calls_in_flight",
             "Calls being handled, all tenants",
@@ -500,6 +508,7 @@ impl Metrics {
             draining,
             calls_in_flight,
             relays,
+            mcp_sessions,
             relays_started,
             audit_events,
             audit_dropped,

@@ -21,6 +21,7 @@ mod fleet;
 mod images;
 mod isolation;
 mod keys;
+mod mcp;
 mod preview;
 mod secrets;
 mod server;
@@ -55,6 +56,10 @@ pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
 };
 pub use keys::{default_key_file, key_files, secret_paths};
+pub use mcp::{
+    DEFAULT_MAX_MCP_SESSIONS, DEFAULT_MAX_MCP_SESSIONS_PER_TENANT, DEFAULT_MCP_IDLE_TIMEOUT,
+    DEFAULT_MCP_PATH, McpConfig, McpSettings,
+};
 pub use preview::{
     DEFAULT_MAX_CONNECTIONS_PER_SESSION, PreviewBase, PreviewConfig, PreviewKey, PreviewSettings,
 };
@@ -123,6 +128,8 @@ pub struct Config {
     pub snapshots: SnapshotsConfig,
     #[serde(default)]
     pub preview: PreviewConfig,
+    #[serde(default)]
+    pub mcp: McpConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -199,6 +206,8 @@ pub struct Settings {
     pub snapshots: SnapshotsSettings,
     /// `[preview]`: preview URLs into sessions' ports.
     pub preview: PreviewSettings,
+    /// `[mcp]`: the MCP server on the client listener.
+    pub mcp: McpSettings,
 }
 
 impl Settings {
@@ -443,6 +452,7 @@ impl Config {
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
         let preview = self.preview.validate(fleet.is_some())?;
+        let mcp = self.mcp.validate()?;
         let tracing_settings =
             tracing::validate_tracing(&self.tracing, fleet.as_ref().map(|f| f.replica.as_str()))?;
         let mut executors = validate_executors(self.executors, &tenants)?;
@@ -567,6 +577,7 @@ impl Config {
             images,
             snapshots,
             preview,
+            mcp,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;
