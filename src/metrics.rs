@@ -22,6 +22,11 @@ pub struct RequestLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    pub method: String,
+}
+
 /// A series of a tenant's in a family with more labels.
 #[derive(Debug)]
 enum Remembered {
@@ -59,6 +64,9 @@ pub struct Metrics {
     pub processes: Family<TenantLabel, Gauge>,
     pub requests: Family<RequestLabels, Counter>,
     pub spawn_seconds: Family<TenantLabel, Histogram>,
+    /// How long calls take, by method (all tenants: a tenant label times
+    /// the buckets would be most of a large fleet's series).
+    pub request_seconds: Family<MethodLabel, Histogram>,
     pub output_bytes: Family<TenantLabel, Counter>,
     pub processes_started: Family<TenantLabel, Counter>,
     pub tenants_active: Gauge,
@@ -149,6 +157,13 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+fn request_histogram() -> Histogram {
+    // 100 µs … ~100 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_1, 4.0, 11,
+    ))
+}
+
 fn spawn_histogram() -> Histogram {
     // 50 µs … ~400 ms.
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -228,6 +243,14 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let spawn_seconds = Family::<TenantLabel, Histogram>::new_with_constructor(
             spawn_histogram as fn() -> Histogram,
+        );
+        let request_seconds = Family::<MethodLabel, Histogram>::new_with_constructor(
+            request_histogram as fn() -> Histogram,
+        );
+        r.register(
+            "request_seconds",
+            "Time from a call entering the stack to its answer, by method",
+            request_seconds.clone(),
         );
         let output_bytes = Family::<TenantLabel, Counter>::default();
         let processes_started = Family::<TenantLabel, Counter>::default();
@@ -494,6 +517,7 @@ impl Metrics {
             processes,
             requests,
             spawn_seconds,
+            request_seconds,
             output_bytes,
             processes_started,
             tenants_active,
