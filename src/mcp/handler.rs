@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::Door;
 use super::link::Link;
+use super::specs;
 use super::tools::{self, ToolError};
 
 /// One MCP session's server.
@@ -78,7 +79,7 @@ fn request_door(context: &RequestContext<RoleServer>) -> Option<Arc<Door>> {
         .cloned()
 }
 
-fn tool(spec: &tools::Spec) -> Tool {
+fn tool(spec: &specs::Spec) -> Tool {
     let input = match (spec.input)() {
         Value::Object(m) => m,
         _ => Default::default(),
@@ -149,7 +150,7 @@ list_directory and search_files for files. Relative paths are under the sandbox'
             None => self.door()?.scopes,
         };
         Ok(ListToolsResult::with_all_items(
-            tools::TOOLS
+            specs::TOOLS
                 .iter()
                 .filter(|t| scopes.grants(t.scope))
                 .map(tool)
@@ -159,7 +160,7 @@ list_directory and search_files for files. Relative paths are under the sandbox'
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         let scopes = self.door.get()?.scopes;
-        tools::spec(name)
+        specs::spec(name)
             .filter(|t| scopes.grants(t.scope))
             .map(tool)
     }
@@ -177,7 +178,7 @@ list_directory and search_files for files. Relative paths are under the sandbox'
             None => self.door()?.clone(),
         };
         let scopes = door.scopes;
-        let Some(spec) = tools::spec(&request.name) else {
+        let Some(spec) = specs::spec(&request.name) else {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool `{}`", request.name),
                 None,

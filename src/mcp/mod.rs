@@ -11,7 +11,8 @@
 //! its own clients, so scopes, rate and in-flight limits, quotas, audit
 //! and metrics apply to a tool exactly as to the call it makes.
 //!
-//! - `tools.rs`: the tools, their schemas and their bounds.
+//! - `specs.rs`: each tool's name, scope, description and argument schema.
+//! - `tools.rs`: what each tool does, and its bounds.
 //! - `handler.rs`: the MCP handler (`list_tools` by scope, `call_tool`).
 //! - `link.rs`: the in-process exec-server connection.
 //! - `http.rs`: the streamable HTTP service: sessions owned by their
@@ -23,6 +24,7 @@
 mod handler;
 pub mod http;
 mod link;
+mod specs;
 mod tools;
 
 use std::sync::Arc;
