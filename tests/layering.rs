@@ -50,6 +50,7 @@ const ORDER: &[&str] = &[
     "protocol",
     "metrics",
     "audit",
+    "webhooks",
     "telemetry",
     "task",
 ];
