@@ -360,6 +360,8 @@ def test_pending_events_survive_a_restart_with_their_ids(tmp_path):
             s, sid = await open_session(served.gw, "t1")
             await s.start("p1", "exit 7")
             await s.exited("p1")
+            # Still running at the stop: killed by the shutdown.
+            await s.start("p2", "sleep 60")
             return s, sid
 
         async def main():
@@ -376,20 +378,21 @@ def test_pending_events_survive_a_restart_with_their_ids(tmp_path):
         before = {r["id"] for r in recv.requests}
         assert before and all(r["status"] == 503 for r in recv.requests)
         spooled = sorted(p.name for p in (tmp / "spool" / "all").iterdir())
-        # The shutdown's own events (the session closed, the tenant
-        # retired) are among them, spooled before the gateway exited.
-        assert len(spooled) == 5, spooled
+        # The shutdown's own events (the session closed, its process
+        # killed, the tenant retired) are among them, spooled before the
+        # gateway exited.
+        assert len(spooled) == 6, spooled
 
         state["up"] = True
         served = Served(tmp, config)
         deadline = time.time() + WAIT
-        while len(recv.delivered("/all")) < 5 and time.time() < deadline:
+        while len(recv.delivered("/all")) < 6 and time.time() < deadline:
             time.sleep(0.05)
         delivered = recv.delivered("/all")
         verify_all(delivered, [key])
         types = sorted(json.loads(r["body"])["type"] for r in delivered)
-        assert types == ["process.exited", "session.closed", "session.created",
-                         "tenant.activated", "tenant.retired"], types
+        assert types == ["process.exited", "process.exited", "session.closed",
+                         "session.created", "tenant.activated", "tenant.retired"], types
         ids = [r["id"] for r in delivered]
         assert sorted(f"{i}.json" for i in ids) == spooled
         assert before <= set(ids), "an id seen before the restart was never delivered"
@@ -399,10 +402,13 @@ def test_pending_events_survive_a_restart_with_their_ids(tmp_path):
             bodies = {r["body"] for r in recv.requests if r["id"] == i}
             assert len(bodies) == 1, (i, bodies)
         by_type = {json.loads(r["body"])["type"]: json.loads(r["body"]) for r in delivered}
+        exits = {e["data"]["process_id"]: e["data"] for e in map(lambda r: json.loads(r["body"]), delivered)
+                 if e["type"] == "process.exited"}
+        assert exits["p1"]["exit_code"] == 7 and exits["p1"]["killed_by"] is None, exits
+        assert exits["p2"]["killed_by"] == "shutdown" and exits["p2"]["signal"] == 9, exits
         assert by_type["session.closed"]["data"]["session"] == sid
         assert by_type["session.closed"]["data"]["reason"] == "shutdown"
         assert by_type["tenant.retired"]["data"]["reason"] == "shutdown"
-        assert by_type["process.exited"]["data"]["exit_code"] == 7
         deadline = time.time() + WAIT
         while any((tmp / "spool" / "all").iterdir()) and time.time() < deadline:
             time.sleep(0.05)
