@@ -438,18 +438,23 @@ fn warn_unknown_dirs(s: &WebhookSettings) {
 /// be written is counted and its message delivered from memory.
 fn spool_loop(hub: &'static Hub, rx: Receiver<Job>) {
     while let Ok(job) = rx.recv() {
+        let mut written = Vec::with_capacity(job.endpoints.len());
         for i in job.endpoints {
             let Some(ep) = hub.endpoints.get(i) else {
                 continue;
             };
-            let path = match spool::write(&ep.dir, &job.msg) {
-                Ok(p) => Some(p),
+            match spool::write(&ep.dir, &job.msg) {
+                Ok(p) => written.push((i, Some(p))),
                 Err(e) => {
                     hub.metrics.spool_errors.inc();
                     tracing::warn!(endpoint = %ep.name, error = %e, "webhooks: cannot spool a message; delivering it from memory");
-                    None
+                    written.push((i, None));
                 }
-            };
+            }
+        }
+        // In the spool (or never to be): what `drain` waits for.
+        hub.unspooled.fetch_sub(1, Ordering::AcqRel);
+        for (i, path) in written {
             hub.enqueue(
                 i,
                 Pending {
@@ -458,7 +463,6 @@ fn spool_loop(hub: &'static Hub, rx: Receiver<Job>) {
                 },
             );
         }
-        hub.unspooled.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -232,3 +232,28 @@ fn the_writer_spools_before_it_hands_over_and_finishing_removes_the_file() {
     assert_eq!(hub.metrics.queue_bytes.get(), 0);
     drop(writer);
 }
+
+#[test]
+fn a_spool_that_cannot_be_written_is_counted_and_the_message_still_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Rig {
+        hub,
+        jobs,
+        mut deliveries,
+    } = rig(
+        dir.path(),
+        vec![settings("a", &["*"], None)],
+        10,
+        1 << 20,
+        10,
+    );
+    std::fs::remove_dir(dir.path().join("a")).unwrap();
+    let hub: &'static Hub = Box::leak(Box::new(hub));
+    exited(hub, Some("t1"));
+    let _writer = std::thread::spawn(move || spool_loop(hub, jobs));
+    let p = deliveries[0].blocking_recv().unwrap();
+    assert!(p.path.is_none());
+    assert_eq!(hub.metrics.spool_errors.get(), 1);
+    hub.finish(p);
+    assert_eq!(hub.queued_events.load(Ordering::Relaxed), 0);
+}
