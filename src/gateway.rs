@@ -51,6 +51,9 @@ pub struct Gateway {
     /// Cancelled when listeners must stop and connections close.
     stopped: CancellationToken,
     reaper: Option<Arc<Reaper>>,
+    /// The MCP service on the client listener (`None`: `[mcp] enabled =
+    /// false`).
+    pub mcp: Option<Arc<crate::mcp::http::McpHttp>>,
 }
 
 impl Gateway {
@@ -119,7 +122,14 @@ impl Gateway {
             Default::default(),
             Default::default(),
         );
+        let mcp = settings.mcp.enabled.then(|| {
+            Arc::new(crate::mcp::http::McpHttp::new(
+                &settings.mcp,
+                metrics.mcp_sessions.clone(),
+            ))
+        });
         let gw = Arc::new(Gateway {
+            mcp,
             inbound,
             settings: Arc::new(settings),
             auth: arc_swap::ArcSwap::from_pointee(auth),

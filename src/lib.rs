@@ -17,6 +17,8 @@
 //! - [`forward`]: port forwarding: a TCP stream to a port on a session's
 //!   own loopback, made inside its tenant's network namespace.
 //! - [`gateway`]: the shared state of one gateway process.
+//! - [`mcp`]: the MCP server: the gateway's capabilities as MCP tools, each
+//!   MCP session one gateway session opened through a door's [`mcp::Door`].
 //! - [`probe`]: what the host allows, each isolation layer probed by doing it.
 //! - [`middleware`]: the tower stack, built in one function.
 //! - [`dispatch`]: the innermost service; hands a call to its session's backend.
@@ -67,6 +69,7 @@ pub mod fs;
 pub mod gateway;
 pub mod image;
 pub mod isolation;
+pub mod mcp;
 pub mod metrics;
 pub mod middleware;
 pub mod outbound;

@@ -22,6 +22,11 @@ pub struct RequestLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    pub method: String,
+}
+
 /// A series of a tenant's in a family with more labels.
 #[derive(Debug)]
 enum Remembered {
@@ -59,6 +64,9 @@ pub struct Metrics {
     pub processes: Family<TenantLabel, Gauge>,
     pub requests: Family<RequestLabels, Counter>,
     pub spawn_seconds: Family<TenantLabel, Histogram>,
+    /// How long calls take, by method (all tenants: a tenant label times
+    /// the buckets would be most of a large fleet's series).
+    pub request_seconds: Family<MethodLabel, Histogram>,
     pub output_bytes: Family<TenantLabel, Counter>,
     pub processes_started: Family<TenantLabel, Counter>,
     pub tenants_active: Gauge,
@@ -78,6 +86,8 @@ pub struct Metrics {
     pub calls_in_flight: Gauge,
     /// Relays to sessions' owner replicas, live (fleet).
     pub relays: Gauge,
+    /// MCP sessions open on the client listener (module `mcp::http`).
+    pub mcp_sessions: Gauge,
     /// Relays started from this replica, in all.
     pub relays_started: Counter,
     /// Audit events written, and dropped (queue full or cut off).
@@ -147,6 +157,13 @@ pub struct ConnectionRefusedLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: String,
+}
+
+fn request_histogram() -> Histogram {
+    // 100 µs … ~100 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_1, 4.0, 11,
+    ))
 }
 
 fn spawn_histogram() -> Histogram {
@@ -229,6 +246,14 @@ impl Metrics {
         let spawn_seconds = Family::<TenantLabel, Histogram>::new_with_constructor(
             spawn_histogram as fn() -> Histogram,
         );
+        let request_seconds = Family::<MethodLabel, Histogram>::new_with_constructor(
+            request_histogram as fn() -> Histogram,
+        );
+        r.register(
+            "request_seconds",
+            "Time from a call entering the stack to its answer, by method",
+            request_seconds.clone(),
+        );
         let output_bytes = Family::<TenantLabel, Counter>::default();
         let processes_started = Family::<TenantLabel, Counter>::default();
         let tenants_active = Gauge::default();
@@ -304,6 +329,12 @@ impl Metrics {
             isolation_layer.clone(),
         );
         r.register("draining", "1 while shutting down", draining.clone());
+        let mcp_sessions = Gauge::default();
+        r.register(
+            "mcp_sessions",
+            "MCP sessions open on the client listener",
+            mcp_sessions.clone(),
+        );
         r.register(
             "calls_in_flight",
             "Calls being handled, all tenants",
@@ -490,6 +521,7 @@ impl Metrics {
             processes,
             requests,
             spawn_seconds,
+            request_seconds,
             output_bytes,
             processes_started,
             tenants_active,
@@ -504,6 +536,7 @@ impl Metrics {
             draining,
             calls_in_flight,
             relays,
+            mcp_sessions,
             relays_started,
             audit_events,
             audit_dropped,

@@ -215,7 +215,9 @@ where
 
 /// What an [`Observe`] layer records of a finished call: the metrics, the
 /// tenant, the method and the result.
-type Observer = fn(&Metrics, &str, &'static str, &Result<Outcome, GatewayError>);
+/// What an [`ObserveLayer`] records of a call: its tenant, method, result
+/// and how long it took.
+type Observer = fn(&Metrics, &str, &'static str, &Result<Outcome, GatewayError>, Duration);
 
 /// Records each call's outcome with an [`Observer`] (the request counter
 /// near the top of the stack, quota and slot refusals near the handler).
@@ -267,8 +269,9 @@ where
         let in_flight = InFlight(metrics.clone());
         Box::pin(async move {
             let _in_flight = in_flight;
+            let started = std::time::Instant::now();
             let result = inner.call(req).await;
-            observe(&metrics, &tenant, method, &result);
+            observe(&metrics, &tenant, method, &result, started.elapsed());
             result
         })
     }
@@ -289,12 +292,19 @@ fn count_request(
     tenant: &str,
     method: &'static str,
     result: &Result<Outcome, GatewayError>,
+    took: Duration,
 ) {
     let outcome = match result {
         Ok(_) => "ok",
         Err(e) => e.outcome(),
     };
     metrics.count_request(tenant, method, outcome);
+    metrics
+        .request_seconds
+        .get_or_create(&crate::metrics::MethodLabel {
+            method: method.to_owned(),
+        })
+        .observe(took.as_secs_f64());
 }
 
 /// -32006 refusals by tenant and quota name, and refusals for want of a
@@ -304,6 +314,7 @@ fn count_refusal(
     tenant: &str,
     _method: &'static str,
     result: &Result<Outcome, GatewayError>,
+    _took: Duration,
 ) {
     match result {
         Err(GatewayError::QuotaExceeded { quota, .. }) => {

@@ -159,6 +159,35 @@ pub async fn run_stdio(
     shut_down(&gw, Duration::ZERO).await;
 }
 
+/// Serve one MCP session over stdin/stdout (`exec-gateway mcp`): the
+/// token is checked first (a refused one ends the command with its
+/// reason), then the session runs until its client closes it.
+pub async fn run_mcp(
+    gw: Arc<Gateway>,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let caller = transport::authenticate::authenticate(&gw, token.as_deref()).await;
+    transport::authenticate::audit_handshake(
+        "mcp-stdio",
+        None,
+        transport::authenticate::credential_kind(token.as_deref(), None),
+        &caller,
+    );
+    let result = match caller {
+        Err(e) => Err(format!("token refused: {e}")),
+        Ok(caller) => {
+            let door = Arc::new(transport::mcp::door(&gw, caller));
+            tokio::select! {
+                r = crate::mcp::serve_stdio(door) => r,
+                () = shutdown => Ok(()),
+            }
+        }
+    };
+    shut_down(&gw, Duration::ZERO).await;
+    result
+}
+
 /// Serve as a remote executor until SIGTERM (then the shutdown order, as
 /// for `serve`) or a registration refused for good (its error).
 pub async fn run_executor(

@@ -24,6 +24,7 @@ const ORDER: &[&str] = &[
     "transport",
     "forward",
     "gateway",
+    "mcp",
     "probe",
     "middleware",
     "dispatch",

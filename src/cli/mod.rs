@@ -44,6 +44,10 @@ pub enum Command {
     /// Serve one session over stdin/stdout (newline-delimited JSON); the
     /// token comes from EXEC_GATEWAY_TOKEN.
     Stdio(CommonArgs),
+    /// Serve MCP (the Model Context Protocol) over stdin/stdout: one MCP
+    /// session whose tools run in one sandbox session; the token comes
+    /// from EXEC_GATEWAY_TOKEN (docs/mcp.md).
+    Mcp(CommonArgs),
     /// Mint a token with the configuration's first HS* key (printed last on stdout).
     Token(TokenArgs),
     /// Serve as a remote executor: register with a registry (a gateway),
@@ -338,6 +342,11 @@ pub fn run(cli: Cli) -> ExitCode {
             telemetry::init(common.log_format);
             run_stdio(&common)
         }
+        Command::Mcp(common) => {
+            // stdout carries the protocol: logs go to stderr.
+            telemetry::init_client();
+            run_mcp(&common)
+        }
         Command::Reaper => reaper::run(),
         Command::Worker(args) => crate::worker::serve::serve(args),
         Command::PidnsParent => crate::isolation::namespace::pid_parent_main(),
@@ -573,6 +582,33 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
         };
         server::run_stdio(gw, token, server::shutdown_signal()).await;
         ExitCode::SUCCESS
+    })
+}
+
+fn run_mcp(common: &CommonArgs) -> ExitCode {
+    let settings = match settings(
+        common,
+        Overrides {
+            admin_listen: Some("off"),
+            ..Overrides::default()
+        },
+    ) {
+        Ok(s) => s,
+        Err(e) => return usage_error(&e),
+    };
+    let token = std::env::var("EXEC_GATEWAY_TOKEN").ok();
+    block_on(async move {
+        let gw = match Gateway::new(settings, start_reaper()) {
+            Ok(g) => g,
+            Err(e) => return usage_error(&e),
+        };
+        match server::run_mcp(gw, token, server::shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "exec-gateway mcp: {e}");
+                ExitCode::FAILURE
+            }
+        }
     })
 }
 

@@ -21,6 +21,7 @@ mod fleet;
 mod images;
 mod isolation;
 mod keys;
+mod mcp;
 mod preview;
 mod secrets;
 mod server;
@@ -56,6 +57,10 @@ pub use isolation::{
     CgroupVersion, DEFAULT_UID_RANGE, IsolationConfig, IsolationSettings, LayerPolicy,
 };
 pub use keys::{default_key_file, key_files, secret_paths};
+pub use mcp::{
+    DEFAULT_MAX_MCP_SESSIONS, DEFAULT_MAX_MCP_SESSIONS_PER_TENANT, DEFAULT_MCP_IDLE_TIMEOUT,
+    DEFAULT_MCP_PATH, McpConfig, McpSettings,
+};
 pub use preview::{
     DEFAULT_MAX_CONNECTIONS_PER_SESSION, PreviewBase, PreviewConfig, PreviewKey, PreviewSettings,
 };
@@ -127,6 +132,8 @@ pub struct Config {
     pub preview: PreviewConfig,
     /// Lifecycle webhooks. Default: none.
     pub webhooks: Option<WebhooksConfig>,
+    #[serde(default)]
+    pub mcp: McpConfig,
 }
 
 /// Validated gateway-wide settings.
@@ -205,6 +212,8 @@ pub struct Settings {
     pub preview: PreviewSettings,
     /// `[webhooks]`: lifecycle events to endpoints, when configured.
     pub webhooks: Option<WebhookSettings>,
+    /// `[mcp]`: the MCP server on the client listener.
+    pub mcp: McpSettings,
 }
 
 impl Settings {
@@ -459,6 +468,7 @@ impl Config {
         let (admin_listen, admin_token) = validate_admin(&s)?;
         let fleet = validate_fleet(self.fleet)?;
         let preview = self.preview.validate(fleet.is_some())?;
+        let mcp = self.mcp.validate()?;
         let tracing_settings =
             tracing::validate_tracing(&self.tracing, fleet.as_ref().map(|f| f.replica.as_str()))?;
         let mut executors = validate_executors(self.executors, &tenants)?;
@@ -584,6 +594,7 @@ impl Config {
             snapshots,
             preview,
             webhooks,
+            mcp,
             secret_files,
         };
         refuse_unfit_inbound(&settings)?;

@@ -32,6 +32,7 @@ pub mod grpc;
 pub mod http;
 pub mod inbound;
 pub mod limits;
+pub mod mcp;
 pub mod preview;
 pub mod remote;
 pub mod stdio;

@@ -155,6 +155,12 @@ async fn entry(
         };
         return Ok(super::preview::serve(req, &gw, route, client).await);
     }
+    // (after previews: a preview's host name owns all of its paths)
+    if super::mcp::is_mcp(&gw, req.uri().path()) {
+        let cert = client_cert.as_deref().map(|c| c.as_ref());
+        let r = super::mcp::serve(req, &gw, peer, &conn, cert).await;
+        return Ok(r.map(|b| b.map_err(|never| match never {}).boxed_unsync()));
+    }
     let r = handle(req, gw, peer, conn, client_cert).await;
     Ok(
         r.map(|r| r.map(|b| b.map_err(|never| match never {}).boxed_unsync()))

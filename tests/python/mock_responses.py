@@ -6,7 +6,7 @@ streamed (SSE) answer. `script` is a list of steps; request N is answered by
 step N, a callable that gets the parsed request body (and the server, for
 the outputs of earlier tool calls) and returns one output item: a tool call
 or an assistant message (see `function_call`, `custom_tool_call`,
-`assistant_message`). Past the end of the script every request gets a final
+`tool_search_call`, `assistant_message`). Past the end of the script every request gets a final
 assistant message. Every request is recorded (`requests`: method, path,
 headers, parsed body) so a test can assert what Codex sent.
 """
@@ -32,16 +32,46 @@ def custom_tool_call(call_id: str, name: str, text: str) -> dict:
             "input": text}
 
 
+def tool_search_call(call_id: str, query: str, limit: int | None = None) -> dict:
+    """A call of Codex's client-side `tool_search` tool (a tool of type
+    `tool_search`, not a function): Codex searches the tools it deferred
+    (MCP servers' tools, in 0.169.0) and answers with a `tool_search_output`
+    item listing the matches, which the model may call from then on."""
+    arguments: dict[str, Any] = {"query": query}
+    if limit is not None:
+        arguments["limit"] = limit
+    return {"type": "tool_search_call", "call_id": call_id, "execution": "client",
+            "arguments": arguments}
+
+
+def offered_namespaces(body: dict) -> dict[str, tuple[str, dict]]:
+    """Every `namespace` tool a request makes callable: name -> (how, spec),
+    `how` being "tools" (in the request's `tools`) or "tool_search" (loaded
+    by a `tool_search_output` item in its input)."""
+    out: dict[str, tuple[str, dict]] = {}
+    for item in body.get("input") or []:
+        if item.get("type") == "tool_search_output":
+            for tool in item.get("tools") or []:
+                if tool.get("type") == "namespace":
+                    out[tool.get("name")] = ("tool_search", tool)
+    for tool in body.get("tools") or []:
+        if tool.get("type") == "namespace":
+            out[tool.get("name")] = ("tools", tool)
+    return out
+
+
 def assistant_message(text: str, item_id: str = "msg-final") -> dict:
     return {"type": "message", "role": "assistant", "id": item_id,
             "content": [{"type": "output_text", "text": text}]}
 
 
 def tool_names(body: dict) -> dict[str, str]:
-    """The tools a request offers: name -> type (`function`, `custom`, ...)."""
+    """The tools a request offers: name -> type (`function`, `custom`,
+    `namespace`, ...). A tool without a name (`tool_search`, `web_search`)
+    is listed under its type."""
     out = {}
     for tool in body.get("tools") or []:
-        name = tool.get("name") or (tool.get("function") or {}).get("name")
+        name = tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type")
         if name:
             out[name] = tool.get("type", "")
     return out

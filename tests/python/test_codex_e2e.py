@@ -40,7 +40,8 @@ import jwt
 import pytest
 
 from mock_responses import (MockResponses, assistant_message, custom_tool_call,
-                            function_call, session_id_in, tool_names)
+                            function_call, offered_namespaces, session_id_in,
+                            tool_names, tool_search_call)
 from ws_recorder import RecordingProxy, path_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -212,11 +213,12 @@ class CodexRun:
 
 def run_codex(version: str, scratch: pathlib.Path, workdir: pathlib.Path, mock: MockResponses,
               *, exec_server_url: str | None = None, environments_toml: str | None = None,
-              name: str = "run") -> CodexRun:
+              name: str = "run", extra_config: str = "") -> CodexRun:
     binary = codex_binary(version)
     codex_home = scratch / f"codex-home-{name}"
     codex_home.mkdir()
-    (codex_home / "config.toml").write_text(CONFIG_TOML.format(base_url=mock.base_url))
+    (codex_home / "config.toml").write_text(
+        CONFIG_TOML.format(base_url=mock.base_url) + extra_config)
     if environments_toml is not None:
         (codex_home / "environments.toml").write_text(environments_toml)
     home = scratch / f"home-{name}"
@@ -228,7 +230,7 @@ def run_codex(version: str, scratch: pathlib.Path, workdir: pathlib.Path, mock: 
         "LANG": "C.UTF-8",
         "CODEX_HOME": str(codex_home),
         "CODEX_E2E_API_KEY": "sk-e2e-dummy",
-        "RUST_LOG": "warn",
+        "RUST_LOG": os.environ.get("CODEX_E2E_RUST_LOG", "warn"),
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
     }
@@ -535,3 +537,90 @@ def test_codex_0169_falls_back_to_local_by_default(scratch, tenant_gateway):
         assert proxy.connections and all(c["status"] == 401 for c in proxy.connections), context
         assert "probe=unset" in mock.outputs().get("call-probe", ""), context
         assert gw.metrics().get(("process/start", "ok"), 0) == 0, context
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_codex_uses_the_gateway_as_an_mcp_server(version, scratch, tenant_gateway):
+    """Codex as an MCP client: `exec-gateway mcp` in its [mcp_servers]; the
+    mock model calls the gateway's run_command tool, whose command runs in
+    t1's sandbox (it sees t1's base_env), and the result reaches the model.
+
+    How Codex offers an MCP server's tools differs by version, and the mock
+    model does what a real one is told to. 0.130.0 puts them in the request's
+    `tools` as one `namespace` tool, `mcp__gw__`. 0.169.0 offers none of
+    them up front: it always defers MCP tools behind its client-side
+    `tool_search` tool (`codex features list` shows
+    `tool_search_always_defer_mcp_tools` as removed and on; we found no
+    config or per-server switch), so the model first calls `tool_search`,
+    and Codex answers with a `tool_search_output` item carrying the matching
+    tools as the namespace `mcp__gw`, callable from the next request on.
+    Either way the call names the namespace Codex offered and the tool."""
+    codex_binary(version)
+    gw = tenant_gateway
+    workdir = scratch / "local-workdir"
+    workdir.mkdir()
+    marker = "MCP-" + secrets.token_hex(6)
+    config, mcp_state = scratch / "gateway.toml", scratch / "mcp-state"
+    extra = (
+        "\n[mcp_servers.gw]\n"
+        f'command = "{gateway_binary()}"\n'
+        f'args = ["mcp", "--config", "{config}"]\n'
+        "startup_timeout_sec = 60\n"
+        f'env = {{ EXEC_GATEWAY_TOKEN = "{gw.token()}", XDG_STATE_HOME = "{mcp_state}" }}\n'
+    )
+    state = {"called": None, "tries": 0, "searched": False}
+    wanted = {"run_command", "read_file", "write_file"}
+
+    def gateway_namespace(body):
+        # The namespace holding the gateway's tools: named after the server
+        # (`mcp__gw__` in 0.130.0, `mcp__gw` in 0.169.0).
+        for name, (how, space) in offered_namespaces(body).items():
+            if name.rstrip("_") == "mcp__gw":
+                return name, how, space
+        return None
+
+    def step(body, mock):
+        if state["called"]:
+            return assistant_message(f"finished {marker}")
+        found = gateway_namespace(body)
+        if found is None:
+            # Not offered yet: search for it if Codex has a tool_search,
+            # else (or if the last search found nothing, the server still
+            # starting) a short local wait.
+            assert state["tries"] < 5, \
+                f"codex offered no namespace for the gateway: {sorted(tool_names(body))}"
+            state["tries"] += 1
+            if tool_names(body).get("tool_search") == "tool_search" and not state["searched"]:
+                state["searched"] = True
+                return tool_search_call(f"call-search-{state['tries']}",
+                                        "exec-gateway sandbox " + " ".join(sorted(wanted)),
+                                        limit=20)
+            state["searched"] = False
+            return function_call(f"call-wait-{state['tries']}", "exec_command",
+                                 {"cmd": "sleep 1", "yield_time_ms": 5000})
+        name, how, space = found
+        inner = {t["name"] for t in space.get("tools", [])}
+        assert wanted <= inner, (name, how, sorted(inner))
+        state["called"] = (name, how)
+        item = function_call("call-mcp", "run_command", {
+            "command": f'echo "probe=$EXEC_GW_PROBE"; echo {marker} > mcp-made.txt; pwd'})
+        item["namespace"] = name
+        return item
+
+    with MockResponses([step] * 8) as mock:
+        run = run_codex(version, scratch, workdir, mock, extra_config=extra, name="mcp")
+        out = mock.outputs().get("call-mcp", "")
+        context = (f"{run.describe()}\n--- offered as ---\n{state['called']}"
+                   f"\n--- tool output ---\n{out}\n--- mock ---\n{mock.errors}")
+        assert run.returncode == 0, context
+        assert not mock.errors, context
+        assert state["called"] is not None, context
+        # Codex ran it as an MCP tool call of server gw, and it completed.
+        calls = [i for i in run.items("mcp_tool_call")
+                 if i.get("server") == "gw" and i.get("tool") == "run_command"]
+        assert calls and all(c.get("status") == "completed" for c in calls), context
+        # Ran in the gateway's sandbox: t1's base_env and root, not codex's.
+        assert f"probe={gw.probe}" in out, context
+        assert str(gw.root) in out, context
+        assert (gw.root / "mcp-made.txt").read_text() == f"{marker}\n", context
+        assert not (workdir / "mcp-made.txt").exists(), context

@@ -235,3 +235,97 @@ def test_init_container_prepares_every_tenant_root(tmp_path):
     broken.write_text(f'[tenants.nouid]\nroot = "{tmp_path}/nouid"\n')
     out = _run_init(script, broken)
     assert out.returncode != 0 and "tenants.nouid" in out.stderr
+
+
+# --- The PrometheusRule (deploy/kubernetes/monitoring) ----------------------
+# A kustomization of its own, outside the base and the overlays: it needs the
+# Prometheus Operator's CRDs, which a cluster may not have. Its kind is a CRD
+# kubernetes-validate has no schema for, so it is checked against
+# monitoring.coreos.com/v1's fields (as cert-manager's kinds are above), its
+# rules against deploy/monitoring/alerts.yml (the same groups, so the two
+# cannot drift) and, with promtool, as Prometheus itself would load them.
+
+MONITORING = KUBERNETES / "monitoring"
+ALERTS = ROOT / "deploy" / "monitoring" / "alerts.yml"
+# monitoring.coreos.com/v1 RuleGroup and Rule fields, and its Duration.
+RULE_GROUP_FIELDS = {"name", "interval", "rules", "partial_response_strategy", "limit",
+                     "query_offset", "labels"}
+RULE_FIELDS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+DURATION = (r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+            r"(([0-9]+)ms)?)$")
+
+
+def _prometheus_rule_problems(o):
+    """What monitoring.coreos.com/v1 would refuse in a PrometheusRule."""
+    import re
+
+    problems = []
+    if (o.get("apiVersion"), o.get("kind")) != ("monitoring.coreos.com/v1", "PrometheusRule"):
+        problems.append(f"{o.get('apiVersion')} {o.get('kind')}")
+    unknown = set(o) - {"apiVersion", "kind", "metadata", "spec"}
+    if unknown:
+        problems.append(f"unknown top-level fields {sorted(unknown)}")
+    if set(o["spec"]) - {"groups"}:
+        problems.append(f"unknown spec fields {sorted(set(o['spec']) - {'groups'})}")
+    names = [g.get("name") for g in o["spec"]["groups"]]
+    if len(names) != len(set(names)) or not all(names):
+        problems.append(f"group names must be unique and set: {names}")
+    for g in o["spec"]["groups"]:
+        if set(g) - RULE_GROUP_FIELDS:
+            problems.append(f"{g['name']}: unknown fields {sorted(set(g) - RULE_GROUP_FIELDS)}")
+        for r in g["rules"]:
+            what = f"{g['name']}/{r.get('alert') or r.get('record')}"
+            if set(r) - RULE_FIELDS:
+                problems.append(f"{what}: unknown fields {sorted(set(r) - RULE_FIELDS)}")
+            if ("alert" in r) == ("record" in r) or not isinstance(r.get("expr"), (str, int)):
+                problems.append(f"{what}: one of alert and record, and an expr")
+            for key in ["for", "keep_firing_for"]:
+                if key in r and not re.match(DURATION, str(r[key])):
+                    problems.append(f"{what}: {key} {r[key]!r} is not a Duration")
+            for key in ["labels", "annotations"]:
+                if not all(isinstance(k, str) and isinstance(v, str)
+                           for k, v in r.get(key, {}).items()):
+                    problems.append(f"{what}: {key} must map strings to strings")
+    return problems
+
+
+def _monitoring_rule():
+    objects = _render(MONITORING)
+    assert [o["kind"] for o in objects] == ["PrometheusRule"], objects
+    return objects[0]
+
+
+def test_prometheus_rule_is_valid_and_lives_beside_the_fleet():
+    rule = _monitoring_rule()
+    assert not _prometheus_rule_problems(rule), "\n".join(_prometheus_rule_problems(rule))
+    (sts,) = [o for o in _render(BASE) if o["kind"] == "StatefulSet"]
+    assert rule["metadata"]["namespace"] == sts["metadata"]["namespace"]
+    assert rule["metadata"]["labels"]["app.kubernetes.io/name"] == "exec-gateway"
+
+
+def test_prometheus_rule_carries_alerts_yml():
+    """The operator's rules are alerts.yml's, group for group; and the
+    generated file is what the generator writes now."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML missing (comes with kubernetes-validate)")
+    alerts = yaml.safe_load(ALERTS.read_text())
+    assert set(alerts) == {"groups"}, "alerts.yml holds more than groups"
+    assert _monitoring_rule()["spec"]["groups"] == alerts["groups"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "monitoring" / "sync-prometheusrule.py"), "--check"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_prometheus_rule_loads_in_promtool(tmp_path):
+    """The groups as the operator hands them to Prometheus (a rule file of
+    spec.groups), through Prometheus's own checker."""
+    promtool = "/usr/bin/promtool"
+    if not os.access(promtool, os.X_OK):
+        pytest.skip("promtool missing (Debian's prometheus package; scripts/setup installs it)")
+    import json
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(json.dumps({"groups": _monitoring_rule()["spec"]["groups"]}))
+    out = subprocess.run([promtool, "check", "rules", str(rules)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,914 @@
+//! The tools: what each one calls on the gateway session, its arguments'
+//! bounds, and a result that is both structured (`structuredContent`)
+//! and readable (the same JSON as text).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::link::{CallError, Link};
+use crate::auth::Scope;
+use crate::protocol::methods;
+use crate::protocol::path::{WirePath, to_wire};
+use crate::protocol::revision::Revision;
+
+/// Most bytes of output, file content or listing one tool result carries.
+pub const MAX_TOOL_BYTES: usize = 1024 * 1024;
+/// `run_command`'s output kept per stream by default.
+pub const DEFAULT_OUTPUT_BYTES: usize = 64 * 1024;
+/// `run_command`'s timeout by default, and its largest.
+pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_RUN_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest `process_read` wait for output.
+pub const MAX_READ_WAIT: Duration = Duration::from_secs(30);
+/// `read_file`'s bytes by default.
+pub const DEFAULT_READ_BYTES: usize = 256 * 1024;
+/// Entries `list_directory` returns at most.
+pub const MAX_LIST_ENTRIES: usize = 2000;
+/// `search_files`: entries walked, bytes read in all, bytes read of one
+/// file (the rest of a longer file is not searched), matches returned.
+pub const SEARCH_MAX_ENTRIES: u64 = 5000;
+pub const SEARCH_MAX_BYTES: usize = 32 * 1024 * 1024;
+pub const SEARCH_FILE_BYTES: usize = 1024 * 1024;
+pub const SEARCH_MAX_RESULTS: usize = 500;
+/// Longest line of a search match kept.
+const MATCH_LINE_CHARS: usize = 300;
+
+/// A tool that ran and failed: its message goes back as an error result
+/// the model reads (`isError: true`).
+#[derive(Debug)]
+pub struct ToolError(pub String);
+
+impl From<CallError> for ToolError {
+    fn from(e: CallError) -> Self {
+        ToolError(e.message)
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ToolError {
+    ToolError(msg.into())
+}
+
+/// One tool: its name, the scope it needs, what it says it does, the JSON
+/// Schema of its arguments and whether it only reads.
+pub struct Spec {
+    pub name: &'static str,
+    pub scope: Scope,
+    pub description: &'static str,
+    pub input: fn() -> Value,
+    pub read_only: bool,
+    /// Whether it ends or replaces what runs (terminate, fork).
+    pub destructive: bool,
+}
+
+fn object(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+fn command_props() -> Value {
+    json!({
+        "command": {"type": "string", "description": "A shell command line, run with `sh -c`."},
+        "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                 "description": "The program and its arguments, run without a shell (instead of `command`)."},
+        "cwd": {"type": "string", "description": "Working directory (default: the tenant's root); relative to the root when relative."},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Environment variables to set."},
+    })
+}
+
+fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+pub const TOOLS: &[Spec] = &[
+    Spec {
+        name: "run_command",
+        scope: Scope::Exec,
+        description: "Run a command to completion in the sandbox and return its exit code and output \
+(each stream cut to max_output_bytes, the cut counted). Past timeout_ms the process is terminated \
+and timed_out is true.",
+        input: || {
+            object(
+                merge(
+                    command_props(),
+                    json!({
+                        "stdin": {"type": "string", "description": "Text written to the command's standard input, which is then closed."},
+                        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_RUN_TIMEOUT.as_millis() as u64, "default": DEFAULT_RUN_TIMEOUT.as_millis() as u64},
+                        "max_output_bytes": {"type": "integer", "minimum": 0, "maximum": MAX_TOOL_BYTES, "default": DEFAULT_OUTPUT_BYTES},
+                    }),
+                ),
+                &[],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "process_start",
+        scope: Scope::Exec,
+        description: "Start a long-running process (a server, a watcher, an interactive program) and \
+return its process_id at once; read its output with process_read, write to it with process_write.",
+        input: || {
+            object(
+                merge(
+                    command_props(),
+                    json!({
+                        "process_id": {"type": "string", "description": "Its id (default: one is chosen)."},
+                        "tty": {"type": "boolean", "default": false, "description": "Run on a terminal."},
+                    }),
+                ),
+                &[],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "process_read",
+        scope: Scope::Exec,
+        description: "Read a process's output after a sequence number (0: from the start), waiting up \
+to wait_ms for some; says whether it has exited and with what code. Pass the result's \
+next_after_seq as after_seq to read on.",
+        input: || {
+            object(
+                json!({
+                    "process_id": {"type": "string"},
+                    "after_seq": {"type": "integer", "minimum": 0, "default": 0},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_BYTES, "default": DEFAULT_OUTPUT_BYTES},
+                    "wait_ms": {"type": "integer", "minimum": 0, "maximum": MAX_READ_WAIT.as_millis() as u64, "default": 0},
+                }),
+                &["process_id"],
+            )
+        },
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "process_write",
+        scope: Scope::Exec,
+        description: "Write text to a process's standard input (started with stdin open: process_start), \
+and optionally close it.",
+        input: || {
+            object(
+                json!({
+                    "process_id": {"type": "string"},
+                    "data": {"type": "string"},
+                    "close_stdin": {"type": "boolean", "default": false},
+                }),
+                &["process_id"],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "process_terminate",
+        scope: Scope::Exec,
+        description: "Terminate a process (and its process group).",
+        input: || object(json!({"process_id": {"type": "string"}}), &["process_id"]),
+        read_only: false,
+        destructive: true,
+    },
+    Spec {
+        name: "process_list",
+        scope: Scope::Exec,
+        description: "List this session's processes: running or exited, with exit codes.",
+        input: || object(json!({}), &[]),
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "read_file",
+        scope: Scope::FsRead,
+        description: "Read a file (at most max_bytes from offset); text when it is UTF-8, else base64. \
+eof says whether the end was reached.",
+        input: || {
+            object(
+                json!({
+                    "path": {"type": "string"},
+                    "offset": {"type": "integer", "minimum": 0, "default": 0},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_BYTES, "default": DEFAULT_READ_BYTES},
+                }),
+                &["path"],
+            )
+        },
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "write_file",
+        scope: Scope::FsWrite,
+        description: "Write a whole file (created or replaced); `encoding: base64` for bytes. \
+create_parents makes missing directories first.",
+        input: || {
+            object(
+                json!({
+                    "path": {"type": "string"},
+                    "content": {"type": "string"},
+                    "encoding": {"type": "string", "enum": ["utf8", "base64"], "default": "utf8"},
+                    "create_parents": {"type": "boolean", "default": false},
+                }),
+                &["path", "content"],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "list_directory",
+        scope: Scope::FsRead,
+        description: "List a directory's entries (name and kind).",
+        input: || object(json!({"path": {"type": "string", "default": "."}}), &[]),
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "search_files",
+        scope: Scope::FsRead,
+        description: "Search the files under a directory for lines containing a text (or matching a \
+regular expression), optionally only files whose name ends with name_suffix; hidden directories are \
+not entered. Returns path, line number and line of each match.",
+        input: || {
+            object(
+                json!({
+                    "path": {"type": "string", "default": "."},
+                    "pattern": {"type": "string", "minLength": 1},
+                    "regex": {"type": "boolean", "default": false},
+                    "name_suffix": {"type": "string"},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": SEARCH_MAX_RESULTS, "default": 100},
+                }),
+                &["pattern"],
+            )
+        },
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "snapshot_create",
+        scope: Scope::Snapshot,
+        description: "Snapshot this session's workspace (its files); fork_snapshot starts from it later, \
+on any replica.",
+        input: || {
+            object(
+                json!({
+                    "name": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                }),
+                &[],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "snapshot_list",
+        scope: Scope::Snapshot,
+        description: "List the tenant's snapshots.",
+        input: || object(json!({}), &[]),
+        read_only: true,
+        destructive: false,
+    },
+    Spec {
+        name: "fork_snapshot",
+        scope: Scope::Snapshot,
+        description: "Continue this MCP session in a copy of a snapshot's workspace: a new sandbox \
+session starts from it, and the current one ends (its processes are terminated).",
+        input: || object(json!({"snapshot_id": {"type": "string"}}), &["snapshot_id"]),
+        read_only: false,
+        destructive: true,
+    },
+    Spec {
+        name: "preview_create",
+        scope: Scope::Preview,
+        description: "Make a URL that reaches a port on this session's loopback (a web app the agent \
+started): signed and expiring by default, public when asked.",
+        input: || {
+            object(
+                json!({
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    "public": {"type": "boolean", "default": false},
+                }),
+                &["port"],
+            )
+        },
+        read_only: false,
+        destructive: false,
+    },
+    Spec {
+        name: "preview_revoke",
+        scope: Scope::Preview,
+        description: "Revoke the preview URLs of a port (open connections through them are closed).",
+        input: || {
+            object(
+                json!({"port": {"type": "integer", "minimum": 1, "maximum": 65535}}),
+                &["port"],
+            )
+        },
+        read_only: false,
+        destructive: true,
+    },
+];
+
+pub fn spec(name: &str) -> Option<&'static Spec> {
+    TOOLS.iter().find(|t| t.name == name)
+}
+
+fn args<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, ToolError> {
+    serde_json::from_value(v).map_err(|e| bad(format!("invalid arguments: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Command {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    stdin: Option<String>,
+    timeout_ms: Option<u64>,
+    max_output_bytes: Option<usize>,
+    process_id: Option<String>,
+    #[serde(default)]
+    tty: bool,
+}
+
+impl Command {
+    fn argv(&self) -> Result<Vec<String>, ToolError> {
+        match (&self.command, &self.argv) {
+            (Some(c), None) => Ok(vec!["sh".into(), "-c".into(), c.clone()]),
+            (None, Some(a)) if !a.is_empty() => Ok(a.clone()),
+            (None, Some(_)) => Err(bad("argv is empty")),
+            (Some(_), Some(_)) => Err(bad("give either command or argv, not both")),
+            (None, None) => Err(bad("give command (a shell line) or argv")),
+        }
+    }
+}
+
+/// `path` against the session's directory when relative.
+fn absolute(link: &Link, path: &str) -> String {
+    if path.starts_with('/') {
+        return path.to_owned();
+    }
+    let root = link.cwd.trim_end_matches('/');
+    match path.trim_start_matches("./") {
+        "" | "." => link.cwd.clone(),
+        p => format!("{root}/{p}"),
+    }
+}
+
+/// A host path as the session (November 2026 revision: `file://` URIs,
+/// fixed by the link's `environment/info`) writes it.
+fn wire(path: &str) -> String {
+    to_wire(path, Revision::Nov2026)
+}
+
+/// A path the session wrote (a URI or a plain path) as a host path.
+pub fn host(path: &str) -> String {
+    WirePath::parse(path.to_owned()).as_str().to_owned()
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn start(link: &Link, c: &Command, id: &str, stdin: bool) -> Result<(), ToolError> {
+    let argv = c.argv()?;
+    let cwd = absolute(link, c.cwd.as_deref().unwrap_or("."));
+    link.call(
+        methods::PROCESS_START,
+        json!({"processId": id, "argv": argv, "cwd": wire(&cwd), "env": c.env, "tty": c.tty, "pipeStdin": stdin,
+               // The tenant's base environment under the given variables,
+               // as Codex's default shell-environment policy builds it.
+               "envPolicy": {"inherit": "all", "ignoreDefaultExcludes": false, "exclude": [],
+                             "set": {}, "includeOnly": []}}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Output of one stream, kept up to a bound with what was cut counted.
+struct Kept {
+    bytes: Vec<u8>,
+    cut: u64,
+    max: usize,
+}
+
+impl Kept {
+    fn new(max: usize) -> Kept {
+        Kept {
+            bytes: Vec::new(),
+            cut: 0,
+            max,
+        }
+    }
+    fn push(&mut self, b: &[u8]) {
+        let room = self.max.saturating_sub(self.bytes.len());
+        let take = room.min(b.len());
+        self.bytes.extend_from_slice(&b[..take]);
+        self.cut += (b.len() - take) as u64;
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// One `process/read` of the chunks after `after`: chunks into the two
+/// streams; the response and the last chunk's seq (the next read's
+/// `afterSeq`: `nextSeq` is one past it).
+async fn read_once(
+    link: &Link,
+    id: &str,
+    after: u64,
+    max: usize,
+    wait: Duration,
+    out: &mut Kept,
+    err: &mut Kept,
+) -> Result<(Value, Option<u64>), ToolError> {
+    let r = link
+        .call(
+            methods::PROCESS_READ,
+            json!({"processId": id, "afterSeq": after, "maxBytes": max.max(1), "waitMs": wait.as_millis() as u64}),
+        )
+        .await?;
+    let mut last = None;
+    for c in r["chunks"].as_array().into_iter().flatten() {
+        last = c["seq"].as_u64().max(last);
+        let data = B64
+            .decode(c["chunk"].as_str().unwrap_or_default())
+            .unwrap_or_default();
+        match c["stream"].as_str() {
+            Some("stderr") => err.push(&data),
+            _ => out.push(&data),
+        }
+    }
+    Ok((r, last))
+}
+
+async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let c: Command = args(a)?;
+    if c.process_id.is_some() || c.tty {
+        return Err(bad(
+            "run_command takes no process_id or tty (see process_start)",
+        ));
+    }
+    let timeout = Duration::from_millis(
+        c.timeout_ms
+            .unwrap_or(DEFAULT_RUN_TIMEOUT.as_millis() as u64),
+    )
+    .min(MAX_RUN_TIMEOUT);
+    let max = c
+        .max_output_bytes
+        .unwrap_or(DEFAULT_OUTPUT_BYTES)
+        .min(MAX_TOOL_BYTES);
+    let id = new_id("mcp-run");
+    start(link, &c, &id, c.stdin.is_some()).await?;
+    if let Some(input) = &c.stdin {
+        link.call(
+            methods::PROCESS_WRITE,
+            json!({"processId": id, "chunk": B64.encode(input), "writeId": new_id("mcp-w")}),
+        )
+        .await?;
+        link.call(methods::PROCESS_CLOSE_STDIN, json!({"processId": id}))
+            .await?;
+    }
+    let deadline = Instant::now() + timeout;
+    let (mut out, mut err) = (Kept::new(max), Kept::new(max));
+    let mut after = 0u64;
+    loop {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_secs(5));
+        let (r, last) =
+            read_once(link, &id, after, MAX_TOOL_BYTES, wait, &mut out, &mut err).await?;
+        after = last.unwrap_or(after).max(after);
+        // Closed, and this read took everything (one cut short by its
+        // byte bound is followed by another).
+        let drained = last.is_none();
+        if (r["closed"].as_bool() == Some(true) && drained) || r["failure"].is_string() {
+            return Ok(json!({
+                "exit_code": r["exitCode"],
+                "timed_out": false,
+                "stdout": out.text(), "stderr": err.text(),
+                "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+                "failure": r["failure"],
+            }));
+        }
+        if Instant::now() >= deadline {
+            let _ = link
+                .call(methods::PROCESS_TERMINATE, json!({"processId": id}))
+                .await;
+            return Ok(json!({
+                "exit_code": null,
+                "timed_out": true,
+                "stdout": out.text(), "stderr": err.text(),
+                "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+            }));
+        }
+    }
+}
+
+async fn process_start(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let c: Command = args(a)?;
+    if c.stdin.is_some() || c.timeout_ms.is_some() || c.max_output_bytes.is_some() {
+        return Err(bad(
+            "process_start takes no stdin, timeout_ms or max_output_bytes (see process_write, process_read)",
+        ));
+    }
+    let id = c.process_id.clone().unwrap_or_else(|| new_id("mcp"));
+    start(link, &c, &id, true).await?;
+    Ok(json!({"process_id": id}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    process_id: String,
+    #[serde(default)]
+    after_seq: u64,
+    max_bytes: Option<usize>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+async fn process_read(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let r: ReadArgs = args(a)?;
+    let max = r
+        .max_bytes
+        .unwrap_or(DEFAULT_OUTPUT_BYTES)
+        .clamp(1, MAX_TOOL_BYTES);
+    let wait = Duration::from_millis(r.wait_ms).min(MAX_READ_WAIT);
+    let (mut out, mut err) = (Kept::new(max), Kept::new(max));
+    let (v, last) = read_once(
+        link,
+        &r.process_id,
+        r.after_seq,
+        max,
+        wait,
+        &mut out,
+        &mut err,
+    )
+    .await?;
+    Ok(json!({
+        "stdout": out.text(), "stderr": err.text(),
+        "next_after_seq": last.unwrap_or(r.after_seq).max(r.after_seq),
+        "exited": v["exited"], "exit_code": v["exitCode"],
+        "closed": v["closed"], "failure": v["failure"],
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    process_id: String,
+    #[serde(default)]
+    data: String,
+    #[serde(default)]
+    close_stdin: bool,
+}
+
+async fn process_write(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let w: WriteArgs = args(a)?;
+    let mut status = Value::Null;
+    if !w.data.is_empty() {
+        let r = link
+            .call(
+                methods::PROCESS_WRITE,
+                json!({"processId": w.process_id, "chunk": B64.encode(&w.data), "writeId": new_id("mcp-w")}),
+            )
+            .await?;
+        status = r["status"].clone();
+    }
+    if w.close_stdin {
+        link.call(
+            methods::PROCESS_CLOSE_STDIN,
+            json!({"processId": w.process_id}),
+        )
+        .await?;
+    }
+    Ok(json!({"written_bytes": w.data.len(), "status": status, "stdin_closed": w.close_stdin}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdArgs {
+    process_id: String,
+}
+
+async fn process_terminate(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let i: IdArgs = args(a)?;
+    let r = link
+        .call(
+            methods::PROCESS_TERMINATE,
+            json!({"processId": i.process_id}),
+        )
+        .await?;
+    Ok(json!({"was_running": r["running"]}))
+}
+
+async fn process_list(link: &Link) -> Result<Value, ToolError> {
+    let r = link.call(methods::PROCESS_LIST, json!({})).await?;
+    let list: Vec<Value> = r["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| json!({"process_id": p["processId"], "state": p["state"], "exit_code": p["exitCode"], "tty": p["tty"]}))
+        .collect();
+    Ok(json!({"processes": list}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadFileArgs {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+    max_bytes: Option<usize>,
+}
+
+/// Up to `len` bytes of `path` from `offset` (a handle opened and closed
+/// around one block, so a file of any size costs only what is asked).
+async fn read_block(
+    link: &Link,
+    path: &str,
+    offset: u64,
+    len: usize,
+) -> Result<(Vec<u8>, bool), ToolError> {
+    let handle = new_id("mcp-read");
+    link.call(
+        methods::FS_OPEN,
+        json!({"handleId": handle, "path": wire(path), "mode": "read"}),
+    )
+    .await?;
+    let r = link
+        .call(
+            methods::FS_READ_BLOCK,
+            json!({"handleId": handle, "offset": offset, "len": len}),
+        )
+        .await;
+    let _ = link
+        .call(methods::FS_CLOSE, json!({"handleId": handle}))
+        .await;
+    let r = r?;
+    let data = B64
+        .decode(r["chunk"].as_str().unwrap_or_default())
+        .map_err(|e| bad(format!("undecodable block: {e}")))?;
+    Ok((data, r["eof"].as_bool().unwrap_or(true)))
+}
+
+async fn read_file(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let r: ReadFileArgs = args(a)?;
+    let path = absolute(link, &r.path);
+    let len = r
+        .max_bytes
+        .unwrap_or(DEFAULT_READ_BYTES)
+        .clamp(1, MAX_TOOL_BYTES);
+    let (data, eof) = read_block(link, &path, r.offset, len).await?;
+    let (content, encoding) = match String::from_utf8(data) {
+        Ok(s) => (s, "utf8"),
+        Err(e) => (B64.encode(e.as_bytes()), "base64"),
+    };
+    Ok(
+        json!({"path": path, "offset": r.offset, "content": content, "encoding": encoding, "eof": eof}),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteFileArgs {
+    path: String,
+    content: String,
+    #[serde(default)]
+    encoding: Option<String>,
+    #[serde(default)]
+    create_parents: bool,
+}
+
+async fn write_file(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let w: WriteFileArgs = args(a)?;
+    let path = absolute(link, &w.path);
+    let data = match w.encoding.as_deref() {
+        None | Some("utf8") => B64.encode(w.content.as_bytes()),
+        Some("base64") => {
+            let bytes = B64
+                .decode(&w.content)
+                .map_err(|e| bad(format!("content is not base64: {e}")))?;
+            B64.encode(bytes)
+        }
+        Some(other) => return Err(bad(format!("unknown encoding `{other}`"))),
+    };
+    if w.create_parents
+        && let Some((parent, _)) = path.rsplit_once('/')
+        && !parent.is_empty()
+    {
+        link.call(
+            methods::FS_CREATE_DIRECTORY,
+            json!({"path": wire(parent), "recursive": true}),
+        )
+        .await?;
+    }
+    link.call(
+        methods::FS_WRITE_FILE,
+        json!({"path": wire(&path), "dataBase64": data}),
+    )
+    .await?;
+    Ok(json!({"path": path, "written": true}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    path: Option<String>,
+}
+
+async fn list_directory(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let l: ListArgs = args(a)?;
+    let path = absolute(link, l.path.as_deref().unwrap_or("."));
+    let r = link
+        .call(methods::FS_READ_DIRECTORY, json!({"path": wire(&path)}))
+        .await?;
+    let all = r["entries"].as_array().cloned().unwrap_or_default();
+    let truncated = all.len() > MAX_LIST_ENTRIES;
+    let mut entries: Vec<Value> = all
+        .iter()
+        .map(|e| {
+            let kind = if e["isDirectory"].as_bool() == Some(true) {
+                "directory"
+            } else if e["isFile"].as_bool() == Some(true) {
+                "file"
+            } else {
+                "other"
+            };
+            json!({"name": e["fileName"], "kind": kind})
+        })
+        .collect();
+    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    entries.truncate(MAX_LIST_ENTRIES);
+    Ok(json!({"path": path, "entries": entries, "truncated": truncated}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    path: Option<String>,
+    pattern: String,
+    #[serde(default)]
+    regex: bool,
+    name_suffix: Option<String>,
+    max_results: Option<usize>,
+}
+
+async fn search_files(link: &Link, a: Value) -> Result<Value, ToolError> {
+    let s: SearchArgs = args(a)?;
+    if s.pattern.is_empty() {
+        return Err(bad("pattern is empty"));
+    }
+    let re = if s.regex {
+        Some(regex_lite::Regex::new(&s.pattern).map_err(|e| bad(format!("bad regex: {e}")))?)
+    } else {
+        None
+    };
+    let max_results = s.max_results.unwrap_or(100).clamp(1, SEARCH_MAX_RESULTS);
+    let root = absolute(link, s.path.as_deref().unwrap_or("."));
+    let walk = link
+        .call(
+            methods::FS_WALK,
+            json!({"path": wire(&root), "options": {"maxDepth": 32, "maxDirectories": SEARCH_MAX_ENTRIES,
+                   "maxEntries": SEARCH_MAX_ENTRIES, "followDirectorySymlinks": false,
+                   "pruneHiddenDirectories": true}}),
+        )
+        .await?;
+    let mut matches = Vec::new();
+    let (mut read, mut files, mut skipped) = (0usize, 0u64, 0u64);
+    let mut truncated = walk["truncated"].as_bool().unwrap_or(false);
+    for e in walk["entries"].as_array().into_iter().flatten() {
+        if e["kind"].as_str() != Some("file") {
+            continue;
+        }
+        let Some(p) = e["path"].as_str() else {
+            continue;
+        };
+        if s.name_suffix.as_deref().is_some_and(|x| !p.ends_with(x)) {
+            continue;
+        }
+        if read >= SEARCH_MAX_BYTES || matches.len() >= max_results {
+            truncated = true;
+            break;
+        }
+        let p = host(p);
+        let path = if p.starts_with('/') {
+            p
+        } else {
+            format!("{}/{p}", root.trim_end_matches('/'))
+        };
+        let want = SEARCH_FILE_BYTES.min(SEARCH_MAX_BYTES - read);
+        let Ok((data, _)) = read_block(link, &path, 0, want).await else {
+            skipped += 1;
+            continue;
+        };
+        read += data.len();
+        files += 1;
+        if data.contains(&0) {
+            continue; // binary
+        }
+        let text = String::from_utf8_lossy(&data);
+        for (n, line) in text.lines().enumerate() {
+            let hit = match &re {
+                Some(re) => re.is_match(line),
+                None => line.contains(&s.pattern),
+            };
+            if hit {
+                let line: String = line.chars().take(MATCH_LINE_CHARS).collect();
+                matches.push(json!({"path": path, "line": n + 1, "text": line}));
+                if matches.len() >= max_results {
+                    truncated = true;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(
+        json!({"matches": matches, "files_searched": files, "files_unreadable": skipped, "truncated": truncated}),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotArgs {
+    name: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreviewArgs {
+    port: u16,
+    #[serde(default)]
+    public: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortArgs {
+    port: u16,
+}
+
+/// Run tool `name` (not `fork_snapshot`, which replaces the link: the
+/// handler's) on `link`.
+pub async fn call(link: &Link, name: &str, a: Value) -> Result<Value, ToolError> {
+    match name {
+        "run_command" => run_command(link, a).await,
+        "process_start" => process_start(link, a).await,
+        "process_read" => process_read(link, a).await,
+        "process_write" => process_write(link, a).await,
+        "process_terminate" => process_terminate(link, a).await,
+        "process_list" => process_list(link).await,
+        "read_file" => read_file(link, a).await,
+        "write_file" => write_file(link, a).await,
+        "list_directory" => list_directory(link, a).await,
+        "search_files" => search_files(link, a).await,
+        "snapshot_create" => {
+            let s: SnapshotArgs = args(a)?;
+            Ok(link
+                .call(
+                    methods::SNAPSHOT_CREATE,
+                    json!({"name": s.name, "labels": s.labels}),
+                )
+                .await?)
+        }
+        "snapshot_list" => Ok(link.call(methods::SNAPSHOT_LIST, json!({})).await?),
+        "preview_create" => {
+            let p: PreviewArgs = args(a)?;
+            Ok(link
+                .call(
+                    methods::PREVIEW_CREATE,
+                    json!({"port": p.port, "public": p.public}),
+                )
+                .await?)
+        }
+        "preview_revoke" => {
+            let p: PortArgs = args(a)?;
+            link.call(methods::PREVIEW_REVOKE, json!({"port": p.port}))
+                .await?;
+            Ok(json!({"port": p.port, "revoked": true}))
+        }
+        other => Err(bad(format!("unknown tool `{other}`"))),
+    }
+}
+
+/// `fork_snapshot`'s argument.
+pub fn fork_target(a: Value) -> Result<String, ToolError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Fork {
+        snapshot_id: String,
+    }
+    Ok(args::<Fork>(a)?.snapshot_id)
+}
