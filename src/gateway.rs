@@ -178,7 +178,9 @@ impl Gateway {
         self.auth.store(Arc::new(auth));
         let old = std::mem::replace(&mut *self.auth_stop.lock(), stop);
         old.cancel();
-        let restart: Vec<&str> = restart_needed(&self.settings, new);
+        let webhooks = crate::webhooks::reload(new.webhooks.as_ref()).map_err(ConfigError)?;
+        let mut restart: Vec<&str> = restart_needed(&self.settings, new);
+        restart.extend(webhooks.as_deref());
         Ok(if restart.is_empty() {
             format!("{tenants}; keys reloaded")
         } else {

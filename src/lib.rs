@@ -51,7 +51,8 @@
 //! - below everything: [`fs`] (file operations on a confined root),
 //!   [`outbound`] (bounded per-connection queues), [`protocol`] (wire types),
 //!   [`error`] (the one error table), [`metrics`], [`audit`] (the audit
-//!   trail), [`telemetry`], [`task`].
+//!   trail), [`webhooks`] (lifecycle events, offered by [`audit`]),
+//!   [`telemetry`], [`task`].
 
 pub mod audit;
 pub mod auth;
@@ -87,4 +88,5 @@ pub mod telemetry;
 pub mod tenant;
 pub mod tls;
 pub mod transport;
+pub mod webhooks;
 pub mod worker;

@@ -93,6 +93,8 @@ pub struct Metrics {
     /// Audit events written, and dropped (queue full or cut off).
     pub audit_events: Counter,
     pub audit_dropped: Counter,
+    /// `exec_gateway_webhook_…` (module `webhooks`).
+    pub webhooks: crate::webhooks::WebhookMetrics,
     /// Peer requests refused for a bad fleet credential, by reason.
     pub fleet_auth_failures: Family<ReasonLabel, Counter>,
     pub outbound_bytes: Family<TenantLabel, Gauge>,
@@ -362,6 +364,8 @@ impl Metrics {
             "Audit events not written: the writer's queue was full, or their source's byte budget for the minute was spent",
             audit_dropped.clone(),
         );
+        let webhooks = crate::webhooks::WebhookMetrics::default();
+        webhooks.register(&mut r);
         let fleet_auth_failures = Family::<ReasonLabel, Counter>::default();
         r.register(
             "fleet_auth_failures",
@@ -536,6 +540,7 @@ impl Metrics {
             relays_started,
             audit_events,
             audit_dropped,
+            webhooks,
             fleet_auth_failures,
             outbound_bytes,
             outbound_bytes_peak,

@@ -194,13 +194,24 @@ impl SessionRegistry {
         image: Option<ChosenImage>,
     ) -> Result<(Arc<Session>, AttachToken), GatewayError> {
         let opened = self.open_inner(tenant, resume, outbound, image).await;
-        if let Ok((session, _)) = &opened {
-            let event = if resume.is_some() {
-                "session.resumed"
-            } else {
-                "session.opened"
-            };
-            audit_session(event, session, subject, "");
+        match &opened {
+            Ok((session, _)) => {
+                let event = if resume.is_some() {
+                    "session.resumed"
+                } else {
+                    "session.opened"
+                };
+                audit_session(event, session, subject, "");
+            }
+            Err(GatewayError::QuotaExceeded { quota, limit, .. }) => {
+                let who = crate::audit::Who {
+                    tenant: Some(&tenant.name),
+                    subject,
+                    session: None,
+                };
+                crate::audit::quota_refused(&who, "initialize", quota, *limit);
+            }
+            Err(_) => {}
         }
         opened
     }

@@ -143,7 +143,7 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
     // 4. The admin listener is read.
     gw.admin_get("/metrics").await;
 
-    let all = wait_for(&trail, 16).await;
+    let all = wait_for(&trail, 18).await;
     // Every event names its time and kind; compare the kinds in order,
     // and what each says.
     let kinds: Vec<&str> = all.iter().map(|e| e["event"].as_str().unwrap()).collect();
@@ -151,6 +151,7 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
         kinds,
         vec![
             "auth.refused",
+            "tenant.activated",
             "auth.accepted",
             "session.opened",
             "process.started",
@@ -162,6 +163,7 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
             "file.copied",
             "file.removed",
             "call.refused",
+            "tenant.activated",
             "auth.accepted",
             "session.opened",
             "call.refused",
@@ -171,39 +173,44 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
     );
     let at = |i: usize| &all[i];
     assert_eq!(at(0)["door"], "websocket");
+    // A tenant's first session activates it (workers started).
+    assert_eq!(
+        (at(1)["tenant"].as_str(), at(13)["tenant"].as_str()),
+        (Some("t1"), Some("t2"))
+    );
     assert_eq!(at(0)["credential"], "token");
     assert!(at(0)["message"].as_str().unwrap().contains("signature"));
-    assert_eq!(at(1)["tenant"], "t1");
-    assert_eq!(at(2)["session"], sid.as_str());
-    let started = at(3);
+    assert_eq!(at(2)["tenant"], "t1");
+    assert_eq!(at(3)["session"], sid.as_str());
+    let started = at(4);
     assert_eq!(started["tenant"], "t1");
     assert_eq!(started["session"], sid.as_str());
     assert_eq!(started["argv"], json!(["sh", "-c", "exit 3"]));
     assert_eq!(started["cwd"], t1_root.display().to_string());
     assert_eq!(started["env_names"], json!(["PATH", "SECRET_VAR"]));
     assert_eq!(started["tty"], false);
-    let exited = at(4);
+    let exited = at(5);
     assert_eq!(exited["process_id"], "p1");
     assert_eq!(exited["exit_code"], 3);
     assert_eq!(exited["signal"], Value::Null);
     assert_eq!(exited["killed_by"], Value::Null);
-    let killed = at(7);
+    let killed = at(8);
     assert_eq!(killed["process_id"], "p2");
     assert_eq!(killed["signal"], 9);
     assert_eq!(killed["killed_by"], "client");
-    assert_eq!(at(8)["path"], file.display().to_string());
-    assert_eq!(at(8)["size"], 11);
-    assert_eq!(at(9)["destination"], copy.display().to_string());
-    assert_eq!(at(10)["path"], copy.display().to_string());
-    assert_eq!(at(11)["method"], "fs/readFile");
-    assert_eq!(at(11)["error"], "outside_root");
-    assert_eq!(at(12)["tenant"], "t2");
+    assert_eq!(at(9)["path"], file.display().to_string());
+    assert_eq!(at(9)["size"], 11);
+    assert_eq!(at(10)["destination"], copy.display().to_string());
+    assert_eq!(at(11)["path"], copy.display().to_string());
+    assert_eq!(at(12)["method"], "fs/readFile");
+    assert_eq!(at(12)["error"], "outside_root");
     assert_eq!(at(14)["tenant"], "t2");
-    assert_eq!(at(14)["method"], "process/start");
-    assert_eq!(at(14)["error"], "forbidden");
-    assert_eq!(at(14)["argv"], json!(["id"]));
-    assert_eq!(at(15)["path"], "/metrics");
-    assert_eq!(at(15)["status"], 200);
+    assert_eq!(at(16)["tenant"], "t2");
+    assert_eq!(at(16)["method"], "process/start");
+    assert_eq!(at(16)["error"], "forbidden");
+    assert_eq!(at(16)["argv"], json!(["id"]));
+    assert_eq!(at(17)["path"], "/metrics");
+    assert_eq!(at(17)["status"], 200);
     assert!(all.iter().all(|e| e["ts"].is_string()));
 
     // Never a token or an environment value.
@@ -249,6 +256,13 @@ async fn the_trail_of_a_scripted_session_matches_what_it_did() {
             .any(|e| e["event"] == "session.closed" && e["reason"] == "shutdown"),
         "{last:#?}"
     );
+    // And the tenants retired, with what they used.
+    let retired = last
+        .iter()
+        .find(|e| e["event"] == "tenant.retired" && e["tenant"] == "t1")
+        .unwrap_or_else(|| panic!("{last:#?}"));
+    assert_eq!(retired["reason"], "shutdown");
+    assert_eq!(retired["usage"]["processes_started"], 2);
 }
 
 /// What docs/operations.md says each event carries: `session.opened` its

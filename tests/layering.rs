@@ -51,6 +51,7 @@ const ORDER: &[&str] = &[
     "protocol",
     "metrics",
     "audit",
+    "webhooks",
     "telemetry",
     "task",
 ];

@@ -26,7 +26,9 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 
 mod budget;
+mod refusals;
 use budget::{Admit, Bucket, Budgets, SUMMARY_FIELD_BYTES, SUMMARY_LIST_ITEMS};
+pub use refusals::quota_refused;
 use serde_json::{Map, Value, json};
 
 /// Where the audit trail goes.
@@ -69,9 +71,20 @@ struct Sink {
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 
-/// Whether events are recorded (callers skip building them otherwise).
+/// Whether anything takes events: the trail, or webhooks (callers skip
+/// building them otherwise).
 pub fn enabled() -> bool {
+    SINK.get().is_some() || crate::webhooks::enabled()
+}
+
+/// Whether the audit trail is configured (for events only it records).
+pub fn trail_enabled() -> bool {
     SINK.get().is_some()
+}
+
+/// Whether `event` would be recorded or sent anywhere.
+pub fn wanted(event: &str) -> bool {
+    SINK.get().is_some() || crate::webhooks::wants(event)
 }
 
 /// Open the sink and start its writer thread. A file that cannot be opened
@@ -97,6 +110,11 @@ pub fn init(s: &AuditSettings, written: Counter, dropped: Counter) -> Result<(),
         budgets: Budgets::new(s.tenant_bytes_per_minute),
     });
     Ok(())
+}
+
+/// `tag` when `event` would be recorded or sent anywhere.
+pub fn wanting<'a, T>(tag: Option<&'a T>, event: &str) -> Option<&'a T> {
+    tag.filter(|_| wanted(event))
 }
 
 /// Whose processes a session's are, carried to their exits.
@@ -163,8 +181,10 @@ pub struct Who<'a> {
 }
 
 /// Record `event` with `fields` (an object). Never blocks: a full queue
-/// drops it (counted).
+/// drops it (counted). Webhooks are offered it first, trail or not (the
+/// one seam between the two).
 pub fn emit(event: &str, who: &Who<'_>, mut fields: Value) {
+    crate::webhooks::offer(event, who.tenant, who.subject, who.session, &fields);
     let Some(sink) = SINK.get() else { return };
     let bucket = Bucket::of(event, who.tenant, &fields);
     let omitted = match sink.budgets.admit(&bucket) {

@@ -475,6 +475,12 @@ async fn serve(
         eprintln!("exec-gateway: {e}");
         return ExitCode::FAILURE;
     }
+    if let Some(w) = &gw.settings.webhooks
+        && let Err(e) = crate::webhooks::init(w, gw.metrics.webhooks.clone())
+    {
+        eprintln!("exec-gateway: {e}");
+        return ExitCode::FAILURE;
+    }
     // Said once the configuration is known good (a refusal stays one line).
     if let Some(l) = lowered {
         tracing::warn!("{l}");
@@ -531,6 +537,9 @@ async fn serve(
         tls,
     };
     server::run(gw, listeners, stop).await;
+    // What the shutdown itself emitted (sessions closed, processes
+    // killed, tenants retired) reaches the spool, to be sent next start.
+    crate::webhooks::drain(std::time::Duration::from_secs(2));
     crate::audit::drain(std::time::Duration::from_secs(2));
     // The exporter's flush waits for its thread: not on a runtime thread.
     let _ = tokio::task::spawn_blocking(telemetry::shutdown_tracing).await;

@@ -30,6 +30,7 @@ mod template;
 mod tenants;
 mod tracing;
 mod uids;
+mod webhooks;
 
 use audit::validate_audit;
 pub use audit::{AuditConfig, AuditSettings, AuditSink};
@@ -78,6 +79,7 @@ pub use tenants::{
 };
 pub use tracing::{TracingConfig, TracingSettings};
 pub use uids::{HostIds, IdsInUse, UidLedger, allocate_uids};
+pub use webhooks::{EndpointConfig, EndpointSettings, WebhookSettings, WebhooksConfig};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -128,6 +130,8 @@ pub struct Config {
     pub snapshots: SnapshotsConfig,
     #[serde(default)]
     pub preview: PreviewConfig,
+    /// Lifecycle webhooks. Default: none.
+    pub webhooks: Option<WebhooksConfig>,
     #[serde(default)]
     pub mcp: McpConfig,
 }
@@ -206,6 +210,8 @@ pub struct Settings {
     pub snapshots: SnapshotsSettings,
     /// `[preview]`: preview URLs into sessions' ports.
     pub preview: PreviewSettings,
+    /// `[webhooks]`: lifecycle events to endpoints, when configured.
+    pub webhooks: Option<WebhookSettings>,
     /// `[mcp]`: the MCP server on the client listener.
     pub mcp: McpSettings,
 }
@@ -387,6 +393,16 @@ impl Config {
         secret_files.extend(audit_files.iter().cloned());
         let images = self.images.validate()?;
         let snapshots = self.snapshots.validate()?;
+        let webhooks = webhooks::validate_webhooks(self.webhooks)?;
+        // Their secrets sign what receivers trust; a tenant that could
+        // write the spool would have the gateway sign its own events.
+        secret_files.extend(secret_paths(webhooks.iter().flat_map(|w| {
+            w.endpoints
+                .iter()
+                .flat_map(|e| e.secret_files.iter().chain(e.ca_file.iter()))
+                .chain(std::iter::once(&w.spool_dir))
+                .map(PathBuf::as_path)
+        })));
         secret_files.extend(secret_paths(
             images
                 .credentials
@@ -577,6 +593,7 @@ impl Config {
             images,
             snapshots,
             preview,
+            webhooks,
             mcp,
             secret_files,
         };

@@ -45,6 +45,10 @@ pub enum FsError {
     ShuttingDown,
 }
 
+/// What a file call's error says when the tenant's disk quota refused a
+/// write (the audit trail and webhooks count it as `quota.refused`).
+pub const DISK_QUOTA_USED_UP: &str = "the tenant's disk quota is used up";
+
 impl FsError {
     /// The reference's `map_fs_error`: NotFound → -32004, InvalidInput and
     /// PermissionDenied → -32600, anything else → -32603; the message is the
@@ -58,7 +62,7 @@ impl FsError {
             }
             _ if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
                 FsError::Io(format!(
-                    "{text}: the tenant's disk quota is used up (max_tmp_bytes for /tmp, max_disk_bytes for its root)"
+                    "{text}: {DISK_QUOTA_USED_UP} (max_tmp_bytes for /tmp, max_disk_bytes for its root)"
                 ))
             }
             _ => FsError::Io(text),

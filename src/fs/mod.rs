@@ -31,7 +31,7 @@ mod walk;
 
 pub use contents::{read_encoded, read_whole, write_whole};
 pub use creds::{FsCreds, drop_thread_groups};
-pub use error::FsError;
+pub use error::{DISK_QUOTA_USED_UP, FsError};
 pub use root::{FsRoot, normalize};
 pub use run::{FsDone, FsOp, run};
 pub use walk::MAX_WALK_ENTRIES;

@@ -165,6 +165,19 @@ static REFUSALS: std::sync::LazyLock<Refusals> = std::sync::LazyLock::new(|| Ref
     suppressed: parking_lot::Mutex::new(std::collections::HashMap::new()),
 });
 
+const QUOTA_REFUSED: &str = "quota.refused";
+
+/// The quota a call was refused by, and its limit: a tenant quota
+/// (-32006), or a file call that met the tenant's disk quota (`disk`, its
+/// limit not known here: 0).
+fn quota_of(e: &GatewayError) -> Option<(&'static str, u64)> {
+    match e {
+        GatewayError::QuotaExceeded { quota, limit, .. } => Some((quota, *limit)),
+        e if e.to_string().contains(crate::fs::DISK_QUOTA_USED_UP) => Some(("disk", 0)),
+        _ => None,
+    }
+}
+
 /// Refusals worth a security team's eye: a scope the caller lacks, a path
 /// outside the root, a call the gateway forbids.
 fn is_refusal(e: &GatewayError) -> bool {
@@ -190,10 +203,13 @@ where
     fn call(&mut self, req: RpcRequest) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if !audit::enabled() {
+        // Calls' own events go to the trail only; a quota refusal also
+        // to the webhooks.
+        let trail = audit::trail_enabled();
+        if !trail && !audit::wanted(QUOTA_REFUSED) {
             return Box::pin(inner.call(req));
         }
-        let described = describe(&req.op);
+        let described = if trail { describe(&req.op) } else { None };
         let method = req.op.method();
         let tenant = req.ctx.tenant.name.clone();
         let subject = req.ctx.principal.subject.clone();
@@ -205,6 +221,9 @@ where
                 subject: subject.as_deref(),
                 session: session.as_deref(),
             };
+            if let Some((quota, limit)) = result.as_ref().err().and_then(quota_of) {
+                audit::quota_refused(&who, method, quota, limit);
+            }
             match (&result, described) {
                 (Ok(_), Some((event, fields)))
                     if ![START, TERMINATED, SIGNALLED].contains(&event) =>

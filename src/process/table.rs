@@ -267,7 +267,7 @@ impl ProcessTable {
             audit: options.audit,
         };
         // Recorded before the process's pump starts, so before its exit.
-        let audit_start = new.audit.as_ref().map(|tag| {
+        let audit_start = crate::audit::wanting(new.audit.as_ref(), "process.started").map(|tag| {
             (
                 tag.clone(),
                 crate::audit::process_started(

@@ -14,6 +14,7 @@
 //! executor registers again.
 
 mod direct;
+mod events;
 pub mod link;
 pub mod sigv4;
 pub mod ticket;
@@ -528,6 +529,7 @@ impl Pool {
         link: Arc<Link>,
         standing: tokio::sync::watch::Receiver<Arc<Standing>>,
     ) -> Result<(), Refusal> {
+        let mut joined = false;
         let executor = {
             let mut executors = self.executors.lock();
             if Self::links(&executors) >= self.settings.max_links {
@@ -557,6 +559,7 @@ impl Pool {
                     });
                     executors.insert(ticket.exe.clone(), e.clone());
                     self.executors_gauge.set(executors.len() as i64);
+                    joined = true;
                     e
                 }
             };
@@ -569,6 +572,10 @@ impl Pool {
             self.idle_gauge.inc();
             executor
         };
+        if joined {
+            let t = self.tenant();
+            events::joined(&self.name, t, &executor.id, &ticket.name, &ticket.labels);
+        }
         tracing::info!(pool = %self.name, executor = %executor.id, name = %ticket.name, link = link.serial, "executor link up");
         self.arrived.notify_waiters();
         let pool = self.clone();
@@ -605,6 +612,8 @@ impl Pool {
                 pool: self.name.clone(),
                 executor: executor.id.clone(),
             });
+            drop(executors);
+            events::left(&self.name, self.tenant(), &executor.id);
         }
     }
 

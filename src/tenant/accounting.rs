@@ -155,3 +155,38 @@ impl Accounts {
         self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
+
+/// `tenant.activated` in the audit trail (and to webhooks).
+pub(super) fn announce_activated(t: &Tenant, templated: bool) {
+    crate::audit::emit(
+        "tenant.activated",
+        &crate::audit::Who {
+            tenant: Some(&t.name),
+            ..Default::default()
+        },
+        serde_json::json!({ "instance": &*t.instance, "templated": templated }),
+    );
+}
+
+/// `tenant.retired` with what its activation used; `why`: `idle` (also
+/// when retired for another tenant's place), `changed` (a reload changed
+/// what only a new activation applies), `replaced` (such an activation,
+/// once its last session ended), `removed` (a reload removed it),
+/// `shutdown`.
+pub(super) fn announce_retired(t: &Tenant, usage: &Usage, why: &str) {
+    if !crate::audit::wanted("tenant.retired") {
+        return;
+    }
+    crate::audit::emit(
+        "tenant.retired",
+        &crate::audit::Who {
+            tenant: Some(&t.name),
+            ..Default::default()
+        },
+        serde_json::json!({
+            "instance": &*t.instance,
+            "reason": why,
+            "usage": serde_json::to_value(usage).unwrap_or_default(),
+        }),
+    );
+}

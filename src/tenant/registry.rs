@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::{OwnedMutexGuard, Semaphore};
 
-use super::accounting::{Account, Accounts, Usage};
+use super::accounting::{Account, Accounts, Usage, announce_activated, announce_retired};
 use super::build::{self, BuildContext, Origin};
 use super::{Tenant, unknown_tenant};
 use crate::config::{ConfigError, Settings, TemplateSettings, TenantSettings, UidLedger};
@@ -349,6 +349,7 @@ impl Tenants {
                     ms = started.elapsed().as_millis() as u64,
                     "tenant activated"
                 );
+                announce_activated(&t, templated);
                 Ok(Arc::new(t))
             }
             Err(e) => {
@@ -574,6 +575,7 @@ impl Tenants {
     pub fn retire(&self) {
         for t in self.active() {
             t.backend.retire();
+            announce_retired(&t, &Usage::of(&t), "shutdown");
             if let Some(tmp) = &t.tmp {
                 crate::isolation::disk::unmount(tmp);
             }
@@ -730,6 +732,13 @@ fn retire(ctx: &BuildContext, accounts: &Accounts, r: Retiring) {
     let t = r.tenant;
     t.backend.retire();
     let usage = Usage::of(&t);
+    let why = match (r.replaced, t.is_removed(), t.is_stale()) {
+        (true, _, _) => "replaced",
+        (_, true, _) => "removed",
+        (_, _, true) => "changed",
+        _ => "idle",
+    };
+    announce_retired(&t, &usage, why);
     if let Some(cg) = &t.cgroup {
         cg.remove();
     }

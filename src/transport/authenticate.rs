@@ -83,7 +83,7 @@ pub fn audit_handshake(
     credential: &str,
     result: &Result<Caller, GatewayError>,
 ) {
-    if !crate::audit::enabled() {
+    if !crate::audit::trail_enabled() {
         return;
     }
     let remote = remote.map(|r| r.to_string());
