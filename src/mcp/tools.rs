@@ -22,6 +22,9 @@ pub const DEFAULT_OUTPUT_BYTES: usize = 64 * 1024;
 /// `run_command`'s timeout by default, and its largest.
 pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_RUN_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long `run_command` waits, once its command has exited, for output a
+/// process it left running may still write.
+pub const EXITED_GRACE: Duration = Duration::from_secs(1);
 /// Longest `process_read` wait for output.
 pub const MAX_READ_WAIT: Duration = Duration::from_secs(30);
 /// `read_file`'s bytes by default.
@@ -214,6 +217,7 @@ async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
     let deadline = Instant::now() + timeout;
     let (mut out, mut err) = (Kept::new(max), Kept::new(max));
     let mut after = 0u64;
+    let mut exited_at: Option<Instant> = None;
     loop {
         let wait = deadline
             .saturating_duration_since(Instant::now())
@@ -224,6 +228,24 @@ async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
         // Closed, and this read took everything (one cut short by its
         // byte bound is followed by another).
         let drained = last.is_none();
+        // Exited, but a process it left behind (`server &`) holds its
+        // output open: a read answers at once then, so it is not asked
+        // again in a loop; after a grace the command's own exit is the
+        // answer, and what it left keeps running in the session.
+        if r["exited"].as_bool() == Some(true) && r["closed"].as_bool() != Some(true) && drained {
+            let since = *exited_at.get_or_insert_with(Instant::now);
+            if since.elapsed() >= EXITED_GRACE {
+                return Ok(json!({
+                    "exit_code": r["exitCode"],
+                    "timed_out": false,
+                    "stdout": out.text(), "stderr": err.text(),
+                    "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+                    "still_running_in_background": true,
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         if (r["closed"].as_bool() == Some(true) && drained) || r["failure"].is_string() {
             return Ok(json!({
                 "exit_code": r["exitCode"],
@@ -385,14 +407,28 @@ async fn read_block(
             json!({"handleId": handle, "offset": offset, "len": len}),
         )
         .await;
-    let _ = link
-        .call(methods::FS_CLOSE, json!({"handleId": handle}))
-        .await;
+    close(link, &handle).await;
     let r = r?;
     let data = B64
         .decode(r["chunk"].as_str().unwrap_or_default())
         .map_err(|e| bad(format!("undecodable block: {e}")))?;
     Ok((data, r["eof"].as_bool().unwrap_or(true)))
+}
+
+/// Close `handle`; a close refused for load (the tenant's rate or
+/// in-flight limit) is tried again after a pause, a few times: a handle
+/// left open counts against the session's handles until it ends.
+async fn close(link: &Link, handle: &str) {
+    for pause_ms in [0u64, 50, 200, 500, 1000] {
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        match link
+            .call(methods::FS_CLOSE, json!({"handleId": handle}))
+            .await
+        {
+            Err(e) if e.code == crate::error::code::OVERLOADED => continue,
+            _ => return,
+        }
+    }
 }
 
 async fn read_file(link: &Link, a: Value) -> Result<Value, ToolError> {
@@ -519,6 +555,7 @@ async fn search_files(link: &Link, a: Value) -> Result<Value, ToolError> {
         .await?;
     let mut matches = Vec::new();
     let (mut read, mut files, mut skipped) = (0usize, 0u64, 0u64);
+    let mut stopped: Option<String> = None;
     let mut truncated = walk["truncated"].as_bool().unwrap_or(false);
     for e in walk["entries"].as_array().into_iter().flatten() {
         if e["kind"].as_str() != Some("file") {
@@ -541,33 +578,61 @@ async fn search_files(link: &Link, a: Value) -> Result<Value, ToolError> {
             format!("{}/{p}", root.trim_end_matches('/'))
         };
         let want = SEARCH_FILE_BYTES.min(SEARCH_MAX_BYTES - read);
-        let Ok((data, _)) = read_block(link, &path, 0, want).await else {
-            skipped += 1;
-            continue;
+        let data = match read_block(link, &path, 0, want).await {
+            Ok((data, _)) => data,
+            Err(ToolError(e)) if e.contains("overloaded") || e.contains("rate") => {
+                // The tenant's limits say stop: what was searched is
+                // answered, marked as cut short.
+                truncated = true;
+                stopped = Some(e);
+                break;
+            }
+            Err(_) => {
+                skipped += 1;
+                continue;
+            }
         };
         read += data.len();
         files += 1;
         if data.contains(&0) {
             continue; // binary
         }
-        let text = String::from_utf8_lossy(&data);
-        for (n, line) in text.lines().enumerate() {
-            let hit = match &re {
-                Some(re) => re.is_match(line),
-                None => line.contains(&s.pattern),
-            };
-            if hit {
-                let line: String = line.chars().take(MATCH_LINE_CHARS).collect();
-                matches.push(json!({"path": path, "line": n + 1, "text": line}));
-                if matches.len() >= max_results {
-                    truncated = true;
-                    break;
+        // Matching is CPU work: on the blocking pool, not the threads that
+        // serve every tenant's calls.
+        let (pattern, re2, room) = (s.pattern.clone(), re.clone(), max_results - matches.len());
+        let found = tokio::task::spawn_blocking(move || {
+            let text = String::from_utf8_lossy(&data);
+            let mut found = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let hit = match &re2 {
+                    Some(re) => re.is_match(line),
+                    None => line.contains(&pattern),
+                };
+                if hit {
+                    found.push((
+                        n + 1,
+                        line.chars().take(MATCH_LINE_CHARS).collect::<String>(),
+                    ));
+                    if found.len() >= room {
+                        break;
+                    }
                 }
             }
+            found
+        })
+        .await
+        .unwrap_or_default();
+        for (line_no, text) in found {
+            matches.push(json!({"path": path, "line": line_no, "text": text}));
+        }
+        if matches.len() >= max_results {
+            truncated = true;
+            break;
         }
     }
     Ok(
-        json!({"matches": matches, "files_searched": files, "files_unreadable": skipped, "truncated": truncated}),
+        json!({"matches": matches, "files_searched": files, "files_unreadable": skipped,
+              "truncated": truncated, "stopped_by": stopped}),
     )
 }
 

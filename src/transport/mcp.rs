@@ -20,6 +20,10 @@ use crate::gateway::Gateway;
 use crate::mcp::http::McpBody;
 use crate::mcp::{Door, PIPE_BYTES};
 
+/// How long a request's body may take to arrive whole; its bytes are held
+/// in the tenant's inbound budget meanwhile.
+pub const MCP_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Whether `path` is the MCP endpoint.
 pub fn is_mcp(gw: &Gateway, path: &str) -> bool {
     gw.mcp.as_ref().is_some_and(|m| m.path() == path)
@@ -100,5 +104,48 @@ pub async fn serve(
             "connection limit reached\n".into(),
         );
     }
+    // The body is read here, whole, within a deadline and charged to the
+    // tenant's inbound budget while it is held: a client that sends part
+    // of a body and stops holds nothing for long, and one tenant's
+    // requests cannot hold more than its budget.
+    let max = gw.settings.mcp.max_request_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("an MCP request is at most {max} bytes\n"),
+        );
+    }
+    let Some(_held) = caller.tenant().inbound.try_reserve(declared.unwrap_or(max)) else {
+        let mut r = plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the tenant's inbound budget is full; retry later\n".into(),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    };
+    let (parts, body) = req.into_parts();
+    let read = http_body_util::Limited::new(body, max).collect();
+    let body = match tokio::time::timeout(MCP_BODY_TIMEOUT, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("an MCP request is at most {max} bytes\n"),
+            );
+        }
+        Err(_) => {
+            return plain(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request's body did not arrive in time\n".into(),
+            );
+        }
+    };
+    let req = Request::from_parts(parts, Full::new(body));
     mcp.handle(req, Arc::new(door(gw, caller))).await
 }

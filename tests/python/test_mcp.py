@@ -164,6 +164,12 @@ def test_tools_run_commands_and_work_on_files(gw):
             r = await s.ok("run_command", {"command": "tr a-z A-Z", "stdin": "shout"})
             assert r["stdout"] == "SHOUT"
 
+            # A command that leaves a process running (`server &`): its own
+            # exit is the answer, at once, and what it left keeps running.
+            r = await s.ok("run_command", {"command": "sleep 30 & echo started"})
+            assert r["exit_code"] == 0 and r["stdout"] == "started\n"
+            assert r["timed_out"] is False and r["still_running_in_background"] is True
+
             # Past its timeout the command is terminated.
             r = await s.ok("run_command", {"command": "echo started; sleep 60", "timeout_ms": 500})
             assert r["timed_out"] is True and r["exit_code"] is None
