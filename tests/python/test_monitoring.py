@@ -13,7 +13,11 @@
   handshake timeout, a session on a real remote executor (`exec-gateway
   executor`), a session that finds no executor, a refused executor
   registration, a peer request without a fleet credential, configuration
-  reloads accepted and refused. Then every query of the dashboard (its
+  reloads accepted and refused, an MCP session on /mcp, and lifecycle
+  webhooks to a real receiver on loopback (one endpoint answering 500 to
+  its first delivery and 200 after, one refusing with 400, so messages are
+  delivered, retried and given up; an event over max_event_bytes dropped).
+  Then every query of the dashboard (its
   template variables filled with the values the load made), every label
   query of its variables, every recording rule and every alert's expression
   is asked of Prometheus's HTTP API, and each must return data.
@@ -27,6 +31,7 @@ Skipped with a named reason without /usr/bin/prometheus or promtool (Debian's
 """
 
 import asyncio
+import base64
 import http.server
 import json
 import os
@@ -151,10 +156,12 @@ def test_every_alert_says_how_bad_what_and_where_its_runbook_is():
     assert drain["ExecGatewayDrainStuck"]["expr"] == drain["ExecGatewayDraining"]["expr"]
     # Every group the task names is watched.
     for needed in ["ExecGatewayDown", "ExecGatewayAbsent", "ExecGatewayHighErrorRatio",
-                   "ExecGatewaySlowSpawns", "ExecGatewayTenantShedding",
+                   "ExecGatewaySlowSpawns", "ExecGatewaySlowCalls", "ExecGatewayTenantShedding",
                    "ExecGatewayTenantAtQuota", "ExecGatewayAuditEventsDropped",
                    "ExecGatewayExecutorsLost", "ExecGatewayWorkerDeaths",
-                   "ExecGatewayIsolationLayerInactive"]:
+                   "ExecGatewayIsolationLayerInactive", "ExecGatewayWebhookGivenUp",
+                   "ExecGatewayWebhookEventsDropped", "ExecGatewayWebhookSpoolErrors",
+                   "ExecGatewayWebhookQueueGrowing"]:
         assert needed in drain, needed
 
 
@@ -188,7 +195,7 @@ def test_the_dashboard_is_grafana_json_over_one_datasource_variable():
             assert t["datasource"] == p["datasource"] and t["expr"].strip(), p["title"]
     titles = {p["title"] for p in d["panels"] if p["type"] == "row"}
     for row in ["Traffic", "Errors", "Latency", "Saturation per tenant", "Isolation",
-                "Drains and fleet", "Executors", "Audit and control plane"]:
+                "Drains and fleet", "Executors", "Audit and control plane", "Webhooks"]:
         assert row in titles, row
 
 
@@ -304,16 +311,54 @@ class Jwks:
         self.server.server_close()
 
 
+class WebhookReceiver:
+    """Webhook endpoints on loopback: /accepts answers 500 to the first
+    delivery (a failed attempt, retried) and 200 to every later one;
+    /refuses answers 400 (the message is given up as `rejected`). The
+    signatures are test_webhooks.py's business: here only the counters."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.statuses = []  # (path, status) of every POST, in order
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.lock:
+                    first = not any(p == "/accepts" for p, _ in receiver.statuses)
+                    status = 400 if self.path == "/refuses" else 500 if first else 200
+                    receiver.statuses.append((self.path, status))
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Fleet:
     """The gateway under test: tenants alpha (local, with small limits),
     lonely (a pool without executors) and remote (a pool our executor
-    joins), in a fleet of one so the peer listener exists."""
+    joins), in a fleet of one so the peer listener exists; its lifecycle
+    webhooks go to `hooks`."""
 
-    def __init__(self, tmp: pathlib.Path, scratch: pathlib.Path, jwks: Jwks):
+    def __init__(self, tmp: pathlib.Path, scratch: pathlib.Path, jwks: Jwks,
+                 hooks: WebhookReceiver):
         self.tmp = tmp
         self.secret = secrets.token_hex(32).encode()
         (tmp / "hs256.key").write_bytes(self.secret)
         (tmp / "fleet.key").write_bytes(secrets.token_hex(32).encode())
+        (tmp / "webhook.secret").write_text(
+            "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
         self.roots = {}
         for tenant in ["alpha", "lonely", "remote"]:
             self.roots[tenant] = scratch / tenant
@@ -339,7 +384,16 @@ class Fleet:
             f"[tenants.lonely]\nroot = \"{self.roots['lonely']}\"\npool = \"empty\"\n"
             f"[tenants.remote]\nroot = \"{self.roots['remote']}\"\npool = \"p\"\n"
             "[executors]\nopen_timeout = \"1s\"\n"
-            "[executors.pools.p]\n[executors.pools.empty]\n")
+            "[executors.pools.p]\n[executors.pools.empty]\n"
+            # The smallest max_event_bytes: a session of a subject over 1 KiB
+            # is dropped as too_large (load). Fast retries: the first
+            # delivery's 500 is followed within a second by a 200.
+            f"[webhooks]\nspool_dir = \"{tmp}/webhooks\"\nmax_event_bytes = 1024\n"
+            f"[[webhooks.endpoints]]\nname = \"accepts\"\nurl = \"{hooks.base}/accepts\"\n"
+            f"secret_files = [\"{tmp}/webhook.secret\"]\n"
+            "retry_initial = \"100ms\"\nretry_max = \"1s\"\n"
+            f"[[webhooks.endpoints]]\nname = \"refuses\"\nurl = \"{hooks.base}/refuses\"\n"
+            f"secret_files = [\"{tmp}/webhook.secret\"]\nevents = [\"session.*\"]\n")
         self.config.write_text(self.good_config)
         self.stderr = open(tmp / "gateway.log", "w")
         self.proc = subprocess.Popen(
@@ -509,6 +563,24 @@ def reloads(fleet):
     assert before != fleet.metrics()
 
 
+def mcp_session(fleet):
+    """An MCP session on the client listener's /mcp (docs/mcp.md), left
+    open (it lives until [mcp] idle_timeout, 10 min): the
+    exec_gateway_mcp_sessions gauge is 1 while it is scraped."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "monitoring", "version": "1"}}}
+    req = urllib.request.Request(
+        f"http://{fleet.ws_addr}/mcp", data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {fleet.gw.token(tenant='alpha')}",
+                 "Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200 and r.headers["Mcp-Session-Id"], dict(r.headers)
+        answer = r.read().decode()
+    assert '"protocolVersion":"2025-11-25"' in answer, answer
+
+
 async def load(fleet, prom, executor_root, stubs):
     """Every kind of traffic the dashboard and the alerts look at. Returns
     the connections that stay open (alpha's, with three processes running,
@@ -585,6 +657,16 @@ async def load(fleet, prom, executor_root, stubs):
         await w.close()
     await ro_ws.close()
 
+    # A session of a subject over 1 KiB: its session.created webhook event
+    # passes max_event_bytes (1024) and is dropped as too_large, one copy
+    # per endpoint that wants it.
+    big_ws = await websockets.connect(fleet.gw.url, additional_headers={
+        "Authorization": f"Bearer {fleet.gw.token(tenant='alpha', sub='s' * 1100)}"})
+    r = await initialize(Client(big_ws))
+    assert "result" in r, r
+    await big_ws.close()
+    await asyncio.to_thread(mcp_session, fleet)
+
     await asyncio.to_thread(handshake_timeout, fleet)
     await asyncio.to_thread(refused_registration, fleet)
     await asyncio.to_thread(refused_peer_request, fleet)
@@ -644,7 +726,8 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_and_the_drain_aler
     if not os.path.isfile(gateway_binary()):
         pytest.skip(f"no gateway binary at {gateway_binary()} (cargo build)")
     jwks = Jwks()
-    fleet = Fleet(tmp_path, scratch, jwks)
+    hooks = WebhookReceiver()
+    fleet = Fleet(tmp_path, scratch, jwks, hooks)
     executor = prom = None
     try:
         executor = Executor(tmp_path, fleet)
@@ -663,6 +746,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_and_the_drain_aler
             d = _dashboard()
             panels = [(title, substitute(e, values)) for title, e in _dashboard_exprs(d)]
             records = [(r["record"], r["record"]) for r in _records()]
+            # Alerts on rare events are asked without their comparison
+            # (`underlying`): the series must exist. The load makes them
+            # exist for real where it can (a webhook given up by a 400, an
+            # event dropped as too large); exec_gateway_webhook_spool_errors_total
+            # and the queue gauges exist from the start (at 0), so
+            # ExecGatewayWebhookSpoolErrors and ...QueueGrowing are evaluated
+            # on their zeros: a full spool disk or a down endpoint for 30
+            # minutes is not made here.
             alerts = [(a["alert"], underlying(a["expr"])) for a in _alerts()]
             for name, stripped in alerts:
                 assert re.search(r"(==|!=|>=|<=|>|<)\s*-?\d", stripped) is None, (name, stripped)
@@ -690,6 +781,19 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_and_the_drain_aler
             assert max(prom.query(
                 f'sum(rate(exec_gateway_requests_total{{tenant="alpha", outcome="ok"}}[5m]))')) > 0
             assert prom.query(f'exec_gateway_executor_sessions{{pool="p", executor="ex-1"}}') == [1]
+            # The MCP session is open; webhook messages were delivered after
+            # a failed attempt (the receiver's first 500), given up (its 400)
+            # and dropped (too large).
+            assert prom.query(f'exec_gateway_mcp_sessions{{job="{JOB}"}}') == [1]
+            for expr in ['exec_gateway_webhook_delivered_total{endpoint="accepts"} > 0',
+                         'exec_gateway_webhook_failed_attempts_total{endpoint="accepts"} > 0',
+                         'exec_gateway_webhook_given_up_total{endpoint="refuses", '
+                         'reason="rejected"} > 0',
+                         'exec_gateway_webhook_dropped_total{reason="too_large"} > 0']:
+                await asyncio.to_thread(eventually, lambda e=expr: prom.query(e), expr)
+            with hooks.lock:
+                assert ("/accepts", 500) in hooks.statuses and ("/accepts", 200) in hooks.statuses
+                assert ("/refuses", 400) in hooks.statuses, hooks.statuses
 
             # The drain: SIGTERM with alpha's three processes running.
             assert prom.query(f'exec_gateway_draining{{job="{JOB}"}}') == [0]
@@ -715,6 +819,6 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_and_the_drain_aler
         asyncio.run(asyncio.wait_for(drive(), 4 * WAIT))
         assert fleet.proc.wait(timeout=WAIT) == 0
     finally:
-        for part in (prom, executor, fleet, jwks):
+        for part in (prom, executor, fleet, jwks, hooks):
             if part is not None:
                 part.stop()
