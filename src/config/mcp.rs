@@ -16,8 +16,10 @@ pub const DEFAULT_MAX_MCP_SESSIONS_PER_TENANT: usize = 16;
 /// Default `[mcp] max_sessions`: MCP sessions of all tenants at once.
 pub const DEFAULT_MAX_MCP_SESSIONS: usize = 1024;
 /// Default `[mcp] idle_timeout`: an MCP session no request has used for
-/// this long ends (and with it its sandbox session and processes).
-pub const DEFAULT_MCP_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// this long ends (and with it its sandbox session and processes). Above
+/// the longest tool call (`run_command`'s 10 minutes): rmcp counts a
+/// session with a call in flight as idle.
+pub const DEFAULT_MCP_IDLE_TIMEOUT: Duration = Duration::from_secs(900);
 /// Default `[mcp] max_request_bytes`: the largest MCP request body.
 pub const DEFAULT_MAX_MCP_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 

@@ -15,8 +15,11 @@ use crate::protocol::methods;
 use crate::protocol::path::{WirePath, to_wire};
 use crate::protocol::revision::Revision;
 
-/// Most bytes of output, file content or listing one tool result carries.
-pub const MAX_TOOL_BYTES: usize = 1024 * 1024;
+/// Most bytes of output or file content one tool result carries. Its JSON
+/// is larger (escapes; the text copy of the structured content), and
+/// clients bound their messages (the official Python SDK: 1 MiB per
+/// event), so this stays a quarter of that.
+pub const MAX_TOOL_BYTES: usize = 256 * 1024;
 /// `run_command`'s output kept per stream by default.
 pub const DEFAULT_OUTPUT_BYTES: usize = 64 * 1024;
 /// `run_command`'s timeout by default, and its largest.
@@ -28,7 +31,7 @@ pub const EXITED_GRACE: Duration = Duration::from_secs(1);
 /// Longest `process_read` wait for output.
 pub const MAX_READ_WAIT: Duration = Duration::from_secs(30);
 /// `read_file`'s bytes by default.
-pub const DEFAULT_READ_BYTES: usize = 256 * 1024;
+pub const DEFAULT_READ_BYTES: usize = 64 * 1024;
 /// Entries `list_directory` returns at most.
 pub const MAX_LIST_ENTRIES: usize = 2000;
 /// `search_files`: entries walked, bytes read in all, bytes read of one
@@ -134,6 +137,8 @@ struct Kept {
     bytes: Vec<u8>,
     cut: u64,
     max: usize,
+    /// Chunks (either stream) no longer retained when read.
+    lost: u64,
 }
 
 impl Kept {
@@ -142,6 +147,7 @@ impl Kept {
             bytes: Vec::new(),
             cut: 0,
             max,
+            lost: 0,
         }
     }
     fn push(&mut self, b: &[u8]) {
@@ -173,9 +179,19 @@ async fn read_once(
             json!({"processId": id, "afterSeq": after, "maxBytes": max.max(1), "waitMs": wait.as_millis() as u64}),
         )
         .await?;
+    // In seq order, each once; a seq skipped is output the gateway no
+    // longer retained (the process wrote faster than it was read): counted.
+    let mut chunks: Vec<&Value> = r["chunks"].as_array().into_iter().flatten().collect();
+    chunks.sort_by_key(|c| c["seq"].as_u64().unwrap_or(0));
     let mut last = None;
-    for c in r["chunks"].as_array().into_iter().flatten() {
-        last = c["seq"].as_u64().max(last);
+    let mut prev = after;
+    for c in chunks {
+        let Some(seq) = c["seq"].as_u64().filter(|s| *s > prev) else {
+            continue;
+        };
+        out.lost += seq - prev - 1;
+        prev = seq;
+        last = Some(seq);
         let data = B64
             .decode(c["chunk"].as_str().unwrap_or_default())
             .unwrap_or_default();
@@ -240,6 +256,7 @@ async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
                     "timed_out": false,
                     "stdout": out.text(), "stderr": err.text(),
                     "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+                    "output_lost_chunks": out.lost,
                     "still_running_in_background": true,
                 }));
             }
@@ -252,6 +269,7 @@ async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
                 "timed_out": false,
                 "stdout": out.text(), "stderr": err.text(),
                 "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+                    "output_lost_chunks": out.lost,
                 "failure": r["failure"],
             }));
         }
@@ -264,6 +282,7 @@ async fn run_command(link: &Link, a: Value) -> Result<Value, ToolError> {
                 "timed_out": true,
                 "stdout": out.text(), "stderr": err.text(),
                 "stdout_cut_bytes": out.cut, "stderr_cut_bytes": err.cut,
+                    "output_lost_chunks": out.lost,
             }));
         }
     }
@@ -311,7 +330,7 @@ async fn process_read(link: &Link, a: Value) -> Result<Value, ToolError> {
     )
     .await?;
     Ok(json!({
-        "stdout": out.text(), "stderr": err.text(),
+        "stdout": out.text(), "stderr": err.text(), "output_lost_chunks": out.lost,
         "next_after_seq": last.unwrap_or(r.after_seq).max(r.after_seq),
         "exited": v["exited"], "exit_code": v["exitCode"],
         "closed": v["closed"], "failure": v["failure"],
@@ -499,26 +518,33 @@ struct ListArgs {
 async fn list_directory(link: &Link, a: Value) -> Result<Value, ToolError> {
     let l: ListArgs = args(a)?;
     let path = absolute(link, l.path.as_deref().unwrap_or("."));
+    // A walk one level deep, bounded by its entries: a directory of any
+    // size answers (`fs/readDirectory` would answer all of it or fail).
     let r = link
-        .call(methods::FS_READ_DIRECTORY, json!({"path": wire(&path)}))
+        .call(
+            methods::FS_WALK,
+            json!({"path": wire(&path), "options": {"maxDepth": 0, "maxDirectories": 1,
+                   "maxEntries": MAX_LIST_ENTRIES, "followDirectorySymlinks": false,
+                   "pruneHiddenDirectories": false}}),
+        )
         .await?;
-    let all = r["entries"].as_array().cloned().unwrap_or_default();
-    let truncated = all.len() > MAX_LIST_ENTRIES;
-    let mut entries: Vec<Value> = all
-        .iter()
+    let mut entries: Vec<Value> = r["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .map(|e| {
-            let kind = if e["isDirectory"].as_bool() == Some(true) {
-                "directory"
-            } else if e["isFile"].as_bool() == Some(true) {
-                "file"
-            } else {
-                "other"
+            let p = host(e["path"].as_str().unwrap_or_default());
+            let name = p.rsplit('/').next().unwrap_or_default().to_owned();
+            let kind = match e["kind"].as_str() {
+                Some("directory") => "directory",
+                Some("file") => "file",
+                _ => "other",
             };
-            json!({"name": e["fileName"], "kind": kind})
+            json!({"name": name, "kind": kind})
         })
         .collect();
     entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    entries.truncate(MAX_LIST_ENTRIES);
+    let truncated = r["truncated"].as_bool().unwrap_or(false);
     Ok(json!({"path": path, "entries": entries, "truncated": truncated}))
 }
 

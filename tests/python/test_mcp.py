@@ -195,10 +195,15 @@ def test_tools_run_commands_and_work_on_files(gw):
             assert r["entries"] == [{"name": "app", "kind": "directory"},
                                     {"name": "other.txt", "kind": "file"}]
 
-            r = await s.ok("search_files", {"pattern": "needle"})
+            # A directory larger than a listing: 2,000 entries, marked cut.
+            await s.ok("run_command", {"command": "mkdir big && cd big && seq 1 2100 | xargs touch"})
+            r = await s.ok("list_directory", {"path": "big"})
+            assert len(r["entries"]) == 2000 and r["truncated"] is True
+
+            r = await s.ok("search_files", {"pattern": "needle", "path": "src"})
             assert [(m["path"], m["line"]) for m in r["matches"]] == [
                 (f"{gw.roots['t1']}/src/app/main.py", 2)]
-            r = await s.ok("search_files", {"pattern": "ne+dle|match", "regex": True,
+            r = await s.ok("search_files", {"pattern": "ne+dle|match", "regex": True, "path": "src",
                                             "name_suffix": ".txt"})
             assert [m["text"] for m in r["matches"]] == ["no match here"]
 
