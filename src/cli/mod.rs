@@ -312,7 +312,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 .is_some_and(|l| l == "stdio" || l == "stdio://")
             {
                 telemetry::init(args.common.log_format);
-                return run_stdio(&args.common);
+                return run_one_session(&args.common, false);
             }
             // Logging starts in `serve`, on the runtime: the OTLP
             // exporter, when configured, runs on it.
@@ -340,12 +340,12 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Stdio(common) => {
             telemetry::init(common.log_format);
-            run_stdio(&common)
+            run_one_session(&common, false)
         }
         Command::Mcp(common) => {
             // stdout carries the protocol: logs go to stderr.
             telemetry::init_client();
-            run_mcp(&common)
+            run_one_session(&common, true)
         }
         Command::Reaper => reaper::run(),
         Command::Worker(args) => crate::worker::serve::serve(args),
@@ -561,7 +561,10 @@ async fn bind_optional(
     }
 }
 
-fn run_stdio(common: &CommonArgs) -> ExitCode {
+/// `stdio` and `mcp`: one session on stdin/stdout, of a gateway built
+/// from the configuration in this process, for the token in
+/// EXEC_GATEWAY_TOKEN; `mcp` speaks MCP instead of exec-server JSON-RPC.
+fn run_one_session(common: &CommonArgs, mcp: bool) -> ExitCode {
     let settings = match settings(
         common,
         Overrides {
@@ -580,28 +583,10 @@ fn run_stdio(common: &CommonArgs) -> ExitCode {
             Ok(g) => g,
             Err(e) => return usage_error(&e),
         };
-        server::run_stdio(gw, token, server::shutdown_signal()).await;
-        ExitCode::SUCCESS
-    })
-}
-
-fn run_mcp(common: &CommonArgs) -> ExitCode {
-    let settings = match settings(
-        common,
-        Overrides {
-            admin_listen: Some("off"),
-            ..Overrides::default()
-        },
-    ) {
-        Ok(s) => s,
-        Err(e) => return usage_error(&e),
-    };
-    let token = std::env::var("EXEC_GATEWAY_TOKEN").ok();
-    block_on(async move {
-        let gw = match Gateway::new(settings, start_reaper()) {
-            Ok(g) => g,
-            Err(e) => return usage_error(&e),
-        };
+        if !mcp {
+            server::run_stdio(gw, token, server::shutdown_signal()).await;
+            return ExitCode::SUCCESS;
+        }
         match server::run_mcp(gw, token, server::shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

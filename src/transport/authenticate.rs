@@ -218,3 +218,23 @@ async fn activate(
         Err(_) => get.await,
     }
 }
+
+/// An HTTP door's answer to a refused handshake: its status, and on `r`
+/// the `WWW-Authenticate` a 401 carries and the `Retry-After` (whole
+/// seconds, RFC 9110, rounded up: at least 1) of a refusal that says when.
+pub fn refusal_headers(e: &GatewayError, r: &mut hyper::HeaderMap) -> hyper::StatusCode {
+    use hyper::header::{self, HeaderValue};
+    let status =
+        hyper::StatusCode::from_u16(e.http_status()).unwrap_or(hyper::StatusCode::UNAUTHORIZED);
+    if status == hyper::StatusCode::UNAUTHORIZED {
+        r.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer error=\"invalid_token\""),
+        );
+    }
+    if let Some(after) = e.retry_after() {
+        let secs = u64::try_from(after.as_millis().div_ceil(1000).max(1)).unwrap_or(u64::MAX);
+        r.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    status
+}

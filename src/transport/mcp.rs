@@ -82,19 +82,8 @@ pub async fn serve(
     let caller = match authenticated {
         Ok(c) => c,
         Err(e) => {
-            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
-            let mut r = plain(status, format!("{e}\n"));
-            if status == StatusCode::UNAUTHORIZED {
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
-                );
-            }
-            if let Some(after) = e.retry_after() {
-                let secs = u64::try_from(after.as_millis().div_ceil(1000).max(1)).unwrap_or(1);
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
+            let mut r = plain(StatusCode::UNAUTHORIZED, format!("{e}\n"));
+            *r.status_mut() = super::authenticate::refusal_headers(&e, r.headers_mut());
             return r;
         }
     };

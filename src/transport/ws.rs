@@ -282,21 +282,8 @@ async fn handle(
         Ok(c) => c,
         Err(e) => {
             tracing::info!(%peer, reason = e.outcome(), "websocket handshake refused");
-            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::UNAUTHORIZED);
-            let mut r = response(status, format!("{e}\n"));
-            if status == StatusCode::UNAUTHORIZED {
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
-                );
-            }
-            if let Some(after) = e.retry_after() {
-                // Whole seconds (RFC 9110), rounded up: at least 1.
-                let secs = after.as_millis().div_ceil(1000).max(1);
-                let secs = u64::try_from(secs).unwrap_or(u64::MAX);
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
+            let mut r = response(StatusCode::UNAUTHORIZED, format!("{e}\n"));
+            *r.status_mut() = super::authenticate::refusal_headers(&e, r.headers_mut());
             return Ok(r);
         }
     };
