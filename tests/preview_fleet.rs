@@ -2,12 +2,15 @@
 //! session of `gw-0` previewed through `gw-1`, by path with a token, by
 //! host name with a signed URL and its cookie, on a public port and over
 //! a websocket; its owner decides who may open it, and a revocation there
-//! holds here.
+//! holds here. A server that closes its connection after each answer
+//! (HTTP/1.0) answers every request of a client's kept connection, on the
+//! owner and relayed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::process::Command;
 
 use common::{Client, mint};
@@ -49,11 +52,23 @@ fn curl(
     (status, cookie, body.to_owned())
 }
 
-#[tokio::test]
-async fn a_session_of_one_replica_is_previewed_through_another() {
+/// Two replicas and a session of tenant `a` on `gw-0` serving a port.
+struct Setup {
+    r: common::fleet::Replicas,
+    token: String,
+    c: Client,
+    sid: String,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// Two replicas whose tenants `a` and `b` have network namespaces of
+/// their own, and a session of `a` on `gw-0` running `argv` in its root
+/// (with `files` written there) until it listens on `port`; none where
+/// this cannot run here (the reason printed).
+async fn setup(files: &[(&str, &[u8])], argv: &[&str], port: u16) -> Option<Setup> {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: previews need network namespaces (root)");
-        return;
+        return None;
     }
     for tool in ["slirp4netns", "nft", "curl"] {
         if !["/usr/sbin", "/usr/bin"]
@@ -61,7 +76,7 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
             .any(|d| std::path::Path::new(d).join(tool).is_file())
         {
             eprintln!("skipped: `{tool}` is not installed");
-            return;
+            return None;
         }
     }
     let keys = tempfile::tempdir().unwrap();
@@ -81,20 +96,18 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
             k = key.display(),
         )
     });
-    let (gw0, gw1) = (
-        r.replicas[0].as_ref().unwrap(),
-        r.replicas[1].as_ref().unwrap(),
-    );
     let token = mint(&r.secret, "a", SCOPES);
     let root = roots.path().join("a");
-    std::fs::write(root.join("app.py"), APP).unwrap();
-    let mut c = Client::connect(&gw0.url, &token).await;
+    for (name, bytes) in files {
+        std::fs::write(root.join(name), bytes).unwrap();
+    }
+    let mut c = Client::connect(&r.replicas[0].as_ref().unwrap().url, &token).await;
     let sid = c.initialize().await;
     assert!(sid.starts_with("gw-0."), "{sid}");
     c.call(
         "process/start",
-        json!({"processId": "app", "argv": ["python3", "app.py", PORT.to_string()],
-               "cwd": root, "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
+        json!({"processId": "app", "argv": argv, "cwd": root,
+               "env": {"PATH": "/usr/bin:/bin"}, "tty": false}),
     )
     .await;
     let (out, code) = c
@@ -102,11 +115,40 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
             "wait",
             root.to_str().unwrap(),
             &format!(
-                "for i in $(seq 200); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {PORT}))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1"
+                "for i in $(seq 200); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1"
             ),
         )
         .await;
     assert_eq!(code, 0, "{out}");
+    Some(Setup {
+        r,
+        token,
+        c,
+        sid,
+        _dirs: (keys, roots),
+    })
+}
+
+#[tokio::test]
+async fn a_session_of_one_replica_is_previewed_through_another() {
+    let port = PORT.to_string();
+    let Some(s) = setup(
+        &[("app.py", APP.as_bytes())],
+        &["python3", "app.py", &port],
+        PORT,
+    )
+    .await
+    else {
+        return;
+    };
+    let Setup {
+        r,
+        token,
+        mut c,
+        sid,
+        _dirs,
+    } = s;
+    let gw1 = r.replicas[1].as_ref().unwrap();
 
     // By path with a token, through the other replica.
     let path = format!("/preview/{sid}/{PORT}/headers");
@@ -246,9 +288,39 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
             other => panic!("another tenant's forward through gw-1: {other:?}"),
         }
     }
-    // Revoked on the owner: refused through the other replica too.
+    // Revoked on the owner: a request waiting on its answer through the
+    // other replica is told so (410), and later ones are refused there
+    // too.
+    until_open(&mut c, |n| n == 0).await;
+    let waiting = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "30",
+        ])
+        .args([
+            "-H",
+            &format!("Host: {host}"),
+            "-H",
+            &format!("Cookie: {cookie}"),
+        ])
+        .arg(format!("http://{}/hang", gw1.addr))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    until_open(&mut c, |n| n == 1).await;
     c.call("gateway/preview/revoke", json!({"port": PORT}))
         .await;
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "410",
+        "a request waiting through gw-1 when the owner revoked its URL"
+    );
     let (status, _, body) = curl(&gw1.addr, Some(host), "/headers", &args);
     assert_eq!(status, 403, "{body}");
     // Public, then revoked.
@@ -263,4 +335,101 @@ async fn a_session_of_one_replica_is_previewed_through_another() {
         .await;
     let (status, _, _) = curl(&gw1.addr, None, &path, &[]);
     assert_eq!(status, 401);
+}
+
+/// Wait until the connections open into the session's ports are as
+/// `want` says.
+async fn until_open(c: &mut Client, want: impl Fn(u64) -> bool) {
+    let mut open = 0;
+    for _ in 0..500 {
+        open = c.call("gateway/preview/list", json!({})).await["openConnections"]
+            .as_u64()
+            .unwrap();
+        if want(open) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{open} connections open into the session's ports");
+}
+
+/// One answer read off a client connection: its status line and body
+/// (framed by `Content-Length`, as the gateway frames a file's).
+fn answer(t: &mut BufReader<std::net::TcpStream>, what: &str) -> (String, Vec<u8>) {
+    let mut status = String::new();
+    t.read_line(&mut status).unwrap();
+    let mut len = None;
+    loop {
+        let mut line = String::new();
+        t.read_line(&mut line).unwrap();
+        if line.trim_end().is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap();
+        assert!(
+            !(name.eq_ignore_ascii_case("connection") && value.contains("close")),
+            "{what}: the gateway closes the client's connection"
+        );
+        if name.eq_ignore_ascii_case("content-length") {
+            len = Some(value.trim().parse::<usize>().unwrap());
+        }
+    }
+    let len = len.unwrap_or_else(|| panic!("{what}: no Content-Length ({status})"));
+    let mut body = vec![0; len];
+    t.read_exact(&mut body)
+        .unwrap_or_else(|e| panic!("{what}: the body was cut: {e}"));
+    (status.trim_end().to_owned(), body)
+}
+
+#[tokio::test]
+async fn a_server_that_closes_after_each_answer_answers_every_request_of_a_kept_connection() {
+    // Python's http.server speaks HTTP/1.0: it closes its connection after
+    // each answer, while the client's connection to the gateway stays
+    // open for the next request (a connection into the session each, on
+    // the owner and relayed). A small answer races the close most; a
+    // large one is read past it.
+    const WEB: u16 = 8001;
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let small = b"small\n".to_vec();
+    let port = WEB.to_string();
+    let argv = ["python3", "-m", "http.server", &port, "--bind", "127.0.0.1"];
+    let Some(s) = setup(&[("big.bin", &big), ("small.txt", &small)], &argv, WEB).await else {
+        return;
+    };
+    for (name, i) in [("the owner", 0), ("another replica", 1)] {
+        let addr = &s.r.replicas[i].as_ref().unwrap().addr;
+        let t = std::net::TcpStream::connect(addr).unwrap();
+        t.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let mut w = t.try_clone().unwrap();
+        let mut t = BufReader::new(t);
+        for n in 0..16 {
+            let (file, want) = if n % 2 == 0 {
+                ("small.txt", &small)
+            } else {
+                ("big.bin", &big)
+            };
+            write!(
+                w,
+                "GET /preview/{}/{WEB}/{file} HTTP/1.1\r\nHost: x\r\n\
+                 Authorization: Bearer {}\r\n\r\n",
+                s.sid, s.token
+            )
+            .unwrap();
+            let what = format!("{name}, request {n} ({file})");
+            let (status, body) = answer(&mut t, &what);
+            assert_eq!(
+                status,
+                "HTTP/1.1 200 OK",
+                "{what}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            );
+            assert!(
+                body == *want,
+                "{what}: {} bytes, not the file's {}",
+                body.len(),
+                want.len()
+            );
+        }
+    }
 }

@@ -40,6 +40,10 @@ type UpBody = Watched<Incoming>;
 /// read from it takes at once (the body arrives in chunks of up to this).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 1 << 20;
 
+/// Why a request ended before its answer (a 410): the preview was
+/// revoked or the session ended.
+pub const REVOKED: &str = "the preview was revoked or its session ended";
+
 /// The headers the gateway sets for the server inside; any the client
 /// sent under these names is dropped.
 pub const CALLER_HEADER_PREFIX: &str = "x-exec-gateway-";
@@ -77,7 +81,9 @@ pub struct Bounds {
     pub idle_timeout: Duration,
     pub inbound: Arc<ByteBudget>,
     pub outbound: Arc<ByteBudget>,
-    /// Ends the request's bodies (a revocation, the session's end).
+    /// Ends the request and its bodies: a revocation, the session's end;
+    /// never the connection's own close (a server that closes it after
+    /// each answer), which would race the answer it sent.
     pub stop: CancellationToken,
 }
 
@@ -122,7 +128,10 @@ impl Upstream {
         Ok(Upstream { send, hold })
     }
 
-    /// Whether another request may go on this connection now.
+    /// Whether another request may go on this connection now: the last
+    /// answer was read to its end and the connection stays open (hyper
+    /// closes it after an answer that says so: HTTP/1.0 without
+    /// keep-alive, `Connection: close`).
     pub fn is_ready(&self) -> bool {
         self.send.is_ready()
     }
@@ -203,6 +212,9 @@ pub async fn send(
         return failure(StatusCode::BAD_REQUEST, "bad request");
     };
     if up.send.ready().await.is_err() {
+        if bounds.stop.is_cancelled() {
+            return failure(StatusCode::GONE, REVOKED);
+        }
         return failure(
             StatusCode::BAD_GATEWAY,
             "the server in the session closed the connection",
@@ -211,7 +223,7 @@ pub async fn send(
     let answered = tokio::select! {
         r = tokio::time::timeout(bounds.response_timeout, up.send.send_request(out)) => r,
         () = bounds.stop.cancelled() => {
-            return failure(StatusCode::GONE, "the preview was revoked or its session ended");
+            return failure(StatusCode::GONE, REVOKED);
         }
     };
     let mut resp = match answered {
@@ -220,6 +232,11 @@ pub async fn send(
                 StatusCode::GATEWAY_TIMEOUT,
                 "the server in the session did not answer in time",
             );
+        }
+        // The connection ended under the request because the preview was
+        // revoked or the session ended: said as such.
+        Ok(Err(_)) if bounds.stop.is_cancelled() => {
+            return failure(StatusCode::GONE, REVOKED);
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "preview: upstream request");
@@ -242,6 +259,10 @@ pub async fn send(
         splice(down, up_upgrade, bounds.clone(), up.hold.clone());
     }
     let (mut parts, body) = resp.into_parts();
+    // The gateway's own version, as every intermediary sends (RFC 9110
+    // 2.5): an HTTP/1.0 server's would tell the client that this
+    // connection closes after the answer, though it stays open.
+    parts.version = hyper::Version::HTTP_11;
     let mut headers = HeaderMap::new();
     response_headers(&parts.headers, &mut headers, target.host_mode, switching);
     parts.headers = headers;

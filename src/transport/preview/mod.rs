@@ -540,7 +540,8 @@ pub(super) fn refusal(
 /// A new connection into the session's port: one of the session's
 /// preview connections and one of the tenant's streams, held (with the
 /// session kept alive, for a token holder) by whoever holds the returned
-/// [`proxy::Hold`]; its token ends at `revoked` or the session's end.
+/// [`proxy::Hold`]; its token ends at `revoked` or the session's end, and
+/// never merely because the connection closed.
 pub(super) async fn connect_inside(
     gw: &Gateway,
     peer: SocketAddr,
@@ -598,24 +599,29 @@ pub(super) async fn connect_inside(
             ));
         }
     };
+    // Two ends, kept apart: `stop` is a revocation or the session's end,
+    // which ends the requests on the connection (a 410, a cut body);
+    // `closed` is also the connection's own end, its last holder gone,
+    // which only ends the task watching for the first.
     let stop = CancellationToken::new();
+    let closed = stop.child_token();
     {
         let stop = stop.clone();
+        let closed = closed.clone();
         let ended = session.ended.clone();
         let revoked = revoked.clone();
         crate::task::start("preview-stop", async move {
             tokio::select! {
-                () = ended.cancelled() => {}
-                () = revoked.cancelled() => {}
-                () = stop.cancelled() => {}
+                () = ended.cancelled() => stop.cancel(),
+                () = revoked.cancelled() => stop.cancel(),
+                () = closed.cancelled() => {}
             }
-            stop.cancel();
         });
     }
     // A token holder's connection keeps the session alive, like an
     // attached stream; anyone's (a public port, a URL) does not.
     let keep = (*via == Via::Token).then(|| session.stream_guard());
-    let hold: proxy::Hold = Arc::new((admission, permit, keep, StopOnDrop(stop.clone())));
+    let hold: proxy::Hold = Arc::new((admission, permit, keep, StopOnDrop(closed)));
     crate::audit::emit(
         "preview.opened",
         &crate::audit::Who {
@@ -629,7 +635,8 @@ pub(super) async fn connect_inside(
 }
 
 /// Cancels its token when the connection it belongs to ends (the task
-/// that watched for the session's end then ends too).
+/// that watched for the session's end then ends too, and a relayed
+/// connection's pump).
 struct StopOnDrop(CancellationToken);
 
 impl Drop for StopOnDrop {

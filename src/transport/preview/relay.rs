@@ -8,12 +8,16 @@
 //! landing replica speaks HTTP over it as over a local connection.
 //!
 //! A kept relayed connection is used again only for the same credentials:
-//! the owner checked those; a revocation or the session's end there ends
-//! the stream, and with it the connection here.
+//! the owner checked those. A revocation or the session's end there ends
+//! the stream with a status carrying HTTP status 410, and with it the
+//! connection here and its request (a 410 too); the stream's plain end is
+//! only the connection's (the server closed it after its answer, as an
+//! HTTP/1.0 server does), and the request here still gets that answer.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::Stream;
@@ -85,10 +89,15 @@ pub(super) async fn dial(
         .await
         .map_err(|e| bad_gateway(format!("tenant {}: {e}", opened.session_tenant)))?;
     let (near, far) = tokio::io::duplex(PIPE_BYTES);
+    // As for a local connection (`super::connect_inside`): `stop`, the
+    // owner's word that the preview was revoked or the session ended,
+    // ends the requests; `closed`, also the stream's or the connection's
+    // end, only the pump and the HTTP task.
     let stop = CancellationToken::new();
-    pump_landing(far, tx, responses, stop.clone());
-    let hold: proxy::Hold = Arc::new(super::StopOnDrop(stop.clone()));
-    let up = Upstream::handshake(near, hold, stop.clone())
+    let closed = stop.child_token();
+    pump_landing(far, tx, responses, closed.clone(), Some(stop.clone()));
+    let hold: proxy::Hold = Arc::new(super::StopOnDrop(closed.clone()));
+    let up = Upstream::handshake(near, hold, closed)
         .await
         .map_err(|e| bad_gateway(e.to_string()))?;
     let non_empty = |s: String| Some(s).filter(|s| !s.is_empty());
@@ -191,8 +200,7 @@ pub async fn dial_forward(
 ) -> Result<tokio::io::DuplexStream, DialFailure> {
     let (tx, responses, _) = start_dial(gw, replica, (id, port), (token, &[]), true, peer).await?;
     let (near, far) = tokio::io::duplex(PIPE_BYTES);
-    let stop = CancellationToken::new();
-    pump_landing(far, tx, responses, stop);
+    pump_landing(far, tx, responses, CancellationToken::new(), None);
     Ok(near)
 }
 
@@ -216,13 +224,15 @@ fn refused_by_owner(status: &Status, replica: &str) -> DialFailure {
     }
 }
 
-/// Bytes between the pipe's far end and the stream, until either ends or
-/// `stop`.
+/// Bytes between the pipe's far end and the stream, until both ends are
+/// done or `closed`, which it cancels when it ends. The owner's 410 (a
+/// revocation, the session's end) cancels `stopped` first.
 fn pump_landing(
     far: tokio::io::DuplexStream,
     tx: tokio::sync::mpsc::Sender<DialRequest>,
     mut responses: Streaming<DialResponse>,
-    stop: CancellationToken,
+    closed: CancellationToken,
+    stopped: Option<CancellationToken>,
 ) {
     crate::task::start("preview-relay", async move {
         let (mut r, mut w) = tokio::io::split(far);
@@ -243,21 +253,45 @@ fn pump_landing(
             }
         };
         let down = async {
-            while let Ok(Some(m)) = responses.message().await {
-                if let Some(dial_response::Msg::Data(b)) = m.msg
-                    && w.write_all(&b).await.is_err()
-                {
-                    return;
+            loop {
+                match responses.message().await {
+                    Ok(Some(m)) => {
+                        if let Some(dial_response::Msg::Data(b)) = m.msg
+                            && w.write_all(&b).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        // Before the close below: the request waiting on
+                        // this connection is told why (a 410, not a 502).
+                        if let Some(s) = &stopped
+                            && is_gone(&status)
+                        {
+                            s.cancel();
+                        }
+                        break;
+                    }
                 }
             }
             let _ = w.shutdown().await;
         };
         tokio::select! {
             () = async { tokio::join!(up, down); } => {}
-            () = stop.cancelled() => {}
+            () = closed.cancelled() => {}
         }
-        stop.cancel();
+        closed.cancel();
     });
+}
+
+/// Whether the owner ended a dial with a 410: the preview was revoked or
+/// the session ended.
+fn is_gone(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(HTTP_STATUS)
+        .is_some_and(|v| v.as_bytes() == StatusCode::GONE.as_str().as_bytes())
 }
 
 /// The first message of a dial, the client's token and address.
@@ -357,7 +391,8 @@ pub async fn serve_dial(
 
 /// The owner's pump: `opened` first, then the connection's bytes both
 /// ways until either side ends, nothing comes from the server for `idle`,
-/// or `stop`; `hold` is held until then.
+/// or `stop` (a revocation, the session's end), which ends the stream at
+/// once with a 410; `hold` is held until then.
 pub fn pump_owner<T, H>(
     io: T,
     hold: H,
@@ -374,6 +409,7 @@ where
     let first = DialResponse {
         msg: Some(dial_response::Msg::Opened(opened)),
     };
+    let stopped = Box::pin(stop.clone().cancelled_owned());
     crate::task::start("relay-dial", async move {
         let _hold = hold;
         if tx.send(Ok(first)).await.is_err() {
@@ -415,7 +451,36 @@ where
             () = stop.cancelled() => {}
         }
     });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    Box::pin(UntilStopped {
+        rx: tokio_stream::wrappers::ReceiverStream::new(rx),
+        stop: Some(stopped),
+    })
+}
+
+/// The owner's messages until `stop`, then at once (what is still queued
+/// is not delivered) a status carrying HTTP status 410, and the end: the
+/// landing replica tells a revocation or the session's end from the
+/// server closing the connection, the stream's plain end after all it
+/// sent.
+struct UntilStopped {
+    rx: tokio_stream::wrappers::ReceiverStream<Result<DialResponse, Status>>,
+    stop: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+}
+
+impl Stream for UntilStopped {
+    type Item = Result<DialResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let Some(stop) = this.stop.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if stop.as_mut().poll(cx).is_ready() {
+            this.stop = None;
+            return Poll::Ready(Some(Err(http_refusal(StatusCode::GONE, proxy::REVOKED))));
+        }
+        Pin::new(&mut this.rx).poll_next(cx)
+    }
 }
 
 /// A refusal as a status the landing replica turns back into the same
