@@ -35,6 +35,18 @@ struct Owner {
     subject: Option<String>,
 }
 
+/// A new session's slot, held while rmcp answers its `initialize`.
+struct Pending<'a> {
+    owners: &'a Mutex<HashMap<String, Owner>>,
+    key: String,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.owners.lock().remove(&self.key);
+    }
+}
+
 /// The MCP service of one gateway.
 pub struct McpHttp {
     service: StreamableHttpService<McpServer, LocalSessionManager>,
@@ -103,11 +115,6 @@ impl McpHttp {
         &self.settings.path
     }
 
-    /// MCP sessions open now (all tenants).
-    pub fn sessions(&self) -> usize {
-        self.owners.lock().len()
-    }
-
     /// Serve one request of an authenticated caller.
     pub async fn handle<B>(&self, mut req: Request<B>, door: Arc<Door>) -> Response<McpBody>
     where
@@ -162,13 +169,16 @@ impl McpHttp {
             }
             None => {}
         }
+        // The slot is given back however this ends, the request's future
+        // dropped by a client gone mid-`initialize` included.
+        let _pending = pending.map(|key| Pending {
+            owners: &self.owners,
+            key,
+        });
         let (tenant, subject) = (door.tenant.clone(), door.subject.clone());
         let deleting = req.method() == hyper::Method::DELETE;
         req.extensions_mut().insert(door);
         let response = self.service.handle(req).await;
-        if let Some(key) = pending {
-            self.owners.lock().remove(&key);
-        }
         match session {
             Some(id) if deleting && response.status().is_success() => {
                 let mut owners = self.owners.lock();
