@@ -141,11 +141,14 @@ where
         activity.idle().await;
         (1001, "idle")
     };
+    // `stop` first: a session's end is signalled before its processes are
+    // killed, so it, not the server's close it causes, says how this ended.
     let (code, ended) = tokio::select! {
+        biased;
+        why = stop => why,
         why = upward => why,
         why = downward => why,
         why = idle => why,
-        why = stop => why,
     };
     // The client learns why, but for the close it began itself.
     if ended != "the client closed" {

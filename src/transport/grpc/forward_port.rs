@@ -181,14 +181,12 @@ async fn pump(
             }
         }
     };
+    // `stop` first: a session's end is signalled before its processes are
+    // killed, so when the server's close wakes this, the session's end is
+    // already there and is what the call ends with (polled in a random
+    // order, the server's close won at times: OK instead of UNAVAILABLE).
     let (status, ended) = tokio::select! {
-        end = upward => end,
-        end = downward => end,
-        () = tx.closed() => (None, "the client went away"),
-        () = activity.idle() => (
-            Some(Status::deadline_exceeded("idle: no byte either way for 10 minutes")),
-            "idle",
-        ),
+        biased;
         (code, why) = stop => {
             // 1008: the token; 1001: the session, the maximum age.
             let s = if code == 1008 {
@@ -198,6 +196,13 @@ async fn pump(
             };
             (Some(s), why)
         }
+        end = upward => end,
+        end = downward => end,
+        () = tx.closed() => (None, "the client went away"),
+        () = activity.idle() => (
+            Some(Status::deadline_exceeded("idle: no byte either way for 10 minutes")),
+            "idle",
+        ),
     };
     let moved = Moved {
         up: up.load(Ordering::Relaxed),
