@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use exec_gateway::client::{Client, ConnectOptions};
 
-use super::{BenchResult, Row, Server, err, ms, percentile, run_to_close};
+use super::harness::{BenchResult, Row, Server, err, ms, percentile, run_to_close};
 
 /// Counts the spans it is sent.
 #[derive(Clone, Default)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::process::Command;
 
 use super::fleet::{latency, throughput};
-use super::{BenchResult, Conn, Row, Server, err, ms};
+use super::harness::{BenchResult, Conn, Row, Server, err, ms};
 
 /// Rows for `true` p50 and output throughput, executor vs local worker.
 pub async fn figures(
@@ -45,7 +45,7 @@ pub async fn figures(
         Duration::from_secs(3600),
         "bench",
     )?;
-    let remote_token = super::all_scopes_token(
+    let remote_token = super::harness::all_scopes_token(
         secret,
         &settings,
         "remote",

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{BenchResult, Conn, Row, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Row, Server, err, ms, percentile};
 
 /// Two replicas (`gw-0`, `gw-1`) on loopback with `config` plus a fleet
 /// section; rows for `true` p50 and output throughput, relayed vs owner.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use exec_gateway::image::layout::{self, LayerBlob};
 
-use super::{BenchResult, Conn, Row, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Row, Server, err, ms, percentile};
 
 /// A layer of the static busybox (`/bin/sh`, `/bin/true`, ...).
 fn busybox_tar() -> BenchResult<Vec<u8>> {
@@ -169,7 +169,7 @@ struct Target {
 
 impl Target {
     fn url(&self, secret: &str, t: &str) -> BenchResult<String> {
-        let token = super::all_scopes_token(
+        let token = super::harness::all_scopes_token(
             secret,
             &self.settings,
             t,

@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 
-use super::{BenchResult, Conn, Row, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Row, Server, err, ms, percentile};
 
 const REQUESTS: usize = 2000;
 const BULK_BYTES: usize = 256 << 20;

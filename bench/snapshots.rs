@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{BenchResult, Conn, Row, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Row, Server, err, ms, percentile};
 
 const DIRS: usize = 100;
 const FILES_PER_DIR: usize = 100;

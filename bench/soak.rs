@@ -33,7 +33,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::{BenchResult, Conn, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Server, err, ms, percentile};
 
 /// Victim tenants and concurrent loops per victim tenant.
 const VICTIMS: &[&str] = &["victim-a", "victim-b"];
@@ -97,7 +97,7 @@ pub(super) fn fd_count(pid: u32) -> u64 {
 
 /// The sum of a metric's samples (all label sets) from the admin listener.
 async fn admin_metric(admin: &str, name: &str) -> f64 {
-    let Ok(body) = super::http_get(admin, "/metrics").await else {
+    let Ok(body) = super::harness::http_get(admin, "/metrics").await else {
         return 0.0;
     };
     body.lines()
@@ -147,7 +147,7 @@ pub async fn soak(exe: &Path, dir: &Path, args: SoakArgs) -> BenchResult<()> {
         .and_then(exec_gateway::config::Config::validate)
         .map_err(err)?;
     let token = |tenant: &str| {
-        super::all_scopes_token(
+        super::harness::all_scopes_token(
             &secret,
             &settings,
             tenant,

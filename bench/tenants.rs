@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{BenchResult, Conn, Row, Server, err, ms, percentile};
+use super::harness::{BenchResult, Conn, Row, Server, all_scopes_token, err, ms, percentile};
 
 /// The gateway's RSS and the processes under it (workers, PID-namespace
 /// parents, slirp4netns), counted from `/proc`.
@@ -148,8 +148,7 @@ pub async fn figures(
         .map_err(err)?;
     let gw = Server::gateway(exe, &none).await?;
     let url = |t: &str| -> BenchResult<String> {
-        let token =
-            super::all_scopes_token(secret, &settings, t, Duration::from_secs(3600), "bench")?;
+        let token = all_scopes_token(secret, &settings, t, Duration::from_secs(3600), "bench")?;
         Ok(format!("{}/?access_token={token}", gw.url))
     };
     let roots = dir.join("troots");

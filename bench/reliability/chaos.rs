@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::super::{BenchResult, Conn, err};
+use super::super::harness::{BenchResult, Conn, err};
 use super::cluster::Cluster;
 use super::workload::{Kind, Record, Records};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::super::{BenchResult, Server, err};
+use super::super::harness::{BenchResult, Server, err};
 
 /// Ports below the ephemeral range (so no outgoing connection takes one
 /// while its replica is down), free when chosen.

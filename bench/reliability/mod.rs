@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{BenchResult, err};
+use super::harness::{BenchResult, err};
 pub use chaos::Chaos;
 use chaos::{Cutter, Event, Log};
 use cluster::Cluster;
@@ -110,7 +110,7 @@ pub async fn run(exe: &Path, dir: &Path, args: ReliabilityArgs) -> BenchResult<(
     let grpc_cut = Cutter::start(cluster.grpc_entry.clone()).await?;
     let mut tokens = Vec::new();
     for t in TENANTS {
-        let token = super::all_scopes_token(
+        let token = super::harness::all_scopes_token(
             &secret,
             &settings,
             t,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::super::{ms, percentile};
+use super::super::harness::{ms, percentile};
 use super::Sample;
 use super::chaos::{Chaos, Event};
 use super::workload::{Kind, Record};
