@@ -122,7 +122,7 @@ impl ProcessTable {
     }
 
     /// `process/start` (and v0 `command/exec`, gRPC `Exec`).
-    pub fn start(
+    pub async fn start(
         self: &Arc<Self>,
         params: ExecParams,
         options: StartOptions,
@@ -144,18 +144,27 @@ impl ProcessTable {
             }
             entries.insert(id.clone(), Entry::Starting);
         }
-        let result = self.spawn_entry(params, options);
-        let mut entries = self.entries.lock();
-        match result {
-            Ok(process) => {
-                entries.insert(id, Entry::Running(process.clone()));
-                Ok(process)
+        // Carried to its end even when the caller goes (a request's
+        // deadline, its connection closing) while the worker forks: a child
+        // is never left running outside the table, nor an id `Starting`.
+        let table = self.clone();
+        let start = async move {
+            let result = table.spawn_entry(params, options).await;
+            let mut entries = table.entries.lock();
+            match result {
+                Ok(process) => {
+                    entries.insert(id, Entry::Running(process.clone()));
+                    Ok(process)
+                }
+                Err(e) => {
+                    entries.remove(&id);
+                    Err(e)
+                }
             }
-            Err(e) => {
-                entries.remove(&id);
-                Err(e)
-            }
-        }
+        };
+        crate::task::start("process-start", start)
+            .await
+            .map_err(|e| GatewayError::Internal(format!("process start: {e}")))?
     }
 
     /// Take the slots a running process holds, or refuse with the quota.
@@ -199,7 +208,7 @@ impl ProcessTable {
         ))
     }
 
-    fn spawn_entry(
+    async fn spawn_entry(
         self: &Arc<Self>,
         params: ExecParams,
         options: StartOptions,
@@ -281,7 +290,7 @@ impl ProcessTable {
             )
         });
         let started = std::time::Instant::now();
-        let child = self.spawner.spawn(spec).map_err(|e| {
+        let child = self.spawner.spawn(spec).await.map_err(|e| {
             // A worker backing off its restart, or retired at shutdown.
             crate::worker::unavailable(&e).unwrap_or_else(|| GatewayError::Internal(e.to_string()))
         })?;
@@ -719,6 +728,7 @@ mod tests {
     async fn a_process_runs_to_closed_with_ordered_seqs() {
         let (t, _rx) = table(ExecSettings::new(4, HashMap::new()));
         t.start(params("p", "echo out; echo err >&2; exit 3"), PROCESS)
+            .await
             .unwrap();
         let r = read_until_closed(&t, "p").await;
         assert_eq!(r.exit_code, Some(3));
@@ -735,10 +745,10 @@ mod tests {
     #[tokio::test]
     async fn ids_are_unique_and_the_quota_holds() {
         let (t, _rx) = table(ExecSettings::new(1, HashMap::new()));
-        t.start(params("a", "sleep 5"), PROCESS).unwrap();
-        let e = t.start(params("a", "true"), PROCESS).err().unwrap();
+        t.start(params("a", "sleep 5"), PROCESS).await.unwrap();
+        let e = t.start(params("a", "true"), PROCESS).await.err().unwrap();
         assert_eq!(e.to_string(), "process a already exists");
-        let e = t.start(params("b", "true"), PROCESS).err().unwrap();
+        let e = t.start(params("b", "true"), PROCESS).await.err().unwrap();
         assert!(matches!(
             e,
             GatewayError::QuotaExceeded {
@@ -750,7 +760,7 @@ mod tests {
         let r = read_until_closed(&t, "a").await;
         assert_eq!(r.exit_code, Some(-1));
         // The slot came back with the close.
-        t.start(params("b", "true"), PROCESS).unwrap();
+        t.start(params("b", "true"), PROCESS).await.unwrap();
     }
 
     #[tokio::test]
@@ -758,7 +768,7 @@ mod tests {
         let mut s = ExecSettings::new(4, HashMap::new());
         s.exited_retention = Some(Duration::from_millis(50));
         let (t, _rx) = table(s);
-        t.start(params("p", "true"), PROCESS).unwrap();
+        t.start(params("p", "true"), PROCESS).await.unwrap();
         read_until_closed(&t, "p").await;
         assert_eq!(t.list().processes.len(), 1);
         tokio::time::sleep(Duration::from_millis(60)).await;
@@ -771,7 +781,7 @@ mod tests {
         let (t, _rx) = table(ExecSettings::new(4, HashMap::new()));
         let mut p = params("p", "cat");
         p.pipe_stdin = true;
-        t.start(p, PROCESS).unwrap();
+        t.start(p, PROCESS).await.unwrap();
         for _ in 0..2 {
             let w = t
                 .write(WriteParams {

@@ -523,9 +523,13 @@ fn register(fd: OwnedFd, interest: tokio::io::Interest) -> io::Result<AsyncFd<Ow
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(|e| e.into_parts().1)
 }
 
+/// A spawn under way.
+pub type SpawnFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<Child>> + Send + 'a>>;
+
 /// Spawns a tenant's processes; see the module docs.
 pub trait Spawner: Send + Sync {
-    fn spawn(&self, spec: SpawnSpec) -> io::Result<Child>;
+    fn spawn(&self, spec: SpawnSpec) -> SpawnFuture<'_>;
 }
 
 /// Spawns in the gateway itself (workers off): each child applies the
@@ -535,8 +539,14 @@ pub struct LocalSpawner {
 }
 
 impl Spawner for LocalSpawner {
-    fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
-        let (child, fds) = spawn_here(&spec, self.sandbox.as_deref())?;
+    fn spawn(&self, spec: SpawnSpec) -> SpawnFuture<'_> {
+        Box::pin(std::future::ready(self.spawn_now(&spec)))
+    }
+}
+
+impl LocalSpawner {
+    fn spawn_now(&self, spec: &SpawnSpec) -> io::Result<Child> {
+        let (child, fds) = spawn_here(spec, self.sandbox.as_deref())?;
         let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
         let (exit, pidfd) = LocalExit::new(child)?;
         Ok(Child {
@@ -671,10 +681,14 @@ mod tests {
     #[tokio::test]
     async fn a_local_child_reports_its_code_and_signal() {
         let spawner = LocalSpawner { sandbox: None };
-        let mut c = spawner.spawn(spec(&["sh", "-c", "exit 7"], false)).unwrap();
+        let mut c = spawner
+            .spawn(spec(&["sh", "-c", "exit 7"], false))
+            .await
+            .unwrap();
         assert_eq!(c.exit.wait().await, Ended::Code(7));
         let mut c = spawner
             .spawn(spec(&["sh", "-c", "kill -9 $$"], false))
+            .await
             .unwrap();
         assert_eq!(c.exit.wait().await, Ended::Signal(libc::SIGKILL));
     }
@@ -684,6 +698,7 @@ mod tests {
         let spawner = LocalSpawner { sandbox: None };
         let mut c = spawner
             .spawn(spec(&["sh", "-c", "test -t 0 && stty size"], true))
+            .await
             .unwrap();
         let ChildIo::Pty(pty) = &c.io else {
             panic!("not a pty")

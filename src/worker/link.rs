@@ -165,15 +165,29 @@ pub enum Received<T> {
 
 /// Receive one message into `buf` (at least [`MAX_MESSAGE_BYTES`]).
 pub fn recv<T: DeserializeOwned>(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Received<T>> {
+    recv_with(sock.as_raw_fd(), buf, MsgFlags::empty())
+}
+
+/// [`recv`] that never blocks: `WouldBlock` when nothing is queued (for a
+/// link read from the runtime's reactor).
+pub fn try_recv<T: DeserializeOwned>(sock: RawFd, buf: &mut [u8]) -> io::Result<Received<T>> {
+    recv_with(sock, buf, MsgFlags::MSG_DONTWAIT)
+}
+
+fn recv_with<T: DeserializeOwned>(
+    sock: RawFd,
+    buf: &mut [u8],
+    flags: MsgFlags,
+) -> io::Result<Received<T>> {
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (bytes, fds) = {
         let mut iov = [IoSliceMut::new(buf)];
         let msg = loop {
             match recvmsg::<()>(
-                sock.as_raw_fd(),
+                sock,
                 &mut iov,
                 Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
+                MsgFlags::MSG_CMSG_CLOEXEC | flags,
             ) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 r => break r.map_err(io::Error::from)?,

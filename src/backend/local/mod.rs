@@ -521,7 +521,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
     let call = match op {
         Op::Call(call) => call,
         Op::Open(Open::Events(p)) => return process::attach(s, &p),
-        Op::Open(Open::Exec(p)) => return process::exec_stream(s, *p, scope.audit),
+        Op::Open(Open::Exec(p)) => return process::exec_stream(s, *p, scope.audit).await,
         Op::Open(file) => return files::open_stream(&s.shared, file, policy).await,
     };
     let reply = match call {
@@ -540,7 +540,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::ProcessStart(p) if p.network_proxy.is_some() => {
             process::start_managed(s, p, policy, scope.audit.clone()).await?
         }
-        Call::ProcessStart(p) => process::start(s, p, policy, scope.audit.clone())?,
+        Call::ProcessStart(p) => process::start(s, p, policy, scope.audit.clone()).await?,
         Call::ProcessRead(p) => return process::read(s, p, scope).await,
         Call::ProcessWrite(p) => process::write(s, p).await?,
         Call::ProcessTerminate(p) | Call::CommandExecTerminate(p) => process::terminate(s, &p),
@@ -549,7 +549,7 @@ async fn route(s: &LocalSession, op: Op, scope: RunScope) -> Result<Outcome, Gat
         Call::ProcessCloseStdin(p) => process::close_stdin(s, &p).await?,
         Call::ProcessList(_) => process::list(s),
         Call::HttpRequest(p) => return http::request(s, p, scope).await,
-        Call::CommandExec(p) => process::command_exec(s, p, scope.audit.clone())?,
+        Call::CommandExec(p) => process::command_exec(s, p, scope.audit.clone()).await?,
         Call::CommandExecWrite(p) => process::command_exec_write(s, &p).await?,
         Call::FsOpen(p) => handles::open(s, p, policy).await?,
         Call::FsReadBlock(p) => handles::read_block(s, p).await?,

@@ -29,7 +29,7 @@ fn process_options(audit: Option<Arc<crate::audit::Tag>>) -> StartOptions {
 
 /// `process/start`. The tenant's confinement applies whatever the client
 /// asks; no sandbox of the client's is applied on top.
-pub(super) fn start(
+pub(super) async fn start(
     s: &LocalSession,
     p: ExecParams,
     policy: &Policy,
@@ -37,7 +37,7 @@ pub(super) fn start(
 ) -> Result<Reply, GatewayError> {
     s.shared.check_cwd(&p.cwd)?;
     let process_id = p.process_id.clone();
-    s.table.start(p, process_options(audit))?;
+    s.table.start(p, process_options(audit)).await?;
     Ok(Reply::ProcessStart(ExecResponse {
         process_id,
         sandbox_type: policy
@@ -60,7 +60,7 @@ pub(super) async fn start_managed(
     audit: Option<Arc<crate::audit::Tag>>,
 ) -> Result<Reply, GatewayError> {
     let Some(np) = p.network_proxy.take() else {
-        return start(s, p, policy, audit);
+        return start(s, p, policy, audit).await;
     };
     let invalid = |m: &str| GatewayError::InvalidParams(m.to_owned());
     if np.policy_decision_timeout_ms == Some(0) {
@@ -86,7 +86,7 @@ pub(super) async fn start_managed(
         ));
     }
     let Some(egress) = s.shared.egress.get().cloned() else {
-        return start(s, p, policy, audit);
+        return start(s, p, policy, audit).await;
     };
     s.shared.check_cwd(&p.cwd)?;
     // One of the session's proxies, given back when the process closes.
@@ -121,7 +121,7 @@ pub(super) async fn start_managed(
         p.env.insert(k, v);
     }
     let id = p.process_id.clone();
-    let reply = start(s, p, policy, audit)?;
+    let reply = start(s, p, policy, audit).await?;
     // The proxy lives as long as the process: until its events end
     // (closed, or the session killed it).
     if let Ok(events) = s.table.events(&id) {
@@ -209,7 +209,7 @@ pub(super) fn list(s: &LocalSession) -> Reply {
 
 /// v0 `command/exec`: the same table, v0 notifications, stdin closed
 /// for pipe processes, and the client's retained-output cap.
-pub(super) fn command_exec(
+pub(super) async fn command_exec(
     s: &LocalSession,
     p: CommandExecParams,
     audit: Option<Arc<crate::audit::Tag>>,
@@ -228,15 +228,17 @@ pub(super) fn command_exec(
         sandbox: None,
         network_proxy: None,
     };
-    s.table.start(
-        exec,
-        StartOptions {
-            api: Api::CommandExec,
-            retained_cap: p.output_bytes_cap,
-            hold_output: false,
-            audit,
-        },
-    )?;
+    s.table
+        .start(
+            exec,
+            StartOptions {
+                api: Api::CommandExec,
+                retained_cap: p.output_bytes_cap,
+                hold_output: false,
+                audit,
+            },
+        )
+        .await?;
     Ok(Reply::CommandExec(CommandExecResponse {
         process_id,
         running: true,
@@ -266,18 +268,21 @@ pub(super) fn attach(s: &LocalSession, p: &ProcessIdParams) -> Result<Outcome, G
 
 /// gRPC `Exec`: start a process whose output is held until the stream
 /// subscribes.
-pub(super) fn exec_stream(
+pub(super) async fn exec_stream(
     s: &LocalSession,
     p: ExecParams,
     audit: Option<Arc<crate::audit::Tag>>,
 ) -> Result<Outcome, GatewayError> {
     s.shared.check_cwd(&p.cwd)?;
-    let process = s.table.start(
-        p,
-        StartOptions {
-            hold_output: true,
-            ..process_options(audit)
-        },
-    )?;
+    let process = s
+        .table
+        .start(
+            p,
+            StartOptions {
+                hold_output: true,
+                ..process_options(audit)
+            },
+        )
+        .await?;
     Ok(Outcome::Opened(Opened::Events(process)))
 }

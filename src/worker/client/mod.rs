@@ -12,14 +12,16 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use crate::error::GatewayError;
 
@@ -27,7 +29,7 @@ use super::link::{self, FromWorker, MAX_MESSAGE_BYTES, Received, ToWorker, WORKE
 use crate::fs::{FsDone, FsError, FsOp};
 use crate::isolation::sandbox::Sandbox;
 use crate::metrics::TenantMetrics;
-use crate::spawn::{Child, ChildFds, ChildIo, Ended, ExitWait, SpawnSpec, Spawner};
+use crate::spawn::{Child, ChildFds, ChildIo, Ended, ExitWait, SpawnFuture, SpawnSpec, Spawner};
 
 /// How long a spawn may take in the worker before the gateway gives up on
 /// it (and kills the worker).
@@ -49,7 +51,7 @@ pub struct WorkerConn {
     sock: OwnedFd,
     send_lock: Mutex<()>,
     next_id: AtomicU64,
-    spawns: Mutex<HashMap<u64, std::sync::mpsc::SyncSender<SpawnAnswer>>>,
+    spawns: Mutex<HashMap<u64, oneshot::Sender<SpawnAnswer>>>,
     exits: Mutex<HashMap<i32, oneshot::Sender<Ended>>>,
     fs_pending: Mutex<HashMap<u64, oneshot::Sender<FsAnswer>>>,
     dead: AtomicBool,
@@ -123,34 +125,27 @@ impl WorkerConn {
         );
     }
 
-    /// Spawn through the worker: a blocking round trip, like a local spawn.
-    fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
-        // The worker hop of a call's trace (a span only when exported).
-        let _span = crate::telemetry::exporting()
-            .then(|| tracing::info_span!("worker.spawn", worker.pid = self.pid).entered());
+    /// Spawn through the worker: the request goes out on the link and the
+    /// answer comes back through the link's reader task, awaited (no
+    /// runtime thread is held while the worker forks).
+    async fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
         if self.is_dead() {
             return Err(io::Error::other("the tenant's worker process died"));
         }
         let tty = spec.tty;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (tx, rx) = oneshot::channel();
         self.spawns.lock().insert(id, tx);
         if let Err(e) = self.send(&ToWorker::Spawn { id, spec }) {
             self.spawns.lock().remove(&id);
             return Err(e);
         }
-        // The worker can be stopped by the tenant's own processes: never let
-        // that hold a runtime thread hostage (other tenants' calls run on the
-        // same threads).
-        let wait = || rx.recv_timeout(SPAWN_TIMEOUT);
-        let answer = match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(wait)
-            }
-            _ => wait(),
-        };
-        let (pid, fds, exit) = match answer {
-            Ok(r) => r?,
+        // The worker can be stopped by the tenant's own processes: a spawn
+        // it does not answer in time retires it.
+        let (pid, fds, exit) = match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r?,
+            // The reader ended: the worker died with the request pending.
+            Ok(Err(_)) => return Err(io::Error::other("the tenant's worker process died")),
             Err(_) => {
                 self.spawns.lock().remove(&id);
                 // Stuck or stopped: retire it; its processes are reported
@@ -194,40 +189,86 @@ impl WorkerConn {
         result?.join(fds)
     }
 
-    /// Read the worker's messages until EOF; then fail everything pending.
-    fn read_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-        loop {
-            let (msg, fds) = match link::recv::<FromWorker>(&self.sock, &mut buf) {
-                Ok(Received::Message(m, fds)) => (m, fds),
-                Ok(Received::Malformed) => {
-                    tracing::warn!(worker = self.pid, "malformed message from worker");
-                    continue;
-                }
-                Ok(Received::Eof) | Err(_) => break,
-            };
-            match msg {
-                FromWorker::Spawned { id, pid } => self.spawned(id, pid, fds),
-                FromWorker::SpawnFailed { id, errno, message } => {
-                    if let Some(w) = self.spawns.lock().remove(&id) {
-                        let _ = w.send(Err(match errno {
-                            Some(n) => io::Error::from_raw_os_error(n),
-                            None => io::Error::other(message),
-                        }));
-                    }
-                }
-                FromWorker::FsDone { id, result } => {
-                    if let Some(tx) = self.fs_pending.lock().remove(&id) {
-                        let _ = tx.send((result, fds));
-                    }
-                }
-                FromWorker::Exited { pid, ended } => {
-                    if let Some(tx) = self.exits.lock().remove(&pid) {
-                        let _ = tx.send(ended);
+    /// Read the worker's messages until EOF on the runtime's reactor (the
+    /// answers wake their callers on the thread that reads them, with no
+    /// thread of the link's own in between); then fail everything pending.
+    async fn read_task(self: Arc<Self>) {
+        let raw = Raw(self.sock.as_raw_fd());
+        // SAFETY: `self` (held by this task) owns the descriptor, open and
+        // the same one until after the `AsyncFd` is dropped below.
+        #[allow(unsafe_code)]
+        let registered =
+            unsafe { AsyncFd::register_with_interest(raw, tokio::io::Interest::READABLE) }
+                .map_err(|e| e.into_parts().1);
+        match registered {
+            Ok(fd) => {
+                let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+                loop {
+                    let Ok(mut ready) = fd.readable().await else {
+                        break;
+                    };
+                    match ready.try_io(|fd| link::try_recv::<FromWorker>(fd.get_ref().0, &mut buf))
+                    {
+                        Ok(Ok(Received::Message(msg, fds))) => self.received(msg, fds),
+                        Ok(Ok(Received::Malformed)) => {
+                            tracing::warn!(worker = self.pid, "malformed message from worker");
+                        }
+                        Ok(Ok(Received::Eof) | Err(_)) => break,
+                        Err(_would_block) => {}
                     }
                 }
             }
+            Err(e) => tracing::warn!(worker = self.pid, error = %e, "worker link not readable"),
         }
+        // Reaping waits for its exit, which follows its link's end closely
+        // but not at once: off the runtime's threads.
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || me.ended()).await;
+    }
+
+    /// Read the worker's messages until EOF, on a thread of the link's own
+    /// (when no runtime is running); then fail everything pending.
+    fn read_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+        loop {
+            match link::recv::<FromWorker>(&self.sock, &mut buf) {
+                Ok(Received::Message(msg, fds)) => self.received(msg, fds),
+                Ok(Received::Malformed) => {
+                    tracing::warn!(worker = self.pid, "malformed message from worker");
+                }
+                Ok(Received::Eof) | Err(_) => break,
+            }
+        }
+        self.ended();
+    }
+
+    /// One message from the worker.
+    fn received(&self, msg: FromWorker, fds: Vec<OwnedFd>) {
+        match msg {
+            FromWorker::Spawned { id, pid } => self.spawned(id, pid, fds),
+            FromWorker::SpawnFailed { id, errno, message } => {
+                if let Some(w) = self.spawns.lock().remove(&id) {
+                    let _ = w.send(Err(match errno {
+                        Some(n) => io::Error::from_raw_os_error(n),
+                        None => io::Error::other(message),
+                    }));
+                }
+            }
+            FromWorker::FsDone { id, result } => {
+                if let Some(tx) = self.fs_pending.lock().remove(&id) {
+                    let _ = tx.send((result, fds));
+                }
+            }
+            FromWorker::Exited { pid, ended } => {
+                if let Some(tx) = self.exits.lock().remove(&pid) {
+                    let _ = tx.send(ended);
+                }
+            }
+        }
+    }
+
+    /// The link ended: everything pending fails, the worker is reaped.
+    fn ended(&self) {
         self.dead.store(true, Ordering::Release);
         let retiring = self.retiring.load(Ordering::Acquire);
         if let Some(m) = &self.metrics {
@@ -705,9 +746,14 @@ impl WorkerPool {
             self.launch.metrics.clone(),
         ));
         let reader = conn.clone();
-        std::thread::Builder::new()
-            .name(format!("worker-{}", self.launch.tenant))
-            .spawn(move || reader.read_loop())?;
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => drop(crate::task::start("worker-link", reader.read_task())),
+            Err(_) => drop(
+                std::thread::Builder::new()
+                    .name(format!("worker-{}", self.launch.tenant))
+                    .spawn(move || reader.read_loop())?,
+            ),
+        }
         if let Some(m) = &conn.metrics {
             m.workers.inc();
         }
@@ -749,9 +795,31 @@ impl SessionWorker {
 }
 
 impl Spawner for SessionWorker {
-    fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
-        let _open = read_blocking(&self.pool.launch.gate);
-        self.worker()?.spawn(spec)
+    fn spawn(&self, spec: SpawnSpec) -> SpawnFuture<'_> {
+        // The worker hop of a call's trace (a span only when exported).
+        let span = if crate::telemetry::exporting() {
+            tracing::info_span!("worker.spawn")
+        } else {
+            tracing::Span::none()
+        };
+        Box::pin(
+            async move {
+                let _open = self.pool.launch.gate.clone().read_owned().await;
+                let worker = self.worker()?;
+                worker.spawn(spec).await
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// A descriptor the reader task borrows from its [`WorkerConn`] (which
+/// outlives the task).
+struct Raw(RawFd);
+
+impl AsRawFd for Raw {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
     }
 }
 
@@ -796,4 +864,3 @@ mod gate;
 mod tests;
 
 pub use gate::Gate;
-use gate::read_blocking;

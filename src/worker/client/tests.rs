@@ -15,7 +15,7 @@ fn conn(pid: i32, pid_ns: bool) -> WorkerConn {
 /// the host pid handed on, or the refusal.
 fn answer(conn: &WorkerConn, pid: i32, fds: Vec<OwnedFd>) -> io::Result<i32> {
     let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (tx, mut rx) = oneshot::channel();
     conn.spawns.lock().insert(id, tx);
     conn.spawned(id, pid, fds);
     conn.exits.lock().clear();
