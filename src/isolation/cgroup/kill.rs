@@ -5,7 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::layout::{
-    CGROUP_ROOT, CONTROLLERS, Hierarchy, MEMBERSHIP, PROCS, hierarchy, instance_name, subtree,
+    CGROUP_ROOT, CONTROLLERS, Hierarchy, MEMBERSHIP, PROCS, hierarchy, instance_name, read_control,
+    subtree,
 };
 
 /// Kill rounds before giving up on a cgroup that will not empty.
@@ -94,7 +95,7 @@ fn remove_dirs_below(dir: &Path) {
 /// report it empty. Returns whether it held anything.
 pub(super) fn cgroup_kill(dir: &Path) -> bool {
     let populated = || {
-        std::fs::read_to_string(dir.join("cgroup.events"))
+        read_control(&dir.join("cgroup.events"))
             .map(|s| s.lines().any(|l| l == "populated 1"))
             .unwrap_or(false)
     };
@@ -125,7 +126,7 @@ pub(super) fn cgroup_path(dir: &Path) -> Option<String> {
 }
 
 pub(super) fn members(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    read_control(&dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }

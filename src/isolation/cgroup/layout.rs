@@ -49,7 +49,7 @@ pub(super) const WORKERS: &str = "worker";
 /// kills it if the gateway dies).
 pub fn v2_instance() -> Option<PathBuf> {
     match hierarchy() {
-        Hierarchy::V2 { base, .. } => Some(base.join(instance_name(std::process::id()))),
+        Hierarchy::V2 { base, .. } => Some(base.join(own_instance())),
         Hierarchy::V1 => None,
     }
 }
@@ -118,7 +118,32 @@ pub(super) fn instance_name(pid: u32) -> String {
 
 /// This gateway's subtree under a controller.
 pub(super) fn controller_dir(controller: &str) -> PathBuf {
-    subtree(controller).join(instance_name(std::process::id()))
+    subtree(controller).join(own_instance())
+}
+
+/// This process's instance name, made once: cgroup paths are built
+/// several times a spawn, and each `getpid` is a system call. (Only the
+/// gateway's own process builds them: the reaper sidecar is re-executed
+/// and names the gateway it watches.)
+pub(super) fn own_instance() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| instance_name(std::process::id()))
+}
+
+/// Bytes read of one cgroup or `/proc` file (a `cgroup.procs` of
+/// 100,000 members is ~700 KiB).
+const MAX_CONTROL_FILE_BYTES: u64 = 1 << 20;
+
+/// A cgroup control file read whole, without `std::fs::read_to_string`'s
+/// size probe (`statx` and `lseek`, which cgroupfs answers with 0 anyway):
+/// a spawn reads several of these.
+pub(super) fn read_control(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut s = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONTROL_FILE_BYTES)
+        .read_to_string(&mut s)?;
+    Ok(s)
 }
 
 /// Enable `controllers` for `dir`'s children; returns those that took.

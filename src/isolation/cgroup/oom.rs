@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::layout::controller_dir;
+use super::layout::{controller_dir, read_control};
 
 /// The tenant memory cgroup's `oom_kill` counter (v1).
 pub(super) fn oom_kills(tenant: &str) -> u64 {
@@ -21,7 +21,7 @@ pub(super) fn own_oom_kills(dir: &Path) -> u64 {
 
 /// The `oom_kill N` line of a memory controller file; 0 when unreadable.
 fn oom_kill_line(file: &Path) -> u64 {
-    std::fs::read_to_string(file)
+    read_control(file)
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {

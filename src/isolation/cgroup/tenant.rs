@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::kill::{cgroup_kill, kill_dir, members};
 use super::layout::{
     CONTROLLERS, Hierarchy, MEMBERSHIP, PROCS, WORKERS, controller_dir, hand_down, hierarchy,
-    instance_name,
+    own_instance, read_control,
 };
 use super::oom::{oom_kills, own_oom_kills};
 use crate::config::{CPU_PERIOD_US, CgroupLimits};
@@ -57,7 +57,7 @@ impl TenantCgroup {
             base, controllers, ..
         } = hierarchy()
         {
-            let dir = base.join(instance_name(std::process::id())).join(tenant);
+            let dir = base.join(own_instance()).join(tenant);
             std::fs::create_dir_all(&dir)?;
             let on = hand_down(&dir, controllers);
             let set = |file: &str, v: String| std::fs::write(dir.join(file), v);
@@ -383,7 +383,7 @@ impl ProcessCgroup {
     /// Nothing is left in it: its leader reaped and no escaper behind. A
     /// cgroup that cannot be read is not empty.
     pub fn is_empty(&self) -> bool {
-        std::fs::read_to_string(self.tenant.process_dir(&self.rel).join("cgroup.procs"))
+        read_control(&self.tenant.process_dir(&self.rel).join("cgroup.procs"))
             .is_ok_and(|s| s.trim().is_empty())
     }
 
