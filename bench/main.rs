@@ -296,6 +296,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         output_bytes: args.output_bytes,
     };
     let mut rows = Vec::new();
+    if args.files_only {
+        files::figures(&run, &file, &mut rows).await?;
+        report(&rows, reference.is_some(), args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
 
     // 1–2d. `true` start→closed, spawns/s, and what isolation costs.
     let baselines = spawns::figures(&run, &mut rows).await?;

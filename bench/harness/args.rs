@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
+    /// Only the `fs/readFile` figures (lean and parsing clients against
+    /// read + base64 in this process).
+    #[arg(long)]
+    pub files_only: bool,
     /// Only the image figures (cold tenants with a cached image, the
     /// 100 MiB pull against skopeo, the store's size).
     #[arg(long)]

@@ -13,11 +13,13 @@ use tokio::net::TcpStream;
 
 mod args;
 mod conn;
+mod cost;
 mod report;
 mod server;
 
 pub(crate) use args::BenchArgs;
 pub(crate) use conn::Conn;
+pub(crate) use cost::Cost;
 pub(crate) use report::{Row, report};
 pub(crate) use server::{Server, readyz};
 

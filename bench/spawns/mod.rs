@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
-use super::harness::{BenchResult, Conn, Row, Run, client, err, ms, percentile, run_to_close};
+use super::harness::{
+    BenchResult, Conn, Cost, Row, Run, client, err, ms, percentile, run_to_close,
+};
 
 mod isolation;
 mod stack;
@@ -39,9 +41,16 @@ pub(crate) async fn figures(run: &Run<'_>, rows: &mut Vec<Row>) -> BenchResult<B
         seconds,
         ..
     } = *run;
-    // 1. `true` start → closed.
+    // 1. `true` start → closed, and what each cost the process that
+    // spawned it (the gateway; this process for the direct spawns).
+    let me = std::process::id();
+    let before = Cost::of(me);
     let (d50, d99) = direct_spawn_latency(n).await?;
+    let (d_cpu, d_switches) = before.per(Cost::of(me), n + 20);
+    let gw_pid = gw.child.id().unwrap_or(0);
+    let before = Cost::of(gw_pid);
     let (g50, g99) = spawn_latency(&gw.url, n).await?;
+    let (g_cpu, g_switches) = before.per(Cost::of(gw_pid), n + 20);
     let r = match &reference {
         Some(r) => {
             let (a, b) = spawn_latency(&r.url, ref_n).await?;
@@ -64,6 +73,18 @@ pub(crate) async fn figures(run: &Run<'_>, rows: &mut Vec<Row>) -> BenchResult<B
         ms(g99),
         format!("{} direct", ms(d99)),
         format!("{:.2}x", g99.as_secs_f64() / d99.as_secs_f64()),
+    ));
+    rows.push(Row::reported(
+        "gateway CPU per sequential `true` (all its threads)",
+        format!("{g_cpu:.0} µs"),
+        format!("{d_cpu:.0} µs direct spawner"),
+        format!("{:.2}x", g_cpu / d_cpu.max(1.0)),
+    ));
+    rows.push(Row::reported(
+        "gateway context switches per sequential `true`",
+        format!("{g_switches:.1}"),
+        format!("{d_switches:.1} direct spawner"),
+        format!("{:.2}x", g_switches / d_switches.max(0.1)),
     ));
 
     // 2. spawns per second over 8 connections.
