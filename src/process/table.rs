@@ -154,6 +154,14 @@ impl ProcessTable {
             match result {
                 Ok(process) => {
                     entries.insert(id, Entry::Running(process.clone()));
+                    drop(entries);
+                    // Its session ended while it started (`kill_all` passes
+                    // over what is starting): it goes the way the others went.
+                    if table.abandoned.is_cancelled() {
+                        process.killed_by(crate::audit::KilledBy::SessionEnd);
+                        process.group.kill();
+                        process.kill_cgroup();
+                    }
                     Ok(process)
                 }
                 Err(e) => {
@@ -761,6 +769,18 @@ mod tests {
         assert_eq!(r.exit_code, Some(-1));
         // The slot came back with the close.
         t.start(params("b", "true"), PROCESS).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_process_done_starting_after_its_session_ended_is_killed() {
+        // `kill_all` passes over what is still starting; whatever finishes
+        // starting afterwards is killed on its way into the table.
+        let (t, _rx) = table(ExecSettings::new(4, HashMap::new()));
+        t.kill_all(crate::audit::KilledBy::SessionEnd);
+        t.start(params("late", "sleep 30"), PROCESS).await.unwrap();
+        let r = read_until_closed(&t, "late").await;
+        assert_eq!(r.exit_code, Some(-1));
+        assert_eq!(t.live_count(), 0);
     }
 
     #[tokio::test]
