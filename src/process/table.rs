@@ -66,6 +66,8 @@ pub struct ProcessTable {
     /// processes' output is read no further, even where a process of
     /// another session still holds their pipes open.
     abandoned: CancellationToken,
+    /// Why (a `KilledBy` as u8), for what finishes starting after it.
+    abandoned_by: std::sync::atomic::AtomicU8,
 }
 
 fn invalid(msg: String) -> GatewayError {
@@ -87,6 +89,7 @@ impl ProcessTable {
             spawner,
             revision,
             abandoned: CancellationToken::new(),
+            abandoned_by: std::sync::atomic::AtomicU8::new(0),
         })
     }
 
@@ -158,7 +161,11 @@ impl ProcessTable {
                     // Its session ended while it started (`kill_all` passes
                     // over what is starting): it goes the way the others went.
                     if table.abandoned.is_cancelled() {
-                        process.killed_by(crate::audit::KilledBy::SessionEnd);
+                        process.killed_by(crate::audit::KilledBy::from_u8(
+                            table
+                                .abandoned_by
+                                .load(std::sync::atomic::Ordering::Acquire),
+                        ));
                         process.group.kill();
                         process.kill_cgroup();
                     }
@@ -172,7 +179,10 @@ impl ProcessTable {
         };
         crate::task::start("process-start", start)
             .await
-            .map_err(|e| GatewayError::Internal(format!("process start: {e}")))?
+            .map_err(|e| {
+                tracing::error!(error = %e, "process start task failed");
+                GatewayError::Internal("the process could not be started".to_owned())
+            })?
     }
 
     /// Take the slots a running process holds, or refuse with the quota.
@@ -605,6 +615,8 @@ impl ProcessTable {
 
     /// SIGKILL every live process group (session end, shutdown: `why`).
     pub fn kill_all(&self, why: crate::audit::KilledBy) {
+        self.abandoned_by
+            .store(why as u8, std::sync::atomic::Ordering::Release);
         self.abandoned.cancel();
         let all: Vec<Arc<Process>> = self
             .entries

@@ -130,18 +130,17 @@ pub(super) fn own_instance() -> &'static str {
     NAME.get_or_init(|| instance_name(std::process::id()))
 }
 
-/// Bytes read of one cgroup or `/proc` file (a `cgroup.procs` of
-/// 100,000 members is ~700 KiB).
-const MAX_CONTROL_FILE_BYTES: u64 = 1 << 20;
-
 /// A cgroup control file read whole, without `std::fs::read_to_string`'s
 /// size probe (`statx` and `lseek`, which cgroupfs answers with 0 anyway):
-/// a spawn reads several of these.
+/// a spawn reads several of these. Not capped: the kernel writes them, a
+/// `cgroup.procs` bounded by the cgroup's `pids.max`, and a cut list would
+/// make a kill or a freeze miss members.
 pub(super) fn read_control(path: &Path) -> std::io::Result<String> {
     use std::io::Read as _;
     let mut s = String::new();
+    // `take` makes it std's plain read loop, which probes nothing.
     std::fs::File::open(path)?
-        .take(MAX_CONTROL_FILE_BYTES)
+        .take(u64::MAX)
         .read_to_string(&mut s)?;
     Ok(s)
 }

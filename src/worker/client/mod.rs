@@ -127,7 +127,9 @@ impl WorkerConn {
 
     /// Spawn through the worker: the request goes out on the link and the
     /// answer comes back through the link's reader task, awaited (no
-    /// runtime thread is held while the worker forks).
+    /// runtime thread is held while the worker forks). Not cancel-safe (a
+    /// late answer would register a child nobody holds): its one caller,
+    /// `ProcessTable::start`, runs it in a task of its own.
     async fn spawn(&self, spec: SpawnSpec) -> io::Result<Child> {
         if self.is_dead() {
             return Err(io::Error::other("the tenant's worker process died"));
@@ -154,7 +156,11 @@ impl WorkerConn {
                     worker = self.pid,
                     "worker did not answer a spawn; killing it"
                 );
-                self.kill();
+                // Once its link has ended it is killed and being reaped
+                // there (its pid may soon be another process's).
+                if !self.is_dead() {
+                    self.kill();
+                }
                 return Err(io::Error::other("the tenant's worker did not answer"));
             }
         };
@@ -214,16 +220,21 @@ impl WorkerConn {
                             tracing::warn!(worker = self.pid, "malformed message from worker");
                         }
                         Ok(Ok(Received::Eof) | Err(_)) => break,
-                        Err(_would_block) => {}
+                        Err(_would_block) => continue,
                     }
+                    // A worker is tenant code: one that never stops sending
+                    // must not keep this runtime thread from other tenants'
+                    // tasks (readiness alone spends no budget).
+                    tokio::task::consume_budget().await;
                 }
             }
             Err(e) => tracing::warn!(worker = self.pid, error = %e, "worker link not readable"),
         }
-        // Reaping waits for its exit, which follows its link's end closely
-        // but not at once: off the runtime's threads.
+        self.link_ended();
+        // Reaping waits for its exit, which follows the kill closely but
+        // not at once: off the runtime's threads.
         let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || me.ended()).await;
+        let _ = tokio::task::spawn_blocking(move || me.reap()).await;
     }
 
     /// Read the worker's messages until EOF, on a thread of the link's own
@@ -239,7 +250,8 @@ impl WorkerConn {
                 Ok(Received::Eof) | Err(_) => break,
             }
         }
-        self.ended();
+        self.link_ended();
+        self.reap();
     }
 
     /// One message from the worker.
@@ -267,8 +279,10 @@ impl WorkerConn {
         }
     }
 
-    /// The link ended: everything pending fails, the worker is reaped.
-    fn ended(&self) {
+    /// The link ended: everything pending fails at once, and the worker,
+    /// which may still run (a link can end on a malformed packet as well
+    /// as at its exit), is killed.
+    fn link_ended(&self) {
         self.dead.store(true, Ordering::Release);
         let retiring = self.retiring.load(Ordering::Acquire);
         if let Some(m) = &self.metrics {
@@ -288,13 +302,25 @@ impl WorkerConn {
         for (_, tx) in self.exits.lock().drain() {
             let _ = tx.send(Ended::WorkerDied);
         }
-        // Reap it (the gateway is its parent).
+        // Not reaped yet, so its pid is still its own.
+        self.kill();
+    }
+
+    /// Reap the killed worker (the gateway is its parent): it may take a
+    /// moment to exit, so this blocks.
+    fn reap(&self) {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
     }
 
     /// A `Spawned` answer: registered only if it answers a request and its
     /// pidfd names a child of this worker (see [`verify_child`]).
     fn spawned(&self, id: u64, pid: i32, fds: Vec<OwnedFd>) {
+        // Only an answer to a request is looked at (a worker's unsolicited
+        // packets cost a map lookup, not a check through /proc) or
+        // registers anything (the map stays bounded by the requests made).
+        let Some(w) = self.spawns.lock().remove(&id) else {
+            return;
+        };
         // The worker sends the child's pidfd first, then its streams.
         let verdict = match fds.first() {
             Some(pidfd) => verify_child(pidfd, pid, self.pid, self.pid_ns),
@@ -315,20 +341,14 @@ impl WorkerConn {
                     reason = %why,
                     "worker named a process that is not its child; refused"
                 );
-                if let Some(w) = self.spawns.lock().remove(&id) {
-                    let _ = w.send(Err(io::Error::other(
-                        "the spawned process could not be verified as the worker's child",
-                    )));
-                }
+                let _ = w.send(Err(io::Error::other(
+                    "the spawned process could not be verified as the worker's child",
+                )));
                 return;
             }
         };
-        // Only an answer to a request registers anything (the map stays
-        // bounded by the requests made), and before the reply is handed on:
-        // the exit can only be read after this packet.
-        let Some(w) = self.spawns.lock().remove(&id) else {
-            return;
-        };
+        // Registered before the reply is handed on: the exit can only be
+        // read after this packet.
         let (tx, rx) = oneshot::channel();
         self.exits.lock().insert(pid, tx);
         let _ = w.send(Ok((host_pid, fds, rx)));
