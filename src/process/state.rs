@@ -256,6 +256,13 @@ impl Process {
         }
     }
 
+    /// SIGKILL its group and its cgroup (escapers included), `who` recorded.
+    pub fn kill(self: &Arc<Self>, who: crate::audit::KilledBy) {
+        self.killed_by(who);
+        self.group.kill();
+        self.kill_cgroup();
+    }
+
     /// Record who is ending it (the first to say so), for the audit trail.
     pub fn killed_by(&self, who: crate::audit::KilledBy) {
         let _ = self

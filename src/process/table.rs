@@ -161,13 +161,11 @@ impl ProcessTable {
                     // Its session ended while it started (`kill_all` passes
                     // over what is starting): it goes the way the others went.
                     if table.abandoned.is_cancelled() {
-                        process.killed_by(crate::audit::KilledBy::from_u8(
+                        process.kill(crate::audit::KilledBy::from_u8(
                             table
                                 .abandoned_by
                                 .load(std::sync::atomic::Ordering::Acquire),
                         ));
-                        process.group.kill();
-                        process.kill_cgroup();
                     }
                     Ok(process)
                 }
@@ -498,9 +496,7 @@ impl ProcessTable {
             "process.terminated",
             serde_json::json!({"signal": libc::SIGKILL}),
         );
-        process.killed_by(crate::audit::KilledBy::Client);
-        process.group.kill();
-        process.kill_cgroup();
+        process.kill(crate::audit::KilledBy::Client);
         TerminateResponse { running: true }
     }
 
