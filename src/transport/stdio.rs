@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 
 use super::authenticate::Caller;
-use super::connection::{ConnMeta, InFrame, OnClose, serve_connection};
+use super::connection::{ConnMeta, FrameSource, InFrame, OnClose, serve_connection};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound};
@@ -101,7 +101,7 @@ pub async fn serve<R, W>(
         let _ = writer.flush().await;
     });
     let meta = ConnMeta {
-        parse_error_prefix: "failed to parse JSON-RPC message from exec-server stdio".to_owned(),
+        source: FrameSource::Stdio,
         on_close: OnClose::Kill,
         caller,
         relay: None,

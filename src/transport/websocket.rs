@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::authenticate::Caller;
-use super::connection::{ConnMeta, InFrame, OnClose, Relay, serve_connection};
+use super::connection::{ConnMeta, FrameSource, InFrame, OnClose, Relay, serve_connection};
 use super::inbound::InboundMeter;
 use crate::gateway::Gateway;
 use crate::outbound::{OutFrame, Outbound, QueuedText};
@@ -166,18 +166,19 @@ async fn run_halves<S>(
     // client that stalls a write past the slow-client timeout.
     let writer_done = done.clone();
     let writer = crate::task::start("ws-writer", async move {
-        let mut batch = Vec::with_capacity(WRITE_BATCH);
         loop {
             let first = tokio::select! {
                 f = rx.recv() => f,
                 () = writer_done.cancelled() => None,
             };
             let Some(first) = first else { break };
+            // Made per batch: an idle connection's writer keeps no room.
+            let mut batch = Vec::with_capacity(WRITE_BATCH.min(1 + rx.len()));
             batch.push(first);
             while batch.len() < WRITE_BATCH {
                 match rx.try_recv() {
-                    Ok(f) => batch.push(f),
-                    Err(_) => break,
+                    Some(f) => batch.push(f),
+                    None => break,
                 }
             }
             let write = async {
@@ -205,27 +206,32 @@ async fn run_halves<S>(
                 drop(written);
                 Ok::<_, WsError>(close)
             };
-            // Boxed: a batch's write state only exists while it is written,
-            // not in every idle connection's writer.
-            match tokio::time::timeout(slow_client_timeout, Box::pin(write)).await {
+            // Boxed with its timer: a batch's write state only exists while
+            // it is written, not in every idle connection's writer.
+            match Box::pin(tokio::time::timeout(slow_client_timeout, write)).await {
                 Ok(Ok(None)) => {}
                 Ok(Ok(Some(close))) => {
-                    let sent = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        sink.send(Message::Close(Some(close))),
-                    )
-                    .await;
-                    // The queue stays open until the client answers: its
-                    // reply proves it read every frame before the close (a
-                    // draining gateway waits for that, not for its grace),
-                    // within the slow-client bound, and never past the stop.
-                    if matches!(sent, Ok(Ok(()))) {
-                        tokio::select! {
-                            () = writer_read_ended.cancelled() => {}
-                            () = writer_gw.stopped() => {}
-                            () = tokio::time::sleep(slow_client_timeout) => {}
+                    // Boxed for the same reason.
+                    Box::pin(async {
+                        let sent = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            sink.send(Message::Close(Some(close))),
+                        )
+                        .await;
+                        // The queue stays open until the client answers: its
+                        // reply proves it read every frame before the close
+                        // (a draining gateway waits for that, not for its
+                        // grace), within the slow-client bound, and never
+                        // past the stop.
+                        if matches!(sent, Ok(Ok(()))) {
+                            tokio::select! {
+                                () = writer_read_ended.cancelled() => {}
+                                () = writer_gw.stopped() => {}
+                                () = tokio::time::sleep(slow_client_timeout) => {}
+                            }
                         }
-                    }
+                    })
+                    .await;
                     break;
                 }
                 Ok(Err(e)) => {
@@ -239,7 +245,7 @@ async fn run_halves<S>(
             }
         }
         writer_done.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+        let _ = Box::pin(tokio::time::timeout(Duration::from_secs(1), sink.close())).await;
     });
 
     // Reader: frames → InFrame, read as the connection asks for them (a
@@ -263,9 +269,7 @@ async fn run_halves<S>(
     .boxed();
 
     let meta = ConnMeta {
-        parse_error_prefix: format!(
-            "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
-        ),
+        source: FrameSource::Websocket(peer),
         on_close: OnClose::Detach,
         caller: Ok(caller),
         relay,

@@ -5,12 +5,7 @@ use super::*;
 use crate::outbound::Outbound;
 use crate::spawn::LocalSpawner;
 
-fn table(
-    settings: ExecSettings,
-) -> (
-    Arc<ProcessTable>,
-    tokio::sync::mpsc::Receiver<crate::outbound::OutFrame>,
-) {
+fn table(settings: ExecSettings) -> (Arc<ProcessTable>, crate::outbound::FrameReceiver) {
     let attachment = Arc::new(Attachment::default());
     let (out, rx) = Outbound::channel(crate::outbound::ByteBudget::unlimited());
     let _ = attachment.attach(1, out);

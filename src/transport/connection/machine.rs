@@ -74,11 +74,40 @@ pub trait Held {
     fn policy(&self) -> &'static Policy;
 }
 
+/// Where a connection's frames come from, as the malformed-frame message
+/// names it (the reference's wording); written out only when one comes,
+/// so an idle connection holds no copy of the text.
+#[derive(Debug, Clone)]
+pub enum FrameSource {
+    Stdio,
+    Websocket(std::net::SocketAddr),
+    /// A client of another replica, as that replica named it.
+    Relayed(std::sync::Arc<str>),
+}
+
+impl std::fmt::Display for FrameSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameSource::Stdio => {
+                f.write_str("failed to parse JSON-RPC message from exec-server stdio")
+            }
+            FrameSource::Websocket(peer) => write!(
+                f,
+                "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
+            ),
+            FrameSource::Relayed(client) => write!(
+                f,
+                "failed to parse websocket JSON-RPC message from exec-server websocket {client}"
+            ),
+        }
+    }
+}
+
 /// The connection's state; `H` is what the driver keeps of its session.
 #[derive(Debug)]
 pub struct Machine<H> {
-    /// Prefix of the malformed-frame message (the reference's wording).
-    parse_error_prefix: String,
+    /// Named in the malformed-frame message.
+    source: FrameSource,
     phase: Phase<H>,
 }
 
@@ -91,9 +120,9 @@ enum Phase<H> {
 }
 
 impl<H: Held> Machine<H> {
-    pub fn new(parse_error_prefix: String) -> Self {
+    pub fn new(source: FrameSource) -> Self {
         Machine {
-            parse_error_prefix,
+            source,
             phase: Phase::New,
         }
     }
@@ -123,7 +152,7 @@ impl<H: Held> Machine<H> {
     }
 
     fn malformed(&self, detail: &str) -> GatewayError {
-        GatewayError::InvalidRequest(format!("{}: {detail}", self.parse_error_prefix))
+        GatewayError::InvalidRequest(format!("{}: {detail}", self.source))
     }
 
     /// Envelope errors are worded as the session's revision words them.
@@ -299,8 +328,10 @@ mod tests {
         }
     }
 
+    const STDIO: &str = "failed to parse JSON-RPC message from exec-server stdio";
+
     fn machine() -> Machine<Fake> {
-        Machine::new("failed to parse".to_owned())
+        Machine::new(FrameSource::Stdio)
     }
 
     fn text(s: &str) -> InFrame {
@@ -384,7 +415,7 @@ mod tests {
             );
             InFrame::Text(s.to_owned(), charge)
         };
-        let mut m = Machine::<Fake>::new("p".to_owned());
+        let mut m = Machine::<Fake>::new(FrameSource::Stdio);
         m.attach(Fake(&NOV_2026));
         assert!(matches!(
             m.on_frame(charged(r#"{"method":"initialized"}"#)),
@@ -435,15 +466,15 @@ mod tests {
         let mut m = machine();
         let (id, code, msg) = sent(m.on_frame(text("{not json")));
         assert_eq!((id, code), (serde_json::json!(-1), -32600));
-        assert!(msg.starts_with("failed to parse: "), "{msg}");
+        assert!(msg.starts_with(&format!("{STDIO}: ")), "{msg}");
         let (_, _, msg) = sent(m.on_frame(InFrame::TooLarge("16 MiB".to_owned())));
-        assert_eq!(msg, "failed to parse: 16 MiB");
+        assert_eq!(msg, format!("{STDIO}: 16 MiB"));
         // A null id: a notification to 0.130.0, refused by 0.169.0.
         let bad_id = r#"{"id":null,"method":"process/list"}"#;
         let (_, _, may) = sent(initialized(&MAY_2026).on_frame(text(bad_id)));
         assert_eq!(may, "unexpected notification `process/list`");
         let (_, _, nov) = sent(initialized(&NOV_2026).on_frame(text(bad_id)));
-        assert_eq!(nov, format!("failed to parse: {}", jsonrpc::BAD_REQUEST_ID));
+        assert_eq!(nov, format!("{STDIO}: {}", jsonrpc::BAD_REQUEST_ID));
     }
 
     #[test]

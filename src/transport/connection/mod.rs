@@ -40,8 +40,8 @@ use crate::protocol::process::{InitializeParams, InitializeResponse};
 use crate::protocol::revision::Policy;
 use crate::rpc::{Call, Op, Outcome, Reply};
 use crate::session::Session;
-pub use machine::InFrame;
 use machine::{Action, Held, Machine};
+pub use machine::{FrameSource, InFrame};
 
 /// How the connection ends for its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +55,8 @@ pub enum OnClose {
 /// Per-connection facts the driver needs.
 #[derive(Clone)]
 pub struct ConnMeta {
-    /// Prefix of the malformed-frame message (the reference's wording).
-    pub parse_error_prefix: String,
+    /// Named in the malformed-frame message.
+    pub source: FrameSource,
     pub on_close: OnClose,
     /// Who the connection authenticated as; an error fails `initialize`
     /// with -32002 (stdio; websocket refuses the handshake instead).
@@ -151,7 +151,7 @@ where
         gw,
         out,
     };
-    let mut conn = Machine::<Attached>::new(meta.parse_error_prefix.clone());
+    let mut conn = Machine::<Attached>::new(meta.source.clone());
     let stop = read_loop(&mut inbound, &calls, &meta, &mut conn).await;
     if matches!(stop, Stop::Eof) && meta.on_close == OnClose::Kill {
         drain(&calls).await;
@@ -193,6 +193,15 @@ where
         }),
         _ => None,
     };
+    // One timer for both ends (every idle connection's state holds it):
+    // the earlier one, the maximum age when they fall together (as when
+    // each had a timer of its own, the age's first).
+    let deadline = match (max_age, expiry) {
+        (Some(age), Some(exp)) if age <= exp => Some((age, Deadline::MaxAge)),
+        (_, Some(exp)) => Some((exp, Deadline::TokenExpiry)),
+        (Some(age), None) => Some((age, Deadline::MaxAge)),
+        (None, None) => None,
+    };
     let key = match (&meta.caller, meta.on_close) {
         (Ok(caller), OnClose::Detach) => Some(caller.principal().key.clone()),
         _ => None,
@@ -222,14 +231,14 @@ where
                 }
                 return Stop::Ended;
             }
-            () = async { match max_age { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
-                out.close(MAX_AGE_CLOSE_CODE, "connection reached its maximum age; resume the session").await;
-                return Stop::Ended;
-            }
-            // The token that opened the connection no longer holds: the
-            // session is detached, to be resumed with a fresh one.
-            () = async { match expiry { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
-                out.close(TOKEN_EXPIRED_CLOSE_CODE, "token expired; resume the session with a fresh token").await;
+            // The connection's age, or the token that opened it no longer
+            // holds: the session is detached, to be resumed (with a fresh
+            // token).
+            which = async { match deadline { Some((t, which)) => { tokio::time::sleep_until(t).await; which } None => std::future::pending().await } } => {
+                match which {
+                    Deadline::MaxAge => out.close(MAX_AGE_CLOSE_CODE, "connection reached its maximum age; resume the session").await,
+                    Deadline::TokenExpiry => out.close(TOKEN_EXPIRED_CLOSE_CODE, "token expired; resume the session with a fresh token").await,
+                }
                 return Stop::Ended;
             }
             // A reload removed the key that verified it: as for an
@@ -250,6 +259,13 @@ where
             return stop;
         }
     }
+}
+
+/// Which end of a connection its timer stands for.
+#[derive(Clone, Copy)]
+enum Deadline {
+    MaxAge,
+    TokenExpiry,
 }
 
 /// Act on one frame; `Some` when the connection stops.

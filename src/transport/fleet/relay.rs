@@ -23,7 +23,9 @@ use futures_util::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::super::authenticate::Caller;
-use super::super::connection::{ConnMeta, InFrame, OnClose, Relay, RelayStart, serve_connection};
+use super::super::connection::{
+    ConnMeta, FrameSource, InFrame, OnClose, Relay, RelayStart, serve_connection,
+};
 use crate::error::GatewayError;
 use crate::fleet::{CLIENT_ADDR_HEADER, CREDENTIAL_HEADER};
 use crate::gateway::Gateway;
@@ -326,9 +328,7 @@ impl RelayService for RelayApi {
             .boxed();
         let (out, rx) = Outbound::channel(caller.tenant().outbound.clone());
         let meta = ConnMeta {
-            parse_error_prefix: format!(
-                "failed to parse websocket JSON-RPC message from exec-server websocket {client}"
-            ),
+            source: FrameSource::Relayed(client.as_str().into()),
             on_close: OnClose::Detach,
             caller: Ok(caller),
             relay: None,

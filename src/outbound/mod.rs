@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+mod queue;
+pub use queue::{FrameReceiver, FrameSender};
 
 /// Messages queued per connection before producers wait.
 pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
@@ -183,8 +186,7 @@ impl Drop for Reservation {
     }
 }
 
-/// One frame to write. Two words: the queue allocates its slots in blocks
-/// when it is made, so the slot size is paid by every idle connection.
+/// One frame to write (two words: queued frames are boxed).
 #[derive(Debug)]
 pub enum OutFrame {
     /// A serialised JSON message, holding its share of the byte budgets
@@ -211,7 +213,7 @@ pub struct CloseRequest {
 /// Sending half of a connection's outbound queue.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    tx: mpsc::Sender<OutFrame>,
+    tx: FrameSender,
     budget: Arc<Semaphore>,
     tenant: Arc<ByteBudget>,
 }
@@ -222,8 +224,8 @@ pub struct Closed;
 
 impl Outbound {
     /// A queue whose frames also count against `tenant`.
-    pub fn channel(tenant: Arc<ByteBudget>) -> (Outbound, mpsc::Receiver<OutFrame>) {
-        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE_MESSAGES);
+    pub fn channel(tenant: Arc<ByteBudget>) -> (Outbound, FrameReceiver) {
+        let (tx, rx) = queue::queue(OUTBOUND_QUEUE_MESSAGES);
         let budget = Arc::new(Semaphore::new(OUTBOUND_QUEUE_BYTES));
         (Outbound { tx, budget, tenant }, rx)
     }
