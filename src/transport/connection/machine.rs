@@ -87,19 +87,17 @@ pub enum FrameSource {
 
 impl std::fmt::Display for FrameSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
+        let peer: &dyn std::fmt::Display = match self {
             FrameSource::Stdio => {
-                f.write_str("failed to parse JSON-RPC message from exec-server stdio")
+                return f.write_str("failed to parse JSON-RPC message from exec-server stdio");
             }
-            FrameSource::Websocket(peer) => write!(
-                f,
-                "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
-            ),
-            FrameSource::Relayed(client) => write!(
-                f,
-                "failed to parse websocket JSON-RPC message from exec-server websocket {client}"
-            ),
-        }
+            FrameSource::Websocket(peer) => peer,
+            FrameSource::Relayed(client) => client,
+        };
+        write!(
+            f,
+            "failed to parse websocket JSON-RPC message from exec-server websocket {peer}"
+        )
     }
 }
 

@@ -36,11 +36,11 @@ impl WorkerConn {
                     };
                     match ready.try_io(|fd| link::try_recv::<FromWorker>(fd.get_ref().0, &mut buf))
                     {
-                        Ok(Ok(Received::Message(msg, fds))) => self.received(msg, fds),
-                        Ok(Ok(Received::Malformed)) => {
-                            tracing::warn!(worker = self.pid, "malformed message from worker");
+                        Ok(packet) => {
+                            if !self.take(packet) {
+                                break;
+                            }
                         }
-                        Ok(Ok(Received::Eof) | Err(_)) => break,
                         Err(_would_block) => continue,
                     }
                     // A worker is tenant code: one that never stops sending
@@ -62,17 +62,22 @@ impl WorkerConn {
     /// (when no runtime is running); then fail everything pending.
     pub(super) fn read_loop(self: Arc<Self>) {
         let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-        loop {
-            match link::recv::<FromWorker>(&self.sock, &mut buf) {
-                Ok(Received::Message(msg, fds)) => self.received(msg, fds),
-                Ok(Received::Malformed) => {
-                    tracing::warn!(worker = self.pid, "malformed message from worker");
-                }
-                Ok(Received::Eof) | Err(_) => break,
-            }
-        }
+        while self.take(link::recv::<FromWorker>(&self.sock, &mut buf)) {}
         self.link_ended();
         self.reap();
+    }
+
+    /// One packet read from the link, either way; false once the link has
+    /// ended (EOF or an error).
+    fn take(&self, packet: io::Result<Received<FromWorker>>) -> bool {
+        match packet {
+            Ok(Received::Message(msg, fds)) => self.received(msg, fds),
+            Ok(Received::Malformed) => {
+                tracing::warn!(worker = self.pid, "malformed message from worker");
+            }
+            Ok(Received::Eof) | Err(_) => return false,
+        }
+        true
     }
 
     /// One message from the worker.
