@@ -203,6 +203,12 @@ pub struct QueuedText {
     pub held: Option<Reservation>,
 }
 
+impl AsRef<str> for QueuedText {
+    fn as_ref(&self) -> &str {
+        &self.text
+    }
+}
+
 /// A websocket close code and reason.
 #[derive(Debug)]
 pub struct CloseRequest {

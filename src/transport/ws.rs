@@ -30,7 +30,9 @@ use super::http::{response, switching_protocols};
 use super::inbound::{InboundMeter, Metered};
 use super::limits::{Conn, ConnectionLimits, Door, Guarded};
 use super::preview::Kept;
-use super::websocket::{WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run, server_websocket};
+use super::websocket::{
+    WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run_direct, server_websocket, split_direct,
+};
 use crate::gateway::Gateway;
 use crate::preview::proxy::ProxyBody;
 use http_body_util::BodyExt as _;
@@ -311,7 +313,10 @@ async fn handle(
                 // gateway as it is read.
                 let meter = InboundMeter::new(caller.tenant().inbound.clone(), gw.inbound.clone());
                 let io = Metered::new(TokioIo::new(upgraded), meter.clone());
-                let ws = server_websocket(io, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
+                // Data frames go straight to the socket; tungstenite reads
+                // and answers pings through the other side.
+                let (side, writer) = split_direct(io);
+                let ws = server_websocket(side, limit, WS_MAX_WRITE_BUFFER_BYTES).await;
                 let relay = match (&gw.fleet, token) {
                     (Some(_), Some(token)) => Some(Arc::new(RelayOrigin {
                         token,
@@ -319,7 +324,7 @@ async fn handle(
                     }) as Arc<dyn Relay>),
                     _ => None,
                 };
-                run(ws, gw, peer, caller, relay, Some(meter)).await;
+                run_direct(ws, writer, gw, peer, caller, relay, Some(meter)).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }

@@ -2,7 +2,14 @@
 //! through the listener in `transport::ws`, or a registry this binary
 //! dialled as a remote executor): messages into the connection's frames,
 //! its outbound queue into batched, fragmented writes, pings bounded, and
-//! the close code that says how it ended.
+//! the close code that says how it ended. A client's data frames are
+//! written by [`direct`] (no copy into tungstenite's buffer); a link this
+//! binary dialled, whose frames must be masked, is written by tungstenite.
+
+mod direct;
+
+use direct::DirectWriter;
+pub(super) use direct::split as split_direct;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,9 +64,9 @@ pub(super) const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// pings and never reads makes us queue in pongs (it is cut off here).
 pub(super) const WS_MAX_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Messages larger than this go out as fragments of about this size
-/// (RFC 6455 §5.4): a large reply is never copied whole into the write
-/// buffer, and the buffer's bound above stays small.
-const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
+/// (RFC 6455 §5.4): a large reply is never copied whole into tungstenite's
+/// write buffer, and the buffer's bound above stays small.
+const WS_FRAGMENT_BYTES: usize = direct::FRAGMENT_BYTES;
 
 /// Ping and pong frames a client may send per second (on average over
 /// [`CONTROL_WINDOW`]) before the connection is closed.
@@ -123,8 +130,8 @@ where
 }
 
 /// Serve one JSON-RPC connection over `ws` (the server role, whoever
-/// dialled) for `caller`; `meter` charges what it reads (a client's
-/// connection; not a link this binary dialled).
+/// dialled) for `caller`, tungstenite writing every frame (a link this
+/// binary dialled); `meter` charges what it reads.
 pub(crate) fn run<S>(
     ws: WebSocketStream<S>,
     gw: Arc<Gateway>,
@@ -139,12 +146,34 @@ where
     // Split before the future is made: the stream's few hundred bytes would
     // otherwise keep a slot in it for the connection's whole life.
     let (sink, stream) = ws.split();
-    run_halves(sink, stream, gw, peer, caller, relay, meter)
+    let direct: Option<DirectWriter<tokio::io::Sink>> = None;
+    run_halves(sink, stream, direct, gw, peer, caller, relay, meter)
 }
 
-async fn run_halves<S>(
+/// Serve a client's connection: `ws` reads from the side made by
+/// [`split_direct`], whose writer sends the data frames.
+pub(super) fn run_direct<S, W>(
+    ws: WebSocketStream<S>,
+    writer: DirectWriter<W>,
+    gw: Arc<Gateway>,
+    peer: SocketAddr,
+    caller: Caller,
+    relay: Option<Arc<dyn Relay>>,
+    meter: Option<InboundMeter>,
+) -> impl std::future::Future<Output = ()> + Send
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Send + 'static,
+{
+    let (sink, stream) = ws.split();
+    run_halves(sink, stream, Some(writer), gw, peer, caller, relay, meter)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_halves<S, W>(
     mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
     stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
+    mut direct: Option<DirectWriter<W>>,
     gw: Arc<Gateway>,
     peer: SocketAddr,
     caller: Caller,
@@ -152,6 +181,7 @@ async fn run_halves<S>(
     meter: Option<InboundMeter>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Send + 'static,
 {
     let (out, mut rx) = Outbound::channel(caller.tenant().outbound.clone());
     let done = CancellationToken::new();
@@ -165,11 +195,23 @@ async fn run_halves<S>(
     // Writer: batches whatever is queued, flushes once, and gives up on a
     // client that stalls a write past the slow-client timeout.
     let writer_done = done.clone();
+    let control = direct.as_ref().map(DirectWriter::control);
     let writer = crate::task::start("ws-writer", async move {
         loop {
             let first = tokio::select! {
                 f = rx.recv() => f,
                 () = writer_done.cancelled() => None,
+                // A pong (or the close reply) tungstenite wrote while
+                // reading: sent within the slow-client bound.
+                () = control_queued(control.as_deref()) => {
+                    let Some(d) = direct.as_mut() else { continue };
+                    match tokio::time::timeout(slow_client_timeout, d.send_control()).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "websocket write failed"),
+                        Err(_) => tracing::info!(%peer, "closing a client that stopped reading"),
+                    }
+                    break;
+                }
             };
             let Some(first) = first else { break };
             // Made per batch: an idle connection's writer keeps no room.
@@ -185,14 +227,10 @@ async fn run_halves<S>(
                 let mut close = None;
                 // Reservations are released once their frames are flushed
                 // to the socket (not when copied into the write buffer).
-                let mut written = Vec::with_capacity(batch.len());
+                let mut texts = Vec::with_capacity(batch.len());
                 for frame in batch.drain(..) {
                     match frame {
-                        OutFrame::Text(queued) => {
-                            let QueuedText { text, held } = *queued;
-                            feed_text(&mut sink, text).await?;
-                            written.push(held);
-                        }
+                        OutFrame::Text(queued) => texts.push(*queued),
                         OutFrame::Close(c) => {
                             close = Some(CloseFrame {
                                 code: CloseCode::from(c.code),
@@ -202,8 +240,18 @@ async fn run_halves<S>(
                         }
                     }
                 }
-                sink.flush().await?;
-                drop(written);
+                match direct.as_mut() {
+                    Some(d) => d.write_texts(&texts).await?,
+                    None => {
+                        let mut written = Vec::with_capacity(texts.len());
+                        for QueuedText { text, held } in texts.drain(..) {
+                            feed_text(&mut sink, text).await?;
+                            written.push(held);
+                        }
+                        sink.flush().await?;
+                    }
+                }
+                drop(texts);
                 Ok::<_, WsError>(close)
             };
             // Boxed with its timer: a batch's write state only exists while
@@ -213,10 +261,13 @@ async fn run_halves<S>(
                 Ok(Ok(Some(close))) => {
                     // Boxed for the same reason.
                     Box::pin(async {
-                        let sent = tokio::time::timeout(
-                            Duration::from_secs(1),
-                            sink.send(Message::Close(Some(close))),
-                        )
+                        let sent = tokio::time::timeout(Duration::from_secs(1), async {
+                            sink.send(Message::Close(Some(close))).await?;
+                            if let Some(d) = direct.as_mut() {
+                                d.send_control().await?;
+                            }
+                            Ok::<_, WsError>(())
+                        })
                         .await;
                         // The queue stays open until the client answers: its
                         // reply proves it read every frame before the close
@@ -245,7 +296,14 @@ async fn run_halves<S>(
             }
         }
         writer_done.cancel();
-        let _ = Box::pin(tokio::time::timeout(Duration::from_secs(1), sink.close())).await;
+        let _ = Box::pin(tokio::time::timeout(Duration::from_secs(1), async {
+            sink.close().await?;
+            if let Some(d) = direct.as_mut() {
+                d.send_control().await?;
+            }
+            Ok::<_, WsError>(())
+        }))
+        .await;
     });
 
     // Reader: frames → InFrame, read as the connection asks for them (a
@@ -286,6 +344,14 @@ async fn run_halves<S>(
     // Give queued responses a moment to drain, then stop both halves.
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     done.cancel();
+}
+
+/// Until tungstenite queued a control frame (never without the queue).
+async fn control_queued(control: Option<&direct::Control>) {
+    match control {
+        Some(c) => c.queued().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The read half of a connection, frame by frame.
