@@ -296,6 +296,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         output_bytes: args.output_bytes,
     };
     let mut rows = Vec::new();
+    if args.output_only {
+        output::figures(&run, &mut rows).await?;
+        report(&rows, reference.is_some(), args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.files_only {
         files::figures(&run, &file, &mut rows).await?;
         report(&rows, reference.is_some(), args.json);

@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Only the memory figure (RSS per idle session).
     #[arg(long)]
     pub memory_only: bool,
+    /// Only the websocket output figures (lean and parsing clients
+    /// against a direct pipe).
+    #[arg(long)]
+    pub output_only: bool,
     /// Only the `fs/readFile` figures (lean and parsing clients against
     /// read + base64 in this process).
     #[arg(long)]
