@@ -29,7 +29,10 @@ pub fn probe(version: crate::config::CgroupVersion) -> Result<(), String> {
         CgroupVersion::Auto => None,
     };
     let chosen = match v2 {
-        Some(mount) => probe_v2(mount)?,
+        Some(mount) => {
+            hint_favordynmods(&mount);
+            probe_v2(mount)?
+        }
         None => {
             probe_v1()?;
             Hierarchy::V1
@@ -224,7 +227,65 @@ fn cgroup2_mount() -> Option<PathBuf> {
     found.into_iter().next()
 }
 
+/// Say so when the cgroup2 filesystem lacks `favordynmods`: without it
+/// every move into a cgroup (a cold tenant's worker, its first process)
+/// may wait for an RCU grace period. The gateway does not remount it
+/// itself: the option is the whole host's, and the kernel keeps it on.
+fn hint_favordynmods(mount: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if favors_dynmods(&info, mount) == Some(false) {
+        tracing::info!(
+            mount = %mount.display(),
+            "cgroup2 is mounted without favordynmods: a cold tenant's cgroup moves may each wait \
+             for an RCU grace period (milliseconds); `mount -o remount,favordynmods {}` on the host \
+             (or a kernel built with CONFIG_CGROUP_FAVOR_DYNMODS) removes the wait",
+            mount.display()
+        );
+    }
+}
+
+/// Whether the cgroup2 filesystem mounted at `mount` has `favordynmods`
+/// among its superblock options (`None`: not found in `mountinfo`).
+fn favors_dynmods(mountinfo: &str, mount: &Path) -> Option<bool> {
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        let point = pre.split_whitespace().nth(4)?;
+        let mut fields = post.split_whitespace();
+        (fields.next()? == "cgroup2" && Path::new(point) == mount).then(|| {
+            // The source, then the superblock's options.
+            fields
+                .nth(1)
+                .is_some_and(|opts| opts.split(',').any(|o| o == "favordynmods"))
+        })
+    })
+}
+
 fn is_cgroup2(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn favordynmods_is_read_from_the_superblock_options() {
+        let info = "\
+35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+36 24 0:31 / /mnt/cg rw,relatime shared:10 - cgroup2 none rw,nsdelegate,favordynmods
+37 24 0:32 / /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory
+";
+        assert_eq!(
+            favors_dynmods(info, Path::new("/sys/fs/cgroup")),
+            Some(false)
+        );
+        assert_eq!(favors_dynmods(info, Path::new("/mnt/cg")), Some(true));
+        // A v1 hierarchy or an unknown path says nothing.
+        assert_eq!(
+            favors_dynmods(info, Path::new("/sys/fs/cgroup/memory")),
+            None
+        );
+        assert_eq!(favors_dynmods(info, Path::new("/nowhere")), None);
+    }
 }
