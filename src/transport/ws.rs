@@ -31,7 +31,7 @@ use super::inbound::{InboundMeter, Metered};
 use super::limits::{Conn, ConnectionLimits, Door, Guarded};
 use super::preview::Kept;
 use super::websocket::{
-    WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run_direct, server_websocket, split_direct,
+    WS_MAX_WRITE_BUFFER_BYTES, WS_WRITE_BUFFER_BYTES, run, server_websocket, split_direct,
 };
 use crate::gateway::Gateway;
 use crate::preview::proxy::ProxyBody;
@@ -324,7 +324,7 @@ async fn handle(
                     }) as Arc<dyn Relay>),
                     _ => None,
                 };
-                run_direct(ws, writer, gw, peer, caller, relay, Some(meter)).await;
+                run(ws, Some(writer), gw, peer, caller, relay, Some(meter)).await;
             }
             Err(e) => tracing::debug!(%peer, error = %e, "websocket upgrade failed"),
         }

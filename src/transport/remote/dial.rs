@@ -205,8 +205,17 @@ async fn slot(
                 backoff = BACKOFF_MIN;
                 tracing::info!(executor = %o.executor_id, slot = index, "link up");
                 let peer = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-                super::super::websocket::run(ws, gw.clone(), peer, caller.clone(), None, None)
-                    .await;
+                use super::super::websocket::{TUNGSTENITE_WRITES, run};
+                run(
+                    ws,
+                    TUNGSTENITE_WRITES,
+                    gw.clone(),
+                    peer,
+                    caller.clone(),
+                    None,
+                    None,
+                )
+                .await;
                 tracing::info!(executor = %o.executor_id, slot = index, "link closed");
             }
             Err(Attempt::Fatal(m)) => return Err(Fatal(m)),

@@ -129,32 +129,17 @@ where
     Ok(())
 }
 
-/// Serve one JSON-RPC connection over `ws` (the server role, whoever
-/// dialled) for `caller`, tungstenite writing every frame (a link this
-/// binary dialled); `meter` charges what it reads.
-pub(crate) fn run<S>(
-    ws: WebSocketStream<S>,
-    gw: Arc<Gateway>,
-    peer: SocketAddr,
-    caller: Caller,
-    relay: Option<Arc<dyn Relay>>,
-    meter: Option<InboundMeter>,
-) -> impl std::future::Future<Output = ()> + Send
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    // Split before the future is made: the stream's few hundred bytes would
-    // otherwise keep a slot in it for the connection's whole life.
-    let (sink, stream) = ws.split();
-    let direct: Option<DirectWriter<tokio::io::Sink>> = None;
-    run_halves(sink, stream, direct, gw, peer, caller, relay, meter)
-}
+/// No direct writer: tungstenite writes every frame (a link this binary
+/// dialled, whose frames must be masked).
+pub(in crate::transport) const TUNGSTENITE_WRITES: Option<DirectWriter<tokio::io::Sink>> = None;
 
-/// Serve a client's connection: `ws` reads from the side made by
-/// [`split_direct`], whose writer sends the data frames.
-pub(super) fn run_direct<S, W>(
+/// Serve one JSON-RPC connection over `ws` (the server role, whoever
+/// dialled) for `caller`: data frames written by `direct` when `ws` reads
+/// from the side [`split_direct`] made (a client's connection), else by
+/// tungstenite ([`TUNGSTENITE_WRITES`]); `meter` charges what it reads.
+pub(in crate::transport) fn run<S, W>(
     ws: WebSocketStream<S>,
-    writer: DirectWriter<W>,
+    direct: Option<DirectWriter<W>>,
     gw: Arc<Gateway>,
     peer: SocketAddr,
     caller: Caller,
@@ -165,8 +150,10 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Send + 'static,
 {
+    // Split before the future is made: the stream's few hundred bytes would
+    // otherwise keep a slot in it for the connection's whole life.
     let (sink, stream) = ws.split();
-    run_halves(sink, stream, Some(writer), gw, peer, caller, relay, meter)
+    run_halves(sink, stream, direct, gw, peer, caller, relay, meter)
 }
 
 #[allow(clippy::too_many_arguments)]
