@@ -404,3 +404,58 @@ async fn request_ids_over_256_bytes_are_refused() {
     assert!(!r.to_string().contains("iiii"), "the id was echoed");
     assert!(c.call("process/list", json!({})).await["processes"].is_array());
 }
+
+/// Pings sent while a reply larger than one websocket fragment is being
+/// written are each answered with their own payload, between the reply's
+/// frames (a pong inside a data frame would break the client's parse),
+/// and the reply arrives whole.
+#[tokio::test]
+async fn pings_are_answered_around_a_fragmented_reply() {
+    let gw = Gateway::start("");
+    let (mut c, _) = gw.session().await;
+    let dir = common::scratch();
+    let file = dir.path().join("big");
+    // 3 MiB: a 4 MiB reply, four fragments.
+    let data: Vec<u8> = (0..3usize << 20).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            c.request_id("fs/readFile", json!({"path": file.display().to_string()}))
+                .await,
+        );
+    }
+    let sent: Vec<Vec<u8>> = (0..30u8).map(|i| vec![i; 1 + usize::from(i)]).collect();
+    for p in &sent {
+        c.ws.send(Message::Ping(p.clone().into())).await.unwrap();
+    }
+    let mut pongs = Vec::new();
+    let mut replies = Vec::new();
+    tokio::time::timeout(EVENT_TIMEOUT * 4, async {
+        while pongs.len() < sent.len() || replies.len() < ids.len() {
+            match c.ws.next().await {
+                Some(Ok(Message::Pong(p))) => pongs.push(p.to_vec()),
+                Some(Ok(Message::Text(t))) => {
+                    let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+                    if v["id"].as_i64().is_some_and(|id| ids.contains(&id)) {
+                        replies.push(v);
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("connection ended: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("pongs and replies");
+    assert_eq!(pongs, sent);
+    for r in replies {
+        let got = common::unb64(
+            r["result"]["dataBase64"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{r}")),
+        );
+        assert!(got == data, "a reply came back different");
+    }
+}
