@@ -14,6 +14,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf, ReadHalf, WriteHalf};
 
@@ -94,19 +95,25 @@ impl<S: AsyncRead> AsyncRead for TungsteniteSide<S> {
 impl<S> AsyncWrite for TungsteniteSide<S> {
     /// Takes all of `buf` or fails: tungstenite hands over its whole
     /// buffer, whole frames, so what is queued ends at a frame's end.
+    /// Nothing after a close frame is kept (tungstenite sends a pending
+    /// pong after its close): the close is the last frame on the wire.
     fn poll_write(
         self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let mut state = self.control.state.lock();
+        if state.closed {
+            return Poll::Ready(Ok(buf.len()));
+        }
         if state.bytes.len() + buf.len() > CONTROL_QUEUE_BYTES {
             return Poll::Ready(Err(io::Error::other(
                 "control frames queued past their bound (a client that does not read)",
             )));
         }
-        state.closed |= holds_close(buf);
-        state.bytes.extend_from_slice(buf);
+        let (keep, closed) = scan(buf);
+        state.closed = closed;
+        state.bytes.extend_from_slice(&buf[..keep]);
         Poll::Ready(Ok(buf.len()))
     }
 
@@ -123,39 +130,46 @@ impl<S> AsyncWrite for TungsteniteSide<S> {
     }
 }
 
-/// Whether `bytes` (whole unmasked frames, as a server writes them) hold a
-/// close frame. Bytes that do not parse as frames count as one: after
-/// them nothing more is safe to write.
-fn holds_close(mut bytes: &[u8]) -> bool {
-    while !bytes.is_empty() {
-        let [b0, b1, rest @ ..] = bytes else {
-            return true;
+/// How much of `bytes` (whole unmasked frames, as a server writes them) to
+/// send, and whether a close frame is among it: everything up to the end
+/// of the first close frame. Bytes that do not parse as frames are kept
+/// and count as a close: after them nothing more is safe to write.
+fn scan(bytes: &[u8]) -> (usize, bool) {
+    let mut at = 0;
+    while at < bytes.len() {
+        let Some(end) = frame_end(&bytes[at..]) else {
+            return (bytes.len(), true);
         };
-        if b0 & 0x0F == 0x8 {
-            return true;
+        let close = bytes[at] & 0x0F == 0x8;
+        at += end;
+        if close {
+            return (at, true);
         }
-        let masked = b1 & 0x80 != 0;
-        let (len, rest) = match b1 & 0x7F {
-            126 => match rest {
-                [a, b, rest @ ..] => (u16::from_be_bytes([*a, *b]) as usize, rest),
-                _ => return true,
-            },
-            127 => match rest.split_first_chunk::<8>() {
-                Some((n, rest)) => match usize::try_from(u64::from_be_bytes(*n)) {
-                    Ok(n) => (n, rest),
-                    Err(_) => return true,
-                },
-                None => return true,
-            },
-            n => (usize::from(n), rest),
-        };
-        let skip = len + if masked { 4 } else { 0 };
-        let Some(after) = rest.get(skip..) else {
-            return true;
-        };
-        bytes = after;
     }
-    false
+    (at, false)
+}
+
+/// Where the frame at the start of `bytes` ends, if it is whole.
+fn frame_end(bytes: &[u8]) -> Option<usize> {
+    let [_, b1, rest @ ..] = bytes else {
+        return None;
+    };
+    let masked = b1 & 0x80 != 0;
+    let (len, header): (usize, usize) = match b1 & 0x7F {
+        126 => {
+            let (n, _) = rest.split_first_chunk::<2>()?;
+            (usize::from(u16::from_be_bytes(*n)), 4)
+        }
+        127 => {
+            let (n, _) = rest.split_first_chunk::<8>()?;
+            (usize::try_from(u64::from_be_bytes(*n)).ok()?, 10)
+        }
+        n => (usize::from(n), 2),
+    };
+    let end = header
+        .checked_add(if masked { 4 } else { 0 })?
+        .checked_add(len)?;
+    (end <= bytes.len()).then_some(end)
 }
 
 /// A data frame's header: FIN, opcode, unmasked length (the server's side).
@@ -182,6 +196,13 @@ fn header(fin: bool, opcode: u8, len: usize) -> ([u8; 10], usize) {
 struct Fragment {
     header: ([u8; 10], usize),
     payload: (usize, usize),
+}
+
+impl Fragment {
+    /// Bytes on the wire.
+    fn len(&self) -> usize {
+        self.header.1 + self.payload.1 - self.payload.0
+    }
 }
 
 /// `text` cut into fragments of about [`FRAGMENT_BYTES`] at UTF-8
@@ -215,24 +236,45 @@ impl<S> DirectWriter<S> {
     }
 }
 
+/// Data frames written in one `writev` at most: small frames go out
+/// together; a large fragment goes alone, so tungstenite's pongs wait for
+/// one fragment at most, not a whole message.
+const GROUP_BYTES: usize = 256 * 1024;
+
 impl<S: AsyncWrite> DirectWriter<S> {
     /// Send what tungstenite queued; true once a close frame went out.
-    pub(super) async fn send_control(&mut self) -> io::Result<bool> {
+    /// A write that makes no progress for `stall` fails (TimedOut).
+    pub(super) async fn send_control(&mut self, stall: Duration) -> io::Result<bool> {
         let (bytes, closed) = {
             let mut state = self.control.state.lock();
             (std::mem::take(&mut state.bytes), state.closed)
         };
         if !bytes.is_empty() {
-            self.write.write_all(&bytes).await?;
-            self.write.flush().await?;
+            let mut at = 0;
+            while at < bytes.len() {
+                at += progress(stall, self.write.write(&bytes[at..])).await?;
+            }
+            progress(stall, self.write.flush()).await?;
         }
         Ok(closed)
     }
 
+    /// Whether tungstenite queued something since the last send.
+    fn control_pending(&self) -> bool {
+        !self.control.state.lock().bytes.is_empty()
+    }
+
     /// Write `texts` as text messages and flush: what tungstenite queued
-    /// first, then each frame's header and payload from where they lie.
-    pub(super) async fn write_texts<T: AsRef<str>>(&mut self, texts: &[T]) -> io::Result<()> {
-        if self.send_control().await? {
+    /// first, then each frame's header and payload from where they lie,
+    /// what tungstenite queues meanwhile between frames. The client is
+    /// given up only when a write makes no progress for `stall`, however
+    /// long the whole takes.
+    pub(super) async fn write_texts<T: AsRef<str>>(
+        &mut self,
+        texts: &[T],
+        stall: Duration,
+    ) -> io::Result<()> {
+        if self.send_control(stall).await? {
             return Err(io::Error::other("data frame after the close frame"));
         }
         let mut frames = Vec::with_capacity(texts.len());
@@ -241,32 +283,63 @@ impl<S: AsyncWrite> DirectWriter<S> {
             fragments(text.as_ref(), &mut frames);
             owners.resize(frames.len(), i);
         }
-        let mut slices = Vec::with_capacity(2 * frames.len());
-        for (frame, owner) in frames.iter().zip(&owners) {
-            let (h, n) = &frame.header;
-            let (a, b) = frame.payload;
-            slices.push(IoSlice::new(&h[..*n]));
-            let payload = &texts[*owner].as_ref().as_bytes()[a..b];
-            if !payload.is_empty() {
-                slices.push(IoSlice::new(payload));
+        let mut next = 0;
+        while next < frames.len() {
+            let start = next;
+            let mut bytes = 0;
+            while next < frames.len()
+                && (next == start
+                    || (bytes + frames[next].len() <= GROUP_BYTES
+                        && 2 * (next - start) < SLICES_PER_WRITE))
+            {
+                bytes += frames[next].len();
+                next += 1;
+            }
+            let mut slices = Vec::with_capacity(2 * (next - start));
+            for (frame, owner) in frames[start..next].iter().zip(&owners[start..next]) {
+                let (h, n) = &frame.header;
+                let (a, b) = frame.payload;
+                slices.push(IoSlice::new(&h[..*n]));
+                let payload = &texts[*owner].as_ref().as_bytes()[a..b];
+                if !payload.is_empty() {
+                    slices.push(IoSlice::new(payload));
+                }
+            }
+            let mut rest: &mut [IoSlice<'_>] = &mut slices;
+            while !rest.is_empty() {
+                let n = progress(stall, self.write.write_vectored(rest)).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                IoSlice::advance_slices(&mut rest, n);
+            }
+            if self.control_pending() && self.send_control(stall).await? && next < frames.len() {
+                return Err(io::Error::other("data frame after the close frame"));
             }
         }
-        let mut rest: &mut [IoSlice<'_>] = &mut slices;
-        while !rest.is_empty() {
-            let take = rest.len().min(SLICES_PER_WRITE);
-            let n = self.write.write_vectored(&rest[..take]).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            IoSlice::advance_slices(&mut rest, n);
-        }
-        self.write.flush().await
+        progress(stall, self.write.flush()).await
     }
+}
+
+/// `op`, failed with TimedOut when it takes longer than `stall`.
+async fn progress<T>(
+    stall: Duration,
+    op: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    tokio::time::timeout(stall, op).await.unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client stopped reading",
+        ))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt as _;
+
+    const STALL: Duration = Duration::from_secs(30);
 
     #[test]
     fn headers_use_the_shortest_length() {
@@ -313,18 +386,19 @@ mod tests {
     }
 
     #[test]
-    fn close_frames_are_found_among_control_frames() {
+    fn control_bytes_end_at_the_first_close_frame() {
         let pong = [0x8A, 3, b'a', b'b', b'c'];
         let close = [0x88, 2, 0x03, 0xE8];
-        assert!(!holds_close(&pong));
-        assert!(!holds_close(&[pong, pong].concat()));
-        assert!(holds_close(&[&pong[..], &close[..]].concat()));
-        // Cut or unparseable bytes count as a close.
-        assert!(holds_close(&pong[..3]));
-        assert!(holds_close(&[0x8A]));
-        assert!(holds_close(&[
-            0x8A, 127, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF
-        ]));
+        assert_eq!(scan(&pong), (5, false));
+        assert_eq!(scan(&[pong, pong].concat()), (10, false));
+        assert_eq!(scan(&[&pong[..], &close[..]].concat()), (9, true));
+        // A pong tungstenite sends after its close is dropped.
+        assert_eq!(scan(&[&close[..], &pong[..]].concat()), (4, true));
+        // Cut or unparseable bytes are kept and count as a close.
+        assert_eq!(scan(&pong[..3]), (3, true));
+        assert_eq!(scan(&[0x8A]), (1, true));
+        let huge = [0x8A, 127, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF];
+        assert_eq!(scan(&huge), (10, true));
     }
 
     #[tokio::test]
@@ -345,7 +419,10 @@ mod tests {
             all
         };
         let write = async {
-            writer.write_texts(&["hi", big.as_str()]).await.unwrap();
+            writer
+                .write_texts(&["hi", big.as_str()], STALL)
+                .await
+                .unwrap();
             drop(writer);
             drop(side);
         };
@@ -357,13 +434,99 @@ mod tests {
         assert_eq!(all, expect);
     }
 
+    /// Frames of a server's stream: (opcode, fin, payload length).
+    fn parse(mut bytes: &[u8]) -> Vec<(u8, bool, usize)> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let end = frame_end(bytes).unwrap();
+            let header = end
+                - match bytes[1] & 0x7F {
+                    126 => end - 4,
+                    127 => end - 10,
+                    n => usize::from(n),
+                };
+            out.push((bytes[0] & 0x0F, bytes[0] & 0x80 != 0, end - header));
+            bytes = &bytes[end..];
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_pong_queued_during_a_message_goes_between_its_fragments() {
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        let (mut side, mut writer) = split(ours);
+        let big = "y".repeat(3 * FRAGMENT_BYTES);
+        let read = async move {
+            let mut all = vec![0u8; 100_000];
+            theirs.read_exact(&mut all).await.unwrap();
+            // The writer is inside the first fragment: tungstenite answers
+            // a ping now.
+            side.write_all(&[0x8A, 1, b'p']).await.unwrap();
+            side.flush().await.unwrap();
+            // Both halves gone: the end of the stream once written.
+            drop(side);
+            theirs.read_to_end(&mut all).await.unwrap();
+            all
+        };
+        let write = async {
+            writer.write_texts(&[big.as_str()], STALL).await.unwrap();
+            drop(writer);
+        };
+        let (all, ()) = tokio::join!(read, write);
+        let frames = parse(&all);
+        assert_eq!(
+            frames,
+            vec![
+                (0x1, false, FRAGMENT_BYTES),
+                (0xA, true, 1),
+                (0x0, false, FRAGMENT_BYTES),
+                (0x0, true, FRAGMENT_BYTES),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_is_kept_while_it_reads_and_cut_when_it_stops() {
+        let stall = Duration::from_secs(1);
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        let (side, mut writer) = split(ours);
+        // 24 reads 100 ms apart: longer than the stall bound in all.
+        let big = "z".repeat(24 * 64 * 1024);
+        let read = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut total = 0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                match theirs.read(&mut buf).await.unwrap() {
+                    0 => return total,
+                    n => total += n,
+                }
+            }
+        };
+        let write = async {
+            writer.write_texts(&[big.as_str()], stall).await.unwrap();
+            drop((writer, side));
+        };
+        let (total, ()) = tokio::join!(read, write);
+        // Two fragments, each with a 10-byte header.
+        assert_eq!(total, big.len() + 20);
+
+        let (ours, _theirs) = tokio::io::duplex(64 * 1024);
+        let (_side, mut writer) = split(ours);
+        let e = writer
+            .write_texts(&[big.as_str()], stall)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+    }
+
     #[tokio::test]
     async fn nothing_is_written_after_a_close_frame() {
         let (ours, _theirs) = tokio::io::duplex(1024);
         let (mut side, mut writer) = split(ours);
         side.write_all(&[0x88, 2, 0x03, 0xE8]).await.unwrap();
         side.flush().await.unwrap();
-        let e = writer.write_texts(&["late"]).await.unwrap_err();
+        let e = writer.write_texts(&["late"], STALL).await.unwrap_err();
         assert!(e.to_string().contains("after the close"), "{e}");
     }
 

@@ -192,10 +192,9 @@ async fn run_halves<S, W>(
                 // reading: sent within the slow-client bound.
                 () = control_queued(control.as_deref()) => {
                     let Some(d) = direct.as_mut() else { continue };
-                    match tokio::time::timeout(slow_client_timeout, d.send_control()).await {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "websocket write failed"),
-                        Err(_) => tracing::info!(%peer, "closing a client that stopped reading"),
+                    match d.send_control(slow_client_timeout).await {
+                        Ok(_) => continue,
+                        Err(e) => ended(peer, &e),
                     }
                     break;
                 }
@@ -228,30 +227,37 @@ async fn run_halves<S, W>(
                     }
                 }
                 match direct.as_mut() {
-                    Some(d) => d.write_texts(&texts).await?,
+                    // Bounded by the client's progress, not the whole.
+                    Some(d) => d.write_texts(&texts, slow_client_timeout).await?,
                     None => {
-                        let mut written = Vec::with_capacity(texts.len());
-                        for QueuedText { text, held } in texts.drain(..) {
-                            feed_text(&mut sink, text).await?;
-                            written.push(held);
+                        let tungstenite = async {
+                            let mut written = Vec::with_capacity(texts.len());
+                            for QueuedText { text, held } in texts.drain(..) {
+                                feed_text(&mut sink, text).await?;
+                                written.push(held);
+                            }
+                            sink.flush().await
+                        };
+                        match tokio::time::timeout(slow_client_timeout, tungstenite).await {
+                            Ok(r) => r?,
+                            Err(_) => return Err(stopped_reading().into()),
                         }
-                        sink.flush().await?;
                     }
                 }
                 drop(texts);
                 Ok::<_, WsError>(close)
             };
-            // Boxed with its timer: a batch's write state only exists while
-            // it is written, not in every idle connection's writer.
-            match Box::pin(tokio::time::timeout(slow_client_timeout, write)).await {
-                Ok(Ok(None)) => {}
-                Ok(Ok(Some(close))) => {
+            // Boxed: a batch's write state only exists while it is
+            // written, not in every idle connection's writer.
+            match Box::pin(write).await {
+                Ok(None) => {}
+                Ok(Some(close)) => {
                     // Boxed for the same reason.
                     Box::pin(async {
                         let sent = tokio::time::timeout(Duration::from_secs(1), async {
                             sink.send(Message::Close(Some(close))).await?;
                             if let Some(d) = direct.as_mut() {
-                                d.send_control().await?;
+                                d.send_control(slow_client_timeout).await?;
                             }
                             Ok::<_, WsError>(())
                         })
@@ -272,12 +278,12 @@ async fn run_halves<S, W>(
                     .await;
                     break;
                 }
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "websocket write failed");
+                Err(WsError::Io(e)) => {
+                    ended(peer, &e);
                     break;
                 }
-                Err(_) => {
-                    tracing::info!(%peer, "closing a client that stopped reading");
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "websocket write failed");
                     break;
                 }
             }
@@ -286,7 +292,7 @@ async fn run_halves<S, W>(
         let _ = Box::pin(tokio::time::timeout(Duration::from_secs(1), async {
             sink.close().await?;
             if let Some(d) = direct.as_mut() {
-                d.send_control().await?;
+                d.send_control(slow_client_timeout).await?;
             }
             Ok::<_, WsError>(())
         }))
@@ -331,6 +337,20 @@ async fn run_halves<S, W>(
     // Give queued responses a moment to drain, then stop both halves.
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     done.cancel();
+}
+
+/// The error of a write the client did not take in time.
+fn stopped_reading() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
+}
+
+/// Log why the writer gave up on a client.
+fn ended(peer: SocketAddr, e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        tracing::info!(%peer, "closing a client that stopped reading");
+    } else {
+        tracing::debug!(%peer, error = %e, "websocket write failed");
+    }
 }
 
 /// Until tungstenite queued a control frame (never without the queue).
