@@ -252,7 +252,10 @@ impl<S: AsyncWrite> DirectWriter<S> {
         if !bytes.is_empty() {
             let mut at = 0;
             while at < bytes.len() {
-                at += progress(stall, self.write.write(&bytes[at..])).await?;
+                match progress(stall, self.write.write(&bytes[at..])).await? {
+                    0 => return Err(io::ErrorKind::WriteZero.into()),
+                    n => at += n,
+                }
             }
             progress(stall, self.write.flush()).await?;
         }
