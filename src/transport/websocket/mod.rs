@@ -60,8 +60,11 @@ const WS_READ_BUFFER_BYTES: usize = 512;
 /// Bytes of frames gathered before tungstenite writes to the socket.
 pub(super) const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Bytes queued in tungstenite beyond which a write fails and the
-/// connection ends: room for one fragment and what a client that sends
+/// connection ends: room for one fragment and what a peer that sends
 /// pings and never reads makes us queue in pongs (it is cut off here).
+/// Where tungstenite writes data frames (a link this binary dialled, the
+/// port-forward door); a client's connection queues its control frames in
+/// [`direct`]'s smaller bound.
 pub(super) const WS_MAX_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Messages larger than this go out as fragments of about this size
 /// (RFC 6455 §5.4): a large reply is never copied whole into tungstenite's
