@@ -215,16 +215,22 @@ fn remount_writable(mount: &Path) -> io::Result<()> {
 /// The first cgroup2 mount point, preferring `/sys/fs/cgroup`.
 fn cgroup2_mount() -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let point = pre.split_whitespace().nth(4)?;
-            (post.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
-        })
+    let mut found: Vec<PathBuf> = cgroup2_mounts(&info)
+        .map(|(point, _)| PathBuf::from(point))
         .collect();
     found.sort_by_key(|p| p != Path::new(CGROUP_ROOT));
     found.into_iter().next()
+}
+
+/// The cgroup2 filesystems in `mountinfo`: (mount point, superblock options).
+fn cgroup2_mounts(mountinfo: &str) -> impl Iterator<Item = (&str, &str)> {
+    mountinfo.lines().filter_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        let point = pre.split_whitespace().nth(4)?;
+        // The filesystem type, the source, then the superblock's options.
+        let mut fields = post.split_whitespace();
+        (fields.next()? == "cgroup2").then_some((point, fields.nth(1).unwrap_or("")))
+    })
 }
 
 /// Say so when the cgroup2 filesystem lacks `favordynmods`: without it
@@ -247,17 +253,9 @@ fn hint_favordynmods(mount: &Path) {
 /// Whether the cgroup2 filesystem mounted at `mount` has `favordynmods`
 /// among its superblock options (`None`: not found in `mountinfo`).
 fn favors_dynmods(mountinfo: &str, mount: &Path) -> Option<bool> {
-    mountinfo.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        let point = pre.split_whitespace().nth(4)?;
-        let mut fields = post.split_whitespace();
-        (fields.next()? == "cgroup2" && Path::new(point) == mount).then(|| {
-            // The source, then the superblock's options.
-            fields
-                .nth(1)
-                .is_some_and(|opts| opts.split(',').any(|o| o == "favordynmods"))
-        })
-    })
+    cgroup2_mounts(mountinfo)
+        .find(|(point, _)| Path::new(point) == mount)
+        .map(|(_, opts)| opts.split(',').any(|o| o == "favordynmods"))
 }
 
 fn is_cgroup2(p: &Path) -> bool {

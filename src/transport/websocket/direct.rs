@@ -24,7 +24,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf, ReadHalf, Wr
 /// is busy; one that pings and never reads is cut off here.
 pub(super) const CONTROL_QUEUE_BYTES: usize = 64 * 1024;
 /// Payload bytes per data frame; a larger message goes out as fragments
-/// of about this size (RFC 6455 §5.4), cut at UTF-8 boundaries.
+/// of about this size (RFC 6455 §5.4), cut at UTF-8 boundaries: pongs wait
+/// for one fragment at most, and where tungstenite writes, a large reply
+/// is never copied whole into its buffer (whose bound stays small).
 pub(super) const FRAGMENT_BYTES: usize = 1024 * 1024;
 /// Buffers handed to one `writev` (headers and payloads); the kernel takes
 /// at most 1,024.
@@ -191,10 +193,11 @@ fn header(fin: bool, opcode: u8, len: usize) -> ([u8; 10], usize) {
     (h, n)
 }
 
-/// One data frame of a message: its header, and its payload's range in
-/// the message.
+/// One data frame: its header, which text it is of, and its payload's
+/// range in that text.
 struct Fragment {
     header: ([u8; 10], usize),
+    text: usize,
     payload: (usize, usize),
 }
 
@@ -205,27 +208,33 @@ impl Fragment {
     }
 }
 
-/// `text` cut into fragments of about [`FRAGMENT_BYTES`] at UTF-8
-/// boundaries.
-fn fragments(text: &str, out: &mut Vec<Fragment>) {
-    const TEXT: u8 = 0x1;
-    const CONTINUATION: u8 = 0x0;
-    let mut start = 0;
-    loop {
-        let mut end = (start + FRAGMENT_BYTES).min(text.len());
+/// Where `text` is cut into fragments of about [`FRAGMENT_BYTES`], at
+/// UTF-8 boundaries: each fragment's (start, end); one for an empty text.
+/// Both writers cut messages here.
+pub(super) fn cuts(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut start = Some(0);
+    std::iter::from_fn(move || {
+        let from = start?;
+        let mut end = (from + FRAGMENT_BYTES).min(text.len());
         while !text.is_char_boundary(end) {
             end -= 1;
         }
+        start = (end < text.len()).then_some(end);
+        Some((from, end))
+    })
+}
+
+/// The data frames of `texts[index]`, appended to `out`.
+fn fragments(index: usize, text: &str, out: &mut Vec<Fragment>) {
+    const TEXT: u8 = 0x1;
+    const CONTINUATION: u8 = 0x0;
+    for (start, end) in cuts(text) {
         let opcode = if start == 0 { TEXT } else { CONTINUATION };
-        let fin = end == text.len();
         out.push(Fragment {
-            header: header(fin, opcode, end - start),
+            header: header(end == text.len(), opcode, end - start),
+            text: index,
             payload: (start, end),
         });
-        if fin {
-            return;
-        }
-        start = end;
     }
 }
 
@@ -281,10 +290,8 @@ impl<S: AsyncWrite> DirectWriter<S> {
             return Err(io::Error::other("data frame after the close frame"));
         }
         let mut frames = Vec::with_capacity(texts.len());
-        let mut owners = Vec::with_capacity(texts.len());
         for (i, text) in texts.iter().enumerate() {
-            fragments(text.as_ref(), &mut frames);
-            owners.resize(frames.len(), i);
+            fragments(i, text.as_ref(), &mut frames);
         }
         let mut next = 0;
         while next < frames.len() {
@@ -299,11 +306,11 @@ impl<S: AsyncWrite> DirectWriter<S> {
                 next += 1;
             }
             let mut slices = Vec::with_capacity(2 * (next - start));
-            for (frame, owner) in frames[start..next].iter().zip(&owners[start..next]) {
+            for frame in &frames[start..next] {
                 let (h, n) = &frame.header;
                 let (a, b) = frame.payload;
                 slices.push(IoSlice::new(&h[..*n]));
-                let payload = &texts[*owner].as_ref().as_bytes()[a..b];
+                let payload = &texts[frame.text].as_ref().as_bytes()[a..b];
                 if !payload.is_empty() {
                     slices.push(IoSlice::new(payload));
                 }
@@ -361,7 +368,7 @@ mod tests {
         // A 3-byte character straddles every fragment boundary.
         let text = "€".repeat(FRAGMENT_BYTES / 3 * 2 + 7);
         let mut frames = Vec::new();
-        fragments(&text, &mut frames);
+        fragments(0, &text, &mut frames);
         assert!(frames.len() > 1);
         let mut joined = String::new();
         for (
@@ -369,6 +376,7 @@ mod tests {
             Fragment {
                 header: (h, _),
                 payload: (a, b),
+                ..
             },
         ) in frames.iter().enumerate()
         {
@@ -383,7 +391,7 @@ mod tests {
     #[test]
     fn an_empty_text_is_one_frame() {
         let mut frames = Vec::new();
-        fragments("", &mut frames);
+        fragments(0, "", &mut frames);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].header.0[..2], [0x81, 0]);
     }

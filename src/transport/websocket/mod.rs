@@ -66,10 +66,6 @@ pub(super) const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// port-forward door); a client's connection queues its control frames in
 /// [`direct`]'s smaller bound.
 pub(super) const WS_MAX_WRITE_BUFFER_BYTES: usize = 4 * 1024 * 1024;
-/// Messages larger than this go out as fragments of about this size
-/// (RFC 6455 §5.4): a large reply is never copied whole into tungstenite's
-/// write buffer, and the buffer's bound above stays small.
-const WS_FRAGMENT_BYTES: usize = direct::FRAGMENT_BYTES;
 
 /// Ping and pong frames a client may send per second (on average over
 /// [`CONTROL_WINDOW`]) before the connection is closed.
@@ -98,34 +94,26 @@ impl ControlBudget {
     }
 }
 
-/// Feed one text message, fragmented when large (cut at UTF-8 boundaries).
+/// Feed one text message, fragmented when large (cut where the direct
+/// writer cuts: at UTF-8 boundaries).
 async fn feed_text<S>(sink: &mut S, text: String) -> Result<(), WsError>
 where
     S: futures_util::Sink<Message, Error = WsError> + Unpin,
 {
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
-    if text.len() <= WS_FRAGMENT_BYTES {
+    if text.len() <= direct::FRAGMENT_BYTES {
         return sink.feed(Message::text(text)).await;
     }
-    let mut cuts = Vec::new();
-    let mut start = 0;
-    while start < text.len() {
-        let mut end = (start + WS_FRAGMENT_BYTES).min(text.len());
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        cuts.push((start, end));
-        start = end;
-    }
+    let cuts: Vec<(usize, usize)> = direct::cuts(&text).collect();
     let bytes = Bytes::from(text.into_bytes());
-    let last = cuts.len() - 1;
-    for (i, (a, b)) in cuts.into_iter().enumerate() {
-        let opcode = OpCode::Data(if i == 0 { Data::Text } else { Data::Continue });
+    for (a, b) in cuts {
+        let opcode = OpCode::Data(if a == 0 { Data::Text } else { Data::Continue });
+        let fin = b == bytes.len();
         sink.feed(Message::Frame(Frame::message(
             bytes.slice(a..b),
             opcode,
-            i == last,
+            fin,
         )))
         .await?;
     }
