@@ -230,6 +230,12 @@ async fn bench(args: BenchArgs) -> BenchResult<()> {
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
+    if args.cold_only {
+        let rows = tenants::cold_figures(&exe, &dir, &secret, args.cold_samples).await?;
+        report(&rows, false, args.json);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.tenants_only {
         let rows =
             tenants::figures(&exe, &dir, &secret, args.tenant_count, args.live_tenants).await?;

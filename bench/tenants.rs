@@ -96,6 +96,113 @@ async fn first_true(url: &str, cwd: &str) -> BenchResult<(Duration, Duration)> {
     Ok((done - t0, done - t1))
 }
 
+/// A cold tenant's first `true` against a warm one's, `samples` of each.
+async fn cold_and_warm(
+    url: &impl Fn(&str) -> BenchResult<String>,
+    roots: &Path,
+    samples: usize,
+) -> BenchResult<Vec<Row>> {
+    let (mut cold, mut cold_start, mut warm, mut warm_start) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A warm tenant, kept active by a connection.
+    let warm_url = url("warm")?;
+    let _keep = Conn::open_in(&warm_url, &roots.join("warm").display().to_string()).await?;
+    for i in 0..samples {
+        let name = format!("cold{i}");
+        let cwd = roots.join(&name).display().to_string();
+        let (a, b) = first_true(&url(&name)?, &cwd).await?;
+        cold.push(a);
+        cold_start.push(b);
+        let (a, b) = first_true(&warm_url, &roots.join("warm").display().to_string()).await?;
+        warm.push(a);
+        warm_start.push(b);
+    }
+    for v in [&mut cold, &mut cold_start, &mut warm, &mut warm_start] {
+        v.sort();
+    }
+    let (c50, cs50, w50, ws50) = (
+        percentile(&cold, 0.5),
+        percentile(&cold_start, 0.5),
+        percentile(&warm, 0.5),
+        percentile(&warm_start, 0.5),
+    );
+    Ok(vec![
+        Row {
+            figure: "cold tenant: connect to first `true` closed p50",
+            ours: ms(c50),
+            baseline: format!("{} (warm tenant)", ms(w50)),
+            ratio: format!("{:.2}x", c50.as_secs_f64() / w50.as_secs_f64()),
+            target: "<= 15 ms",
+            met: Some(c50 <= Duration::from_millis(15)),
+            reference: String::new(),
+        },
+        Row::reported(
+            "cold tenant: `true` start to closed p50",
+            ms(cs50),
+            format!("{} (warm tenant)", ms(ws50)),
+            format!("{:.2}x", cs50.as_secs_f64() / ws50.as_secs_f64()),
+        ),
+    ])
+}
+
+/// A warm tenant's `true` once the host has spawned nothing for a while
+/// (an agent's pace, one command every few seconds), against back to back:
+/// where each process joins its cgroup by a `cgroup.procs` write, the
+/// first write after a quiet spell waits for an RCU grace period.
+async fn sporadic(url: &str, cwd: &str, samples: usize) -> BenchResult<Row> {
+    let mut c = Conn::open_in(url, cwd).await?;
+    c.run_to_close("w", &["true"]).await?;
+    let mut run = async |id: String| -> BenchResult<Duration> {
+        let t = Instant::now();
+        c.run_to_close(&id, &["true"]).await?;
+        Ok(t.elapsed())
+    };
+    let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        tokio::time::sleep(SPORADIC_PAUSE).await;
+        quiet.push(run(format!("q{i}")).await?);
+        busy.push(run(format!("b{i}")).await?);
+    }
+    quiet.sort();
+    busy.sort();
+    let (q, b) = (percentile(&quiet, 0.5), percentile(&busy, 0.5));
+    Ok(Row::reported(
+        "warm tenant: `true` after 300 ms without a spawn, p50",
+        ms(q),
+        format!("{} (right after another)", ms(b)),
+        format!("{:.2}x", q.as_secs_f64() / b.as_secs_f64()),
+    ))
+}
+
+/// The quiet spell before each sporadic spawn (a grace period is a few
+/// milliseconds to tens of them).
+const SPORADIC_PAUSE: Duration = Duration::from_millis(300);
+
+/// Only the start figures: cold tenants against a warm one, and a warm
+/// tenant's sporadic spawns (`--cold-only`, small enough for the VM lane).
+pub async fn cold_figures(
+    exe: &Path,
+    dir: &Path,
+    secret: &str,
+    samples: usize,
+) -> BenchResult<Vec<Row>> {
+    let key = dir.join("hs256.key");
+    let none = config(dir, &key, 0, "1s", 0)?;
+    let settings = exec_gateway::config::Config::load(Path::new(&none))
+        .and_then(exec_gateway::config::Config::validate)
+        .map_err(err)?;
+    let gw = Server::gateway(exe, &none).await?;
+    let url = |t: &str| -> BenchResult<String> {
+        let token = all_scopes_token(secret, &settings, t, Duration::from_secs(3600), "bench")?;
+        Ok(format!("{}/?access_token={token}", gw.url))
+    };
+    let roots = dir.join("troots");
+    let mut rows = cold_and_warm(&url, &roots, samples).await?;
+    let cwd = roots.join("paced").display().to_string();
+    rows.push(sporadic(&url("paced")?, &cwd, samples).await?);
+    Ok(rows)
+}
+
 pub async fn figures(
     exe: &Path,
     dir: &Path,
@@ -152,46 +259,7 @@ pub async fn figures(
         Ok(format!("{}/?access_token={token}", gw.url))
     };
     let roots = dir.join("troots");
-    let (mut cold, mut cold_start, mut warm, mut warm_start) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let samples = 50;
-    // A warm tenant, kept active by a connection.
-    let warm_url = url("warm")?;
-    let _keep = Conn::open_in(&warm_url, &roots.join("warm").display().to_string()).await?;
-    for i in 0..samples {
-        let name = format!("cold{i}");
-        let cwd = roots.join(&name).display().to_string();
-        let (a, b) = first_true(&url(&name)?, &cwd).await?;
-        cold.push(a);
-        cold_start.push(b);
-        let (a, b) = first_true(&warm_url, &roots.join("warm").display().to_string()).await?;
-        warm.push(a);
-        warm_start.push(b);
-    }
-    for v in [&mut cold, &mut cold_start, &mut warm, &mut warm_start] {
-        v.sort();
-    }
-    let (c50, cs50, w50, ws50) = (
-        percentile(&cold, 0.5),
-        percentile(&cold_start, 0.5),
-        percentile(&warm, 0.5),
-        percentile(&warm_start, 0.5),
-    );
-    rows.push(Row {
-        figure: "cold tenant: connect to first `true` closed p50",
-        ours: ms(c50),
-        baseline: format!("{} (warm tenant)", ms(w50)),
-        ratio: format!("{:.2}x", c50.as_secs_f64() / w50.as_secs_f64()),
-        target: "<= 15 ms",
-        met: Some(c50 <= Duration::from_millis(15)),
-        reference: String::new(),
-    });
-    rows.push(Row::reported(
-        "cold tenant: `true` start to closed p50",
-        ms(cs50),
-        format!("{} (warm tenant)", ms(ws50)),
-        format!("{:.2}x", cs50.as_secs_f64() / ws50.as_secs_f64()),
-    ));
+    rows.extend(cold_and_warm(&url, &roots, 50).await?);
     // Wait for the cold ones to retire, then hold `live` tenants open.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (idle_rss, idle_procs) = footprint(&gw);

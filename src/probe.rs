@@ -84,6 +84,7 @@ pub fn layers(settings: &Settings, metrics: &Metrics) -> Result<Layers, ConfigEr
             exe,
             sandbox: None,
             cgroups: Vec::new(),
+            seal_children: false,
             min: 1,
             max: 1,
             metrics: None,

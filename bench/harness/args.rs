@@ -90,6 +90,13 @@ pub struct BenchArgs {
     /// and cold tenants, many tenants with a live session).
     #[arg(long)]
     pub tenants_only: bool,
+    /// Only the start figures: cold tenants against a warm one, and a warm
+    /// tenant's spawns after a quiet spell (what the VM lane measures).
+    #[arg(long)]
+    pub cold_only: bool,
+    /// Samples of each start figure with `--cold-only`.
+    #[arg(long, default_value_t = 30)]
+    pub cold_samples: usize,
     /// Configured tenants for the start-up and idle-memory figures.
     #[arg(long, default_value_t = 10_000)]
     pub tenant_count: usize,

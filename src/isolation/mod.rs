@@ -15,6 +15,7 @@ pub mod namespace;
 mod pid_parent;
 pub mod reaper;
 pub mod sandbox;
+pub mod seccomp;
 pub mod signal;
 
 /// Which isolation layers are active (probed at start).

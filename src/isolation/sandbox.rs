@@ -12,7 +12,6 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -20,13 +19,10 @@ use std::path::{Path, PathBuf};
 use super::caps::{CapData, CapHeader, LINUX_CAPABILITY_VERSION_3};
 use super::namespace::{Namespace, NamespaceSpec, NsRights};
 use super::pid_parent::PidParentExec;
+use super::seccomp::{self, Programs};
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd, Ruleset,
     RulesetAttr as _, RulesetCreatedAttr as _, Scope,
-};
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule,
 };
 
 /// Highest Landlock ABI the ruleset is written for (scopes need 6).
@@ -134,10 +130,9 @@ pub struct Sandbox {
     namespace: Option<std::sync::Arc<Namespace>>,
     /// How the parent of a PID namespace's init execs itself.
     pid_parent: Option<std::sync::Arc<PidParentExec>>,
-    /// Deny-list (EPERM) and `clone3` (ENOSYS, so libc falls back to
-    /// `clone`, whose flags the deny-list can see), in the kernel's layout,
+    /// The seccomp programs (module `seccomp`), in the kernel's layout,
     /// converted once and shared by every hook.
-    filters: std::sync::Arc<Vec<Vec<libc::sock_filter>>>,
+    filters: std::sync::Arc<Programs>,
 }
 
 impl Sandbox {
@@ -168,9 +163,9 @@ impl Sandbox {
             _ => None,
         };
         let filters = if spec.seccomp {
-            compiled_filters()?
+            seccomp::compiled()?
         } else {
-            std::sync::Arc::new(Vec::new())
+            std::sync::Arc::new(Programs::default())
         };
         Ok(Sandbox {
             spec,
@@ -185,6 +180,23 @@ impl Sandbox {
     /// root): drop groups, gid, uid; `no_new_privs`; rlimits; Landlock;
     /// seccomp. Only syscalls on data prepared here; nothing allocates.
     pub fn hook(&self) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+        self.hook_with(false)
+    }
+
+    /// The hook of a worker that seals its children (`seals_children`: it
+    /// may call `clone3`, and installs [`seccomp::seal`] in each child) or
+    /// not ([`Sandbox::hook`]).
+    pub fn worker_hook(
+        &self,
+        seals_children: bool,
+    ) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+        self.hook_with(seals_children)
+    }
+
+    fn hook_with(
+        &self,
+        seals_children: bool,
+    ) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
         let uid = self.spec.uid;
         let ruleset = self.ruleset.as_ref().map(|f| f.as_raw_fd());
         let filters = self.filters.clone();
@@ -215,7 +227,8 @@ impl Sandbox {
                             return Err(io::Error::last_os_error());
                         }
                         if child > 0 {
-                            if apply(uid, ruleset, &filters).is_ok() {
+                            // It spawns nothing: every program.
+                            if apply(uid, ruleset, &filters.all).is_ok() {
                                 parent.exec();
                             }
                             libc::kill(child as libc::pid_t, libc::SIGKILL);
@@ -224,7 +237,12 @@ impl Sandbox {
                         ns.enter_pid1(rights)?;
                     }
                 }
-                apply(uid, ruleset, &filters)
+                let own = if seals_children {
+                    &filters.worker
+                } else {
+                    &filters.all
+                };
+                apply(uid, ruleset, own)
             }
         }
     }
@@ -530,227 +548,6 @@ fn around_hidden(
             around_hidden(&e.path(), access, hidden, depth + 1, out);
         }
     }
-}
-
-/// Socket families refused to tenant processes (`socket(2)`'s domain).
-const DENIED_SOCKET_FAMILIES: &[libc::c_int] = &[libc::AF_VSOCK, libc::AF_PACKET, libc::AF_KEY];
-
-/// Syscalls no tenant process needs: tracing and reading other processes,
-/// kernel attack surface (bpf, io_uring, userfaultfd, perf, keyrings),
-/// mounts and namespaces, modules, kexec, clock and swap control.
-const DENIED: &[libc::c_long] = &[
-    libc::SYS_ptrace,
-    libc::SYS_process_vm_readv,
-    libc::SYS_process_vm_writev,
-    libc::SYS_bpf,
-    libc::SYS_keyctl,
-    libc::SYS_add_key,
-    libc::SYS_request_key,
-    libc::SYS_perf_event_open,
-    libc::SYS_userfaultfd,
-    libc::SYS_io_uring_setup,
-    libc::SYS_io_uring_enter,
-    libc::SYS_io_uring_register,
-    libc::SYS_kexec_load,
-    libc::SYS_kexec_file_load,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
-    libc::SYS_open_by_handle_at,
-    libc::SYS_name_to_handle_at,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_fsopen,
-    libc::SYS_fsconfig,
-    libc::SYS_fsmount,
-    libc::SYS_fspick,
-    libc::SYS_move_mount,
-    libc::SYS_open_tree,
-    libc::SYS_mount_setattr,
-    libc::SYS_unshare,
-    libc::SYS_setns,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_reboot,
-    libc::SYS_acct,
-    libc::SYS_quotactl,
-    libc::SYS_syslog,
-    libc::SYS_settimeofday,
-    libc::SYS_clock_settime,
-    libc::SYS_iopl,
-    libc::SYS_ioperm,
-    // Would let a tenant process take its worker's link to the gateway.
-    libc::SYS_pidfd_getfd,
-];
-
-/// Namespace flags refused to `clone`.
-const CLONE_NAMESPACES: &[u64] = &[
-    libc::CLONE_NEWUSER as u64,
-    libc::CLONE_NEWNS as u64,
-    libc::CLONE_NEWPID as u64,
-    libc::CLONE_NEWNET as u64,
-    libc::CLONE_NEWUTS as u64,
-    libc::CLONE_NEWIPC as u64,
-    libc::CLONE_NEWCGROUP as u64,
-];
-
-/// The seccomp filters as the kernel takes them, compiled once: the same
-/// for every tenant (each activation would otherwise compile them again).
-fn compiled_filters() -> Result<std::sync::Arc<Vec<Vec<libc::sock_filter>>>, String> {
-    static COMPILED: std::sync::OnceLock<
-        Result<std::sync::Arc<Vec<Vec<libc::sock_filter>>>, String>,
-    > = std::sync::OnceLock::new();
-    COMPILED
-        .get_or_init(|| {
-            let programs = seccomp_filters()?;
-            Ok(std::sync::Arc::new(
-                programs
-                    .iter()
-                    .map(|p| {
-                        p.iter()
-                            .map(|i| libc::sock_filter {
-                                code: i.code,
-                                jt: i.jt,
-                                jf: i.jf,
-                                k: i.k,
-                            })
-                            .collect()
-                    })
-                    .collect(),
-            ))
-        })
-        .clone()
-}
-
-fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
-    let e = |e: seccompiler::BackendError| format!("seccomp: {e}");
-    let arch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))?;
-    let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|n| (*n, Vec::new())).collect();
-    let clone_rules = CLONE_NAMESPACES
-        .iter()
-        .map(|flag| {
-            SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(*flag),
-                *flag,
-            )
-            .and_then(|c| SeccompRule::new(vec![c]))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(e)?;
-    deny.insert(libc::SYS_clone, clone_rules);
-    // Socket families that reach past the host's network stack: the
-    // hypervisor (vsock) and the kernel's own configuration (netlink is
-    // kept: `ip` and glibc's getaddrinfo read through it).
-    let socket_rules = DENIED_SOCKET_FAMILIES
-        .iter()
-        .map(|family| {
-            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *family as u64)
-                .and_then(|c| SeccompRule::new(vec![c]))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(e)?;
-    deny.insert(libc::SYS_socket, socket_rules);
-    // Setting another process's limits: where a tenant shares the
-    // gateway's uid (a gateway not run as root) it could shrink the
-    // gateway's RLIMIT_NOFILE and stop every accept. Its own (pid 0, what
-    // setrlimit sends) and reading any (no new limit) stay allowed.
-    deny.insert(
-        libc::SYS_prlimit64,
-        vec![
-            SeccompRule::new(vec![
-                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
-                    .map_err(e)?,
-                SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, 0)
-                    .map_err(e)?,
-            ])
-            .map_err(e)?,
-        ],
-    );
-    // No setuid or setgid bits: a tenant whose root is idmapped creates
-    // files the host sees as the root owner's (root's, typically), so a
-    // setuid file it made would be a setuid-root program for anyone on
-    // the host. (Inside, no_new_privs makes the bits meaningless anyway.)
-    for (nr, rules) in set_id_mode_rules().map_err(e)? {
-        deny.entry(nr).or_default().extend(rules);
-    }
-    let deny = SeccompFilter::new(
-        deny,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(e)?;
-    // `openat2` carries its mode in a struct seccomp cannot read: answered
-    // ENOSYS, callers fall back to `openat` (checked above).
-    let clone3 = SeccompFilter::new(
-        [
-            (libc::SYS_clone3, Vec::new()),
-            (libc::SYS_openat2, Vec::new()),
-        ]
-        .into_iter()
-        .collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )
-    .map_err(e)?;
-    Ok(vec![
-        deny.try_into().map_err(e)?,
-        clone3.try_into().map_err(e)?,
-    ])
-}
-
-/// Rules matching a mode argument with `S_ISUID` or `S_ISGID`, for the
-/// calls that set a mode (open-like ones only when they create).
-fn set_id_mode_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, seccompiler::BackendError> {
-    const SET_ID: u64 = 0o6000;
-    let creating = [libc::O_CREAT as u64, libc::O_TMPFILE as u64];
-    // (syscall, mode argument, flags argument)
-    let calls: &[(i64, u8, Option<u8>)] = &[
-        (libc::SYS_chmod, 1, None),
-        (libc::SYS_fchmod, 1, None),
-        (libc::SYS_fchmodat, 2, None),
-        (libc::SYS_fchmodat2, 2, None),
-        (libc::SYS_creat, 1, None),
-        (libc::SYS_mknod, 1, None),
-        (libc::SYS_mknodat, 2, None),
-        (libc::SYS_open, 2, Some(1)),
-        (libc::SYS_openat, 3, Some(2)),
-    ];
-    let mut out = Vec::new();
-    for &(nr, mode, flags) in calls {
-        let mut rules = Vec::new();
-        for bits in [0o4000, 0o2000, 0o6000] {
-            let m = SeccompCondition::new(
-                mode,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::MaskedEq(SET_ID),
-                bits,
-            )?;
-            match flags {
-                None => rules.push(SeccompRule::new(vec![m])?),
-                Some(f) => {
-                    for c in creating {
-                        let f = SeccompCondition::new(
-                            f,
-                            SeccompCmpArgLen::Dword,
-                            SeccompCmpOp::MaskedEq(c),
-                            c,
-                        )?;
-                        rules.push(SeccompRule::new(vec![m.clone(), f])?);
-                    }
-                }
-            }
-        }
-        out.push((nr, rules));
-    }
-    Ok(out)
 }
 
 /// Probe a layer by doing it: run `/bin/true` under a sandbox with only

@@ -272,6 +272,10 @@ impl ProcessTable {
                 Some(cg) if settings.spawned_in_worker => vec![cg.own_procs_path()],
                 Some(cg) => cg.procs_paths(),
             },
+            cgroup_dir: cgroup
+                .as_ref()
+                .filter(|_| settings.spawned_in_worker)
+                .and_then(|cg| cg.v2_dir()),
         };
         let new = NewProcess {
             id: params.process_id,

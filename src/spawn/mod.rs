@@ -19,6 +19,7 @@
 
 #![allow(unsafe_code)]
 
+mod into_cgroup;
 pub mod vfork;
 
 use std::collections::HashMap;
@@ -61,6 +62,11 @@ pub struct SpawnSpec {
     /// `cgroup.procs` files the child joins between fork and exec, before
     /// the sandbox drops its privileges.
     pub cgroups: Vec<PathBuf>,
+    /// cgroup v2, in a worker: the child's own cgroup, which it is created
+    /// in where the kernel can (module `into_cgroup`); `cgroups` is then
+    /// not written.
+    #[serde(default)]
+    pub cgroup_dir: Option<PathBuf>,
 }
 
 /// A child's streams as file descriptors (what the worker passes back).
@@ -675,6 +681,7 @@ mod tests {
             pipe_stdin: false,
             fallback_path: Some("/usr/bin:/bin".to_owned()),
             cgroups: Vec::new(),
+            cgroup_dir: None,
         }
     }
 

@@ -17,15 +17,20 @@
 //! exits, and every signal is blocked around the `clone` so no handler of
 //! the parent's can run on the child's stack. A failure before the exec is
 //! reported through an atomic in the parent's memory, then the child exits.
+//!
+//! On cgroup v2 the child is created in its cgroup instead (module
+//! `into_cgroup`), and a worker whose own seccomp programs let `clone3`
+//! through seals each child with the one it lacks before the exec
+//! (module `isolation::seccomp`).
 
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_void};
 use std::io;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use super::{ChildFds, SpawnSpec, cstring, open_pty, program_of};
+use super::{ChildFds, SpawnSpec, cstring, into_cgroup, open_pty, program_of};
 
 /// The child's stack (it calls a few libc wrappers, nothing deep), above a
 /// guard page.
@@ -43,14 +48,44 @@ struct ChildArgs {
     /// stdin (a pipe or /dev/null), stdout and stderr write ends.
     stdio: [RawFd; 3],
     tty: bool,
+    /// Installed last before the exec (a worker that seals its children).
+    seal: Option<libc::sock_fprog>,
     /// errno of the step that failed in the child, 0 when it exec'd.
     errno: AtomicI32,
 }
 
+/// How a worker spawns, for its whole life.
+#[derive(Debug)]
+pub struct Spawner {
+    /// The seccomp program each child installs before its exec: the
+    /// worker's own programs let `clone3` through, its children's must not.
+    seal: Option<Vec<libc::sock_filter>>,
+    /// Cleared once `clone3(CLONE_INTO_CGROUP)` turned out missing here.
+    into_cgroup: AtomicBool,
+}
+
+impl Spawner {
+    pub fn new(seal: Option<Vec<libc::sock_filter>>) -> Spawner {
+        Spawner {
+            seal,
+            into_cgroup: AtomicBool::new(true),
+        }
+    }
+}
+
+/// A child that has exec'd.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: i32,
+    /// From `clone3` (`CLONE_PIDFD`); otherwise the caller opens one.
+    pub pidfd: Option<OwnedFd>,
+    pub fds: ChildFds,
+}
+
 /// Run `spec` as a child of this process in its own session (with the PTY
-/// as its controlling terminal in PTY mode), its cgroups joined.
-/// Returns its pid (the caller reaps it) and the streams to hand on.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
+/// as its controlling terminal in PTY mode), in its cgroup. Returns its pid
+/// (the caller reaps it) and the streams to hand on.
+pub fn spawn(spec: &SpawnSpec, how: &Spawner) -> io::Result<Spawned> {
     let (path, arg0) = program_of(spec)?;
     let nul = |s: String| CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
     let argv = std::iter::once(arg0)
@@ -62,11 +97,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
         .iter()
         .map(|(k, v)| nul(format!("{k}={v}")))
         .collect::<io::Result<Vec<_>>>()?;
-    let cgroups = spec
-        .cgroups
-        .iter()
-        .map(|p| cstring(p))
-        .collect::<io::Result<Vec<_>>>()?;
+    let cgroups = joined(spec)?;
 
     // The parent's ends (returned) and the child's (closed here once it
     // has exec'd: they are close-on-exec in the child's copy of the table).
@@ -101,6 +132,11 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
         _ => return Err(io::Error::other("unexpected child descriptors")),
     };
 
+    // Created in its cgroup where the kernel can; else it joins in the child.
+    let into = match &spec.cgroup_dir {
+        Some(dir) if how.into_cgroup.load(Ordering::Relaxed) => Some(into_cgroup::open_dir(dir)?),
+        _ => None,
+    };
     let mut args = ChildArgs {
         argv: argv
             .iter()
@@ -114,12 +150,34 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
             .collect(),
         path: nul(path)?,
         cwd: nul(spec.cwd.clone())?,
-        cgroups,
+        cgroups: if into.is_some() { Vec::new() } else { cgroups },
         stdio,
         tty: spec.tty,
+        seal: how.seal.as_ref().map(|f| libc::sock_fprog {
+            len: f.len() as libc::c_ushort,
+            filter: f.as_ptr().cast_mut(),
+        }),
         errno: AtomicI32::new(0),
     };
-    let pid = clone_vfork(&mut args)?;
+    let stack = ChildStack::new()?;
+    let (pid, pidfd) = match &into {
+        Some(dir) => match stack.clone3_into(&mut args, dir) {
+            Err(e) if into_cgroup::unsupported(&e) => {
+                how.into_cgroup.store(false, Ordering::Relaxed);
+                eprintln!(
+                    "exec-gateway worker: clone3(CLONE_INTO_CGROUP) is not available ({e}): each child joins its cgroup through cgroup.procs"
+                );
+                args.cgroups = joined(spec)?;
+                (stack.clone(&mut args)?, None)
+            }
+            r => {
+                let (pid, pidfd) = r?;
+                (pid, Some(pidfd))
+            }
+        },
+        None => (stack.clone(&mut args)?, None),
+    };
+    drop(stack);
     let errno = args.errno.load(Ordering::SeqCst);
     drop(child_ends);
     // `args`, `env` and the C strings outlive the child's use of them: it
@@ -133,62 +191,111 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(io::Error::from_raw_os_error(errno));
     }
-    Ok((pid, fds))
+    Ok(Spawned { pid, pidfd, fds })
 }
 
-/// `clone` the child onto its own guarded stack with every signal blocked
-/// in this thread meanwhile; returns once the child has exec'd or exited.
-fn clone_vfork(args: &mut ChildArgs) -> io::Result<i32> {
-    // SAFETY: a fresh anonymous mapping, unmapped below on every path.
-    let stack = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            CHILD_STACK_BYTES + GUARD_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
+/// The `cgroup.procs` files the child writes itself into.
+fn joined(spec: &SpawnSpec) -> io::Result<Vec<CString>> {
+    spec.cgroups.iter().map(|p| cstring(p)).collect()
+}
+
+/// The child's stack: an anonymous mapping above a guard page.
+struct ChildStack(*mut c_void);
+
+impl ChildStack {
+    fn new() -> io::Result<ChildStack> {
+        // SAFETY: a fresh anonymous mapping, unmapped on drop.
+        let stack = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHILD_STACK_BYTES + GUARD_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if stack == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack(stack);
+        // SAFETY: the lowest page of our own mapping.
+        if unsafe { libc::mprotect(stack.0, GUARD_BYTES, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// Above the guard page, 16-byte aligned (page-aligned), and its size.
+    fn usable(&self) -> (*mut u8, usize) {
+        // SAFETY: within our mapping.
+        (
+            unsafe { self.0.cast::<u8>().add(GUARD_BYTES) },
+            CHILD_STACK_BYTES,
         )
-    };
-    if stack == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
     }
-    let unmap = |stack: *mut c_void| {
-        // SAFETY: the mapping made above, no longer used by anyone.
-        unsafe { libc::munmap(stack, CHILD_STACK_BYTES + GUARD_BYTES) };
-    };
-    // SAFETY: the lowest page of our own mapping.
-    if unsafe { libc::mprotect(stack, GUARD_BYTES, libc::PROT_NONE) } != 0 {
-        let e = io::Error::last_os_error();
-        unmap(stack);
-        return Err(e);
+
+    /// `clone` the child onto this stack; returns once it has exec'd or
+    /// exited.
+    fn clone(&self, args: &mut ChildArgs) -> io::Result<i32> {
+        let (base, size) = self.usable();
+        // SAFETY: the child runs `child_main` on the top of the stack (it
+        // grows down) with `args`, which lives until it has exec'd or
+        // exited: CLONE_VFORK suspends this thread until then.
+        with_signals_blocked(|| {
+            let pid = unsafe {
+                libc::clone(
+                    child_main,
+                    base.add(size).cast(),
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                    std::ptr::from_mut(args).cast(),
+                )
+            };
+            if pid < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(pid)
+            }
+        })
     }
-    // SAFETY: sigset_t is plain data; the sigset calls only fill them.
-    let (mut all, mut old) = unsafe {
+
+    /// As [`ChildStack::clone`], the child created in `cgroup`.
+    fn clone3_into(&self, args: &mut ChildArgs, cgroup: &OwnedFd) -> io::Result<(i32, OwnedFd)> {
+        // SAFETY: as in `clone`: `child_main` never returns, `args` and the
+        // stack outlive its use of them, signals are blocked meanwhile.
+        with_signals_blocked(|| unsafe {
+            into_cgroup::clone_vfork(
+                child_main,
+                std::ptr::from_mut(args).cast(),
+                self.usable(),
+                cgroup,
+            )
+        })
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used by anyone (the
+        // child has exec'd or exited).
+        unsafe { libc::munmap(self.0, CHILD_STACK_BYTES + GUARD_BYTES) };
+    }
+}
+
+/// Run `f` with every signal blocked in this thread, so no handler of the
+/// parent's can run on a vfork child's stack; the mask is restored after.
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data; the sigset calls only fill them, and
+    // pthread_sigmask changes this thread's mask only.
+    unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
-        let old: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        (all, old)
-    };
-    // SAFETY: blocks signals in this thread only; restored below. The
-    // child runs `child_main` on the top of `stack` (16-byte aligned, it
-    // grows down) with `args`, which lives until it has exec'd or exited:
-    // CLONE_VFORK suspends this thread until then.
-    let pid = unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let top = stack.cast::<u8>().add(CHILD_STACK_BYTES + GUARD_BYTES);
-        let pid = libc::clone(
-            child_main,
-            top.cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::from_mut(args).cast(),
-        );
-        let e = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, &mut all);
-        if pid < 0 { Err(e) } else { Ok(pid) }
-    };
-    unmap(stack);
-    pid
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
+    }
 }
 
 /// The child, between `clone` and `execve`: raw system calls only.
@@ -247,6 +354,13 @@ extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
             }
             libc::close(fd);
         }
+        // Last: a filter installed earlier would judge these steps too.
+        if let Some(prog) = &a.seal {
+            let prog: *const libc::sock_fprog = prog;
+            if libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, prog) != 0 {
+                fail(a);
+            }
+        }
         libc::execve(a.path.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr());
         fail(a)
     }
@@ -299,7 +413,12 @@ mod tests {
             pipe_stdin: false,
             fallback_path: None,
             cgroups: Vec::new(),
+            cgroup_dir: None,
         }
+    }
+
+    fn run(s: &SpawnSpec) -> io::Result<(i32, ChildFds)> {
+        spawn(s, &Spawner::new(None)).map(|s| (s.pid, s.fds))
     }
 
     /// Everything a child's stream carries until it closes.
@@ -328,7 +447,7 @@ mod tests {
         );
         s.env.insert("X".into(), "y z".into());
         s.arg0 = Some("named".into());
-        let (pid, fds) = spawn(&s).unwrap();
+        let (pid, fds) = run(&s).unwrap();
         let ChildFds::Pipes {
             stdout,
             stderr,
@@ -353,7 +472,7 @@ mod tests {
     fn stdin_is_a_pipe_or_dev_null() {
         let mut s = spec(&["cat"], false);
         s.pipe_stdin = true;
-        let (pid, fds) = spawn(&s).unwrap();
+        let (pid, fds) = run(&s).unwrap();
         let ChildFds::Pipes { stdout, stdin, .. } = fds else {
             panic!("pipes expected")
         };
@@ -364,7 +483,7 @@ mod tests {
         assert_eq!(out, "hello");
         assert_eq!(wait(pid), 0);
         // Without a stdin pipe, stdin reads as empty.
-        let (pid, fds) = spawn(&spec(&["cat"], false)).unwrap();
+        let (pid, fds) = run(&spec(&["cat"], false)).unwrap();
         let ChildFds::Pipes { stdout, .. } = fds else {
             panic!("pipes expected")
         };
@@ -375,7 +494,7 @@ mod tests {
 
     #[test]
     fn a_pty_child_has_its_terminal_as_controlling_terminal() {
-        let (pid, fds) = spawn(&spec(&["sh", "-c", "tty; test -t 0 && echo tty0"], true)).unwrap();
+        let (pid, fds) = run(&spec(&["sh", "-c", "tty; test -t 0 && echo tty0"], true)).unwrap();
         let ChildFds::Pty { master } = fds else {
             panic!("pty expected")
         };
@@ -400,18 +519,18 @@ mod tests {
     #[test]
     fn failures_before_exec_are_errors_and_leave_no_child() {
         // A missing program is found out before the clone.
-        let e = spawn(&spec(&["/nonexistent/prog"], false)).unwrap_err();
+        let e = run(&spec(&["/nonexistent/prog"], false)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         // A missing cwd fails in the child: reported with its errno, reaped.
         let mut s = spec(&["true"], false);
         s.cwd = "/nonexistent-dir".into();
-        let e = spawn(&s).unwrap_err();
+        let e = run(&s).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         // A file that is not executable fails at execve.
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("noexec");
         std::fs::write(&f, "#!/bin/sh\n").unwrap();
-        let e = spawn(&spec(&[f.to_str().unwrap()], false)).unwrap_err();
+        let e = run(&spec(&[f.to_str().unwrap()], false)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EACCES));
     }
 
@@ -419,7 +538,7 @@ mod tests {
     fn ignored_signals_are_reset_for_the_child() {
         // SAFETY: the test process ignores SIGINT for the length of a spawn.
         let prev = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-        let (pid, _fds) = spawn(&spec(&["sh", "-c", "kill -INT $$; exit 0"], false)).unwrap();
+        let (pid, _fds) = run(&spec(&["sh", "-c", "kill -INT $$; exit 0"], false)).unwrap();
         // SAFETY: restores what was there.
         unsafe { libc::signal(libc::SIGINT, prev) };
         let status = wait(pid);
@@ -427,5 +546,127 @@ mod tests {
             libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT,
             "status {status:#x}"
         );
+    }
+
+    /// What `python3 -c <code>` printed, run by `how`.
+    fn python(code: &str, how: &Spawner, with: impl FnOnce(&mut SpawnSpec)) -> String {
+        let mut s = spec(&["python3", "-c", code], false);
+        with(&mut s);
+        let child = spawn(&s, how).unwrap();
+        let ChildFds::Pipes { stdout, .. } = child.fds else {
+            panic!("pipes expected")
+        };
+        let out = read_all(stdout);
+        assert_eq!(wait(child.pid), 0, "{out}");
+        out
+    }
+
+    const CLONE3: &str = "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); \
+        r = libc.syscall(435, None, 0); print(r, ctypes.get_errno())";
+
+    #[test]
+    fn a_sealed_child_cannot_call_clone3() {
+        // Unsealed, the kernel itself answers (EINVAL: no arguments).
+        let out = python(CLONE3, &Spawner::new(None), |_| {});
+        assert_eq!(out.trim(), format!("-1 {}", libc::EINVAL));
+        // Sealed: ENOSYS, as the tenant's programs answer; for its own
+        // children too (a filter is inherited).
+        let seal = crate::isolation::seccomp::seal().unwrap();
+        let how = Spawner::new(Some(seal));
+        let out = python(CLONE3, &how, |_| {});
+        assert_eq!(out.trim(), format!("-1 {}", libc::ENOSYS));
+        let nested = format!(
+            "import subprocess, sys; print(subprocess.run([sys.executable, '-c', {CLONE3:?}], capture_output=True, text=True).stdout)"
+        );
+        let out = python(&nested, &how, |_| {});
+        assert_eq!(out.trim(), format!("-1 {}", libc::ENOSYS));
+    }
+
+    /// A cgroup2 hierarchy mounted for the test (this host may be cgroup
+    /// v1: the unified hierarchy mounts beside it), with a fresh leaf.
+    struct Cgroup2 {
+        mount: tempfile::TempDir,
+        leaf: std::path::PathBuf,
+    }
+
+    impl Cgroup2 {
+        fn new() -> Option<Cgroup2> {
+            let mount = tempfile::tempdir().unwrap();
+            let target = cstring(mount.path()).unwrap();
+            // SAFETY: mounts a cgroup2 filesystem on our temporary dir.
+            let r = unsafe {
+                libc::mount(
+                    c"none".as_ptr(),
+                    target.as_ptr(),
+                    c"cgroup2".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            if r != 0 {
+                eprintln!(
+                    "SKIPPED: cannot mount cgroup2 here ({})",
+                    io::Error::last_os_error()
+                );
+                return None;
+            }
+            let leaf = mount
+                .path()
+                .join(format!("vfork-test-{}", std::process::id()));
+            std::fs::create_dir(&leaf).unwrap();
+            Some(Cgroup2 { mount, leaf })
+        }
+    }
+
+    impl Drop for Cgroup2 {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.leaf);
+            let target = cstring(self.mount.path()).unwrap();
+            // SAFETY: unmounts what `new` mounted.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    #[test]
+    fn a_child_is_created_in_its_cgroup_and_writes_no_cgroup_procs() {
+        let Some(cg) = Cgroup2::new() else { return };
+        let name = cg.leaf.file_name().unwrap().to_str().unwrap().to_owned();
+        let own = "print([l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip())";
+        // `cgroups` names a file that does not exist: a child that tried to
+        // write it would fail, so the spawn proves the write was skipped.
+        let how = Spawner::new(None);
+        let out = python(own, &how, |s| {
+            s.cgroup_dir = Some(cg.leaf.clone());
+            s.cgroups = vec![cg.leaf.join("missing/cgroup.procs")];
+        });
+        assert_eq!(out.trim(), format!("0::/{name}"));
+        assert!(how.into_cgroup.load(Ordering::Relaxed));
+        // The pidfd names the child.
+        let mut s = spec(&["true"], false);
+        s.cgroup_dir = Some(cg.leaf.clone());
+        let child = spawn(&s, &how).unwrap();
+        let pidfd = child.pidfd.expect("clone3 returns a pidfd");
+        let fdinfo =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).unwrap();
+        assert!(fdinfo.contains(&format!("Pid:\t{}", child.pid)), "{fdinfo}");
+        wait(child.pid);
+        // A cgroup that is gone is an error, not a child elsewhere.
+        s.cgroup_dir = Some(cg.leaf.join("gone"));
+        let e = spawn(&s, &how).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn without_clone3_the_child_joins_by_cgroup_procs() {
+        let Some(cg) = Cgroup2::new() else { return };
+        let name = cg.leaf.file_name().unwrap().to_str().unwrap().to_owned();
+        let own = "print([l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip())";
+        let how = Spawner::new(None);
+        how.into_cgroup.store(false, Ordering::Relaxed);
+        let out = python(own, &how, |s| {
+            s.cgroup_dir = Some(cg.leaf.clone());
+            s.cgroups = vec![cg.leaf.join("cgroup.procs")];
+        });
+        assert_eq!(out.trim(), format!("0::/{name}"));
     }
 }

@@ -698,6 +698,9 @@ fn start_workers(
 ) -> Result<Arc<WorkerPool>, ConfigError> {
     let err = |e: String| ConfigError(format!("tenants.{name}: workers: {e}"));
     let exe = std::env::current_exe().map_err(|e| err(e.to_string()))?;
+    // Children are created in their cgroups on v2: the worker may call
+    // clone3 then, and seals each child (where seccomp is on at all).
+    let seal_children = sandbox.spec.seccomp && cgroup.is_some_and(|c| c.is_v2());
     let sandbox = Some(sandbox);
     let cgroups = match cgroup {
         Some(cg) => cg.tenant_procs().map_err(|e| err(e.to_string()))?,
@@ -709,6 +712,7 @@ fn start_workers(
         exe,
         sandbox,
         cgroups,
+        seal_children,
         min: t.workers_min,
         max: t.workers_max,
         metrics: Some(metrics),

@@ -268,6 +268,7 @@ mod tests {
             pipe_stdin: false,
             fallback_path: None,
             cgroups: Vec::new(),
+            cgroup_dir: None,
         };
         let e = send(&a, &ToWorker::Spawn { id: 1, spec }, &[]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::E2BIG));

@@ -35,6 +35,10 @@ pub struct WorkerArgs {
     /// libraries, the binary): closed first thing.
     #[arg(long = "close-fd")]
     close_fd: Vec<i32>,
+    /// Its own seccomp programs let `clone3` through (it creates children
+    /// in their cgroups): it installs the one they lack in each child.
+    #[arg(long)]
+    seal_children: bool,
 }
 
 /// The link, shared by the request loop, the reap thread and file threads.
@@ -134,6 +138,19 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
         None => FsRoot::host(),
     };
     let root = Arc::new(root);
+    let seal = match args
+        .seal_children
+        .then(crate::isolation::seccomp::seal)
+        .transpose()
+    {
+        Ok(seal) => seal,
+        // Never spawn a child without it.
+        Err(e) => {
+            eprintln!("exec-gateway worker {}: {e}", args.tenant);
+            return ExitCode::FAILURE;
+        }
+    };
+    let spawner = vfork::Spawner::new(seal);
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     loop {
         let msg = match link::recv::<ToWorker>(&link.sock, &mut buf) {
@@ -170,13 +187,16 @@ pub fn serve(args: WorkerArgs) -> ExitCode {
             }
             ToWorker::Spawn { id, spec } => {
                 let _g = link.lock.lock();
-                let spawned = vfork::spawn(&spec).and_then(|(pid, fds)| {
+                let spawned = vfork::spawn(&spec, &spawner).and_then(|s| {
                     // Not reaped yet: the reap thread takes the lock we hold
                     // before it reaps, so this pidfd names our child.
-                    let pidfd = crate::spawn::pidfd_open(pid, 0)?;
+                    let pidfd = match s.pidfd {
+                        Some(fd) => fd,
+                        None => crate::spawn::pidfd_open(s.pid, 0)?,
+                    };
                     let mut all = vec![pidfd];
-                    all.extend(fds.into_vec());
-                    Ok((pid, all))
+                    all.extend(s.fds.into_vec());
+                    Ok((s.pid, all))
                 });
                 let (reply, fds) = match spawned {
                     // The reap thread waits for it.

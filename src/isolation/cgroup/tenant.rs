@@ -242,6 +242,11 @@ impl TenantCgroup {
         &self.name
     }
 
+    /// Whether its hierarchy is cgroup v2.
+    pub fn is_v2(&self) -> bool {
+        self.v2.is_some()
+    }
+
     pub fn membership_dir(&self) -> PathBuf {
         match &self.v2 {
             Some(dir) => dir.clone(),
@@ -367,6 +372,15 @@ impl ProcessCgroup {
     /// tenant's cgroups, and its children inherit them).
     pub fn own_procs_path(&self) -> PathBuf {
         self.procs_paths().into_iter().next().unwrap_or_default()
+    }
+
+    /// cgroup v2: the process's own cgroup directory (a child can be
+    /// created in it).
+    pub fn v2_dir(&self) -> Option<PathBuf> {
+        self.tenant
+            .v2
+            .as_ref()
+            .map(|_| self.tenant.process_dir(&self.rel))
     }
 
     /// Kill everything in the cgroup (escapers included), and whatever

@@ -336,6 +336,11 @@ pub struct WorkerLaunch {
     pub sandbox: Option<Arc<Sandbox>>,
     /// The tenant's `cgroup.procs` files the worker joins.
     pub cgroups: Vec<CString>,
+    /// The worker creates children in their cgroups (cgroup v2) under a
+    /// seccomp sandbox: its own programs let `clone3` through and it seals
+    /// each child (`Sandbox::worker_hook`, `exec-gateway worker
+    /// --seal-children`).
+    pub seal_children: bool,
     pub min: usize,
     pub max: usize,
     /// The tenant's metrics (none for the probe).
@@ -524,6 +529,9 @@ impl WorkerPool {
         if let Some(root) = &self.launch.root {
             cmd.arg("--root").arg(root);
         }
+        if self.launch.seal_children {
+            cmd.arg("--seal-children");
+        }
         if image {
             cmd.arg("--image");
             for fd in &inherit {
@@ -567,7 +575,7 @@ impl WorkerPool {
             });
         }
         if let Some(sb) = &self.launch.sandbox {
-            let hook = sb.hook();
+            let hook = sb.worker_hook(self.launch.seal_children);
             // SAFETY: raw syscalls only (see `Sandbox::hook`).
             #[allow(unsafe_code)]
             unsafe {
