@@ -187,7 +187,8 @@ pub async fn cold_figures(
     samples: usize,
 ) -> BenchResult<Vec<Row>> {
     let key = dir.join("hs256.key");
-    let none = config(dir, &key, 0, "1s", 0)?;
+    // Room for every cold tenant active at once.
+    let none = config(dir, &key, 0, "1s", samples)?;
     let settings = exec_gateway::config::Config::load(Path::new(&none))
         .and_then(exec_gateway::config::Config::validate)
         .map_err(err)?;

@@ -39,8 +39,16 @@ impl Server {
         .await
     }
 
+    /// Its log is dropped unless `EXEC_GATEWAY_BENCH_LOG` is set (then it
+    /// goes to the bench's stderr: the VM lane sets it, where a refused
+    /// configuration cannot be rerun by hand).
     pub(crate) async fn start(program: &std::path::Path, args: &[&str]) -> BenchResult<Server> {
-        Self::start_logged(program, args, Stdio::null()).await
+        let log = if std::env::var_os("EXEC_GATEWAY_BENCH_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        Self::start_logged(program, args, log).await
     }
 
     /// [`Server::start`] with the server's log (stderr) sent to `log`.
