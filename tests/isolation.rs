@@ -381,6 +381,40 @@ async fn cgroup_v2_membership_kill_and_events() {
     );
 }
 
+/// v2: a process terminated (its cgroup killed with `cgroup.kill`) does
+/// not spoil the cgroups that later processes are created in: each of them
+/// runs and exits 0 (a kernel kills at birth a child created in a cgroup
+/// that was killed before, so a killed cgroup is never pooled again).
+#[tokio::test]
+async fn cgroup_v2_processes_after_a_terminate_run() {
+    let Some(gw) = v2_gateway() else { return };
+    require_cgroups!(gw);
+    let mount = cgroup2_mount().unwrap();
+    let (mut a, _) = gw.session_of("a").await;
+    for round in 0..3 {
+        let id = format!("victim{round}");
+        let cg = own_cgroup(&mut a, &id).await;
+        a.call("process/terminate", json!({"processId": id})).await;
+        let _ = a.collect(&id).await;
+        let dir = format!("{mount}{cg}");
+        eventually("the killed cgroup is removed, not pooled", || {
+            !Path::new(&dir).exists()
+        })
+        .await;
+        for n in 0..3 {
+            let id = format!("after{round}-{n}");
+            a.start(&id, &["sh", "-c", "echo alive"]).await;
+            let out = a.collect(&id).await;
+            assert_eq!(out.exit_code, Some(0), "round {round}, spawn {n}: {out:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "alive",
+                "round {round}, spawn {n}"
+            );
+        }
+    }
+}
+
 /// v2: a gateway killed with SIGKILL leaves nothing: its reaper kills the
 /// instance's whole cgroup subtree and removes it.
 #[tokio::test]

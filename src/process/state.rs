@@ -150,7 +150,9 @@ impl Process {
     /// Kill the process's cgroup off the async threads (the kill rounds
     /// sleep). Reaches `setsid` escapers, which outlive their group.
     pub fn kill_cgroup(self: &Arc<Self>) {
-        if self.cgroup.lock().is_some() {
+        if let Some(cg) = &*self.cgroup.lock() {
+            // At once: a release that comes first must not pool it.
+            cg.mark_killed();
             let p = self.clone();
             tokio::task::spawn_blocking(move || {
                 if let Some(cg) = &*p.cgroup.lock() {

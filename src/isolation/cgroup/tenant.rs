@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::kill::{cgroup_kill, kill_dir, members};
 use super::layout::{
@@ -313,6 +313,7 @@ impl TenantCgroup {
                 rel,
                 memory: self.memory,
                 tenant: self.clone(),
+                killed: AtomicBool::new(false),
             });
         }
         let cstr = |p: PathBuf| {
@@ -342,6 +343,7 @@ impl TenantCgroup {
             memory: self.memory,
             oom_base,
             tenant: self.clone(),
+            killed: AtomicBool::new(false),
         })
     }
 }
@@ -356,6 +358,11 @@ pub struct ProcessCgroup {
     oom_base: u64,
     /// Where the emptied cgroup goes back to.
     tenant: Arc<TenantCgroup>,
+    /// v2: `cgroup.kill` was written to it. Never pooled then: the kernel
+    /// (6.18 here) kills at birth a child that `clone3(CLONE_INTO_CGROUP)`
+    /// creates in a cgroup killed before, even an empty one (it compares
+    /// the cgroup's kill count with the one of the parent's cgroup).
+    killed: AtomicBool,
 }
 
 impl ProcessCgroup {
@@ -383,10 +390,19 @@ impl ProcessCgroup {
             .map(|_| self.tenant.process_dir(&self.rel))
     }
 
+    /// It is being killed (v2): it goes when it is empty, not back to the
+    /// pool. Marked before the kill, which may find it empty already.
+    pub fn mark_killed(&self) {
+        if self.tenant.v2.is_some() {
+            self.killed.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Kill everything in the cgroup (escapers included), and whatever
     /// moved itself out of its own cgroup into the tenant's `procs`.
     pub fn kill(&self) {
         if self.tenant.v2.is_some() {
+            self.mark_killed();
             cgroup_kill(&self.tenant.process_dir(&self.rel));
         } else {
             kill_dir(&controller_dir(MEMBERSHIP).join(&self.rel));
@@ -424,6 +440,7 @@ impl Drop for ProcessCgroup {
         // cgroupfs calls sleep in the kernel, so keep them off async threads.
         let rel = std::mem::take(&mut self.rel);
         let tenant = self.tenant.clone();
+        let mut killed = self.killed.load(Ordering::Relaxed);
         let retire = move || {
             let dir = tenant.process_dir(&rel);
             // Back to root before it is emptied and pooled: a tenant's
@@ -433,11 +450,11 @@ impl Drop for ProcessCgroup {
             let locked = tenant.owner.is_none()
                 || std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(0), Some(0)).is_ok();
             if tenant.v2.is_some() {
-                cgroup_kill(&dir);
+                killed |= cgroup_kill(&dir);
             } else {
                 kill_dir(&dir);
             }
-            if locked && members(&dir).is_empty() {
+            if locked && !killed && members(&dir).is_empty() {
                 let mut free = tenant.free.lock();
                 if free.len() < FREE_POOL_MAX {
                     free.push(rel);
