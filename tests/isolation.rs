@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Gateway, eventually, pid_alive, unb64};
+use common::{Gateway, cgroup2_mount, eventually, pid_alive, unb64};
 use serde_json::json;
 
 fn gateway() -> Gateway {
@@ -301,17 +301,6 @@ async fn a_tenant_cannot_write_its_limits_or_leave_its_cgroup() {
         a.call("process/terminate", json!({"processId": "p"})).await;
         eventually("the stray to die", || !pid_alive(stray)).await;
     }
-}
-
-/// The cgroup2 mount point, if any (`/sys/fs/cgroup/unified` on a hybrid
-/// host such as this one).
-fn cgroup2_mount() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split_whitespace().next()? == "cgroup2")
-            .then(|| pre.split_whitespace().nth(4).map(str::to_owned))?
-    })
 }
 
 fn v2_gateway() -> Option<Gateway> {

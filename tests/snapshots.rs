@@ -18,6 +18,11 @@ const SCOPES: &str = "exec fs:read fs:write snapshot";
 /// `[snapshots]` as `bounds` says; the store inside the gateway's
 /// directory. None (the reason printed) where forks cannot run here.
 fn gateway(bounds: &str) -> Option<Gateway> {
+    gateway_with("", bounds)
+}
+
+/// [`gateway`] with `extra` configuration before it (`[isolation]`).
+fn gateway_with(extra: &str, bounds: &str) -> Option<Gateway> {
     if let Some(why) = unsupported() {
         eprintln!("skipped: {why}");
         return None;
@@ -27,7 +32,7 @@ fn gateway(bounds: &str) -> Option<Gateway> {
             std::fs::create_dir_all(d.join(t)).unwrap();
         }
         format!(
-            "[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
+            "{extra}[[auth.keys]]\nalgorithm = \"HS256\"\nsecret_file = \"{d}/hs256.key\"\n\
              [snapshots]\nstore = \"{d}/snapshots\"\n{bounds}\n\
              [tenants.a]\nroot = \"{d}/a\"\n\
              [tenants.b]\nroot = \"{d}/b\"\n",
@@ -171,6 +176,45 @@ async fn forks_see_the_snapshot_and_only_their_own_changes() {
     assert!(msg.contains("unknown snapshot"), "{msg}");
     let (out, code) = forks[3].sh("after", &r, "cat d/e/g f").await;
     assert_eq!((out.as_str(), code), ("deep\nfork3\n", 0));
+}
+
+/// cgroup v2: a snapshot freezes the tenant's cgroup and thaws it after
+/// (the thaw written with the gateway's ids, not those of the tenant the
+/// walk ran as, which `cgroup.freeze` refuses): a process that ran before
+/// runs on, and new ones start.
+#[tokio::test]
+async fn on_cgroup_v2_the_tenant_runs_on_after_a_snapshot() {
+    if common::cgroup2_mount().is_none() {
+        eprintln!("SKIPPED: no cgroup2 filesystem is mounted");
+        return;
+    }
+    let Some(gw) = gateway_with("[isolation]\ncgroup_version = \"v2\"\n", "") else {
+        return;
+    };
+    let r = root(&gw, "a");
+    let mut c = session(&gw, "a").await;
+    c.call(
+        "process/start",
+        json!({"processId": "tick", "argv": ["/bin/sh", "-c",
+            "while :; do echo x >> ticks; sleep 0.01; done"],
+            "cwd": r, "env": {"PATH": "/bin:/usr/bin"}, "tty": false}),
+    )
+    .await;
+    let (_, code) = c
+        .sh("wait", &r, "while [ ! -s ticks ]; do sleep 0.01; done")
+        .await;
+    assert_eq!(code, 0);
+    snapshot(&mut c, json!({})).await;
+    let (out, code) = c.sh("after", &r, "echo alive").await;
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+    let (out, _) = c
+        .sh(
+            "grows",
+            &r,
+            "a=$(wc -l < ticks); sleep 0.3; b=$(wc -l < ticks); [ $b -gt $a ] && echo grows",
+        )
+        .await;
+    assert_eq!(out, "grows\n");
 }
 
 #[tokio::test]

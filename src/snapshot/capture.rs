@@ -95,7 +95,7 @@ pub fn capture<G: Send>(
             if source.ids.is_some() {
                 crate::fs::drop_thread_groups()?;
             }
-            let _as = source.ids.map(crate::fs::FsCreds::assume);
+            let as_tenant = source.ids.map(crate::fs::FsCreds::assume);
             let mut tar = tar::Builder::new(io::BufWriter::with_capacity(1 << 16, writer));
             tar.mode(tar::HeaderMode::Deterministic);
             let mut walk = Walk {
@@ -109,6 +109,10 @@ pub fn capture<G: Send>(
                 .run(&source.root, &mut tar)
                 .and_then(|()| tar.into_inner())
                 .and_then(|mut w| w.flush());
+            // The gateway's own ids again before the hold ends: a thaw
+            // written as the tenant is refused (`cgroup.freeze` is root's),
+            // and the tenant would stay frozen.
+            drop(as_tenant);
             drop(held);
             walked.map(|()| (walk.skipped, walk.dirs))
         });

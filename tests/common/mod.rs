@@ -727,6 +727,17 @@ pub struct Collected {
     pub seqs: Vec<u64>,
 }
 
+/// The cgroup2 mount point, if any (`/sys/fs/cgroup/unified` on a hybrid
+/// host such as this one).
+pub fn cgroup2_mount() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(str::to_owned))?
+    })
+}
+
 /// True if a process with this pid exists (and is not a zombie).
 pub fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
