@@ -258,6 +258,65 @@ async fn oversized_message_is_refused_and_the_session_survives() {
     assert_eq!(list["processes"][0]["state"], "running");
 }
 
+/// A message over the limit sent while output floods the connection: the
+/// client still gets the error and the 1009 close behind the output, not a
+/// reset. (The gateway stops reading at the oversized frame's header; a
+/// socket closed with those bytes unread is reset by the kernel, which
+/// throws away the frames still in its send buffer. It drains them first.)
+#[tokio::test]
+async fn an_oversized_message_during_output_still_gets_its_close() {
+    let gw = Gateway::start("[server]\nmax_message_bytes = 65536\n");
+    let (mut c, _) = gw.session().await;
+    c.start(
+        "flood",
+        &["sh", "-c", "head -c 200000000 /dev/zero | base64"],
+    )
+    .await;
+    // Output is streaming before the oversized message goes.
+    let mut seen = 0;
+    while seen < 2_000_000 {
+        match c.ws.next().await {
+            Some(Ok(Message::Text(t))) => seen += t.len(),
+            other => panic!("output expected: {other:?}"),
+        }
+    }
+    let big = "x".repeat(200_000);
+    c.ws
+        .send(Message::text(format!(
+            r#"{{"id": 99, "method": "fs/writeFile", "params": {{"path": "/tmp/x", "dataBase64": "{big}"}}}}"#
+        )))
+        .await
+        .unwrap();
+    let (mut error, mut close) = (None, None);
+    let end = tokio::time::timeout(EVENT_TIMEOUT, async {
+        loop {
+            // A reader slower than the output: the error and the close
+            // wait behind full socket buffers when the gateway finishes.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            match c.ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+                    if v["id"] == -1 {
+                        error = Some(v["error"]["code"].clone());
+                    }
+                }
+                Some(Ok(Message::Close(f))) => {
+                    close = f.map(|f| u16::from(f.code));
+                    return "closed".to_owned();
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return format!("error: {e}"),
+                None => return "ended without a close frame".to_owned(),
+            }
+        }
+    })
+    .await
+    .expect("the connection ends");
+    assert_eq!(end, "closed");
+    assert_eq!(error, Some(json!(-32600)));
+    assert_eq!(close, Some(1009));
+}
+
 #[tokio::test]
 async fn permessage_deflate_offer_is_declined_not_dropped() {
     let gw = Gateway::start("");

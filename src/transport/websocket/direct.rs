@@ -56,16 +56,26 @@ impl Control {
 /// What tungstenite reads from and writes to: the socket's read half, and
 /// the control queue for everything it writes.
 pub(in crate::transport) struct TungsteniteSide<S> {
-    read: ReadHalf<S>,
+    /// Taken only when dropped, into `parked`.
+    read: Option<ReadHalf<S>>,
     control: Arc<Control>,
+    parked: Parked<S>,
 }
+
+/// The read half, left by tungstenite's side when it is dropped, for the
+/// writer to drain ([`DirectWriter::linger`]).
+type Parked<S> = Arc<parking_lot::Mutex<Option<ReadHalf<S>>>>;
 
 /// The connection's writer: the socket's write half and the control queue
 /// it sends between data frames.
 pub(in crate::transport) struct DirectWriter<S> {
     write: WriteHalf<S>,
     control: Arc<Control>,
+    parked: Parked<S>,
 }
+
+/// Bytes read per call while a closed connection is drained.
+const LINGER_READ_BYTES: usize = 16 * 1024;
 
 /// Split `io` into the side tungstenite reads (and writes control frames
 /// to) and the writer of data frames.
@@ -75,12 +85,18 @@ where
 {
     let (read, write) = tokio::io::split(io);
     let control = Arc::new(Control::default());
+    let parked = Parked::default();
     (
         TungsteniteSide {
-            read,
+            read: Some(read),
             control: control.clone(),
+            parked: parked.clone(),
         },
-        DirectWriter { write, control },
+        DirectWriter {
+            write,
+            control,
+            parked,
+        },
     )
 }
 
@@ -90,7 +106,16 @@ impl<S: AsyncRead> AsyncRead for TungsteniteSide<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().read).poll_read(cx, buf)
+        match self.get_mut().read.as_mut() {
+            Some(read) => Pin::new(read).poll_read(cx, buf),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl<S> Drop for TungsteniteSide<S> {
+    fn drop(&mut self) {
+        *self.parked.lock() = self.read.take();
     }
 }
 
@@ -242,6 +267,44 @@ impl<S> DirectWriter<S> {
     /// The queue tungstenite writes its control frames to.
     pub(super) fn control(&self) -> Arc<Control> {
         self.control.clone()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite> DirectWriter<S> {
+    /// Close a connection whose client may still be sending (its read side
+    /// ended on an error: a message too large, a broken frame): shut the
+    /// write side (the client gets every frame sent, the close last, then
+    /// the end of the stream), then read and drop what it still sends until
+    /// it closes its side, `within` passes or `max_bytes` were read. A
+    /// socket closed with unread bytes is answered with a reset, which
+    /// throws away what is still in its send buffer: the error and the
+    /// close frame the client was owed. `drained` is told of each read
+    /// (to give back what it was charged).
+    pub(super) async fn linger(
+        &mut self,
+        within: Duration,
+        max_bytes: usize,
+        mut drained: impl FnMut(),
+    ) {
+        // tungstenite's side is gone once the connection's loop ended.
+        let Some(mut read) = self.parked.lock().take() else {
+            return;
+        };
+        let write = &mut self.write;
+        let _ = tokio::time::timeout(within, async move {
+            write.shutdown().await?;
+            let mut buf = vec![0u8; LINGER_READ_BYTES];
+            let mut total = 0;
+            while total < max_bytes {
+                match tokio::io::AsyncReadExt::read(&mut read, &mut buf).await? {
+                    0 => break,
+                    n => total += n,
+                }
+                drained();
+            }
+            Ok::<_, io::Error>(())
+        })
+        .await;
     }
 }
 

@@ -122,7 +122,18 @@ where
 
 /// No direct writer: tungstenite writes every frame (a link this binary
 /// dialled, whose frames must be masked).
-pub(in crate::transport) const TUNGSTENITE_WRITES: Option<DirectWriter<tokio::io::Sink>> = None;
+pub(in crate::transport) const TUNGSTENITE_WRITES: Option<DirectWriter<tokio::io::DuplexStream>> =
+    None;
+
+/// How long a connection whose client may still be sending (its read side
+/// ended on an error) is drained after its close frame, so the close
+/// reaches the client instead of a reset ([`DirectWriter::linger`]).
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+/// At most this many times the message limit is drained then (the rest of
+/// an oversized message and what followed it), at least
+/// [`CLOSE_LINGER_MIN_BYTES`]: a client that sends on past it is reset.
+const CLOSE_LINGER_MESSAGES: usize = 4;
+const CLOSE_LINGER_MIN_BYTES: usize = 1024 * 1024;
 
 /// Serve one JSON-RPC connection over `ws` (the server role, whoever
 /// dialled) for `caller`: data frames written by `direct` when `ws` reads
@@ -139,7 +150,7 @@ pub(in crate::transport) fn run<S, W>(
 ) -> impl std::future::Future<Output = ()> + Send
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Send + 'static,
+    W: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     // Split before the future is made: the stream's few hundred bytes would
     // otherwise keep a slot in it for the connection's whole life.
@@ -159,7 +170,7 @@ async fn run_halves<S, W>(
     meter: Option<InboundMeter>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Send + 'static,
+    W: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     let (out, mut rx) = Outbound::channel(caller.tenant().outbound.clone());
     let done = CancellationToken::new();
@@ -169,6 +180,11 @@ async fn run_halves<S, W>(
     let slow_client_timeout = gw.settings.slow_client_timeout;
     let writer_gw = gw.clone();
     let writer_read_ended = read_ended.clone();
+    // How the read side ended, when it says more than "closed".
+    let ended_by = Arc::new(std::sync::OnceLock::<(u16, &'static str)>::new());
+    let writer_ended_by = ended_by.clone();
+    let writer_meter = meter.clone();
+    let max_message_bytes = gw.settings.max_message_bytes;
 
     // Writer: batches whatever is queued, flushes once, and gives up on a
     // client that stalls a write past the slow-client timeout.
@@ -288,12 +304,26 @@ async fn run_halves<S, W>(
             Ok::<_, WsError>(())
         }))
         .await;
+        // A client cut off mid-message may still be sending it. The read
+        // half is parked once tungstenite's stream is gone: its sink half
+        // goes here, its stream half went with the connection's loop.
+        drop(sink);
+        if let (Some(_), Some(d)) = (writer_ended_by.get(), direct.as_mut()) {
+            let release = || {
+                if let Some(m) = &writer_meter {
+                    drop(m.take());
+                }
+            };
+            let most = max_message_bytes
+                .saturating_mul(CLOSE_LINGER_MESSAGES)
+                .max(CLOSE_LINGER_MIN_BYTES);
+            Box::pin(d.linger(CLOSE_LINGER, most, release)).await;
+        }
     });
 
     // Reader: frames → InFrame, read as the connection asks for them (a
     // stream, not a task and a channel: those were a third of an idle
     // session's memory); ping/pong are answered by tungstenite.
-    let ended_by = Arc::new(std::sync::OnceLock::<(u16, &'static str)>::new());
     let reader = Reader {
         stream,
         meter,
@@ -325,8 +355,9 @@ async fn run_halves<S, W>(
         None => out.close(1000, "").await,
     }
     drop(out);
-    // Give queued responses a moment to drain, then stop both halves.
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    // Give queued responses a moment to drain (and a client cut off
+    // mid-message its linger), then stop both halves.
+    let _ = tokio::time::timeout(Duration::from_secs(2) + CLOSE_LINGER, writer).await;
     done.cancel();
 }
 
