@@ -96,6 +96,28 @@ async fn first_true(url: &str, cwd: &str) -> BenchResult<(Duration, Duration)> {
     Ok((done - t0, done - t1))
 }
 
+/// The gateway on `config`, and its settings (to mint tokens for).
+async fn serving(
+    exe: &Path,
+    config: &str,
+) -> BenchResult<(Server, exec_gateway::config::Settings)> {
+    let settings = exec_gateway::config::Config::load(Path::new(config))
+        .and_then(exec_gateway::config::Config::validate)
+        .map_err(err)?;
+    Ok((Server::gateway(exe, config).await?, settings))
+}
+
+/// The websocket URL of `gw` with a token of `tenant` in it.
+fn tenant_url(
+    gw: &Server,
+    settings: &exec_gateway::config::Settings,
+    secret: &str,
+    tenant: &str,
+) -> BenchResult<String> {
+    let token = all_scopes_token(secret, settings, tenant, Duration::from_secs(3600), "bench")?;
+    Ok(format!("{}/?access_token={token}", gw.url))
+}
+
 /// A cold tenant's first `true` against a warm one's, `samples` of each.
 async fn cold_and_warm(
     url: &impl Fn(&str) -> BenchResult<String>,
@@ -189,14 +211,8 @@ pub async fn cold_figures(
     let key = dir.join("hs256.key");
     // Room for every cold tenant active at once.
     let none = config(dir, &key, 0, "1s", samples)?;
-    let settings = exec_gateway::config::Config::load(Path::new(&none))
-        .and_then(exec_gateway::config::Config::validate)
-        .map_err(err)?;
-    let gw = Server::gateway(exe, &none).await?;
-    let url = |t: &str| -> BenchResult<String> {
-        let token = all_scopes_token(secret, &settings, t, Duration::from_secs(3600), "bench")?;
-        Ok(format!("{}/?access_token={token}", gw.url))
-    };
+    let (gw, settings) = serving(exe, &none).await?;
+    let url = |t: &str| tenant_url(&gw, &settings, secret, t);
     let roots = dir.join("troots");
     let mut rows = cold_and_warm(&url, &roots, samples).await?;
     let cwd = roots.join("paced").display().to_string();
@@ -251,14 +267,8 @@ pub async fn figures(
     });
 
     // 2. Cold and warm first `true`, then `live` tenants with one session.
-    let settings = exec_gateway::config::Config::load(Path::new(&none))
-        .and_then(exec_gateway::config::Config::validate)
-        .map_err(err)?;
-    let gw = Server::gateway(exe, &none).await?;
-    let url = |t: &str| -> BenchResult<String> {
-        let token = all_scopes_token(secret, &settings, t, Duration::from_secs(3600), "bench")?;
-        Ok(format!("{}/?access_token={token}", gw.url))
-    };
+    let (gw, settings) = serving(exe, &none).await?;
+    let url = |t: &str| tenant_url(&gw, &settings, secret, t);
     let roots = dir.join("troots");
     rows.extend(cold_and_warm(&url, &roots, 50).await?);
     // Wait for the cold ones to retire, then hold `live` tenants open.

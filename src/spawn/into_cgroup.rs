@@ -25,21 +25,22 @@ use std::path::Path;
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// `struct clone_args` up to `cgroup` (`CLONE_ARGS_SIZE_VER2`).
+/// `struct clone_args` up to `cgroup` (`CLONE_ARGS_SIZE_VER2`); the tests
+/// of module `worker` make a process of a chosen pid with it.
 #[repr(C)]
 #[derive(Debug, Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(crate) struct CloneArgs {
+    pub(crate) flags: u64,
+    pub(crate) pidfd: u64,
+    pub(crate) child_tid: u64,
+    pub(crate) parent_tid: u64,
+    pub(crate) exit_signal: u64,
+    pub(crate) stack: u64,
+    pub(crate) stack_size: u64,
+    pub(crate) tls: u64,
+    pub(crate) set_tid: u64,
+    pub(crate) set_tid_size: u64,
+    pub(crate) cgroup: u64,
 }
 
 /// The cgroup directory a child is created in: a path descriptor (the

@@ -19,7 +19,7 @@
 
 #![allow(unsafe_code)]
 
-mod into_cgroup;
+pub(crate) mod into_cgroup;
 pub mod vfork;
 
 use std::collections::HashMap;

@@ -212,29 +212,13 @@ fn an_exiting_child_is_never_refused_without_a_pid_namespace() {
     an_exiting_child_is_never_refused(false);
 }
 
-/// `clone3`'s arguments, up to `set_tid_size` (Linux 5.5).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-}
-
 /// A process numbered `pid` that is *not* our child: a grandchild, made
 /// by a helper child with `clone3` and `set_tid` (the number is taken
 /// back deliberately). Returns the helper's pid, or `None` where the
 /// number cannot be chosen (no CAP_SYS_ADMIN, or the pid was taken).
 fn stranger_numbered(pid: i32) -> Option<i32> {
     let tid = [pid];
-    let args = CloneArgs {
+    let args = crate::spawn::into_cgroup::CloneArgs {
         exit_signal: libc::SIGCHLD as u64,
         set_tid: tid.as_ptr() as u64,
         set_tid_size: 1,
@@ -249,7 +233,7 @@ fn stranger_numbered(pid: i32) -> Option<i32> {
             let g = libc::syscall(
                 libc::SYS_clone3,
                 &raw const args,
-                std::mem::size_of::<CloneArgs>(),
+                std::mem::size_of::<crate::spawn::into_cgroup::CloneArgs>(),
             );
             if g == 0 {
                 loop {
