@@ -590,7 +590,8 @@ mod tests {
     }
 
     impl Cgroup2 {
-        fn new() -> Option<Cgroup2> {
+        /// `test` names the leaf: tests run at once in one process.
+        fn new(test: &str) -> Option<Cgroup2> {
             let mount = tempfile::tempdir().unwrap();
             let target = cstring(mount.path()).unwrap();
             // SAFETY: mounts a cgroup2 filesystem on our temporary dir.
@@ -612,9 +613,23 @@ mod tests {
             }
             let leaf = mount
                 .path()
-                .join(format!("vfork-test-{}", std::process::id()));
+                .join(format!("vfork-{test}-{}", std::process::id()));
             std::fs::create_dir(&leaf).unwrap();
             Some(Cgroup2 { mount, leaf })
+        }
+
+        /// The cgroup a child spawned by `how` (with `with` applied to
+        /// its spec) finds itself in, against the leaf's own name.
+        fn seen_by_child(
+            &self,
+            how: &Spawner,
+            with: impl FnOnce(&mut SpawnSpec),
+        ) -> (String, String) {
+            let own =
+                "print([l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip())";
+            let out = python(own, how, with);
+            let name = self.leaf.file_name().unwrap().to_str().unwrap();
+            (out.trim().to_owned(), format!("0::/{name}"))
         }
     }
 
@@ -629,17 +644,17 @@ mod tests {
 
     #[test]
     fn a_child_is_created_in_its_cgroup_and_writes_no_cgroup_procs() {
-        let Some(cg) = Cgroup2::new() else { return };
-        let name = cg.leaf.file_name().unwrap().to_str().unwrap().to_owned();
-        let own = "print([l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip())";
+        let Some(cg) = Cgroup2::new("into") else {
+            return;
+        };
         // `cgroups` names a file that does not exist: a child that tried to
         // write it would fail, so the spawn proves the write was skipped.
         let how = Spawner::new(None);
-        let out = python(own, &how, |s| {
+        let (seen, own) = cg.seen_by_child(&how, |s| {
             s.cgroup_dir = Some(cg.leaf.clone());
             s.cgroups = vec![cg.leaf.join("missing/cgroup.procs")];
         });
-        assert_eq!(out.trim(), format!("0::/{name}"));
+        assert_eq!(seen, own);
         assert!(how.into_cgroup.load(Ordering::Relaxed));
         // The pidfd names the child.
         let mut s = spec(&["true"], false);
@@ -658,15 +673,15 @@ mod tests {
 
     #[test]
     fn without_clone3_the_child_joins_by_cgroup_procs() {
-        let Some(cg) = Cgroup2::new() else { return };
-        let name = cg.leaf.file_name().unwrap().to_str().unwrap().to_owned();
-        let own = "print([l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip())";
+        let Some(cg) = Cgroup2::new("joins") else {
+            return;
+        };
         let how = Spawner::new(None);
         how.into_cgroup.store(false, Ordering::Relaxed);
-        let out = python(own, &how, |s| {
+        let (seen, own) = cg.seen_by_child(&how, |s| {
             s.cgroup_dir = Some(cg.leaf.clone());
             s.cgroups = vec![cg.leaf.join("cgroup.procs")];
         });
-        assert_eq!(out.trim(), format!("0::/{name}"));
+        assert_eq!(seen, own);
     }
 }
